@@ -1,0 +1,114 @@
+"""`ddp-lab` (= `python -m lab_utils`): preflight, run, compare, notebooks.
+
+Bad input is reported on one line naming the key or value, with exit code 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ConfigError
+
+
+def _cmd_preflight(args) -> int:
+    from . import preflight
+
+    ok, _ = preflight.run(nproc=args.nproc, timeout=args.timeout)
+    return 0 if ok else 1
+
+
+def _cmd_run(args) -> int:
+    from . import launcher
+
+    result = launcher.launch(args.name, args.nproc, args.overrides, timeout=args.timeout,
+                             progress=not args.quiet, echo=args.echo)
+    print(result)
+    if result.ok:
+        print(f"wrote {result.run_dir}/ (config.json, metrics.jsonl, model.pt, logs/)")
+    return 0 if result.ok else 1
+
+
+def _cmd_compare(args) -> int:
+    from . import parity
+
+    report = parity.compare(args.run_a, args.run_b, loss_tol=args.loss_tol, param_tol=args.param_tol)
+    print(report.to_json() if args.json else report.format())
+    return 0
+
+
+def _cmd_notebooks(args) -> int:
+    from . import notebooks
+
+    ok = notebooks.run_all(args.pattern, out_dir=args.out, timeout=args.timeout)
+    return 0 if ok else 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddp-lab", description="DDP Parity Lab: single-GPU vs DDP, measured.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("preflight", help="versions, GPUs, backend auto-pick, and a real 2-rank all-reduce")
+    s.add_argument("--nproc", type=_positive_int, default=2)
+    s.add_argument("--timeout", type=_positive_float, default=120)
+    s.set_defaults(func=_cmd_preflight)
+
+    s = sub.add_parser("run", help="train: nproc 1 = plain python, >= 2 = torchrun --standalone")
+    s.add_argument("--name", required=True, help="run folder: runs/NAME")
+    s.add_argument("--nproc", type=_positive_int, default=1)
+    s.add_argument("--timeout", type=_positive_float, default=600, help="seconds before the run is a hang")
+    s.add_argument("--echo", action="store_true", help="stream the job's output")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("overrides", nargs="*", metavar="key=value")
+    s.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("compare", help="the parity report of two runs (tier 3/2/1/0)")
+    s.add_argument("run_a")
+    s.add_argument("run_b")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--loss-tol", type=_positive_float, default=1e-6)
+    s.add_argument("--param-tol", type=_positive_float, default=1e-4)
+    s.set_defaults(func=_cmd_compare)
+
+    s = sub.add_parser("notebooks", help="execute every notebook headless into build/ with an HTML index")
+    s.add_argument("--pattern", default="notebooks/[0-9]*.ipynb")
+    s.add_argument("--out", default="build")
+    s.add_argument("--timeout", type=_positive_float, default=900, help="seconds per cell")
+    s.set_defaults(func=_cmd_notebooks)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"ddp-lab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ddp-lab {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

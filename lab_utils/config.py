@@ -1,0 +1,200 @@
+"""The training script's keys: their types, defaults, allowed values, and the global-batch invariant.
+
+One schema serves three callers: `scripts/train.py` (parses its argv), the launcher (validates *before*
+anything is launched, so a typo never costs a torchrun start-up) and the notebooks (which show the
+resolved config). Taught in notebooks/00_preflight.ipynb and notebooks/01_unchanged.ipynb.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad key or value. The message names it; the CLI prints it on one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class Key:
+    type: type
+    default: Any
+    help: str
+    choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None  # exclusive upper bound where `max_open`, else inclusive
+    max_open: bool = False
+    optional: bool = False  # None allowed (derived later)
+
+
+# Names follow the glossary in SERIES.md. Defaults are the CI/CPU size: a 2-rank run takes seconds.
+KEYS: dict[str, Key] = {
+    # --- the experiment
+    "steps": Key(int, 40, "optimizer steps", min=1),
+    "global_batch_size": Key(int, 16, "samples per optimizer step, summed over ranks and micro-batches", min=1),
+    "micro_batch_size": Key(int, None, "samples per forward/backward on one rank (derived if unset)",
+                            min=1, optional=True),
+    "grad_accum_steps": Key(int, None, "micro-batches per optimizer step on one rank (derived if unset)",
+                            min=1, optional=True),
+    "seed": Key(int, 1337, "model-init seed (the same on every rank)", min=0),
+    "data_seed": Key(int, 1234, "seed of the data order (samplers)", min=0),
+    "seed_mode": Key(str, "lab", "lab: one init seed everywhere, data randomness keyed by sample; "
+                     "article: set_seed(seed + rank) as the article's §2.2", choices=("lab", "article")),
+    "sampler": Key(str, "distributed", "who gets which sample", choices=("distributed", "global", "random")),
+    "sampler_mode": Key(str, "randperm", "global sampler's permutation", choices=("randperm", "feistel")),
+    "set_epoch": Key(bool, True, "distributed sampler: call set_epoch(e) each epoch (false: epoch 0's order forever)"),
+    "drop_last": Key(bool, False, "distributed sampler: drop the tail instead of padding with repeated samples"),
+    "emulate_ranks": Key(int, 1, "single process computes each global batch as R ranks would", min=1),
+    "n_samples": Key(int, 0, "dataset size (0 = all the workload has)", min=0),
+    "num_workers": Key(int, 0, "DataLoader worker processes", min=0),
+    "loader_generator": Key(str, "dedicated", "dedicated: DataLoader gets its own torch.Generator; "
+                            "global: none, so creating its iterator draws from the global RNG",
+                            choices=("dedicated", "global")),
+    # --- the model
+    "model": Key(str, "gpt", "workload", choices=("gpt", "bn_net")),
+    "block_size": Key(int, 32, "gpt: context length", min=2),
+    "n_layer": Key(int, 2, "gpt: transformer blocks", min=1),
+    "n_head": Key(int, 2, "gpt: attention heads", min=1),
+    "n_embd": Key(int, 64, "gpt: embedding width", min=1),
+    "dropout": Key(float, 0.0, "dropout probability", min=0.0, max=1.0, max_open=True),
+    "dropout_mode": Key(str, "keyed", "keyed: masks keyed by (seed, sample); torch: nn.Dropout (global RNG)",
+                        choices=("keyed", "torch")),
+    "norm": Key(str, "batch", "bn_net: batch = BatchNorm layers, none = no normalisation", choices=("batch", "none")),
+    "augment": Key(str, "none", "bn_net: augmentation randomness", choices=("none", "keyed", "article", "global")),
+    # --- the optimisation
+    "loss_reduction": Key(str, "mean", "per-micro-batch loss reduction", choices=("mean", "sum")),
+    "sum_loss_fix": Key(bool, True, "with loss_reduction=sum, multiply by world_size (DDP averages grads)"),
+    "optimizer": Key(str, "adamw", "optimizer", choices=("adamw", "adam", "sgd")),
+    "lr": Key(float, 3e-3, "learning rate", min=0.0, max_open=False),
+    "weight_decay": Key(float, 0.1, "weight decay (adamw, sgd)", min=0.0),
+    "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
+    # --- DDP and the process group
+    "backend": Key(str, "auto", "auto: nccl when every rank has its own GPU, else gloo",
+                   choices=("auto", "gloo", "nccl")),
+    "device": Key(str, "auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda")),
+    "no_sync": Key(bool, True, "skip the all-reduce on all but the last micro-batch of a step"),
+    "find_unused_parameters": Key(bool, False, "DDP(find_unused_parameters=...)"),
+    "broadcast_buffers": Key(bool, True, "DDP(broadcast_buffers=...)"),
+    "gradient_as_bucket_view": Key(bool, False, "DDP(gradient_as_bucket_view=...)"),
+    "deterministic": Key(bool, True, "torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG on CUDA)"),
+    "threads": Key(int, 1, "intra-op threads per process (the same in every run, so kernels split work alike)",
+                   min=1),
+    "pg_timeout": Key(float, 300.0, "seconds a collective may wait before the process group gives up", min=1.0),
+    # --- output and fault injection (the reliability chapters and the launcher tests)
+    "out_dir": Key(str, "runs/default", "where config.json, metrics.jsonl and model.pt go"),
+    "log_every": Key(int, 10, "rank 0 prints a line every N steps", min=1),
+    "fault": Key(str, "none", "inject a failure", choices=("none", "crash", "hang", "kill")),
+    "fault_rank": Key(int, 0, "rank that fails", min=0),
+    "fault_step": Key(int, 0, "step at whose start it fails", min=0),
+}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _convert(name: str, key: Key, raw: Any) -> Any:
+    """Turn a CLI string (or a Python value from a notebook) into the key's type, or raise naming it."""
+    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "")):
+        if key.optional:
+            return None
+        raise ConfigError(f"{name}: a value is required")
+    if key.type is bool:
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+        raise ConfigError(f"{name}={raw!r} is not a boolean (use true/false)")
+    if key.type is int:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ConfigError(f"{name}={raw!r} is not an integer")
+        try:
+            value = int(raw) if not isinstance(raw, str) else int(raw.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    elif key.type is float:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}={raw!r} is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{name}={raw!r} must be finite")
+    else:
+        value = str(raw)
+    if key.choices is not None and value not in key.choices:
+        raise ConfigError(f"{name}={value!r} is not one of: {', '.join(key.choices)}")
+    if key.min is not None and value < key.min:
+        raise ConfigError(f"{name}={value!r} must be >= {key.min}")
+    if key.max is not None and (value >= key.max if key.max_open else value > key.max):
+        raise ConfigError(f"{name}={value!r} must be {'<' if key.max_open else '<='} {key.max}")
+    return value
+
+
+def parse_overrides(items: list[str] | dict[str, Any]) -> dict[str, Any]:
+    """`["steps=40", "lr=1e-3"]` or `{"steps": 40}` -> typed dict. Unknown keys are errors (with a guess)."""
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(items, dict):
+        pairs = list(items.items())
+    else:
+        for item in items:
+            if "=" not in item:
+                raise ConfigError(f"{item!r}: expected key=value")
+            k, v = item.split("=", 1)
+            pairs.append((k.strip(), v.strip()))
+    out: dict[str, Any] = {}
+    for name, raw in pairs:
+        if name not in KEYS:
+            guess = difflib.get_close_matches(name, KEYS, n=1)
+            hint = f" (did you mean {guess[0]}?)" if guess else ""
+            raise ConfigError(f"unknown key {name!r}{hint}")
+        out[name] = _convert(name, KEYS[name], raw)
+    return out
+
+
+def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Defaults + overrides, with the batch sizes derived for `world_size` and every invariant checked.
+
+    The user sets `global_batch_size` and at most one of `micro_batch_size` / `grad_accum_steps`; the other
+    is derived, so the *same* keys describe the single run and the N-rank run. Setting all three only checks.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"nproc/world_size={world_size!r} must be a positive integer")
+    cfg = {name: key.default for name, key in KEYS.items()}
+    cfg.update(parse_overrides(overrides))
+    # emulate_ranks plays the role of the world size for the data layout of a single process.
+    ranks = cfg["emulate_ranks"] if world_size == 1 else world_size
+    if cfg["emulate_ranks"] > 1 and world_size > 1:
+        raise ConfigError(f"emulate_ranks={cfg['emulate_ranks']} only makes sense with one process "
+                          f"(world_size is {world_size})")
+    gbs, mbs, acc = cfg["global_batch_size"], cfg["micro_batch_size"], cfg["grad_accum_steps"]
+    if mbs is None and acc is None:
+        acc = 1
+    if mbs is None:
+        if gbs % (acc * ranks):
+            raise ConfigError(f"global_batch_size={gbs} is not divisible by grad_accum_steps*world_size="
+                              f"{acc}*{ranks}")
+        mbs = gbs // (acc * ranks)
+    elif acc is None:
+        if gbs % (mbs * ranks):
+            raise ConfigError(f"global_batch_size={gbs} is not divisible by micro_batch_size*world_size="
+                              f"{mbs}*{ranks}")
+        acc = gbs // (mbs * ranks)
+    if mbs * acc * ranks != gbs:
+        raise ConfigError(f"global_batch_size={gbs} != micro_batch_size*grad_accum_steps*world_size="
+                          f"{mbs}*{acc}*{ranks}={mbs * acc * ranks}")
+    cfg["micro_batch_size"], cfg["grad_accum_steps"] = mbs, acc
+    if cfg["fault"] != "none" and cfg["fault_rank"] >= ranks and world_size > 1:
+        raise ConfigError(f"fault_rank={cfg['fault_rank']} but world_size is {world_size}")
+    if cfg["model"] == "gpt" and cfg["n_embd"] % cfg["n_head"]:
+        raise ConfigError(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
+    if cfg["augment"] != "none" and cfg["model"] != "bn_net":
+        raise ConfigError(f"augment={cfg['augment']!r} needs model=bn_net (gpt has no augmentation)")
+    return cfg
+
+
+def to_argv(cfg: dict[str, Any]) -> list[str]:
+    """The key=value list that reproduces `cfg` (only the keys given, in order)."""
+    return [f"{k}={'' if v is None else v}" for k, v in cfg.items()]
