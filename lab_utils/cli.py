@@ -64,9 +64,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """One line on bad input (the usage block is one `--help` away), exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ddp-lab", description="DDP Parity Lab: single-GPU vs DDP, measured.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="ddp-lab", description="DDP Parity Lab: single-GPU vs DDP, measured.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     s = sub.add_parser("preflight", help="versions, GPUs, backend auto-pick, and a real 2-rank all-reduce")
     s.add_argument("--nproc", type=_positive_int, default=2)

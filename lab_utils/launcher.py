@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -141,6 +142,10 @@ def read_heartbeats(run_dir: Path) -> dict[int, dict]:
     return beats
 
 
+# The order of the phases a rank's heartbeat goes through in one step (scripts/train.py).
+PHASES = ("setup", "step start", "forward/backward", "all-reduce loss", "step done", "finished")
+
+
 def describe_hang(beats: dict[int, dict], nproc: int) -> tuple[str, int | None]:
     """Name the rank that fell behind: the others are waiting for it in a collective."""
     if not beats:
@@ -154,16 +159,34 @@ def describe_hang(beats: dict[int, dict], nproc: int) -> tuple[str, int | None]:
             order.append((-2, -1, r))
             continue
         lines.append(f"  rank {r}: step {b.get('step')} {b.get('phase')} ({now - b['time']:.0f} s ago)")
-        order.append((b.get("step", -1), -b["time"], r))
+        phase = PHASES.index(b["phase"]) if b.get("phase") in PHASES else -1
+        order.append((b.get("step", -1), phase, r))
     behind = min(order)
-    suspect = behind[2] if len({o[0] for o in order}) > 1 or nproc == 1 else None
+    suspect = behind[2] if len({o[:2] for o in order}) > 1 or nproc == 1 else None
     who = f"rank {suspect} is behind; the others wait for it in a collective" if suspect is not None \
         else "all ranks are at the same step (a collective mismatch, or a hang inside the step)"
     return who + "\n" + "\n".join(lines), suspect
 
 
+# Errors a rank raises because a *peer* went away: consequences, never the root cause.
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "remote worker", "Broken pipe",
+             "Socket Timeout", "NCCL communicator was aborted")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def read_failure(log_dir: Path, output: str) -> tuple[int | None, str, str]:
-    """(rank, one-line reason, traceback) from torchrun's error files, else from its failure summary."""
+    """(rank, one-line reason, traceback) of the root cause of a failed job.
+
+    Evidence, in order: a rank's own Python error (torchrun's per-rank error.json, written by @record) that
+    is not a lost-peer error; else the rank torchrun's summary names as "Root Cause" when it died by a
+    signal (no Python traceback exists then); else any error file.
+    """
     errors = []
     for path in glob.glob(str(log_dir / "**" / "error.json"), recursive=True):
         try:
@@ -175,17 +198,23 @@ def read_failure(log_dir: Path, output: str) -> tuple[int | None, str, str]:
             msg = {"message": msg, "extraInfo": {}}
         info = msg.get("extraInfo", {})
         rank_dir = Path(path).parent.name
-        rank = int(rank_dir) if rank_dir.isdigit() else 0
-        errors.append((float(info.get("timestamp", 0) or 0), rank, msg.get("message", ""),
-                       info.get("py_callstack", "")))
-    if errors:
-        _, rank, message, tb = min(errors)  # the first failure is the root cause; the rest follow it
-        return rank, message.strip().splitlines()[-1] if message.strip() else "", tb
-    # No error file: the rank died without Python's help (a signal). torchrun's summary still says who.
-    m = re.search(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(\(([A-Z]+)\))?", output, re.S)
-    if m:
-        sig = m.group(4) or f"exit code {m.group(2)}"
+        text = msg.get("message", "").strip()
+        errors.append((any(p in text for p in PEER_LOST), float(info.get("timestamp", 0) or 0),
+                       int(rank_dir) if rank_dir.isdigit() else 0, text, info.get("py_callstack", "")))
+    errors.sort()
+    if errors and not errors[0][0]:
+        _, _, rank, text, tb = errors[0]
+        return rank, text.splitlines()[-1] if text else "", tb
+    summary = output[output.index("Root Cause"):] if "Root Cause" in output else ""
+    m = re.search(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", summary, re.S)
+    if m and int(m.group(2)) < 0:
+        sig = _signal_name(-int(m.group(2)))
         return int(m.group(1)), f"rank {m.group(1)} died: {sig} (no Python traceback: killed by a signal)", ""
+    if errors:
+        _, _, rank, text, tb = errors[0]
+        return rank, text.splitlines()[-1] if text else "", tb
+    if m:
+        return int(m.group(1)), f"rank {m.group(1)} exited with code {m.group(2)}", ""
     return None, "", ""
 
 

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -166,8 +167,9 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     t0 = time.time()
     for step in range(cfg["steps"]):
-        heart.beat(step=step, phase="compute")
+        heart.beat(step=step, phase="step start")
         inject_fault(cfg, env.rank, step)
+        heart.beat(phase="forward/backward")  # DDP: the gradient all-reduce runs inside backward
         model.train()
         optimizer.zero_grad(set_to_none=True)
         if R > 1:
@@ -209,12 +211,18 @@ def main(argv: list[str]) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     env = distenv.setup(cfg)
-    try:
-        train(cfg, env)
-    finally:
-        distenv.teardown(env)
+    train(cfg, env)
+    # DDP: teardown only on success. A failing rank must not enter the barrier: its peers are blocked in a
+    # different collective, so both would wait forever; torchrun stops the peers once this rank exits.
+    distenv.teardown(env)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except SystemExit as e:
+        distenv.exit_process(e.code if isinstance(e.code, int) else 1)
+    except BaseException:
+        traceback.print_exc()  # @record has written the error file; this copy goes to the rank's log
+        distenv.exit_process(1)
     distenv.exit_process(0)  # skip interpreter finalization: see exit_process for the gloo exit crash

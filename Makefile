@@ -1,0 +1,55 @@
+# DDP Parity Lab. Two commands: `make lab` (set up, preflight, headline demo) and `make test` (set up, pytest,
+# nbval). Set-up never replaces an existing torch: a CUDA build on a GPU box is kept (see README "Set-up").
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: lab test setup lint notebooks strip bench clean
+
+$(VENV)/.lab-installed: pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
+	    echo "setup: $(PYTHON) already has torch $$($(PYTHON) -c 'import torch; print(torch.__version__)'): the venv will reuse it"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "setup: keeping torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	else \
+	  echo "setup: installing $(TORCH_SPEC) $(TORCH_PIP_ARGS)"; \
+	  $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; \
+	fi
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@
+
+setup: $(VENV)/.lab-installed
+
+lab: setup
+	$(VENV)/bin/ddp-lab preflight
+	$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest tests -q
+	$(PY) -m pytest --nbval-lax --nbval-current-env notebooks -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+notebooks: setup
+	$(VENV)/bin/ddp-lab notebooks
+
+# Re-execute one chapter and keep only its verdict output: make strip NB=notebooks/01_unchanged.ipynb
+strip: setup
+	cd $(dir $(NB)) && $(abspath $(PY)) -m lab_utils.notebooks refresh $(notdir $(NB))
+
+bench: setup
+	$(PY) scripts/bench_launch.py --launches 200
+	$(PY) scripts/bench_samplers.py
+
+clean:
+	rm -rf runs build

@@ -1,0 +1,48 @@
+"""Each bad input exits non-zero with one line naming it, and no traceback."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "lab_utils", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["run", "--name", "x", "--nproc", "2", "stepz=3"], "unknown key 'stepz'"),
+    (["run", "--name", "x", "--nproc", "2", "global_batch_size=15"], "global_batch_size=15 is not divisible"),
+    (["run", "--name", "x", "steps=-2"], "steps=-2 must be >= 1"),
+    (["run", "--name", "x", "steps=ten"], "steps='ten' is not an integer"),
+    (["run", "--name", "x", "sampler=shuffle"], "sampler='shuffle' is not one of"),
+    (["run", "--name", "x", "--nproc", "0"], "--nproc: 0 must be >= 1"),
+    (["compare", "runs/nope_a", "runs/nope_b"], "no such run folder"),
+])
+def test_bad_input_one_line(args, fragment):
+    p = cli(*args)
+    assert p.returncode == 2
+    assert fragment in p.stderr
+    assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this box can run NCCL with 2 ranks")
+def test_nccl_without_gpus():
+    p = cli("run", "--name", "x", "--nproc", "2", "backend=nccl")
+    assert p.returncode == 2 and "backend=nccl needs one CUDA GPU per rank" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_run_and_compare_json(tmp_path):
+    env_runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        p = subprocess.run([sys.executable, "-m", "lab_utils", "run", "--name", name, "--quiet", "steps=4",
+                            "n_samples=128"], capture_output=True, text=True, timeout=120,
+                           env={**__import__("os").environ, "LAB_RUNS_DIR": str(env_runs)})
+        assert p.returncode == 0, p.stdout + p.stderr
+    p = cli("compare", str(env_runs / "a"), str(env_runs / "b"), "--json")
+    report = json.loads(p.stdout)
+    assert report["tier"] == 3 and report["bitwise"] is True  # the same run twice is deterministic
+    for key in ("tier", "max_abs_loss_diff", "first_diff_step", "max_abs_param_diff", "bitwise"):
+        assert key in report
