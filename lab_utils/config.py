@@ -31,6 +31,8 @@ class Key:
 # Names follow the glossary in SERIES.md. Defaults are the CI/CPU size: a 2-rank run takes seconds.
 KEYS: dict[str, Key] = {
     # --- the experiment
+    "preset": Key(str, "cpu", "cpu: seconds on 2 cores; workshop: a bigger GPT for GPUs (keys you set win)",
+                  choices=("cpu", "workshop")),
     "steps": Key(int, 40, "optimizer steps", min=1),
     "global_batch_size": Key(int, 16, "samples per optimizer step, summed over ranks and micro-batches", min=1),
     "micro_batch_size": Key(int, None, "samples per forward/backward on one rank (derived if unset)",
@@ -68,6 +70,8 @@ KEYS: dict[str, Key] = {
     "optimizer": Key(str, "adamw", "optimizer", choices=("adamw", "adam", "sgd")),
     "lr": Key(float, 3e-3, "learning rate", min=0.0, max_open=False),
     "weight_decay": Key(float, 0.1, "weight decay (adamw, sgd)", min=0.0),
+    "amp": Key(str, "none", "autocast dtype for forward/loss (bf16 on GPUs; breaks fp32 tier-2 tolerances)",
+                choices=("none", "bf16")),
     "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
     # --- DDP and the process group
     "backend": Key(str, "auto", "auto: nccl when every rank has its own GPU, else gloo",
@@ -83,11 +87,16 @@ KEYS: dict[str, Key] = {
     "pg_timeout": Key(float, 300.0, "seconds a collective may wait before the process group gives up", min=1.0),
     # --- output and fault injection (the reliability chapters and the launcher tests)
     "out_dir": Key(str, "runs/default", "where config.json, metrics.jsonl and model.pt go"),
+    "fingerprint": Key(bool, True, "hash all parameters after every step (off for throughput benchmarks)"),
     "log_every": Key(int, 10, "rank 0 prints a line every N steps", min=1),
     "fault": Key(str, "none", "inject a failure", choices=("none", "crash", "hang", "kill")),
     "fault_rank": Key(int, 0, "rank that fails", min=0),
     "fault_step": Key(int, 0, "step at whose start it fails", min=0),
 }
+
+# The GPU workshop size of the tiny GPT (~10.7 M parameters). Applied under keys the user did not set.
+WORKSHOP = {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384, "global_batch_size": 64,
+            "lr": 1e-3, "steps": 200, "log_every": 20}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -95,9 +104,12 @@ _FALSE = {"0", "false", "no", "off"}
 
 def _convert(name: str, key: Key, raw: Any) -> Any:
     """Turn a CLI string (or a Python value from a notebook) into the key's type, or raise naming it."""
-    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "")):
+    # "none" means "unset" only for keys that can be unset; norm=none, fault=none, amp=none are choices.
+    if raw is None or (key.optional and isinstance(raw, str) and raw.lower() in ("none", "")):
         if key.optional:
             return None
+        raise ConfigError(f"{name}: a value is required")
+    if isinstance(raw, str) and raw == "":
         raise ConfigError(f"{name}: a value is required")
     if key.type is bool:
         if isinstance(raw, bool):
@@ -163,7 +175,10 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
     if not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"nproc/world_size={world_size!r} must be a positive integer")
     cfg = {name: key.default for name, key in KEYS.items()}
-    cfg.update(parse_overrides(overrides))
+    given = parse_overrides(overrides)
+    if given.get("preset") == "workshop":
+        cfg.update(WORKSHOP)
+    cfg.update(given)
     # emulate_ranks plays the role of the world size for the data layout of a single process.
     ranks = cfg["emulate_ranks"] if world_size == 1 else world_size
     if cfg["emulate_ranks"] > 1 and world_size > 1:

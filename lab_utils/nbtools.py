@@ -115,15 +115,14 @@ def controls(**specs):
     return values, box
 
 
-def verdict_table(rows: list[tuple[str, str, str]], title: str = "verdict") -> str:
-    """Deterministic text (no timings, no floats): claim | expected | measured. nbval compares it."""
+def verdict_table(rows: list[tuple[str, str, str]], title: str = "verdict") -> None:
+    """Print deterministic text (no timings, no floats): claim | expected | measured. nbval compares it.
+    Returns None on purpose: a returned value would add an execute_result that strip() drops."""
     widths = [max(len(str(r[i])) for r in rows + [("claim", "expected", "measured")]) for i in range(3)]
     line = lambda r: " | ".join(str(c).ljust(widths[i]) for i, c in enumerate(r)).rstrip()  # noqa: E731
     out = [title, line(("claim", "expected", "measured")), "-+-".join("-" * w for w in widths)]
     out += [line(r) for r in rows]
-    text = "\n".join(out)
-    print(text)
-    return text
+    print("\n".join(out))
 
 
 def tier_word(report: parity.ParityReport) -> str:

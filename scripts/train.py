@@ -74,7 +74,8 @@ def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int) -> torch.
     gradient is the mean over the global batch — as in the single run. sum: DDP still *averages* over ranks
     (it divides by world_size before its SUM all-reduce), so a sum loss needs x world_size (§3.2).
     """
-    loss = wl.loss_fn(model, batch, reduction=cfg["loss_reduction"], seed=cfg["seed"])
+    with torch.autocast(batch["x"].device.type, dtype=torch.bfloat16, enabled=cfg["amp"] == "bf16"):
+        loss = wl.loss_fn(model, batch, reduction=cfg["loss_reduction"], seed=cfg["seed"])
     if cfg["loss_reduction"] == "mean":
         (loss / cfg["grad_accum_steps"]).backward()
         return loss.detach()
@@ -83,7 +84,7 @@ def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int) -> torch.
     return loss.detach() / batch["y"].numel()
 
 
-def rank_step(wl, model, loader_iter, cfg: dict, env, world_size: int) -> torch.Tensor:
+def rank_step(wl, model, loader_iter, cfg: dict, env, world_size: int, before_forward=None) -> torch.Tensor:
     """One rank's share of a step: grad_accum_steps micro-batches, gradients accumulated locally.
 
     With no_sync, DDP's all-reduce runs only in the last micro-batch's backward (article §3.3 omits this:
@@ -94,24 +95,48 @@ def rank_step(wl, model, loader_iter, cfg: dict, env, world_size: int) -> torch.
     for a in range(acc):
         batch = to_device(next(loader_iter), env.device)
         last = a == acc - 1
+        if before_forward is not None:
+            before_forward(a, sync=last or not cfg["no_sync"])
         skip_sync = isinstance(model, DDP) and cfg["no_sync"] and not last
         with model.no_sync() if skip_sync else nullcontext():  # DDP: no all-reduce before the last one
             loss_sum += micro_backward(wl, model, batch, cfg, world_size) / acc
     return loss_sum
 
 
-def emulated_step(wl, model, loader_iters: list, cfg: dict, env) -> torch.Tensor:
+def emulated_step(wl, model, loader_iters: list, cfg: dict, env, rank_buffers: list) -> torch.Tensor:
     """emulate_ranks=R in one process: each "rank" computes its micro-batches into fresh gradients, then
     they are reduced exactly as DDP does — each divided by R, summed in rank order. For R=2 a sum of two
-    operands has one possible order, so this matches a real 2-rank run bit for bit (chapter 01)."""
+    operands has one possible order, so this matches a real 2-rank run bit for bit (chapter 01).
+
+    Buffers (BatchNorm running stats) follow DDP too: each rank keeps its own (`rank_buffers[r]`), and with
+    broadcast_buffers every synchronising forward first takes rank 0's buffers as they were at that point.
+    """
     R = len(loader_iters)
     params = [p for p in model.parameters() if p.requires_grad]
+    buffers = list(model.buffers())
+    rank0_at_sync: dict[int, list] = {}
+
+    def load(states):
+        with torch.no_grad():
+            for b, s in zip(buffers, states, strict=True):
+                b.copy_(s)
+
     grads, losses = [], []
-    for it in loader_iters:
+    for r, it in enumerate(loader_iters):
+        def before_forward(a, sync, r=r):  # DDP's _sync_buffers: broadcast from rank 0 before the forward
+            if sync and cfg["broadcast_buffers"]:
+                if r == 0:
+                    rank0_at_sync[a] = [b.clone() for b in buffers]
+                else:
+                    load(rank0_at_sync[a])
+
         for p in params:
             p.grad = None
-        losses.append(rank_step(wl, model, it, cfg, env, world_size=R))
+        load(rank_buffers[r])
+        losses.append(rank_step(wl, model, it, cfg, env, world_size=R, before_forward=before_forward))
+        rank_buffers[r] = [b.clone() for b in buffers]
         grads.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+    load(rank_buffers[0])  # the model this process saves is rank 0's, as in DDP
     for i, p in enumerate(params):
         total = grads[0][i] / R
         for r in range(1, R):
@@ -157,6 +182,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     layout_ranks = [env.rank] if env.distributed else list(range(R))
     layout_world = env.world_size if env.distributed else R
     loaders = [iter(samplers.make_loader(wl.dataset, r, layout_world, cfg)) for r in layout_ranks]
+    rank_buffers = [[b.detach().clone() for b in model.buffers()] for _ in range(R)]  # emulated ranks' own
 
     writer = metrics.MetricsWriter(out / "metrics.jsonl") if env.is_main else None
     if env.is_main:
@@ -173,7 +199,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         model.train()
         optimizer.zero_grad(set_to_none=True)
         if R > 1:
-            loss = emulated_step(wl, model, loaders, cfg, env)
+            loss = emulated_step(wl, model, loaders, cfg, env, rank_buffers)
         else:
             local = rank_step(wl, model, loaders[0], cfg, env, env.world_size)
             heart.beat(phase="all-reduce loss")
@@ -185,7 +211,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         heart.beat(phase="step done")
         if writer:
             # .item() waits for the device: fine at this size, and the log needs real numbers (chapter 08).
-            param_hash, param_sum = metrics.fingerprint(model)
+            param_hash, param_sum = metrics.fingerprint(model) if cfg["fingerprint"] else (None, None)
             writer.write({"step": step, "loss": loss.item(), "lr": optimizer.param_groups[0]["lr"],
                           "grad_norm": grad_norm.item(), "samples": (step + 1) * cfg["global_batch_size"],
                           "param_hash": param_hash, "param_sum": param_sum,

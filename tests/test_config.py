@@ -52,3 +52,14 @@ def test_world_size_must_be_positive():
 
 def test_parse_accepts_python_values():
     assert parse_overrides({"steps": 3, "no_sync": False, "lr": 1e-3}) == {"steps": 3, "no_sync": False, "lr": 1e-3}
+
+
+def test_none_is_a_value_where_it_is_a_choice():
+    cfg = resolve(["model=bn_net", "norm=none", "augment=none", "fault=none", "amp=none"], 1)
+    assert (cfg["norm"], cfg["augment"], cfg["fault"], cfg["amp"]) == ("none", "none", "none", "none")
+    assert resolve(["micro_batch_size=none"], 2)["micro_batch_size"] == 8  # optional keys: none = derive it
+
+
+def test_workshop_preset_yields_to_explicit_keys():
+    cfg = resolve(["preset=workshop", "n_layer=2"], 2)
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["global_batch_size"]) == (2, 384, 64)

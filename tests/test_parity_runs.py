@@ -17,3 +17,12 @@ def test_naive_port_doubles_the_global_batch(runs_dir):
     launcher.launch("naive", 2, ["steps=12", "global_batch_size=32"], timeout=300, progress=False).raise_for_status()
     r = parity.compare(runs_dir / "single", runs_dir / "naive")
     assert r.tier <= 1 and r.first_step_over_tol == 0
+
+
+def test_batchnorm_emulation_is_bitwise_buffers_included(runs_dir):
+    """BatchNorm: the emulated reference reproduces DDP's broadcast_buffers (rank 0's running stats)."""
+    keys = ["model=bn_net", "steps=10", "global_batch_size=32", "grad_accum_steps=2"]
+    launcher.launch("bn_emu", 1, keys + ["emulate_ranks=2"], timeout=300, progress=False).raise_for_status()
+    launcher.launch("bn_ddp", 2, keys, timeout=300, progress=False).raise_for_status()
+    r = parity.compare(runs_dir / "bn_emu", runs_dir / "bn_ddp")
+    assert r.tier == 3 and r.bitwise and "bn1.running_mean" in r.per_tensor, r.format()
