@@ -53,8 +53,9 @@ def run(name: str, nproc: int, p: Params, **keys) -> launcher.RunResult:
     return result.raise_for_status()
 
 
-def compare(a: str, b: str) -> parity.ParityReport:
-    return parity.compare(launcher.RUNS / a, launcher.RUNS / b)
+def compare(a: str, b: str, **tolerances) -> parity.ParityReport:
+    """The parity report of two runs by name; `tolerances`: loss_tol, param_tol, output_tol, conv_rtol."""
+    return parity.compare(launcher.RUNS / a, launcher.RUNS / b, **tolerances)
 
 
 def _display(obj) -> None:
