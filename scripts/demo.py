@@ -34,14 +34,14 @@ def main() -> int:
     for a, b, label in pairs:
         r = parity.compare(launcher.RUNS / a, launcher.RUNS / b)
         print(f"{label:<22} {f'{r.tier} ({r.tier_name})':<22} {r.max_abs_loss_diff:>12.2e} {str(r.bitwise):>8} "
-              f"{r.worst_tensor or '-':<26}")
+              f"{(r.worst_tensor if r.max_abs_param_diff else '-') or '-':<26}")  # no worst when all equal
     png = launcher.RUNS / "demo_parity.png"
     plotting.plot_parity(launcher.RUNS / "demo_single",
                          [launcher.RUNS / "demo_correct", launcher.RUNS / "demo_naive"], path=png,
                          pairs=[(launcher.RUNS / "demo_emulated", launcher.RUNS / "demo_correct")],
                          title="tiny GPT, 40 AdamW steps")
     print(f"\nplot: {png}  (loss curves, and |Δloss| vs the single run on a log scale)")
-    print("details: ddp-lab compare demo_single demo_correct")
+    print("details: .venv/bin/ddp-lab compare demo_single demo_correct")
     print("notebooks: .venv/bin/jupyter lab notebooks/   (start with 00_preflight.ipynb)")
     print(f"demo took {time.time() - start:.0f} s")
     return 0
