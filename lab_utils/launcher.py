@@ -184,8 +184,8 @@ def read_failure(log_dir: Path, output: str) -> tuple[int | None, str, str]:
     """(rank, one-line reason, traceback) of the root cause of a failed job.
 
     Evidence, in order: a rank's own Python error (torchrun's per-rank error.json, written by @record) that
-    is not a lost-peer error; else the rank torchrun's summary names as "Root Cause" when it died by a
-    signal (no Python traceback exists then); else any error file.
+    is not a lost-peer error; else a rank torchrun's summary lists as killed by a signal (no Python
+    traceback exists then); else any error file; else the first exit code listed.
     """
     errors = []
     for path in glob.glob(str(log_dir / "**" / "error.json"), recursive=True):
@@ -205,16 +205,22 @@ def read_failure(log_dir: Path, output: str) -> tuple[int | None, str, str]:
     if errors and not errors[0][0]:
         _, _, rank, text, tb = errors[0]
         return rank, text.splitlines()[-1] if text else "", tb
-    summary = output[output.index("Root Cause"):] if "Root Cause" in output else ""
-    m = re.search(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", summary, re.S)
-    if m and int(m.group(2)) < 0:
-        sig = _signal_name(-int(m.group(2)))
-        return int(m.group(1)), f"rank {m.group(1)} died: {sig} (no Python traceback: killed by a signal)", ""
+    # torchrun's summary lists every failed rank ("Failures:" and "Root Cause"). Its "root cause" is just the
+    # failure it noticed first, which can be a peer's "Connection reset" logged in the same second as the
+    # SIGKILL that caused it; so a rank killed by a signal outranks a lost-peer error, wherever it is listed.
+    summary = output[output.index("Failures:"):] if "Failures:" in output else output
+    listed = [(int(r), int(code)) for r, code in
+              re.findall(r"rank\s*:\s*(\d+).*?\n\s*exitcode\s*:\s*(-?\d+)", summary, re.S)]
+    killed = [(rank, code) for rank, code in listed if code < 0]
+    if killed:
+        rank, code = killed[0]
+        return rank, f"rank {rank} died: {_signal_name(-code)} (no Python traceback: killed by a signal)", ""
     if errors:
         _, _, rank, text, tb = errors[0]
         return rank, text.splitlines()[-1] if text else "", tb
-    if m:
-        return int(m.group(1)), f"rank {m.group(1)} exited with code {m.group(2)}", ""
+    if listed:
+        rank, code = listed[0]
+        return rank, f"rank {rank} exited with code {code}", ""
     return None, "", ""
 
 

@@ -1,4 +1,5 @@
 """Launcher fault paths with real 2-rank gloo jobs: hang, crash, kill — and nothing left behind."""
+import json
 import time
 
 import psutil
@@ -73,3 +74,22 @@ def test_bad_input_fails_before_launch(runs_dir, nproc, keys, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("*", r"\*")):
         launcher.launch("bad", nproc, keys, timeout=10, progress=False)
     assert not (runs_dir / "bad").exists()  # nothing was launched, nothing written
+
+
+def test_signal_outranks_a_peer_error_that_torchrun_saw_first(tmp_path):
+    """torchrun may call rank 0's 'Connection reset' the root cause when rank 1 was SIGKILLed that second."""
+    err = tmp_path / "logs" / "run" / "attempt_0" / "0"
+    err.mkdir(parents=True)
+    peer = "RuntimeError: [pair.cc:537] Read error: Connection reset by peer."
+    (err / "error.json").write_text(json.dumps({"message": {"message": peer, "extraInfo": {"timestamp": "1"}}}))
+    output = """Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 31181)  (SIGKILL)
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 31180)
+"""
+    rank, reason, tb = launcher.read_failure(tmp_path / "logs", output)
+    assert rank == 1 and "SIGKILL" in reason and tb == ""
