@@ -212,17 +212,18 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         if writer:
             # .item() waits for the device: fine at this size, and the log needs real numbers (chapter 08).
             param_hash, param_sum = metrics.fingerprint(model) if cfg["fingerprint"] else (None, None)
-            writer.write({"step": step, "loss": loss.item(), "lr": optimizer.param_groups[0]["lr"],
+            loss_value = loss.item()  # one device sync per step, on rank 0 only
+            writer.write({"step": step, "loss": loss_value, "lr": optimizer.param_groups[0]["lr"],
                           "grad_norm": grad_norm.item(), "samples": (step + 1) * cfg["global_batch_size"],
                           "param_hash": param_hash, "param_sum": param_sum,
                           "elapsed": round(time.time() - t0, 4)})
             if step % cfg["log_every"] == 0 or step == cfg["steps"] - 1:
-                print(f"[train] step {step + 1}/{cfg['steps']} loss {loss.item():.6f}", flush=True)
+                print(f"[train] step {step + 1}/{cfg['steps']} loss {loss_value:.6f}", flush=True)
 
     if env.is_main:  # DDP: only rank 0 writes; .module drops the `module.` prefix (§5.2)
         state = {k: v.detach().cpu() for k, v in metrics.unwrap(model).state_dict().items()}
         metrics.save_atomic(state, out / "model.pt")
-        metrics.write_json({"steps": cfg["steps"], "final_loss": loss.item(), "seconds": time.time() - t0},
+        metrics.write_json({"steps": cfg["steps"], "final_loss": loss_value, "seconds": time.time() - t0},
                            out / "result.json")
         writer.close()
     heart.beat(phase="finished")
