@@ -31,7 +31,7 @@ setup: $(VENV)/.lab-installed
 
 lab: setup
 	$(VENV)/bin/ddp-lab preflight
-	$(PY) scripts/demo.py
+	$(VENV)/bin/ddp-lab demo
 
 test: setup
 	$(PY) -m pytest tests -q
@@ -45,11 +45,11 @@ notebooks: setup
 
 # Re-execute one chapter and keep only its verdict output: make strip NB=notebooks/01_unchanged.ipynb
 strip: setup
-	cd $(dir $(NB)) && $(abspath $(PY)) -m lab_utils.notebooks refresh $(notdir $(NB))
+	cd $(dir $(NB)) && $(abspath $(PY)) -m lab_utils.nbbuild refresh $(notdir $(NB))
 
 bench: setup
-	$(PY) scripts/bench_launch.py --launches 200
-	$(PY) scripts/bench_samplers.py
+	$(VENV)/bin/ddp-lab bench launch --launches 200
+	$(VENV)/bin/ddp-lab bench samplers
 
 clean:
 	rm -rf runs build

@@ -1,4 +1,4 @@
-"""`ddp-lab` (= `python -m lab_utils`): preflight, run, compare, notebooks.
+"""`ddp-lab` (= `python -m lab_utils`): preflight, run, compare, notebooks, demo, bench.
 
 Bad input is reported on one line naming the key or value, with exit code 2 and no traceback.
 """
@@ -32,16 +32,33 @@ def _cmd_run(args) -> int:
 def _cmd_compare(args) -> int:
     from . import parity
 
-    report = parity.compare(args.run_a, args.run_b, loss_tol=args.loss_tol, param_tol=args.param_tol)
+    given = {"loss_tol": args.loss_tol, "param_tol": args.param_tol, "output_tol": args.output_tol}
+    report = parity.compare(args.run_a, args.run_b, **{k: v for k, v in given.items() if v is not None})
     print(report.to_json() if args.json else report.format())
     return 0
 
 
 def _cmd_notebooks(args) -> int:
-    from . import notebooks
+    from . import nbbuild
 
-    ok = notebooks.run_all(args.pattern, out_dir=args.out, timeout=args.timeout)
+    ok = nbbuild.run_all(args.pattern, out_dir=args.out, timeout=args.timeout)
     return 0 if ok else 1
+
+
+def _cmd_demo(args) -> int:
+    from .drivers import demo
+
+    return demo.main(args.rest)
+
+
+BENCHES = {"launch": "launch reliability and overhead", "samplers": "DistributedSampler vs GlobalBatchSampler",
+           "scaling": "tokens/s, 1 vs 2 GPUs"}
+
+
+def _cmd_bench(args) -> int:
+    import importlib
+
+    return importlib.import_module(f"lab_utils.drivers.bench_{args.which}").main(args.rest)
 
 
 def _positive_int(text: str) -> int:
@@ -93,8 +110,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("run_a")
     s.add_argument("run_b")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--loss-tol", type=_positive_float, default=1e-6)
-    s.add_argument("--param-tol", type=_positive_float, default=1e-4)
+    s.add_argument("--loss-tol", type=_positive_float, help="tier 2: max |Δloss| per step (default: per workload)")
+    s.add_argument("--param-tol", type=_positive_float, help="tier 2: max |Δparam| (default: per workload)")
+    s.add_argument("--output-tol", type=_positive_float, help="tier 2: max |Δoutput| (default: per workload)")
     s.set_defaults(func=_cmd_compare)
 
     s = sub.add_parser("notebooks", help="execute every notebook headless into build/ with an HTML index")
@@ -102,6 +120,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="build")
     s.add_argument("--timeout", type=_positive_float, default=900, help="seconds per cell")
     s.set_defaults(func=_cmd_notebooks)
+
+    s = sub.add_parser("demo", help="the headline demo: single vs 2 ranks vs naive vs emulated, compared",
+                       add_help=False)
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(func=_cmd_demo)
+
+    s = sub.add_parser("bench", help="benchmarks that print a table: " + ", ".join(BENCHES))
+    s.add_argument("which", choices=sorted(BENCHES), help="; ".join(f"{k}: {v}" for k, v in BENCHES.items()))
+    s.add_argument("rest", nargs=argparse.REMAINDER, help="the bench's own options (ddp-lab bench NAME --help)")
+    s.set_defaults(func=_cmd_bench)
     return p
 
 

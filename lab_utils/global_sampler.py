@@ -30,13 +30,16 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from .mix64 import GOLDEN as _GOLDEN
+from .mix64 import M1, M2
+from .mix64 import MASK64 as _MASK64
+from .mix64 import splitmix64 as _splitmix64
+
 __all__ = ["GlobalOrder", "GlobalBatchSampler", "dataset_index"]
 
 MODES = ("feistel", "randperm")
 LAYOUTS = ("contiguous", "strided")
 
-_MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
 _ROUNDS = 6  # Luby-Rackoff: 4 rounds already give a strong pseudo-random permutation; 6 for margin
 _CHUNK = 1 << 16  # positions generated per numpy call inside __iter__
 _MAX_N = 1 << 62  # keeps positions and visit ids comfortably inside int64
@@ -52,18 +55,10 @@ def dataset_index(visit_id, n: int):
 # exactly the arithmetic splitmix64 is defined in, so the vectorised hash matches the Python one.
 # (numpy *scalar* uint64 ops warn on overflow, so we only ever do wrapping ops on arrays.)
 # --------------------------------------------------------------------------------------------
-def _splitmix64(x: int) -> int:
-    """splitmix64 of a Python int (the reference; used for the per-seed base key)."""
-    z = (x + _GOLDEN) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
 def _mix64(z: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on a uint64 array (a fast, well-avalanching bijection of 64-bit ints)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(M2)
     return z ^ (z >> np.uint64(31))
 
 

@@ -37,6 +37,13 @@ import math
 
 import torch
 
+# splitmix64's constants and its Python-int reference are shared with global_sampler (lab_utils/mix64.py).
+from .mix64 import GOLDEN as _GOLDEN
+from .mix64 import M1 as _M1
+from .mix64 import M2 as _M2
+from .mix64 import MASK64 as _MASK64
+from .mix64 import mix as _mix_int
+
 __all__ = ["keyed_uniform", "sample_generator", "dropout_keys", "KeyedDropout"]
 
 # --------------------------------------------------------------------------------------------
@@ -48,10 +55,6 @@ __all__ = ["keyed_uniform", "sample_generator", "dropout_keys", "KeyedDropout"]
 # on int64 it is an *arithmetic* shift (copies the sign bit in), so after ``z >> s`` we mask off
 # the top ``s`` bits to get the logical shift that splitmix64 is defined with.
 # --------------------------------------------------------------------------------------------
-_MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2**64 / golden ratio, odd
-_M1 = 0xBF58476D1CE4E5B9
-_M2 = 0x94D049BB133111EB
 # Domain separators: keyed_uniform and sample_generator hash the same (seed, key, site) triples,
 # and must not hand out correlated numbers when someone uses the same site for both.
 _DOMAIN_UNIFORM = 0x6B657965645F756E  # "keyed_un"
@@ -62,14 +65,6 @@ def _to_i64(u: int) -> int:
     """A value in [0, 2**64) as the int64 with the same bits (what a torch int64 scalar can hold)."""
     u &= _MASK64
     return u - (1 << 64) if u >> 63 else u
-
-
-def _mix_int(z: int) -> int:
-    """splitmix64's finaliser on a Python int (mod 2**64): a well-avalanching bijection."""
-    z &= _MASK64
-    z = ((z ^ (z >> 30)) * _M1) & _MASK64
-    z = ((z ^ (z >> 27)) * _M2) & _MASK64
-    return z ^ (z >> 31)
 
 
 def _lsr(z: torch.Tensor, s: int) -> torch.Tensor:

@@ -29,11 +29,10 @@ from pathlib import Path
 import psutil
 
 from . import config as config_mod
-from . import distenv
+from . import distenv, runfiles
+from .runfiles import REPO, read_heartbeats
 
-REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "scripts" / "train.py"
-RUNS = Path(os.environ.get("LAB_RUNS_DIR", REPO / "runs"))
 
 
 @dataclass
@@ -48,6 +47,19 @@ class RunResult:
     failing_rank: int | None = None
     traceback: str = ""
     heartbeats: dict = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)  # exactly what was started (python or torchrun)
+
+    @property
+    def command_line(self) -> str:
+        """The command as a shell line a user can copy (paths relative to the repository where possible)."""
+        import shlex
+
+        rel = [c.replace(str(REPO) + os.sep, "") for c in self.command]
+        if rel and rel[0] == sys.executable:
+            rel[0] = "python"
+        if rel[1:3] == ["-m", "torch.distributed.run"]:
+            rel = ["torchrun", *rel[3:]]
+        return shlex.join(rel)
 
     @property
     def ok(self) -> bool:
@@ -120,32 +132,6 @@ def _progress_bar(total: int, name: str, enabled: bool):
     return tqdm(total=total, desc=name, unit="step", leave=True, dynamic_ncols=True)
 
 
-def _count_lines(path: Path) -> tuple[int, float | None]:
-    try:
-        with open(path) as f:
-            lines = f.readlines()
-    except FileNotFoundError:
-        return 0, None
-    complete = [ln for ln in lines if ln.endswith("\n")]
-    last = json.loads(complete[-1])["loss"] if complete else None
-    return len(complete), last
-
-
-def read_heartbeats(run_dir: Path) -> dict[int, dict]:
-    beats = {}
-    for path in sorted((run_dir / "progress").glob("rank*.json")):
-        try:
-            beat = json.loads(path.read_text())
-            beats[beat["rank"]] = beat
-        except (OSError, ValueError, KeyError):
-            continue
-    return beats
-
-
-# The order of the phases a rank's heartbeat goes through in one step (scripts/train.py).
-PHASES = ("setup", "step start", "forward/backward", "all-reduce loss", "step done", "finished")
-
-
 def describe_hang(beats: dict[int, dict], nproc: int) -> tuple[str, int | None]:
     """Name the rank that fell behind: the others are waiting for it in a collective."""
     if not beats:
@@ -159,8 +145,7 @@ def describe_hang(beats: dict[int, dict], nproc: int) -> tuple[str, int | None]:
             order.append((-2, -1, r))
             continue
         lines.append(f"  rank {r}: step {b.get('step')} {b.get('phase')} ({now - b['time']:.0f} s ago)")
-        phase = PHASES.index(b["phase"]) if b.get("phase") in PHASES else -1
-        order.append((b.get("step", -1), phase, r))
+        order.append((b.get("step", -1), runfiles.phase_index(b.get("phase")), r))
     behind = min(order)
     suspect = behind[2] if len({o[:2] for o in order}) > 1 or nproc == 1 else None
     who = f"rank {suspect} is behind; the others wait for it in a collective" if suspect is not None \
@@ -238,7 +223,7 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
     given = config_mod.parse_overrides(overrides)
     if "out_dir" in given:
         raise config_mod.ConfigError("out_dir is set by the launcher (runs/NAME); do not pass it")
-    run_dir = Path(runs_dir or RUNS) / name
+    run_dir = Path(runs_dir or runfiles.runs_dir()) / name
     given["out_dir"] = str(run_dir)
     cfg = config_mod.resolve(given, nproc)  # raises ConfigError before anything launches
     distenv.check_launchable(cfg, nproc)
@@ -277,7 +262,7 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
                 if echo:
                     shown = _echo_new(out_path, shown)
                 if bar is not None:
-                    done, loss = _count_lines(run_dir / "metrics.jsonl")
+                    done, loss = runfiles.count_metrics(run_dir)
                     bar.n = done
                     if loss is not None:
                         bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
@@ -298,7 +283,8 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
         _echo_new(out_path, shown)
     seconds = time.time() - start
     output = out_path.read_text(errors="replace")
-    result = RunResult(name, run_dir, status, returncode, seconds, nproc, heartbeats=read_heartbeats(run_dir))
+    result = RunResult(name, run_dir, status, returncode, seconds, nproc, heartbeats=read_heartbeats(run_dir),
+                       command=cmd)
     if status == "hang":
         text, result.failing_rank = describe_hang(result.heartbeats, nproc)
         result.message = f"hang: no exit after the {timeout:.0f} s timeout; every process was stopped.\n{text}"

@@ -37,7 +37,7 @@ def run(nproc: int = 2, timeout: float = 120, progress: bool = False) -> tuple[b
     for key, value in info.items():
         print(f"{key:>13}: {value}")
     result = launcher.launch("preflight", nproc, ["steps=1"], timeout=timeout, progress=progress,
-                             script=launcher.REPO / "scripts" / "preflight_worker.py")
+                             script=launcher.REPO / "scripts" / "probes" / "preflight_worker.py")
     info["launch"] = {"status": result.status, "seconds": round(result.seconds, 2)}
     ok = result.ok
     if ok:

@@ -6,11 +6,9 @@ import pytest
 
 @pytest.fixture
 def runs_dir(tmp_path, monkeypatch):
-    """Each test's runs go to its own folder (the launcher reads LAB_RUNS_DIR at call time via RUNS)."""
-    from lab_utils import launcher
-
+    """Each test's runs go to its own folder (runfiles.runs_dir reads LAB_RUNS_DIR at call time)."""
     d = tmp_path / "runs"
-    monkeypatch.setattr(launcher, "RUNS", d)
+    monkeypatch.setenv("LAB_RUNS_DIR", str(d))
     return d
 
 

@@ -18,7 +18,7 @@ def cli(*args):
     (["run", "--name", "x", "steps=ten"], "steps='ten' is not an integer"),
     (["run", "--name", "x", "sampler=shuffle"], "sampler='shuffle' is not one of"),
     (["run", "--name", "x", "--nproc", "0"], "--nproc: 0 must be >= 1"),
-    (["compare", "runs/nope_a", "runs/nope_b"], "no such run folder"),
+    (["compare", "runs/nope_a", "runs/nope_b"], "no run folder with metrics.jsonl"),
 ])
 def test_bad_input_one_line(args, fragment):
     p = cli(*args)

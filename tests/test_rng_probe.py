@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lab_utils import rng_probe
+from lab_utils import probes, rng_probe, runfiles
 
 
 # ------------------------------------------------------------------ count_global_draws
@@ -70,22 +70,22 @@ def test_worker_seeds_without_workers_reports_the_main_process():
 # ------------------------------------------------------------------ buffer_fingerprint
 def test_buffer_fingerprint_sees_buffers_not_parameters():
     m = torch.nn.BatchNorm1d(4)
-    h0 = rng_probe.buffer_fingerprint(m)
+    h0 = runfiles.buffer_fingerprint(m)
     with torch.no_grad():
         m.weight.add_(1.0)
-    assert rng_probe.buffer_fingerprint(m) == h0
+    assert runfiles.buffer_fingerprint(m) == h0
     m.running_mean += 1e-7
-    assert rng_probe.buffer_fingerprint(m) != h0
+    assert runfiles.buffer_fingerprint(m) != h0
 
 
 def test_read_wrap_probe_without_a_run_names_the_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="probe"):
-        rng_probe.read_wrap_probe(tmp_path)
+        probes.read_wrap_probe(tmp_path)
 
 
 # ------------------------------------------------------------------ the 2-rank wrap probe (real torchrun)
 def test_wrap_probe_two_ranks(runs_dir):
-    probe = rng_probe.launch_wrap_probe("wrap", 2, seed=42, backend="auto")
+    probe = probes.launch_wrap_probe("wrap", 2, seed=42, backend="auto")
     assert sorted(probe) == [0, 1] and [probe[r]["seed"] for r in (0, 1)] == [42, 43]
     before = {r: probe[r]["before"] for r in (0, 1)}
     assert before[0]["params"] != before[1]["params"] and before[0]["buffers"] != before[1]["buffers"]

@@ -22,22 +22,29 @@ def is_verdict(cell) -> bool:
     return cell.get("cell_type") == "code" and MARK in "".join(cell.get("source", ""))
 
 
+# What JupyterLab writes on save; storing it avoids a modified notebook every time a learner saves.
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
 def strip(nb) -> None:
-    """Remove outputs and execution counts except on verdict cells; drop volatile metadata."""
+    """Remove outputs, counts and volatile metadata (nbstripout does it), except the verdict cells' table."""
+    from nbstripout import strip_output
+
     for cell in nb.cells:
-        if cell.get("cell_type") != "code":
-            continue
+        if is_verdict(cell):
+            cell.setdefault("metadata", {})["keep_output"] = True  # nbstripout's per-cell opt-out
+    strip_output(nb, keep_output=False, keep_count=False, keep_id=True)
+    for cell in nb.cells:
         cell.get("metadata", {}).pop("execution", None)
         if is_verdict(cell):
+            cell["metadata"].pop("keep_output", None)
             # nbval refuses a reference cell with outputs but no execution count ("Unrun reference cell"),
             # so verdict cells keep a fixed count of 1; only their stdout (the table) is compared.
             cell["execution_count"] = 1
-            cell["outputs"] = [o for o in cell["outputs"] if o.get("output_type") == "stream"
+            cell["outputs"] = [o for o in cell.get("outputs", []) if o.get("output_type") == "stream"
                                and o.get("name") == "stdout"]
-        else:
-            cell["execution_count"] = None
-            cell["outputs"] = []
     nb.metadata.pop("widgets", None)
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)
 
 
 def execute(path: Path, timeout: float = 900, cwd: Path | None = None):
@@ -91,33 +98,8 @@ def run_all(pattern: str = "notebooks/[0-9]*.ipynb", out_dir: str = "build", tim
     return all_ok
 
 
-def from_percent(text: str):
-    """A notebook from percent-format text (`# %%` code cells, `# %% [markdown]` markdown cells), the form
-    that is easiest to write and review as a diff; convert, then `refresh` to execute and strip."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata["language_info"] = {"name": "python"}
-    chunks = text.split("\n# %%")
-    for i, chunk in enumerate(chunks):
-        if i == 0 and not chunk.startswith("# %%"):
-            if chunk.strip():
-                raise ValueError("text before the first '# %%' marker")
-            continue
-        header, _, body = chunk.removeprefix("# %%").partition("\n")
-        body = body.strip("\n")
-        if "[markdown]" in header:
-            lines = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in body.splitlines()]
-            nb.cells.append(nbformat.v4.new_markdown_cell("\n".join(lines)))
-        else:
-            nb.cells.append(nbformat.v4.new_code_cell(body))
-    return nb
-
-
-if __name__ == "__main__":  # python -m lab_utils.notebooks strip|refresh NB... | build SRC.py OUT.ipynb
+if __name__ == "__main__":  # python -m lab_utils.nbbuild strip|refresh NB...
     cmd, *files = sys.argv[1:]
-    if cmd == "build":
-        nbformat.write(from_percent(Path(files[0]).read_text()), files[1])
-        raise SystemExit(0)
     for f in files:
         if cmd == "refresh":
             refresh(f)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .keyed_rng import KeyedDropout, dropout_keys, sample_generator
+from ..keyed_rng import KeyedDropout, dropout_keys, sample_generator
 
 __all__ = ["DigitsDataset", "BNNet", "loss_fn", "AUGMENT_MODES", "DROPOUT_MODES", "NORMS",
            "IMAGE_SIZE", "NUM_CLASSES", "MAX_SHIFT", "AUG_SITE", "DROPOUT_SITE"]
@@ -199,3 +199,12 @@ def loss_fn(model: nn.Module, batch: dict, reduction: str = "mean", seed: int = 
     else:
         logits = model(x)  # KeyedDropout, if training with p > 0, raises and says what to do
     return F.cross_entropy(logits, y, reduction=reduction)
+
+
+def build(cfg: dict):
+    """The `bn_net` workload (registered in workloads.BUILDERS)."""
+    from . import Workload
+
+    data = DigitsDataset(augment=cfg["augment"], seed=cfg["data_seed"], n=cfg["n_samples"] or None)
+    model = BNNet(dropout=cfg["dropout"], dropout_mode=cfg["dropout_mode"], norm=cfg["norm"])
+    return Workload(model, data, loss_fn)

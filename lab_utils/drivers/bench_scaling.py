@@ -1,7 +1,7 @@
 """Tokens/s of the tiny GPT's workshop preset: 1 GPU vs 2 GPUs, and what no_sync and gradient_as_bucket_view buy.
 
-    python scripts/bench_scaling.py                 # every case this box can run
-    python scripts/bench_scaling.py --steps 60 --json out.json
+    ddp-lab bench scaling                 # every case this box can run
+    ddp-lab bench scaling --steps 60 --json out.json
 
 Cases (each a real run through the lab's launcher, with fingerprinting off so hashing is not timed):
 1 rank fp32 / bf16 autocast; with >= 2 GPUs, 2 ranks (backend auto -> NCCL) with grad_accum_steps 1 and 4,
@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lab_utils import launcher  # noqa: E402
-from lab_utils.metrics import read_metrics  # noqa: E402
+from .. import launcher
+from ..runfiles import read_metrics
 
 
 def tokens_per_s(run_dir: Path, warmup: int) -> float:
@@ -32,13 +31,14 @@ def tokens_per_s(run_dir: Path, warmup: int) -> float:
     return tokens / (last["elapsed"] - first["elapsed"])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ddp-lab bench scaling", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--preset", default="workshop", choices=("workshop", "cpu"))
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     base = [f"preset={args.preset}", f"steps={args.steps}", "fingerprint=false", "log_every=1000"]
     cases = [("1 rank fp32", 1, []), ("1 rank bf16", 1, ["amp=bf16"])]

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lab_utils import config, distenv, metrics  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from lab_utils import config, distenv, runfiles  # noqa: E402
 
 cfg = config.resolve(sys.argv[1:], int(os.environ.get("WORLD_SIZE", "1")))
 env = distenv.setup(cfg)
@@ -31,7 +31,7 @@ try:
     expected = env.world_size * (env.world_size + 1) / 2
     if env.is_main:
         Path(cfg["out_dir"]).mkdir(parents=True, exist_ok=True)
-        metrics.write_json({"backend": env.backend, "world_size": env.world_size, "expected": expected,
+        runfiles.write_json({"backend": env.backend, "world_size": env.world_size, "expected": expected,
                             "ranks": seen, "ok": all(s["sum"] == expected for s in seen)},
                            Path(cfg["out_dir"]) / "preflight.json")
         print(f"[preflight] all-reduce over {env.world_size} ranks ({env.backend}): {value.item()} "

@@ -3,8 +3,8 @@
 Taught in notebooks/03_samplers.ipynb.  Each (sampler, n) case runs in a fresh subprocess so
 that its peak RSS (ru_maxrss, a high-water mark that never goes down) belongs to that case alone.
 
-    python scripts/bench_samplers.py                      # n = 1e6, 1e7, 1e8, 1e9
-    python scripts/bench_samplers.py --sizes 1e6 1e7 --json rows.jsonl
+    ddp-lab bench samplers                      # n = 1e6, 1e7, 1e8, 1e9
+    ddp-lab bench samplers --sizes 1e6 1e7 --json rows.jsonl
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The stock sampler holds randperm's int64 tensor (8 B/index), its .tolist() (8 B pointer + 32 B
 # int object per index) and the rank's slice (4 B/index at 2 ranks) at the same time.
 STOCK_BYTES_PER_INDEX = 52
@@ -64,8 +64,8 @@ def child(sampler_name: str, n: int, k: int) -> dict:
 
 
 def run_case(sampler_name: str, n: int, k: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", sampler_name, str(n), str(k)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    cmd = [sys.executable, "-m", "lab_utils.drivers.bench_samplers", "--child", sampler_name, str(n), str(k)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -105,18 +105,19 @@ def check_targets(rows: list[dict]) -> None:
           + "; ".join(f"{name} {'PASS' if ok else 'FAIL'} ({text})" for name, ok, text in checks))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ddp-lab bench samplers", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 1e8, 1e9])
     ap.add_argument("--k", type=int, default=2_000_000, help="indices timed after the first one")
     ap.add_argument("--max-stock-n", type=float, default=1e8, help="skip DistributedSampler above this n")
     ap.add_argument("--json", metavar="PATH", help="also write the rows as JSON lines to PATH")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         name, n, k = args.child
         print(json.dumps(child(name, int(n), int(k))))
-        return
+        return 0
 
     rows = []
     for n in (int(s) for s in args.sizes):
@@ -132,7 +133,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,8 +1,8 @@
 """Launch reliability and overhead: N consecutive 2-rank launches through the lab's launcher.
 
-    python scripts/bench_launch.py --launches 200            # the lab's exit (distenv.exit_process)
-    python scripts/bench_launch.py --launches 50 --finalize  # train.py with the ordinary interpreter exit
-    python scripts/bench_launch.py --launches 50 --probe naive  # scripts/probe_exit_race.py: naive|teardown|lab
+    ddp-lab bench launch --launches 200            # the lab's exit (distenv.exit_process)
+    ddp-lab bench launch --launches 50 --finalize  # train.py with the ordinary interpreter exit
+    ddp-lab bench launch --launches 50 --probe naive  # scripts/probes/exit_race.py: naive|teardown|lab
 
 Prints a table: launches, failures (with their kinds), median/p95 wall time per launch, median training
 time inside the job, and overhead = wall - training (process start-up, imports, rendezvous, teardown).
@@ -19,26 +19,26 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lab_utils import launcher  # noqa: E402
+from .. import launcher
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ddp-lab bench launch", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--launches", type=int, default=200)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--finalize", action="store_true", help="LAB_EXIT=finalize: the exit the fix removes")
     ap.add_argument("--probe", choices=("naive", "teardown", "lab"),
-                    help="launch scripts/probe_exit_race.py in this exit mode instead of train.py")
+                    help="launch scripts/probes/exit_race.py in this exit mode instead of train.py")
     ap.add_argument("--json", type=Path, help="write the summary and every launch as JSON here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     extra = {"LAB_EXIT": "finalize"} if args.finalize else {}
     script = launcher.TRAIN
     if args.probe:
         extra["LAB_PROBE_EXIT"] = args.probe
-        script = launcher.REPO / "scripts" / "probe_exit_race.py"
+        script = launcher.REPO / "scripts" / "probes" / "exit_race.py"
     rows, failures = [], Counter()
     start = time.time()
     for i in range(args.launches):
@@ -60,7 +60,7 @@ def main() -> int:
     over = [r["wall"] - r["train"] for r in rows if r["train"] is not None]
     p95 = walls[min(len(walls) - 1, int(0.95 * len(walls)))]
     print(f"\nlaunch reliability: {args.nproc}-rank gloo jobs, steps={args.steps}, "
-          + (f"probe_exit_race.py exit mode {args.probe}" if args.probe else
+          + (f"probes/exit_race.py exit mode {args.probe}" if args.probe else
              f"train.py, exit={'finalize (ordinary)' if args.finalize else 'lab (exit_process)'}"))
     print(f"{'launches':>9} {'failures':>9} {'wall median s':>14} {'wall p95 s':>11} {'train median s':>15} "
           f"{'overhead median s':>18}")

@@ -6,10 +6,8 @@ emulated-2-rank reference. Prints the parity table and writes runs/demo_parity.p
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lab_utils import launcher, parity, plotting  # noqa: E402
+from .. import launcher, parity, plotting
 
 STEPS = 40
 RUNS = [  # (name, nproc, keys, what it is)
@@ -20,7 +18,7 @@ RUNS = [  # (name, nproc, keys, what it is)
 ]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     start = time.time()
     for name, nproc, keys, what in RUNS:
         print(f"\n== {name}: {what}")

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .keyed_rng import KeyedDropout, dropout_keys
+from ..keyed_rng import KeyedDropout, dropout_keys
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,11 +111,14 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(h))
 
 
-def build(cfg: dict) -> tuple[nn.Module, CharWindows]:
+def build(cfg: dict):
+    """The `gpt` workload (registered in workloads.BUILDERS)."""
+    from . import Workload
+
     data = CharWindows(cfg["block_size"], cfg["n_samples"])
     model = TinyGPT(len(data.vocab), cfg["block_size"], cfg["n_layer"], cfg["n_head"], cfg["n_embd"],
                     cfg["dropout"], cfg["dropout_mode"])
-    return model, data
+    return Workload(model, data, loss_fn)
 
 
 def loss_fn(model: nn.Module, batch: dict, reduction: str = "mean", seed: int = 0) -> torch.Tensor:

@@ -1,0 +1,24 @@
+"""Wrapping a model in DistributedDataParallel, with the lab's flags. Taught in notebooks/05 (flags).
+
+This is the one place the lab constructs DDP, so every DDP option a chapter teaches is one key away:
+find_unused_parameters, broadcast_buffers, gradient_as_bucket_view (chapter 05). What DDP does at wrap
+time (broadcast rank 0's parameters and buffers) is chapter 02's lesson.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:
+    """DDP(model) on `device` with the flags from `cfg`. Wrapping broadcasts rank 0's parameters and buffers."""
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+               find_unused_parameters=cfg["find_unused_parameters"],
+               broadcast_buffers=cfg["broadcast_buffers"],
+               gradient_as_bucket_view=cfg["gradient_as_bucket_view"])
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside DDP (`.module`): its state_dict has no `module.` prefix (article §5.2)."""
+    return model.module if isinstance(model, DDP) else model

@@ -1,0 +1,56 @@
+"""One rank's share of an optimizer step: micro-batches, the loss reduction, and where DDP syncs.
+
+Taught in notebooks/01_unchanged.ipynb (the step), 05 (loss reduction) and 06 (accumulation, no_sync).
+scripts/train.py calls `rank_step` on every rank; `lab_utils/emulate.py` calls the same function once per
+emulated rank, so the tier-3 reference runs *this* code, not a copy of it. Lines that exist only because of
+DDP are marked `# DDP:`.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int) -> torch.Tensor:
+    """Forward + backward of one micro-batch; returns its detached per-element mean loss for the log.
+
+    mean: each micro-batch's mean is divided by grad_accum_steps, and DDP averages over ranks, so the
+    gradient is the mean over the global batch — as in the single run. sum: DDP still *averages* over ranks
+    (it divides by world_size before its SUM all-reduce), so a sum loss needs x world_size (§3.2).
+    """
+    with torch.autocast(batch["x"].device.type, dtype=torch.bfloat16, enabled=cfg["amp"] == "bf16"):
+        loss = wl.loss_fn(model, batch, reduction=cfg["loss_reduction"], seed=cfg["seed"])
+    if cfg["loss_reduction"] == "mean":
+        (loss / cfg["grad_accum_steps"]).backward()
+        return loss.detach()
+    scale = world_size if cfg["sum_loss_fix"] else 1  # DDP: undo DDP's division by world_size
+    (loss * scale).backward()
+    return loss.detach() / batch["y"].numel()
+
+
+def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_size: int,
+              before_forward=None) -> torch.Tensor:
+    """One rank's share of a step: grad_accum_steps micro-batches, gradients accumulated locally.
+
+    With no_sync, DDP's all-reduce runs only in the last micro-batch's backward (article §3.3 omits this:
+    without it every micro-batch pays a full all-reduce, and the sum is formed in another float order).
+    `before_forward(a, sync)` lets the emulation reproduce what DDP does before a synchronising forward.
+    """
+    acc = cfg["grad_accum_steps"]
+    loss_sum = torch.zeros((), device=device)
+    for a in range(acc):
+        batch = to_device(next(loader_iter), device)
+        last = a == acc - 1
+        if before_forward is not None:
+            before_forward(a, sync=last or not cfg["no_sync"])
+        skip_sync = isinstance(model, DDP) and cfg["no_sync"] and not last
+        with model.no_sync() if skip_sync else nullcontext():  # DDP: no all-reduce before the last one
+            loss_sum += micro_backward(wl, model, batch, cfg, world_size) / acc
+    return loss_sum
