@@ -81,6 +81,7 @@ KEYS: dict[str, Key] = {
     "find_unused_parameters": Key(bool, False, "DDP(find_unused_parameters=...)"),
     "broadcast_buffers": Key(bool, True, "DDP(broadcast_buffers=...)"),
     "gradient_as_bucket_view": Key(bool, False, "DDP(gradient_as_bucket_view=...)"),
+    "bucket_cap_mb": Key(float, 25.0, "DDP(bucket_cap_mb=...): gradient bucket size in MiB", min=0.01),
     "deterministic": Key(bool, True, "torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG on CUDA)"),
     "threads": Key(int, 1, "intra-op threads per process (the same in every run, so kernels split work alike)",
                    min=1),
@@ -89,14 +90,18 @@ KEYS: dict[str, Key] = {
     "out_dir": Key(str, "runs/default", "where config.json, metrics.jsonl and model.pt go"),
     "fingerprint": Key(bool, True, "hash all parameters after every step (off for throughput benchmarks)"),
     "log_every": Key(int, 10, "rank 0 prints a line every N steps", min=1),
-    "fault": Key(str, "none", "inject a failure", choices=("none", "crash", "hang", "kill")),
+    "fault": Key(str, "none", "inject a failure",
+                 choices=("none", "crash", "hang", "kill", "abort", "ignore_term")),
     "fault_rank": Key(int, 0, "rank that fails", min=0),
     "fault_step": Key(int, 0, "step at whose start it fails", min=0),
 }
 
 # The GPU workshop size of the tiny GPT (~10.7 M parameters). Applied under keys the user did not set.
-WORKSHOP = {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384, "global_batch_size": 64,
-            "lr": 1e-3, "steps": 200, "log_every": 20}
+# global_batch_size 256: each of 2 GPUs computes 128 samples per step. Measured on an H200 (ddp-lab bench
+# profile, docs/measured/h200/): at 16 samples per micro-batch the step is host-bound (the GPU waits for
+# Python and kernel launches) and a second GPU cannot halve it; at 128 the GPU is busy for the whole step.
+WORKSHOP = {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384, "global_batch_size": 256,
+            "lr": 1e-3, "steps": 100, "log_every": 20}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

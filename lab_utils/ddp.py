@@ -11,12 +11,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:
+def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:  # DDP:
     """DDP(model) on `device` with the flags from `cfg`. Wrapping broadcasts rank 0's parameters and buffers."""
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                find_unused_parameters=cfg["find_unused_parameters"],
                broadcast_buffers=cfg["broadcast_buffers"],
-               gradient_as_bucket_view=cfg["gradient_as_bucket_view"])
+               gradient_as_bucket_view=cfg["gradient_as_bucket_view"],
+               bucket_cap_mb=cfg["bucket_cap_mb"])
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

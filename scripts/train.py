@@ -4,10 +4,11 @@
     torchrun --nproc-per-node 2 scripts/train.py key=value ...     # DDP, same keys, same results
 
 Chapters change keys, never this loop (keys and defaults: lab_utils/config.py). Lines that exist only
-because of DDP are marked `# DDP:` so a chapter can show the port as a diff (chapter.port_diff). The
-mechanics live one hop away: lab_utils/step.py (one rank's step), emulate.py (the tier-3 reference),
-ddp.py (the wrap), checkpoint.py (what is saved). What this script writes is the run-folder contract in
-lab_utils/runfiles.py; every rank keeps progress/rank{r}.json up to date so the launcher can name a hung rank.
+because of DDP are marked `# DDP:` (`# DDP guard:` on a condition one process does not need), so chapter 00
+can show the port as a diff generated from this file (lab_utils/port.py). The mechanics live one hop
+away: lab_utils/step.py (one rank's step), emulate.py (the tier-3 reference), ddp.py (the wrap),
+checkpoint.py (what is saved). What this script writes is the run-folder contract in lab_utils/runfiles.py;
+every rank keeps progress/rank{r}.json up to date so the launcher can name a hung rank.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import record  # DDP: torchrun's per-rank error file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 from lab_utils import checkpoint, ddp, distenv, runfiles, samplers, workloads  # noqa: E402
@@ -30,13 +31,23 @@ from lab_utils.step import rank_step  # noqa: E402
 
 
 def inject_fault(cfg: dict, rank: int, step: int) -> None:
-    """fault=crash|hang|kill on `fault_rank` at the start of `fault_step`: the launcher tests' failures."""
-    if cfg["fault"] == "none" or rank != cfg["fault_rank"] or step != cfg["fault_step"]:
+    """fault=crash|hang|kill|abort|ignore_term on `fault_rank` at the start of `fault_step`: the launcher
+    tests' failures. abort dies by SIGABRT (as a C++ std::terminate does); ignore_term hangs deaf to SIGTERM,
+    so only SIGKILL can stop it."""
+    if cfg["fault"] == "none" or step != cfg["fault_step"]:
+        return
+    if rank != cfg["fault_rank"]:
+        if cfg["fault"] == "abort":  # peers stay out of the collective, so they never see the lost connection
+            time.sleep(60)           # and torchrun must SIGTERM them (as a rank blocked in NCCL never notices)
         return
     if cfg["fault"] == "crash":
         raise RuntimeError(f"injected fault: crash on rank {rank} at step {step}")
     if cfg["fault"] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if cfg["fault"] == "abort":
+        os.abort()
+    if cfg["fault"] == "ignore_term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:  # hang: the other ranks block in the next all-reduce, as with a real deadlock
         time.sleep(3600)
 
@@ -71,10 +82,10 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     torch.manual_seed(cfg["seed"] + (env.rank if cfg["seed_mode"] == "article" else 0))
     wl = workloads.build(cfg)
     model = wl.model.to(env.device)
-    heart.beat(init_param_hash=runfiles.fingerprint(model)[0])
+    heart.beat(init_param_hash=runfiles.fingerprint(model))
     if env.distributed:  # DDP: wrapping broadcasts rank 0's parameters and buffers to every rank
         model = ddp.wrap(model, cfg, env.device)
-        heart.beat(param_hash_after_wrap=runfiles.fingerprint(model)[0])
+        heart.beat(param_hash_after_wrap=runfiles.fingerprint(model))
     optimizer = build_optimizer(model, cfg)
 
     # Which data this process computes: its own rank's stream, or all R emulated ranks' streams.
@@ -95,15 +106,15 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     for step in range(cfg["steps"]):
         heart.beat(step=step, phase="step start")
         inject_fault(cfg, env.rank, step)
-        heart.beat(phase="forward/backward")  # DDP: the gradient all-reduce runs inside backward
+        heart.beat(phase="forward/backward")  # under DDP the gradient all-reduce runs inside backward
         model.train()
         optimizer.zero_grad(set_to_none=True)
         if R > 1:
             loss = emulated_step(wl, model, loaders, cfg, env.device, rank_buffers)
         else:
-            local = rank_step(wl, model, loaders[0], cfg, env.device, env.world_size)
+            loss = rank_step(wl, model, loaders[0], cfg, env.device, env.world_size)
             heart.beat(phase="all-reduce loss")
-            loss = distenv.all_reduce_mean(local, env)  # DDP: log the loss of ALL ranks, not rank 0's
+            loss = distenv.all_reduce_mean(loss, env)  # DDP: log the loss of ALL ranks, not rank 0's
         # Total grad norm after the all-reduce (identical on every rank); max_norm=inf leaves grads as is.
         max_norm = cfg["grad_clip"] if cfg["grad_clip"] > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -111,16 +122,16 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         heart.beat(phase="step done")
         if writer:
             # .item() waits for the device: fine at this size, and the log needs real numbers (chapter 08).
-            param_hash, param_sum = runfiles.fingerprint(model) if cfg["fingerprint"] else (None, None)
+            param_hash = runfiles.fingerprint(model) if cfg["fingerprint"] else None
             loss_value = loss.item()  # one device sync per step, on rank 0 only
             writer.write({"step": step, "loss": loss_value, "lr": optimizer.param_groups[0]["lr"],
                           "grad_norm": grad_norm.item(), "samples": (step + 1) * cfg["global_batch_size"],
-                          "param_hash": param_hash, "param_sum": param_sum,
+                          "param_hash": param_hash,
                           "elapsed": round(time.time() - t0, 4)})
             if step % cfg["log_every"] == 0 or step == cfg["steps"] - 1:
                 print(f"[train] step {step + 1}/{cfg['steps']} loss {loss_value:.6f}", flush=True)
 
-    if env.is_main:  # DDP: only rank 0 writes; .module drops the `module.` prefix (§5.2)
+    if env.is_main:  # DDP guard: only rank 0 writes; .module drops the `module.` prefix (§5.2)
         probe = workloads.probe_outputs(ddp.unwrap(model), wl.dataset, env.device)
         checkpoint.save_final(model, out, probe)
         runfiles.write_json({"steps": cfg["steps"], "final_loss": loss_value, "seconds": time.time() - t0},
@@ -139,9 +150,9 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     env = distenv.setup(cfg)
     train(cfg, env)
-    # DDP: teardown only on success. A failing rank must not enter the barrier: its peers are blocked in a
+    # Teardown only on success. A failing rank must not enter the barrier: its peers are blocked in a
     # different collective, so both would wait forever; torchrun stops the peers once this rank exits.
-    distenv.teardown(env)
+    distenv.teardown(env)  # DDP: barrier, then leave the process group
 
 
 if __name__ == "__main__":

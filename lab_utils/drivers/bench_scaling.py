@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .. import launcher
+from .. import launcher, parity
 from ..runfiles import read_metrics
 
 
@@ -31,50 +31,79 @@ def tokens_per_s(run_dir: Path, warmup: int) -> float:
     return tokens / (last["elapsed"] - first["elapsed"])
 
 
+# The H200's measured bf16 dense matmul peak (device tool notes): every row's MFU is against it, so rows compare.
+PEAK_FLOPS = 790e12
+
+
+def flops_per_token(cfg: dict, n_params: int) -> float:
+    """Training FLOPs per token: 6 per parameter (forward + backward) plus attention's score and value
+    matmuls, 12 * n_layer * block_size * n_embd (the full T x T matrix: the causal mask is applied after)."""
+    return 6 * n_params + 12 * cfg["n_layer"] * cfg["block_size"] * cfg["n_embd"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ddp-lab bench scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--preset", default="workshop", choices=("workshop", "cpu"))
+    ap.add_argument("--global-batch-size", type=int, help="default: the preset's")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    base = [f"preset={args.preset}", f"steps={args.steps}", "fingerprint=false", "log_every=1000"]
-    cases = [("1 rank fp32", 1, []), ("1 rank bf16", 1, ["amp=bf16"])]
+    # The fingerprint stays on: it is computed on the device now (runfiles.fingerprint), costs little, and
+    # lets every row carry its parity tier (tier 3 needs the per-step hashes).
+    base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000"]
+    if args.global_batch_size:
+        base.append(f"global_batch_size={args.global_batch_size}")
+    cases = [("1 rank fp32", 1, []), ("1 rank bf16", 1, ["amp=bf16"]), ("1 rank accum 4", 1, ["grad_accum_steps=4"]),
+             ("1 rank emulated 2 ranks", 1, ["emulate_ranks=2"])]
     two = [("2 ranks fp32", []), ("2 ranks bf16", ["amp=bf16"]),
            ("2 ranks accum 4, no_sync", ["grad_accum_steps=4", "no_sync=true"]),
            ("2 ranks accum 4, sync every micro", ["grad_accum_steps=4", "no_sync=false"]),
-           ("2 ranks bucket view", ["gradient_as_bucket_view=true"])]
+           ("2 ranks bucket view", ["gradient_as_bucket_view=true"]),
+           ("2 ranks bucket_cap_mb=1", ["bucket_cap_mb=1"])]
     cases += [(name, 2, keys) for name, keys in two]
-    cases.insert(2, ("1 rank accum 4", 1, ["grad_accum_steps=4"]))
-    rows = []
+    refs = {"1 rank fp32": "1 rank fp32", "1 rank bf16": "1 rank fp32", "1 rank accum 4": "1 rank fp32",
+            "1 rank emulated 2 ranks": "1 rank fp32", "2 ranks bf16": "1 rank bf16",
+            "2 ranks fp32": "1 rank emulated 2 ranks"}
+    rows, dirs = [], {}
     for name, nproc, keys in cases:
         r = launcher.launch(f"bench_scaling_{len(rows)}", nproc, base + keys, timeout=900, progress=False)
         if not r.ok:
             print(f"{name}: FAILED\n{r}", file=sys.stderr)
             rows.append({"case": name, "nproc": nproc, "tokens_per_s": None})
             continue
+        dirs[name] = r.run_dir
         c = json.loads((r.run_dir / "config.json").read_text())
+        n_params = sum(t.numel() for t in torch.load(r.run_dir / "model.pt", weights_only=True).values()
+                       if t.is_floating_point())
+        tps = tokens_per_s(r.run_dir, args.warmup)
+        ref = refs.get(name, "1 rank fp32" if "accum" not in name else "1 rank accum 4")
+        report = parity.compare(dirs[ref], r.run_dir) if ref in dirs and ref != name else None
         rows.append({"case": name, "nproc": nproc, "backend": c["backend"] or "-", "device": c["device"],
-                     "tokens_per_s": tokens_per_s(r.run_dir, args.warmup)})
-        print(f"{name}: {rows[-1]['tokens_per_s']:,.0f} tokens/s", file=sys.stderr, flush=True)
-    ref = {"fp32": rows[0]["tokens_per_s"], "bf16": rows[1]["tokens_per_s"], "accum": rows[2]["tokens_per_s"]}
+                     "tokens_per_s": tps, "mfu": tps * flops_per_token(c["config"], n_params) / PEAK_FLOPS,
+                     "vs": ref if report else None, "tier": report.tier if report else None})
+        print(f"{name}: {tps:,.0f} tokens/s", file=sys.stderr, flush=True)
+    ref_tps = {name: row["tokens_per_s"] for name, row in zip([c[0] for c in cases], rows, strict=True)}
     shared = gpus < 2
     print(f"\nbench_scaling: preset={args.preset}, {args.steps} steps ({args.warmup} warm-up), GPUs: {gpus}, "
-          f"torch {torch.__version__}")
-    print(f"{'case':<36} {'ranks':>5} {'backend':>8} {'tokens/s':>12} {'vs 1 rank':>10}")
+          f"torch {torch.__version__}; MFU against {PEAK_FLOPS / 1e12:.0f} TFLOP/s (H200 bf16 dense peak)")
+    print(f"{'case':<36} {'ranks':>5} {'backend':>8} {'tokens/s':>12} {'vs 1 rank':>10} {'MFU':>6}  tier (vs)")
     for row in rows:
         tps = row["tokens_per_s"]
-        key = "bf16" if "bf16" in row["case"] else "accum" if "accum" in row["case"] else "fp32"
-        ratio = f"{tps / ref[key]:.2f}x" if tps and ref[key] else "-"
-        note = " (shared device)" if shared and row["nproc"] > 1 else ""
+        single = "1 rank bf16" if "bf16" in row["case"] else "1 rank accum 4" if "accum" in row["case"] \
+            else "1 rank fp32"
+        ratio = f"{tps / ref_tps[single]:.2f}x" if tps and ref_tps.get(single) and row["nproc"] > 1 else "-"
+        note = " (shared device: no scaling)" if shared and row["nproc"] > 1 else ""
+        mfu = f"{row['mfu']:.1%}" if tps else "-"
+        tier = f"{row['tier']} (vs {row['vs']})" if row.get("tier") is not None else "-"
         print(f"{row['case']:<36} {row['nproc']:>5} {row.get('backend', '-'):>8} "
-              f"{(f'{tps:,.0f}' if tps else 'FAILED'):>12} {ratio:>10}{note}")
+              f"{(f'{tps:,.0f}' if tps else 'FAILED'):>12} {ratio:>10} {mfu:>6}  {tier}{note}")
     if shared:
         print("fewer than 2 GPUs: the 2-rank rows share one device over gloo and measure no scaling")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0
 
 

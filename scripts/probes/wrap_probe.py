@@ -27,11 +27,11 @@ def probe(cfg: dict, env) -> dict:
     with torch.no_grad():  # one forward on this rank's own batch: its BN running stats become its own
         model(torch.randn(8, 1, IMAGE_SIZE, IMAGE_SIZE).to(env.device))
     record_ = {"rank": env.rank, "seed": cfg["seed"] + env.rank,
-               "before": {"params": runfiles.fingerprint(model)[0], "buffers": runfiles.buffer_fingerprint(model)}}
+               "before": {"params": runfiles.fingerprint(model), "buffers": runfiles.buffer_fingerprint(model)}}
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     for flag in (True, False):
         wrapped = DDP(copy.deepcopy(model), device_ids=device_ids, broadcast_buffers=flag)
-        record_[f"broadcast_buffers={flag}"] = {"params": runfiles.fingerprint(wrapped)[0],
+        record_[f"broadcast_buffers={flag}"] = {"params": runfiles.fingerprint(wrapped),
                                                 "buffers": runfiles.buffer_fingerprint(wrapped)}
     return record_
 
