@@ -1,5 +1,6 @@
 # DDP Parity Lab. Two commands: `make lab` (set up, preflight, headline demo) and `make test` (set up, pytest,
-# nbval). Set-up never replaces an existing torch: a CUDA build on a GPU box is kept (see README "Set-up").
+# nbval, the notebooks in a real browser). Set-up never replaces an existing torch: a CUDA build on a GPU box is
+# kept (see README "Set-up").
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -33,9 +34,12 @@ lab: setup
 	$(VENV)/bin/ddp-lab preflight
 	$(VENV)/bin/ddp-lab demo
 
+# The browser step opens every chapter in JupyterLab in headless Chromium (Debian's /usr/bin/chromium, or
+# $LAB_CHROMIUM), runs it from the menu and checks what a learner sees; screenshots go to build/screenshots/.
 test: setup
 	$(PY) -m pytest tests -q
 	$(PY) -m pytest --nbval-lax --nbval-current-env notebooks -q
+	$(PY) -m pytest tests/browser/check_notebooks.py -q
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -64,6 +64,21 @@ def run(name: str, nproc: int, p: Params, quiet: bool = False, **keys) -> launch
     return result.raise_for_status()
 
 
+def run_many(specs: dict[str, tuple[str, int, dict]], p: Params, max_workers: int = 3
+             ) -> dict[str, launcher.RunResult]:
+    """Launch independent runs at once: `specs` = {key: (run name, nproc, keys)}; returns {key: RunResult}.
+    Each training process uses one thread and a fixed reduction order, so overlapping runs changes their wall
+    time, never their numbers. Prints each command; raises with the first failing rank's traceback."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        futures = {key: pool.submit(run, name, nproc, p, True, **keys) for key, (name, nproc, keys) in specs.items()}
+    results = {key: f.result() for key, f in futures.items()}
+    for r in results.values():
+        print(f"$ {r.command_line}   # {r.status}")
+    return results
+
+
 def compare(a: str, b: str, **tolerances) -> parity.ParityReport:
     """The parity report of two runs by name; `tolerances`: loss_tol, param_tol, output_tol, conv_rtol."""
     return parity.compare(run_dir(a), run_dir(b), **tolerances)

@@ -1,4 +1,4 @@
-"""`ddp-lab` (= `python -m lab_utils`): preflight, run, compare, notebooks, demo, bench.
+"""`ddp-lab` (= `python -m lab_utils`): preflight, run, keys, compare, notebooks, demo, bench.
 
 Bad input is reported on one line naming the key or value, with exit code 2 and no traceback.
 """
@@ -45,6 +45,46 @@ def _cmd_notebooks(args) -> int:
     return 0 if ok else 1
 
 
+def _allowed(key) -> str:
+    """A key's allowed values in one short phrase: choices, a range, or what an unset value means."""
+    if key.choices:
+        return " | ".join(key.choices)
+    if key.type is bool:
+        return "true | false"
+    parts = []
+    if key.min is not None and key.max is not None:
+        parts.append(f"[{key.min}, {key.max}{')' if key.max_open else ']'}")
+    elif key.min is not None:
+        parts.append(f">= {key.min}")
+    elif key.max is not None:
+        parts.append(f"{'<' if key.max_open else '<='} {key.max}")
+    if key.optional:
+        parts.append("or none (derived)")
+    return " ".join(parts) or "any"
+
+
+def keys_table() -> str:
+    """Every key of config.KEYS with type, default, allowed values and help, under its group's title."""
+    from .config import KEYS, grouped
+
+    lines = []
+    width = max(map(len, KEYS))
+    for title, names in grouped().items():
+        lines += ["", f"# {title}"] if lines else [f"# {title}"]
+        for name in names:
+            k = KEYS[name]
+            default = "none" if k.default is None else str(k.default).lower() if k.type is bool else str(k.default)
+            lines.append(f"{name:<{width}}  {k.type.__name__:<5}  default {default:<12}  {_allowed(k)}")
+            lines.append(f"{'':<{width}}  {k.help}")
+    return "\n".join(lines)
+
+
+def _cmd_keys(args) -> int:
+    print("keys for `ddp-lab run ... key=value` and scripts/train.py (lab_utils/config.py):\n")
+    print(keys_table())
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from .drivers import demo
 
@@ -52,7 +92,7 @@ def _cmd_demo(args) -> int:
 
 
 BENCHES = {"launch": "launch reliability and overhead", "samplers": "DistributedSampler vs GlobalBatchSampler",
-           "scaling": "tokens/s, 1 vs 2 GPUs"}
+           "scaling": "tokens/s, 1 vs 2 GPUs", "profile": "host vs device time per step, launches, top ops"}
 
 
 def _cmd_bench(args) -> int:
@@ -97,7 +137,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=_positive_float, default=120)
     s.set_defaults(func=_cmd_preflight)
 
-    s = sub.add_parser("run", help="train: nproc 1 = plain python, >= 2 = torchrun --standalone")
+    s = sub.add_parser("run", help="train: nproc 1 = plain python, >= 2 = torchrun --standalone",
+                       epilog="key=value: `ddp-lab keys` lists every key with its type, default, allowed values "
+                              "and meaning.")
     s.add_argument("--name", required=True, help="run folder: runs/NAME")
     s.add_argument("--nproc", type=_positive_int, default=1)
     s.add_argument("--timeout", type=_positive_float, default=600, help="seconds before the run is a hang")
@@ -105,6 +147,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("overrides", nargs="*", metavar="key=value")
     s.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("keys", help="every key=value `run` accepts: type, default, allowed values, meaning")
+    s.set_defaults(func=_cmd_keys)
 
     s = sub.add_parser("compare", help="the parity report of two runs (tier 3/2/1/0)")
     s.add_argument("run_a")
@@ -140,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"ddp-lab {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `ddp-lab keys | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"ddp-lab {args.command}: interrupted", file=sys.stderr)
         return 130

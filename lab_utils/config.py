@@ -54,7 +54,7 @@ KEYS: dict[str, Key] = {
                             "global: none, so creating its iterator draws from the global RNG",
                             choices=("dedicated", "global")),
     # --- the model
-    "model": Key(str, "gpt", "workload", choices=("gpt", "bn_net")),
+    "model": Key(str, "gpt", "workload", choices=("gpt", "bn_net", "contrastive")),
     "block_size": Key(int, 32, "gpt: context length", min=2),
     "n_layer": Key(int, 2, "gpt: transformer blocks", min=1),
     "n_head": Key(int, 2, "gpt: attention heads", min=1),
@@ -64,9 +64,17 @@ KEYS: dict[str, Key] = {
                         choices=("keyed", "torch")),
     "norm": Key(str, "batch", "bn_net: batch = BatchNorm layers, none = no normalisation", choices=("batch", "none")),
     "augment": Key(str, "none", "bn_net: augmentation randomness", choices=("none", "keyed", "article", "global")),
+    "padding": Key(int, 0, "gpt: mask a keyed 0..padding trailing targets per sample (variable-length sequences)",
+                   min=0),
+    "contrastive_gather": Key(str, "none", "contrastive: in-batch negatives from this rank only (none), "
+                              "dist.all_gather (plain, no gradient) or torch.distributed.nn.functional.all_gather "
+                              "(autograd)", choices=("none", "plain", "autograd")),
     # --- the optimisation
     "loss_reduction": Key(str, "mean", "per-micro-batch loss reduction", choices=("mean", "sum")),
     "sum_loss_fix": Key(bool, True, "with loss_reduction=sum, multiply by world_size (DDP averages grads)"),
+    "loss_normalization": Key(str, "per_rank", "gpt with padding: per_rank (each micro-batch's own token mean) or "
+                              "global_tokens (token sum / the step's token count over all ranks)",
+                              choices=("per_rank", "global_tokens")),
     "optimizer": Key(str, "adamw", "optimizer", choices=("adamw", "adam", "sgd")),
     "lr": Key(float, 3e-3, "learning rate", min=0.0, max_open=False),
     "weight_decay": Key(float, 0.1, "weight decay (adamw, sgd)", min=0.0),
@@ -80,6 +88,9 @@ KEYS: dict[str, Key] = {
     "no_sync": Key(bool, True, "skip the all-reduce on all but the last micro-batch of a step"),
     "find_unused_parameters": Key(bool, False, "DDP(find_unused_parameters=...)"),
     "broadcast_buffers": Key(bool, True, "DDP(broadcast_buffers=...)"),
+    "sync_bn": Key(str, "none", "BatchNorm statistics over all ranks: none (each rank its own micro-batch), "
+                   "lab (lab_utils/sync_bn.py, any device), torch (nn.SyncBatchNorm, CUDA only)",
+                   choices=("none", "lab", "torch")),
     "gradient_as_bucket_view": Key(bool, False, "DDP(gradient_as_bucket_view=...)"),
     "bucket_cap_mb": Key(float, 25.0, "DDP(bucket_cap_mb=...): gradient bucket size in MiB", min=0.01),
     "deterministic": Key(bool, True, "torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG on CUDA)"),
@@ -95,6 +106,25 @@ KEYS: dict[str, Key] = {
     "fault_rank": Key(int, 0, "rank that fails", min=0),
     "fault_step": Key(int, 0, "step at whose start it fails", min=0),
 }
+
+# The `# --- ` groups above, by title and first key: a key belongs to the group whose first key precedes it
+# in KEYS, so a key added inside a group needs no second edit. Used by `ddp-lab keys`.
+GROUPS: dict[str, str] = {"the experiment": "preset", "the model": "model", "the optimisation": "loss_reduction",
+                          "DDP and the process group": "backend", "output and fault injection": "out_dir"}
+
+
+def grouped() -> dict[str, list[str]]:
+    """{group title: [key, ...]} in KEYS order."""
+    first = {key: title for title, key in GROUPS.items()}
+    out: dict[str, list[str]] = {}
+    title = None
+    for name in KEYS:
+        title = first.get(name, title)
+        if title is None:
+            raise ValueError(f"key {name!r} comes before the first group's first key")
+        out.setdefault(title, []).append(name)
+    return out
+
 
 # The GPU workshop size of the tiny GPT (~10.7 M parameters). Applied under keys the user did not set.
 # global_batch_size 256: each of 2 GPUs computes 128 samples per step. Measured on an H200 (ddp-lab bench
@@ -212,7 +242,35 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
         raise ConfigError(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
     if cfg["augment"] != "none" and cfg["model"] != "bn_net":
         raise ConfigError(f"augment={cfg['augment']!r} needs model=bn_net (gpt has no augmentation)")
+    if cfg["sync_bn"] != "none" and (cfg["model"] != "bn_net" or cfg["norm"] != "batch"):
+        raise ConfigError(f"sync_bn={cfg['sync_bn']} needs model=bn_net norm=batch (nothing else has BatchNorm)")
+    _check_chapter05(cfg)
+    if cfg["sync_bn"] == "torch" and world_size > 1 and not _on_cuda(cfg["device"]):
+        raise ConfigError("sync_bn=torch: nn.SyncBatchNorm accepts only GPU tensors and these ranks run on CPU "
+                          "(torch raises ValueError at the first forward, even with gloo); use sync_bn=lab")
     return cfg
+
+
+def _check_chapter05(cfg: dict) -> None:
+    """padding, loss_normalization, contrastive_gather (chapter 05): only where they mean something."""
+    if cfg["padding"] and (cfg["model"] != "gpt" or cfg["padding"] >= cfg["block_size"]):
+        raise ConfigError(f"padding={cfg['padding']} needs model=gpt and padding < block_size={cfg['block_size']}")
+    if cfg["loss_normalization"] == "global_tokens" and (cfg["model"] != "gpt" or cfg["loss_reduction"] != "mean"):
+        raise ConfigError("loss_normalization=global_tokens needs model=gpt and loss_reduction=mean")
+    if cfg["contrastive_gather"] != "none" and cfg["model"] != "contrastive":
+        raise ConfigError(f"contrastive_gather={cfg['contrastive_gather']} needs model=contrastive")
+    if cfg["contrastive_gather"] != "none" and cfg["emulate_ranks"] > 1:
+        raise ConfigError(f"contrastive_gather={cfg['contrastive_gather']} gathers over a process group; "
+                          f"emulate_ranks={cfg['emulate_ranks']} has none")
+
+
+def _on_cuda(device: str) -> bool:
+    """Whether `device` (auto | cpu | cuda) resolves to CUDA on this machine (torch imported only when asked)."""
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def to_argv(cfg: dict[str, Any]) -> list[str]:

@@ -10,9 +10,15 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import sync_bn
+
 
 def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:  # DDP:
-    """DDP(model) on `device` with the flags from `cfg`. Wrapping broadcasts rank 0's parameters and buffers."""
+    """DDP(model) on `device` with the flags from `cfg`. Wrapping broadcasts rank 0's parameters and buffers.
+
+    sync_bn=lab|torch first swaps every BatchNorm for a synchronised one (chapter 07): same parameters and
+    buffers, but training-mode statistics over all ranks' micro-batches instead of this rank's alone."""
+    model = sync_bn.convert(model, cfg.get("sync_bn", "none"))  # DDP: BatchNorm over the global batch
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                find_unused_parameters=cfg["find_unused_parameters"],
                broadcast_buffers=cfg["broadcast_buffers"],

@@ -93,7 +93,7 @@ def setup(cfg: dict) -> DistEnv:
         torch.cuda.set_device(device)
     configure_determinism(cfg, device)
     backend = None
-    if world_size > 1:
+    if world_size > 1:  # DDP: torchrun started world_size processes; join their process group
         backend = pick_backend(cfg["backend"], device, local_world_size)
         dist.init_process_group(
             backend=backend,
@@ -104,7 +104,7 @@ def setup(cfg: dict) -> DistEnv:
     return DistEnv(rank, local_rank, world_size, local_world_size, backend, device)
 
 
-def teardown(env: DistEnv) -> None:
+def teardown(env: DistEnv) -> None:  # DDP:
     """Leave the process group cleanly: every rank reaches a barrier, then the group is destroyed.
 
     Destroying the group *here*, while the interpreter is intact, matters: a group left for interpreter
@@ -115,7 +115,7 @@ def teardown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
+def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:  # DDP:
     """Mean over ranks (SUM then divide, as DDP reduces gradients); identity for one process."""
     if not env.distributed:
         return value

@@ -9,8 +9,11 @@ backend's all-reduce may add in another order (gloo's ring does): then only tier
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
+from . import sync_bn, token_norm
 from .step import rank_step
 
 
@@ -23,8 +26,16 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
     """
     R = len(loader_iters)
     params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.get("sync_bn", "none") != "none":
+        grads, losses = _sync_bn_ranks(wl, model, loader_iters, cfg, device, rank_buffers)
+        return _reduce(params, grads, losses)
     buffers = list(model.buffers())
     rank0_at_sync: dict[int, list] = {}
+    token_count = None
+    if cfg.get("loss_normalization") == "global_tokens":  # what the DDP ranks all-reduce: all ranks' tokens
+        rank_batches = [[next(it) for _ in range(cfg["grad_accum_steps"])] for it in loader_iters]
+        loader_iters = [iter(b) for b in rank_batches]
+        token_count = token_norm.step_token_count(rank_batches, cfg)
 
     def load(states):
         with torch.no_grad():
@@ -43,10 +54,18 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
         for p in params:
             p.grad = None
         load(rank_buffers[r])
-        losses.append(rank_step(wl, model, it, cfg, device, world_size=R, before_forward=before_forward))
+        losses.append(rank_step(wl, model, it, cfg, device, world_size=R, before_forward=before_forward,
+                                token_count=token_count))
         rank_buffers[r] = [b.clone() for b in buffers]
         grads.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
     load(rank_buffers[0])  # the model this process saves is rank 0's, as in DDP
+    return _reduce(params, grads, losses)
+
+
+def _reduce(params: list, grads: list[list], losses: list) -> torch.Tensor:
+    """DDP's gradient all-reduce (each rank's gradient / R, summed in rank order) into `p.grad`, and the
+    loss all ranks log (all_reduce_mean: SUM over ranks, then / world_size)."""
+    R = len(grads)
     for i, p in enumerate(params):
         total = grads[0][i] / R
         for r in range(1, R):
@@ -56,3 +75,29 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
     for r in range(1, R):
         loss = loss + losses[r]
     return loss / R  # what all_reduce_mean gives: SUM over ranks, then / world_size
+
+
+def _sync_bn_ranks(wl, model, loader_iters: list, cfg: dict, device: torch.device, rank_buffers: list):
+    """Each emulated rank's gradients and loss with synchronised BatchNorm (sync_bn=lab|torch; chapter 07).
+
+    Synced statistics need every rank's activations at each BatchNorm layer, in the forward and again in the
+    backward, so the ranks cannot run one after another. Each emulated rank gets its own replica of the model
+    (as each DDP rank has its own) and runs the real `rank_step` on its own thread; at every BatchNorm the
+    threads meet in `RankOrderedSum`, which adds their partial sums in rank order, as the all-reduce does.
+    The synced running stats are the same bits on every rank, so broadcast_buffers has nothing to copy.
+    """
+    R, acc = len(loader_iters), cfg["grad_accum_steps"]
+    # Fetch in rank order on this thread: a global-RNG augmentation must not depend on thread timing.
+    batches = [[next(it) for _ in range(acc)] for it in loader_iters]
+    group = sync_bn.RankOrderedSum(R)
+    replicas = [sync_bn.LabSyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model), group.for_rank(r))
+                for r in range(R)]
+    losses = group.run(lambda r: rank_step(wl, replicas[r], iter(batches[r]), cfg, device, world_size=R))
+    grads = [[p.grad if p.grad is not None else torch.zeros_like(p)
+              for p in replica.parameters() if p.requires_grad] for replica in replicas]
+    for r, replica in enumerate(replicas):
+        rank_buffers[r] = [b.detach().clone() for b in replica.buffers()]
+    with torch.no_grad():  # the model this process saves is rank 0's, as in DDP
+        for b, s in zip(model.buffers(), rank_buffers[0], strict=True):
+            b.copy_(s)
+    return grads, losses

@@ -1,4 +1,4 @@
-"""`ddp-lab notebooks`: execute every chapter headless into build/ with a progress bar and an HTML index;
+"""`ddp-lab notebooks`: execute every chapter headless into build/ with a progress bar and a gallery index;
 and `strip`: keep a committed notebook's outputs only where nbval checks them.
 
 A verdict cell is a code cell whose source contains `# NBVAL_CHECK_OUTPUT`; nbval (--nbval-lax) compares
@@ -7,9 +7,14 @@ its stored output, so its output is the one thing kept when a notebook is stripp
 
 from __future__ import annotations
 
+import base64
 import glob
 import html
+import json
+import os
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,13 +52,28 @@ def strip(nb) -> None:
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
 
 
+def quiet_kernel_config(socket_dir: str) -> dict:
+    """nbclient config for a kernel on IPC transport (Unix sockets in `socket_dir`).
+
+    ipykernel warns "Kernel is running over TCP without encryption" at every start (ipykernel/kernelapp.py,
+    init_sockets) unless the transport is IPC. The socket path must be absolute: the kernel runs in the
+    notebook's folder and would resolve jupyter_client's default relative "kernel-ipc" elsewhere than the
+    client. KernelManager's config applies to nbclient's AsyncKernelManager (a subclass).
+    """
+    return {"KernelManager": {"transport": "ipc", "ip": os.path.join(socket_dir, "kernel")}}
+
+
 def execute(path: Path, timeout: float = 900, cwd: Path | None = None):
+    """Run a notebook headless; widget state is stored in its metadata so an HTML export draws the controls."""
     from nbclient import NotebookClient
+    from traitlets.config import Config
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(cwd or path.parent)}})
-    client.execute()
+    with tempfile.TemporaryDirectory(prefix="nbk-") as sockets:
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
+                                config=Config(quiet_kernel_config(sockets)),
+                                resources={"metadata": {"path": str(cwd or path.parent)}})
+        client.execute()
     return nb
 
 
@@ -65,6 +85,107 @@ def refresh(path: str | Path, timeout: float = 900) -> None:
     nbformat.write(nb, path)
 
 
+# ------------------------------------------------------------------ the gallery (build/index.html)
+def card(nb) -> dict:
+    """What the index shows of a chapter, read from the notebook itself: title, lesson line, objectives."""
+    markdown = [c.source for c in nb.cells if c.cell_type == "markdown"]
+    first = markdown[0] if markdown else ""
+    title = next((ln.lstrip("#").strip() for text in markdown for ln in text.splitlines()
+                  if ln.startswith("#")), "")
+    # The chapter card is a table whose "You will be able to" row lists the objectives, separated by <br>.
+    objectives = []
+    for line in first.splitlines():
+        if "You will be able to" in line:
+            cell = line.split("|")[2] if line.count("|") >= 3 else ""
+            objectives = [o.strip(" •-") for o in re.split(r"<br\s*/?>", cell) if o.strip(" •-")]
+            break
+    # Otherwise the lesson is the first plain paragraph after the title.
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", first)
+                  if p.strip() and not p.lstrip().startswith(("#", "|", ">", "```"))]
+    lesson = objectives[0] if objectives else (" ".join(paragraphs[0].split()) if paragraphs else "")
+    return {"title": title, "lesson": lesson, "objectives": objectives}
+
+
+def verdict_text(nb) -> str:
+    """The verdict cell's stdout (the table nbval compares), as the executed notebook printed it."""
+    return "".join(o.get("text", "") for c in nb.cells if is_verdict(c) for o in c.get("outputs", [])
+                   if o.get("output_type") == "stream" and o.get("name") == "stdout")
+
+
+def first_png(nb) -> bytes | None:
+    for c in nb.cells:
+        for o in c.get("outputs", []) if c.cell_type == "code" else []:
+            data = o.get("data", {}).get("image/png")
+            if data:
+                return base64.b64decode(data if isinstance(data, str) else "".join(data))
+    return None
+
+
+def this_machine() -> str:
+    """How the index names the machine the timings were taken on (the notebooks pick the GPU when present)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}"
+    return f"CPU, {os.cpu_count()} cores"
+
+
+MEASURED = Path(__file__).resolve().parents[1] / "docs" / "measured"
+
+
+def measured_times(root: Path = MEASURED) -> dict[str, dict[str, float]]:
+    """{machine: {notebook stem: seconds}} from committed `ddp-lab notebooks` timings (notebook_times.json
+    copied from a build/ into docs/measured/<machine>/); empty when none was committed."""
+    out = {}
+    for f in sorted(root.glob("*/notebook_times.json")):
+        data = json.loads(f.read_text())
+        out[data.get("machine") or f.parent.name] = {k: float(v) for k, v in data["seconds"].items()}
+    return out
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+.ch{display:flex;gap:1.5em;border-top:1px solid #ddd;padding:1.2em 0}.ch img{width:320px;border:1px solid #eee}
+.noimg{width:320px;color:#888}.ch h2{margin:0 0 .3em;font-size:1.25em}pre{background:#f6f6f6;padding:.6em;
+overflow-x:auto;font-size:12px}.bad{color:#b00020;font-weight:bold}.ok{color:#1b7f3b}td,th{padding:2px 10px 2px 0;
+text-align:left}details{margin:.4em 0}"""
+
+
+def write_index(out: Path, chapters: list[dict], machine: str, gpu: dict | None = None) -> Path:
+    """build/index.html: per chapter its title, lesson, first figure, verdict table and run times
+    (`gpu`: {machine: {stem: seconds}}, default the committed measurements)."""
+    gpu = measured_times() if gpu is None else gpu
+    e = html.escape
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>DDP Parity Lab — chapters</title>"
+             f"<style>{_CSS}</style></head><body><h1>DDP Parity Lab — the chapters, executed</h1>"
+             "<p>Each chapter below was executed by <code>ddp-lab notebooks</code>; open its page to read it with "
+             "its outputs, or open the .ipynb in JupyterLab to run it. The table under each chapter is its verdict "
+             "cell's output: the claims it proves and what this run measured.</p>"]
+    for ch in chapters:
+        img = (f"<a href='{e(ch['page'])}'><img src='{e(ch['thumb'])}' alt='first figure of {e(ch['stem'])}'></a>"
+               if ch["thumb"] else "<div class='noimg'>(no figure)</div>")
+        status = ("<span class='ok'>ran without error</span>" if not ch["error"]
+                  else f"<span class='bad'>FAILED: {e(ch['error'])}</span>")
+        times = [f"<tr><th>{e(machine)} (this build)</th><td>{ch['seconds']:.0f} s</td></tr>"]
+        # GPU times only from committed measurements; no file, no number.
+        for m, t in (gpu or {"GPUs": {}}).items():
+            value = f"{t[ch['stem']]:.0f} s" if ch["stem"] in t else "not measured"
+            times.append(f"<tr><th>{e(m)}</th><td>{value}</td></tr>")
+        goals = "".join(f"<li>{e(o)}</li>" for o in ch["objectives"])
+        parts.append(
+            f"<div class='ch'>{img}<div><h2><a href='{e(ch['page'])}'>{e(ch['title'] or ch['stem'])}</a></h2>"
+            f"<p>{e(ch['lesson'])}</p>"
+            + (f"<details><summary>all objectives</summary><ul>{goals}</ul></details>" if goals else "")
+            + f"<p>{status} · <a href='{e(ch['stem'])}.ipynb'>executed notebook</a></p>"
+            f"<table>{''.join(times)}</table>"
+            + (f"<details open><summary>verdict</summary><pre>{e(ch['verdict'])}</pre></details>"
+               if ch["verdict"] else "<p class='bad'>no verdict output</p>")
+            + "</div></div>")
+    parts.append("</body></html>")
+    target = out / "index.html"
+    target.write_text("\n".join(parts))
+    return target
+
+
 def run_all(pattern: str = "notebooks/[0-9]*.ipynb", out_dir: str = "build", timeout: float = 900) -> bool:
     from nbconvert import HTMLExporter
     from tqdm.auto import tqdm
@@ -73,8 +194,9 @@ def run_all(pattern: str = "notebooks/[0-9]*.ipynb", out_dir: str = "build", tim
     if not paths:
         raise FileNotFoundError(f"no notebooks match {pattern!r}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    rows, all_ok = [], True
+    (out / "img").mkdir(parents=True, exist_ok=True)
+    machine = this_machine()
+    chapters, all_ok = [], True
     for path in tqdm(paths, desc="notebooks", unit="nb"):
         start = time.time()
         try:
@@ -82,19 +204,22 @@ def run_all(pattern: str = "notebooks/[0-9]*.ipynb", out_dir: str = "build", tim
         except Exception as e:  # the failing cell's error is in the message; keep going with the others
             nb, error = nbformat.read(path, as_version=4), str(e).strip().splitlines()[-1][:300]
             all_ok = False
-        body, _ = HTMLExporter().from_notebook_node(nb)
-        target = out / (path.stem + ".html")
-        target.write_text(body)
+        seconds = time.time() - start
+        # The lab template draws the stored widget state (controls need the widget bundle from unpkg.com).
+        body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+        page = out / (path.stem + ".html")
+        page.write_text(body)
         nbformat.write(nb, out / path.name)
-        rows.append((path.stem, target.name, "ok" if not error else f"FAILED: {error}", time.time() - start))
-        print(f"{path.stem}: {'ok' if not error else 'FAILED'} ({time.time() - start:.0f} s)", file=sys.stderr)
-    items = "\n".join(f'<tr><td><a href="{html.escape(t)}">{html.escape(s)}</a></td><td>{html.escape(st)}</td>'
-                      f"<td>{sec:.0f} s</td></tr>" for s, t, st, sec in rows)
-    (out / "index.html").write_text(
-        "<html><head><title>DDP Parity Lab — executed notebooks</title></head><body>"
-        "<h1>DDP Parity Lab — executed notebooks</h1><table border=1 cellpadding=4>"
-        f"<tr><th>chapter</th><th>status</th><th>time</th></tr>{items}</table></body></html>")
-    print(f"wrote {out / 'index.html'}")
+        png = first_png(nb)
+        thumb = f"img/{path.stem}.png" if png else ""
+        if png:
+            (out / thumb).write_bytes(png)
+        chapters.append({"stem": path.stem, "page": page.name, "thumb": thumb, "seconds": seconds,
+                         "error": error, "verdict": verdict_text(nb), **card(nb)})
+        print(f"{path.stem}: {'ok' if not error else 'FAILED'} ({seconds:.0f} s)", file=sys.stderr)
+    (out / "notebook_times.json").write_text(json.dumps(
+        {"machine": machine, "seconds": {c["stem"]: round(c["seconds"], 1) for c in chapters}}, indent=2) + "\n")
+    print(f"wrote {write_index(out, chapters, machine)}")
     return all_ok
 
 

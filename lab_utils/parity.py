@@ -2,30 +2,62 @@
 
 Taught in notebooks/01_unchanged.ipynb. The tiers, exactly:
 
-- **tier 3 — bitwise.** Same number of steps; every step's logged loss is the same float; every step's
-  parameter fingerprint (sha256 of all parameter bytes) is the same; every final tensor in model.pt is
-  `torch.equal`. Nothing is within a tolerance.
+- **tier 3 — bitwise.** Same number of steps; every step's logged loss, grad_norm and parameter fingerprint
+  (runfiles.fingerprint: a hash of every parameter's exact bits) is the same; every final tensor in model.pt
+  is `torch.equal`. Nothing is within a tolerance. Runs logged with fingerprint=false cannot prove it (no
+  per-step hashes).
 - **tier 2 — step-wise.** Same number of steps; |loss_A - loss_B| <= `loss_tol` (default 1e-6, absolute,
-  fp32 tiny GPT) at *every* step; and the final weights agree: every parameter within `param_tol`
-  (default 1e-4, absolute) **or**, when both runs' config.json describe the same model, the final models'
-  eval-mode outputs on a fixed probe batch (the dataset's first 16 samples) within `output_tol` (1e-4).
-  Why the second route: Adam turns float noise in a parameter whose gradient is exactly or nearly zero
+  fp32 tiny GPT) at *every* step; the global gradient norm (metrics.jsonl `grad_norm`, after the
+  all-reduce) agrees within `grad_rtol` (relative) at every step; and the final weights agree: every
+  parameter within `param_tol` (default 1e-4, absolute) **or**, when both runs' config.json describe the
+  same model, the final models' eval-mode outputs on a fixed probe batch (the dataset's first 16 samples)
+  within `output_tol` (1e-4).
+  Why the outputs route: Adam turns float noise in a parameter whose gradient is exactly or nearly zero
   into full-size steps. Measured here: the tiny GPT's key bias (qkv.bias, k part) gets exactly zero
   gradient — softmax ignores a constant added to every score — and moves 4e-4 between a single run and a
   2-rank run whose losses agree to 5e-7; the outputs do not move. A bias right before BatchNorm does the
   same (SERIES.md fact 10). The per-tensor list always names the worst tensor, so nothing is hidden.
+  Why the gradient norm: Adam divides each update by the running RMS of the gradient, so a gradient
+  scaled by a constant gives almost the same steps. The article's §3.2 bug (a sum loss without
+  x world_size: every gradient x 1/2 on 2 ranks) kept the loss within 7.2e-7 and the outputs within 1.1e-5
+  of the single run for 40 steps under AdamW, and was tier 2 by loss and outputs alone; its grad_norm
+  is exactly half. Runs without grad_norm (older files) cannot reach tier 2: the loss alone cannot see this.
+  `grad_rtol` (default 1e-4) is ~300x the noise measured between correct ports (fp32, 40 steps; max over
+  steps of |Δgrad_norm| / max(grad_norm_A, grad_norm_B)). CPU, gloo: tiny GPT AdamW single vs 2 ranks
+  2.1e-7, 2 vs 4 ranks 3.2e-7, single vs 4 ranks 3.5e-7; SGD <= 1.7e-7; keyed dropout 2.9e-7; sum loss with
+  the fix 2.7e-7; accumulation 2 with no_sync 1.8e-7; bn_net (norm=none, keyed augmentation) AdamW and SGD,
+  up to 4 ranks, <= 1.6e-7; the emulated reference vs DDP 0 (BatchNorm included). One H200, single vs
+  emulated 2 and 4 ranks: GPT AdamW/SGD <= 3.2e-7, 1.2e-6 after 200 steps; bn_net (norm=none) <= 1.9e-7.
+  A scale bug moves it by 1 - 1/world_size (0.5 on 2 ranks), 5000x the tolerance.
 - **tier 1 — same convergence.** Both runs finite, and the mean loss of the last 10% of steps (at least 1)
   agrees within `conv_rtol` (default 5%, relative).
 - **tier 0 — diverged.** Anything else (including a NaN/inf loss).
 
-`first_diff_step` is the first step whose loss or parameter fingerprint is not identical (None if none);
-`first_step_over_tol` the first whose |Δloss| exceeds `loss_tol`.
+`first_diff_step` is the first step whose loss, grad_norm or fingerprint is not identical (None if none);
+`first_step_over_tol` the first whose |Δloss| exceeds `loss_tol`; `first_step_over_grad_rtol` the first
+whose relative |Δgrad_norm| exceeds `grad_rtol`; `grad_norm_ratio_median` the median of
+grad_norm_B / grad_norm_A over the steps.
+
+**Cause.** Below tier 2 the report names the likely cause when the evidence points to one (`cause`: a
+code of `CAUSES` and a sentence), from the two runs' files only, checked in this order:
+`global_batch` (config.json's global_batch_size differs), `reduction_scale` (loss_reduction differs, or
+grad_norm_B / grad_norm_A at step 0 or its median is world_size or 1/world_size within 1%),
+`sampler_epoch` (the runs agree until the first step of a later epoch: ceil or floor of
+e * n_samples / global_batch_size, e >= 1; needs n_samples > 0 in config.json, the only place a run
+records its dataset size), `per_rank_rng` (a multi-rank run draws dropout or augmentation from the global
+RNG, per config.json), `batch_norm` (BatchNorm with a different number of ranks: each normalises with its
+own micro-batch's statistics), `data_or_init` (the loss already differs at step 0: the first batch or the
+initial weights differ), and, when the loss agrees at step 0 but the weights differ after the first update
+and the loss diverges later with no other config.json difference: `per_rank_rng` if a run seeds per rank,
+else `float_order` (only the batch split, hence the summation order, differs). No cause fits: the report
+says so and lists the config.json differences in a note.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -37,23 +69,51 @@ from .runfiles import read_metrics
 LOSS_TOL = 1e-6
 PARAM_TOL = 1e-4
 OUTPUT_TOL = 1e-4
+GRAD_RTOL = 1e-4
 CONV_RTOL = 0.05
+SCALE_RTOL = 0.01  # how close grad_norm_B / grad_norm_A must be to world_size or 1/world_size
 
 # Tier-2 tolerances per (workload, device type): the one place they live. The defaults fit fp32 on CPU
 # and the GPT on CUDA. bn_net on CUDA: cuDNN picks convolution kernels by batch shape, so a 2-rank run
 # (half the batch per kernel call) sums in another order than the single run; measured on an H200:
 # |Δloss| 5e-6 after 24 steps. Only there are they looser; on CPU the defaults hold (2.4e-7 measured).
-DEFAULT_TOLERANCES = {"loss_tol": LOSS_TOL, "param_tol": PARAM_TOL, "output_tol": OUTPUT_TOL}
-TOLERANCES = {("bn_net", "cuda"): {"loss_tol": 1e-4, "param_tol": 1e-2, "output_tol": 1e-3}}
+# Its grad_rtol is 10x the default by analogy (not measured with 2 GPUs: none was lent; single vs emulated
+# on one H200, where the kernels see the same batch shapes as 2 ranks would, gave 1.9e-7 without BatchNorm).
+DEFAULT_TOLERANCES = {"loss_tol": LOSS_TOL, "param_tol": PARAM_TOL, "output_tol": OUTPUT_TOL,
+                      "grad_rtol": GRAD_RTOL}
+TOLERANCES = {("bn_net", "cuda"): {"loss_tol": 1e-4, "param_tol": 1e-2, "output_tol": 1e-3,
+                                   "grad_rtol": 1e-3}}
 
 
 def tolerances_for(config_a: dict, config_b: dict) -> dict:
     """The tier-2 tolerances for two runs, from their config.json: per workload and device type."""
     key = lambda c: (c.get("config", {}).get("model"), str(c.get("device", "cpu")).split(":")[0])  # noqa: E731
-    looser = [TOLERANCES.get(key(c), DEFAULT_TOLERANCES) for c in (config_a, config_b)]
+    looser = [{**DEFAULT_TOLERANCES, **TOLERANCES.get(key(c), {})} for c in (config_a, config_b)]
     return {k: max(t[k] for t in looser) for k in DEFAULT_TOLERANCES}
 
+
 TIER_NAMES = {3: "bitwise", 2: "step-wise", 1: "same convergence", 0: "diverged"}
+
+# The causes the report can name (code -> what it means). portbugs.SUITE's expected causes use these codes.
+CAUSES = {
+    "global_batch": "the global batch differs: a different number of samples per optimizer step",
+    "reduction_scale": "the gradient is scaled by world_size or 1/world_size: the loss reduction",
+    "sampler_epoch": "the data order differs from an epoch boundary on: set_epoch forgotten, RandomSampler",
+    "per_rank_rng": "randomness that depends on the rank: per-rank seeds, global-RNG dropout or augmentation",
+    "batch_norm": "BatchNorm statistics of each rank's own micro-batch: a different number of ranks",
+    "data_or_init": "the first batch or the initial weights differ: batch size, sample set or init",
+    "float_order": "nothing but the float order of the sums differs (another batch split), amplified by training",
+}
+
+
+@dataclass(frozen=True)
+class Cause:
+    code: str  # a key of CAUSES
+    text: str  # the evidence, with numbers from the two runs
+
+    def __post_init__(self):
+        if self.code not in CAUSES:
+            raise ValueError(f"cause code {self.code!r} is not one of {', '.join(CAUSES)}")
 
 
 @dataclass
@@ -71,12 +131,18 @@ class ParityReport:
     max_abs_output_diff: float | None
     final_loss_a: float
     final_loss_b: float
+    max_rel_grad_norm_diff: float | None = None  # None: a run logged no grad_norm
+    first_step_over_grad_rtol: int | None = None
+    grad_norm_ratio_median: float | None = None  # median of grad_norm_B / grad_norm_A
+    cause: Cause | None = None
     per_tensor: dict[str, float] = field(default_factory=dict)
     loss_diffs: list[float] = field(default_factory=list)
+    grad_rel_diffs: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     loss_tol: float = LOSS_TOL
     param_tol: float = PARAM_TOL
     output_tol: float = OUTPUT_TOL
+    grad_rtol: float = GRAD_RTOL
 
     @property
     def tier_name(self) -> str:
@@ -87,23 +153,27 @@ class ParityReport:
         d["tier_name"] = self.tier_name
         if not full:
             d.pop("loss_diffs")
+            d.pop("grad_rel_diffs")
         return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def format(self, top: int = 5) -> str:
+        step = lambda s: f"step {s}" if s is not None else "none"  # noqa: E731
         lines = [
             f"parity {self.run_a} vs {self.run_b}: tier {self.tier} ({self.tier_name})",
             f"  steps compared      {self.steps_compared}",
             f"  bitwise             {self.bitwise}",
             f"  max |dloss|         {self.max_abs_loss_diff:.3e}   (tier 2 needs <= {self.loss_tol:.0e})",
-            f"  first differing     step {self.first_diff_step}" if self.first_diff_step is not None
-            else "  first differing     none",
-            f"  first over tol      step {self.first_step_over_tol}" if self.first_step_over_tol is not None
-            else "  first over tol      none",
-            f"  final loss          {self.final_loss_a:.6f} vs {self.final_loss_b:.6f}",
+            f"  first differing     {step(self.first_diff_step)}",
+            f"  first over tol      {step(self.first_step_over_tol)}",
         ]
+        if self.max_rel_grad_norm_diff is not None:
+            lines += [f"  max rel |dgrad_norm| {self.max_rel_grad_norm_diff:.3e}   (tier 2 needs <= "
+                      f"{self.grad_rtol:.0e})   first over: {step(self.first_step_over_grad_rtol)}",
+                      f"  grad_norm B/A       {self.grad_norm_ratio_median:.4g}   (median over steps)"]
+        lines.append(f"  final loss          {self.final_loss_a:.6f} vs {self.final_loss_b:.6f}")
         if self.max_abs_param_diff is not None:
             lines.append(f"  max |dparam|        {self.max_abs_param_diff:.3e}   worst: {self.worst_tensor}"
                          f"   (tier 2 needs <= {self.param_tol:.0e})")
@@ -112,6 +182,10 @@ class ParityReport:
         if self.max_abs_output_diff is not None:
             lines.append(f"  max |doutput|       {self.max_abs_output_diff:.3e}   (probe batch, eval mode; "
                          f"tier 2 accepts <= {self.output_tol:.0e} when params differ)")
+        if self.cause is not None:
+            lines.append(f"  likely cause        [{self.cause.code}] {self.cause.text}")
+        elif self.tier < 2:
+            lines.append("  likely cause        none identified from the files")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -137,10 +211,30 @@ def compare_weights(a: dict, b: dict) -> tuple[dict[str, float], bool, list[str]
     return per, equal, notes
 
 
+def grad_norm_diffs(ma: list[dict], mb: list[dict], n: int) -> tuple[list[float], list[float]] | None:
+    """Per step: relative |Δgrad_norm| (|b - a| / max(|a|, |b|)) and the ratio b / a; None if a run has none."""
+    ga, gb = [r.get("grad_norm") for r in ma[:n]], [r.get("grad_norm") for r in mb[:n]]
+    if any(g is None for g in ga + gb):
+        return None
+    rel, ratio = [], []
+    for x, y in zip(ga, gb, strict=True):
+        if not (math.isfinite(x) and math.isfinite(y)):
+            rel.append(math.inf)
+            continue
+        rel.append(abs(y - x) / max(abs(x), abs(y)) if (x or y) else 0.0)
+        if x:
+            ratio.append(y / x)
+    return rel, ratio
+
+
 def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, names=("A", "B"),
              loss_tol: float = LOSS_TOL, param_tol: float = PARAM_TOL, conv_rtol: float = CONV_RTOL,
-             output_diff: float | None = None, output_tol: float = OUTPUT_TOL) -> ParityReport:
-    """The tier of two runs' metrics (+ final weights when both have them). Pure: tests feed it synthetic runs."""
+             output_diff: float | None = None, output_tol: float = OUTPUT_TOL, grad_rtol: float = GRAD_RTOL,
+             config_a: dict | None = None, config_b: dict | None = None) -> ParityReport:
+    """The tier of two runs' metrics (+ final weights when both have them), and the likely cause below tier 2.
+
+    Pure: tests feed it synthetic runs. `config_a`/`config_b`: the runs' config.json (for the cause only).
+    """
     notes = []
     n = min(len(ma), len(mb))
     if n == 0:
@@ -151,9 +245,24 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
     lb = [r["loss"] for r in mb[:n]]
     finite = all(math.isfinite(x) for x in la + lb)
     diffs = [abs(x - y) if finite else math.inf for x, y in zip(la, lb, strict=True)]
-    first_diff = next((i for i in range(n) if la[i] != lb[i]
-                       or ma[i].get("param_hash") != mb[i].get("param_hash")), None)
+    first_diff = next((i for i in range(n) if la[i] != lb[i] or any(
+        ma[i].get(k) != mb[i].get(k) for k in ("param_hash", "grad_norm"))), None)
     over = next((i for i, d in enumerate(diffs) if not d <= loss_tol), None)
+    grads = grad_norm_diffs(ma, mb, n)
+    if grads is None:
+        missing = " and ".join(nm for nm, m in zip(names, (ma, mb), strict=True)
+                               if any(r.get("grad_norm") is None for r in m[:n]))
+        notes.append(f"no grad_norm in {missing}'s metrics.jsonl (an older file): the gradient scale is not "
+                     f"compared, so tier 2 is not reached on the loss alone (under AdamW a gradient x "
+                     f"1/world_size keeps the loss within tolerance)")
+        rel, ratios, max_rel, grad_over = [], [], None, None
+    else:
+        rel, ratios = grads
+        max_rel = max(rel)
+        grad_over = next((i for i, d in enumerate(rel) if not d <= grad_rtol), None)
+    hashed = all(r.get("param_hash") is not None for r in ma[:n] + mb[:n])
+    if not hashed:
+        notes.append("no per-step parameter fingerprints (fingerprint=false): bitwise cannot be proven")
     per, w_equal, wnotes = ({}, False, []) if wa is None or wb is None else compare_weights(wa, wb)
     notes += wnotes
     if wa is None or wb is None:
@@ -161,7 +270,7 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
     max_param = max(per.values()) if per else None
     worst = max(per, key=per.get) if per else None
     same_len = len(ma) == len(mb)
-    bitwise = same_len and first_diff is None and w_equal and wa is not None
+    bitwise = same_len and first_diff is None and w_equal and wa is not None and hashed
     tier = 0
     tail = max(1, n // 10)
     if finite:
@@ -169,23 +278,174 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
         if abs(ea - eb) <= conv_rtol * max(abs(ea), abs(eb)):
             tier = 1
     losses_ok = same_len and over is None
+    grads_ok = max_rel is not None and max_rel <= grad_rtol
     params_ok = max_param is not None and max_param <= param_tol and not wnotes
     outputs_ok = output_diff is not None and output_diff <= output_tol and not wnotes
-    if tier == 1 and losses_ok and (params_ok or outputs_ok):
+    if tier == 1 and losses_ok and grads_ok and (params_ok or outputs_ok):
         tier = 2
-    if tier == 2 and bitwise:
+    if tier >= 1 and bitwise:  # identical at every step: holds without grad_norm too
         tier = 3
-    if losses_ok and max_param is not None and not params_ok and finite:
+    if losses_ok and grads_ok and max_param is not None and not params_ok and finite:
         same = "the outputs agree" if outputs_ok else "the outputs differ too"
         notes.append(f"loss matches step-wise but {worst} differs by {max_param:.2e} and {same}: a parameter "
                      f"with ~zero gradient (key bias, bias before BatchNorm) where Adam amplifies float noise")
-    return ParityReport(
+    report = ParityReport(
         run_a=names[0], run_b=names[1], tier=tier, bitwise=bitwise, steps_compared=n,
         max_abs_loss_diff=max(diffs), first_diff_step=first_diff, first_step_over_tol=over,
         max_abs_param_diff=max_param, worst_tensor=worst, final_loss_a=la[-1], final_loss_b=lb[-1],
-        max_abs_output_diff=output_diff, per_tensor=per, loss_diffs=diffs, notes=notes, loss_tol=loss_tol,
-        param_tol=param_tol, output_tol=output_tol)
+        max_abs_output_diff=output_diff, max_rel_grad_norm_diff=max_rel, first_step_over_grad_rtol=grad_over,
+        grad_norm_ratio_median=statistics.median(ratios) if ratios else None, per_tensor=per,
+        loss_diffs=diffs, grad_rel_diffs=rel, notes=notes, loss_tol=loss_tol, param_tol=param_tol,
+        output_tol=output_tol, grad_rtol=grad_rtol)
+    if tier < 2:
+        report.cause = diagnose(report, ma, mb, config_a or {}, config_b or {})
+        differ = config_differences(config_a or {}, config_b or {})
+        if report.cause is None and differ:
+            notes.append(f"config.json differs in {', '.join(differ)}")
+    return report
 
+
+# ------------------------------------------------------------------ the likely cause (files only)
+def _keys(c: dict) -> dict:
+    return c.get("config", {})
+
+
+def _ranks(c: dict) -> int | None:
+    """The world size a run's data layout used: its process count, or emulate_ranks for one process."""
+    if not c:
+        return None
+    return max(int(c.get("world_size", 1)), int(_keys(c).get("emulate_ranks", 1)))
+
+
+def _near(x: float | None, target: float) -> bool:
+    return x is not None and math.isfinite(x) and abs(x / target - 1) <= SCALE_RTOL
+
+
+def epoch_starts(n_samples: int, global_batch_size: int, world_sizes, steps: int) -> dict[int, int]:
+    """{step: epoch} for the steps where a later epoch's first sample can appear (epoch >= 1).
+
+    A DistributedSampler pads each epoch to a multiple of world_size (drop_last=False); the epoch starts
+    in step e * n / global_batch_size (floor: a step that straddles the boundary; ceil: the first step
+    wholly in epoch e), with n the dataset size or its padded size.
+    """
+    starts: dict[int, int] = {}
+    sizes = {n_samples} | {w * math.ceil(n_samples / w) for w in world_sizes if w}
+    for size in sizes:
+        for epoch in range(1, steps * global_batch_size // size + 2):
+            for s in (epoch * size // global_batch_size, -(-epoch * size // global_batch_size)):
+                if 0 < s < steps:
+                    starts.setdefault(s, epoch)
+    return starts
+
+
+def _randomness(c: dict) -> str | None:
+    """What a multi-rank run draws from the global RNG (so it depends on the rank and batch layout), if any."""
+    k = _keys(c)
+    if not c or (_ranks(c) or 1) < 2:
+        return None
+    what = []
+    if k.get("dropout", 0) > 0 and k.get("dropout_mode") == "torch":
+        what.append("dropout masks (dropout_mode=torch)")
+    if k.get("augment") in ("article", "global"):
+        what.append(f"augmentation (augment={k['augment']})")
+    if not what:
+        return None
+    seeds = " with per-rank seeds (seed_mode=article: seed + rank)" if k.get("seed_mode") == "article" else ""
+    return " and ".join(what) + seeds
+
+
+# Keys whose difference says nothing about the first batch or the initial weights.
+_BOOKKEEPING = {"out_dir", "log_every", "fingerprint", "backend", "device", "threads", "pg_timeout",
+                "emulate_ranks", "micro_batch_size", "grad_accum_steps", "no_sync", "steps"}
+
+
+def config_differences(ca: dict, cb: dict) -> list[str]:
+    """"key=A vs B" for every key both config.json have that can change the results (bookkeeping left out)."""
+    ka, kb = _keys(ca), _keys(cb)
+    return [f"{k}={ka[k]} vs {kb[k]}" for k in sorted(set(ka) & set(kb)) if ka[k] != kb[k] and k not in _BOOKKEEPING]
+
+
+def diagnose(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict) -> Cause | None:
+    """The likely cause of a report below tier 2, from the metrics and config.json; None when unclear."""
+    ka, kb = _keys(ca), _keys(cb)
+    ga, gb = ka.get("global_batch_size"), kb.get("global_batch_size")
+    if ga is not None and gb is not None and ga != gb:
+        return Cause("global_batch", f"global batch differs: {ga} vs {gb} samples per optimizer step "
+                     f"(global_batch_size = micro_batch_size x grad_accum_steps x world_size: "
+                     f"{ka.get('micro_batch_size')}x{ka.get('grad_accum_steps')}x{_ranks(ca)} vs "
+                     f"{kb.get('micro_batch_size')}x{kb.get('grad_accum_steps')}x{_ranks(cb)})")
+
+    ratio0 = mb[0]["grad_norm"] / ma[0]["grad_norm"] if r.grad_rel_diffs and ma[0]["grad_norm"] else None
+    ra, rb = ka.get("loss_reduction"), kb.get("loss_reduction")
+    if ra and rb and ra != rb:
+        return Cause("reduction_scale", f"loss_reduction differs: {ra} vs {rb} (grad_norm B/A {_fmt(ratio0)} at "
+                     f"step 0): a sum loss scales the gradient by the number of loss elements")
+    world = max(_ranks(ca) or 1, _ranks(cb) or 1)
+    candidates = [world] if ca and cb else range(2, 65)
+    for w in candidates:
+        for target, word in ((1 / w, "1/world_size"), (w, "world_size")):
+            if w > 1 and (_near(ratio0, target) or _near(r.grad_norm_ratio_median, target)):
+                how = ("a sum loss without x world_size (DDP averages the gradients)" if target < 1
+                       else "a loss scaled by world_size twice, or a mean loss multiplied by world_size")
+                sure = " (loss_reduction=sum, sum_loss_fix=false)" if (
+                    kb.get("loss_reduction") == "sum" and kb.get("sum_loss_fix") is False) else ""
+                return Cause("reduction_scale", f"grad_norm B/A is {_fmt(ratio0)} at step 0 and "
+                             f"{_fmt(r.grad_norm_ratio_median)} in the median = {word} ({w}): the gradient "
+                             f"is scaled, the data are not — {how}{sure}")
+
+    starts = [s for s in (r.first_step_over_tol, r.first_step_over_grad_rtol) if s is not None]
+    first = min(starts) if starts else None
+    n_samples = ka.get("n_samples") or kb.get("n_samples")
+    if first and n_samples and ga and ka.get("n_samples") == kb.get("n_samples"):
+        boundary = epoch_starts(n_samples, ga, {_ranks(ca), _ranks(cb)}, r.steps_compared)
+        if first in boundary:
+            hint = [f"{nm} has {k}" for nm, c in ((r.run_a, ka), (r.run_b, kb))
+                    for k in ("set_epoch=false",) if c.get("set_epoch") is False]
+            hint += [f"{nm} has sampler=random" for nm, c in ((r.run_a, ka), (r.run_b, kb))
+                     if c.get("sampler") == "random"]
+            return Cause("sampler_epoch", f"the runs agree until step {first}, the start of epoch "
+                         f"{boundary[first]} (n_samples={n_samples}, global_batch_size={ga}: "
+                         f"{n_samples / ga:g} steps per epoch): the data order of later epochs differs — "
+                         f"sampler.set_epoch(epoch) forgotten, or a RandomSampler"
+                         + (f" ({', '.join(hint)})" if hint else ""))
+
+    for nm, c in ((r.run_b, cb), (r.run_a, ca)):
+        what = _randomness(c)
+        if what:
+            return Cause("per_rank_rng", f"{nm} draws {what} from the global RNG on {_ranks(c)} ranks: the "
+                         f"draws depend on the rank and the batch layout, so no single run reproduces them — "
+                         f"key them by sample (dropout_mode=keyed, augment=keyed)")
+
+    if all(k.get("model") == "bn_net" and k.get("norm") == "batch" for k in (ka, kb)) and _ranks(ca) != _ranks(cb) \
+            and not any(k.get("sync_bn", "none") != "none" and (_ranks(c) or 1) > 1 for k, c in ((ka, ca), (kb, cb))):
+        return Cause("batch_norm", f"BatchNorm on {_ranks(ca)} vs {_ranks(cb)} ranks: in training mode each rank "
+                     f"normalises with its own micro-batch's mean and variance, so the forward differs from "
+                     f"step 0 — compare with the emulated reference (emulate_ranks), or use SyncBatchNorm")
+    if r.loss_diffs and not r.loss_diffs[0] <= r.loss_tol:
+        differ = config_differences(ca, cb)
+        return Cause("data_or_init", f"the loss differs from step 0 (|dloss| {r.loss_diffs[0]:.2e}): the "
+                     f"first batch or the initial weights differ — batch size, sample set or init"
+                     + (f"; config.json differs in {', '.join(differ)}" if differ else ""))
+
+    if (r.first_step_over_tol or 0) >= 1 and ma[0].get("param_hash") != mb[0].get("param_hash") \
+            and not config_differences(ca, cb):
+        if any(k.get("seed_mode") == "article" for k in (ka, kb)):
+            return Cause("per_rank_rng", f"the loss agrees at step 0 but the weights differ after the first "
+                         f"update and the loss diverges from step {r.first_step_over_tol}: the same data and "
+                         f"weights gave another update — randomness seeded per rank (seed_mode=article)")
+        # Same keys, no per-rank randomness: the only difference left is how the batch is split, i.e. the
+        # float order of the sums (on GPUs matmul kernels are also chosen by shape). Measured on an H200
+        # (docs/measured/h200/workshop_tiers.txt): single vs emulated 2 ranks agree to 1-2 ulps for 7 steps,
+        # then jump to 1e-4 in one step.
+        return Cause("float_order", f"same keys and no per-rank randomness, yet the loss diverges from step "
+                     f"{r.first_step_over_tol}: the batch is split differently, so sums run in another float "
+                     f"order and training amplified the last-bit differences — compare with the emulated "
+                     f"reference (emulate_ranks): if that pair is bitwise, the port itself is exact")
+    return None
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
 
 # Keys that change what the probe batch is or what the model computes: outputs are compared only when equal.
 STRUCTURE_KEYS = ("model", "block_size", "n_layer", "n_head", "n_embd", "norm", "n_samples")
@@ -202,7 +462,7 @@ def compare(run_a: str | Path, run_b: str | Path, **tolerances) -> ParityReport:
     tolerances = {**tolerances_for(ca, cb), **tolerances}
     wa, wb = runfiles.load_tensors(a), runfiles.load_tensors(b)
     return classify(read_metrics(a), read_metrics(b), wa, wb, names=(a.name, b.name),
-                    output_diff=_output_diff(a, b, ca, cb), **tolerances)
+                    output_diff=_output_diff(a, b, ca, cb), config_a=ca, config_b=cb, **tolerances)
 
 
 def _read_config(run: Path) -> dict:

@@ -1,7 +1,8 @@
 """Plots drawn from the runs' own files: loss curves, and |Δloss| against a reference on a log scale.
 
-Taught in notebooks/01_unchanged.ipynb. A bitwise-equal step has |Δloss| = 0, which a log axis cannot
-show; those steps are drawn on a floor line labelled "bitwise equal" rather than silently dropped.
+Taught in notebooks/00_preflight.ipynb (`plot_losses`) and 01_unchanged.ipynb (`plot_parity`). A
+bitwise-equal step has |Δloss| = 0, which a log axis cannot show: such steps are drawn as markers on the
+bottom edge ("exact 0"), and the line is never drawn through them, so exact agreement never looks like noise.
 """
 
 from __future__ import annotations
@@ -14,46 +15,91 @@ if not matplotlib.get_backend().lower().startswith(("module://", "nbagg", "ipymp
     matplotlib.use("Agg")  # headless (CI, make lab); notebooks keep their inline backend
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .metrics import read_metrics  # noqa: E402
 from .parity import LOSS_TOL  # noqa: E402
+from .runfiles import read_metrics  # noqa: E402
 
-FLOOR = 1e-12
+LEGEND = {"fontsize": 8, "loc": "upper center", "bbox_to_anchor": (0.5, -0.2), "ncol": 2, "frameon": False}
+
+
+def _save(fig, path) -> None:
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def _label(run, labels: dict) -> str:
+    return labels.get(str(run), Path(run).name)
+
+
+def plot_losses(runs: list[str | Path], path: str | Path | None = None, labels: dict | None = None,
+                title: str = "loss per optimizer step"):
+    """Every run's logged loss (metrics.jsonl: the mean over all ranks) per step."""
+    labels = labels or {}
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for run in runs:
+        rows = read_metrics(run)
+        ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], marker=".", lw=1.2, label=_label(run, labels))
+    ax.set(xlabel="step", ylabel="loss (mean over all ranks)", title=title)
+    ax.legend(**LEGEND)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig
 
 
 def plot_parity(reference: str | Path, others: list[str | Path], path: str | Path | None = None,
                 labels: dict | None = None, title: str = "", loss_tol: float = LOSS_TOL,
                 pairs: list[tuple[str | Path, str | Path]] = ()):
     """Left: every run's loss per step. Right: |loss - reference loss| per step, log scale; `pairs` adds
-    |Δloss| lines between two other runs (e.g. 2 ranks vs the emulated reference)."""
+    |Δloss| series between two other runs (e.g. 2 ranks vs the emulated reference). Legends sit below the
+    axes, never over the data or the tolerance line."""
     labels = labels or {}
     ref = read_metrics(reference)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    name = labels.get(str(reference), Path(reference).name)
+    name = _label(reference, labels)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     ax1.plot([r["step"] for r in ref], [r["loss"] for r in ref], lw=2.5, color="black", label=name)
+    series = []
     for run in others:
         rows = read_metrics(run)
-        label = labels.get(str(run), Path(run).name)
-        ax1.plot([r["step"] for r in rows], [r["loss"] for r in rows], lw=1.2, label=label)
-        _diff_line(ax2, ref, rows, label)
-    for a, b in pairs:
-        _diff_line(ax2, read_metrics(a), read_metrics(b), f"{Path(b).name} vs {Path(a).name}")
-    ax2.axhline(loss_tol, ls="--", color="gray", lw=1)
-    ax2.annotate(f"tier 2 tolerance {loss_tol:g}", (0, loss_tol * 1.5), color="gray")
-    ax2.set_ylim(FLOOR / 3, None)
+        label = _label(run, labels)
+        line, = ax1.plot([r["step"] for r in rows], [r["loss"] for r in rows], lw=1.2, label=label)
+        series.append((label, _diffs(ref, rows), line.get_color()))
+    for i, (a, b) in enumerate(pairs):  # colours after the runs' own, so no two series share one
+        series.append((f"{_label(b, labels)} vs {_label(a, labels)}", _diffs(read_metrics(a), read_metrics(b)),
+                       f"C{len(others) + i}"))
+    _diff_panel(ax2, series, loss_tol)
     ax1.set(xlabel="step", ylabel="loss (mean over all ranks)", title=title or "loss curves")
-    ax2.set(xlabel="step", ylabel=f"|Δloss| vs {name}", title="|Δloss| (log); floor = bitwise equal")
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8, loc="center right")
+    ax2.set(ylabel=f"|Δloss| vs {name}" if not pairs else "|Δloss|", title="|Δloss| per step (log scale)")
+    ax1.legend(**LEGEND)
+    ax2.legend(**LEGEND)
     fig.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
+    _save(fig, path)
     return fig
 
 
-def _diff_line(ax, ref: list[dict], rows: list[dict], label: str) -> None:
+def _diffs(ref: list[dict], rows: list[dict]) -> list[float]:
     n = min(len(rows), len(ref))
-    diffs = [abs(rows[i]["loss"] - ref[i]["loss"]) for i in range(n)]
-    line, = ax.semilogy(range(n), [max(d, FLOOR) for d in diffs], marker=".", lw=1, label=label)
-    if all(d == 0 for d in diffs):
-        ax.annotate(f"{label}: bitwise equal", (n * 0.5, FLOOR * 3), color=line.get_color(), ha="center")
+    return [abs(rows[i]["loss"] - ref[i]["loss"]) for i in range(n)]
+
+
+def _diff_panel(ax, series: list[tuple[str, list[float], str]], loss_tol: float) -> None:
+    """Non-zero |Δloss| as lines broken at every exact zero; exact zeros as markers on the bottom edge."""
+    nonzero = [d for _, diffs, _ in series for d in diffs if d > 0]
+    low = min(nonzero + [loss_tol]) / 100
+    high = max(nonzero + [loss_tol]) * 30  # headroom: the tolerance label never reaches the title
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    rows_of_zeros = 0
+    for label, diffs, colour in series:
+        zeros = [i for i, d in enumerate(diffs) if d == 0]
+        zero_y = low * 1.6 * 2.2 ** rows_of_zeros  # one row of markers per series, so none hides another
+        rows_of_zeros += bool(zeros)
+        shown = f"{label} ({len(zeros)} of {len(diffs)} steps exact 0)" if zeros else label
+        line, = ax.plot(range(len(diffs)), [d if d > 0 else float("nan") for d in diffs], marker=".", lw=1,
+                        color=colour, label=shown)
+        if zeros:
+            ax.plot(zeros, [zero_y] * len(zeros), ls="none", marker="v", ms=6, color=line.get_color(),
+                    clip_on=False)
+    ax.axhline(loss_tol, ls="--", color="gray", lw=1)
+    ax.text(0.99, loss_tol * 1.3, f"tier-2 tolerance {loss_tol:g}", transform=ax.get_yaxis_transform(),
+            ha="right", va="bottom", color="gray", fontsize=8)
+    ax.set_xlabel("step      (▼ on the bottom edge: |Δloss| exactly 0 at that step)")

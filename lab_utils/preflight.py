@@ -9,7 +9,7 @@ import platform
 import torch
 import torch.distributed as dist
 
-from . import distenv, launcher
+from . import distenv, launcher, runfiles
 
 ENV_PREFIXES = ("NCCL_", "TORCH_", "OMP_", "MASTER_", "CUDA_VISIBLE", "GLOO_")
 
@@ -51,3 +51,41 @@ def run(nproc: int = 2, timeout: float = 120, progress: bool = False) -> tuple[b
         print(str(result))
     print("preflight:", "OK — this box can run the series" if ok else "FAILED")
     return ok, info
+
+
+def gpu_processes_during(start_run, poll: float = 0.25) -> dict:
+    """The article's second check (§6.3): which processes `nvidia-smi` lists while a run is going.
+
+    `start_run()` launches the run (blocking; it is run in a thread while this polls). Returns
+    {"checked": False} where there is no nvidia-smi, else {"checked": True, "result": RunResult,
+    "seen": {pid: MiB}} with every compute process nvidia-smi listed at any poll. In a container nvidia-smi
+    often shows host pids or none at all, so compare the *count* with the number of ranks, and say so."""
+    import shutil
+    import subprocess
+    import threading
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {"checked": False}
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", start_run()), daemon=True)
+    seen: dict[int, int] = {}
+    thread.start()
+    while thread.is_alive():
+        query = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=30)
+        for line in query.stdout.splitlines():
+            pid, _, mem = line.partition(",")
+            if pid.strip().isdigit():
+                seen[int(pid)] = max(seen.get(int(pid), 0), int(mem.strip() or 0))
+        thread.join(poll)
+    return {"checked": True, "result": box.get("result"), "seen": seen}
+
+
+NCCL_LOG = runfiles.REPO / "docs" / "measured" / "h200x2" / "nccl_debug_p2p.log"
+
+
+def nccl_init_lines(text: str) -> list[str]:
+    """The NCCL_DEBUG=INFO lines that prove a NCCL communicator formed: version and each rank's init."""
+    keys = ("NCCL version", "Init COMPLETE")
+    return [line.strip() for line in text.splitlines() if "NCCL INFO" in line and any(k in line for k in keys)]

@@ -117,7 +117,8 @@ def fingerprint(model: torch.nn.Module) -> str:
     the device sums in: the same bits give the same fingerprint on CPU and GPU, and any single changed bit
     changes it (several changed bits cancel only by a 1-in-2**64 accident). Why not sha256 of the bytes: that
     copies every parameter to the host each step, which cost 81 ms of a 41 ms workshop step on an H200
-    (docs/measured/h200/overhead.txt). This costs a handful of kernels and one 8-byte device-to-host copy.
+    (docs/measured/h200/overhead_sha256_fingerprint.txt). This costs a handful of kernels and one 8-byte
+    device-to-host copy.
     """
     named = sorted((getattr(model, "module", model)).named_parameters())
     if not named:

@@ -110,8 +110,12 @@ def plot_rank_grid(single: np.ndarray, panels: dict[str, np.ndarray], n: int, ti
     world_size = max(p.shape[1] for p in panels.values())
     rank_colours = [plt.get_cmap("tab10")(r) for r in range(world_size)]
     cmap = ListedColormap(["#d9d9d9"] + rank_colours)  # value 0 = single, r + 1 = rank r
-    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(2.0 + 0.45 * size * (len(panels) + 1), 0.42 * steps + 1.6),
-                             sharey=True, squeeze=False)
+    # ~0.6 in per cell so a two-digit index in 12 pt fits; constrained layout keeps row labels, titles and the
+    # legend inside the figure (no clipped "step 7 (ep 1)").
+    n_panels = len(panels) + 1
+    fig, axes = plt.subplots(1, n_panels, figsize=(1.6 + 0.62 * size * n_panels + 0.4 * n_panels,
+                                                    0.5 * steps + 1.9),
+                             sharey=True, squeeze=False, layout="constrained")
     axes = axes[0]
     epochs = (single[:, 0, 0] // n).tolist()
     grids = {single_label: (np.full((steps, size), SINGLE), single[:, 0, :] % n, np.zeros((steps, size), bool),
@@ -129,22 +133,23 @@ def plot_rank_grid(single: np.ndarray, panels: dict[str, np.ndarray], n: int, ti
         for s in range(steps):
             for c in range(size):
                 text = f"{idx[s, c]}" + ("*" if (s, c) in dups else "")
-                ax.text(c, s, text, ha="center", va="center", fontsize=8,
+                ax.text(c, s, text, ha="center", va="center", fontsize=12, fontweight="bold",
                         color="white" if rank[s, c] != SINGLE else "black")
                 if foreign[s, c]:
-                    ax.add_patch(Rectangle((c - 0.5, s - 0.5), 1, 1, fill=False, edgecolor="red", lw=2.2))
+                    ax.add_patch(Rectangle((c - 0.5, s - 0.5), 1, 1, fill=False, edgecolor="red", lw=3))
             if s and epochs[s] != epochs[s - 1]:
-                ax.axhline(s - 0.5, color="black", lw=1.5, ls="--")
-        ax.set_title(name, fontsize=10)
+                ax.axhline(s - 0.5, color="black", lw=2, ls="--")
+        ax.set_title(name, fontsize=11, wrap=True)
         ax.set_xticks(range(size))
-        ax.set_xticklabels(range(size), fontsize=7)
-        ax.set_xlabel("position in the global batch")
+        ax.set_xticklabels(range(size), fontsize=10)
+        ax.set_xlabel("position in the batch", fontsize=10)
     axes[0].set_yticks(range(steps))
-    axes[0].set_yticklabels([f"step {s} (ep {e})" for s, e in enumerate(epochs)], fontsize=8)
+    axes[0].set_yticklabels([f"step {s} (epoch {e})" for s, e in enumerate(epochs)], fontsize=11)
     handles = [Patch(color=rank_colours[r], label=f"rank {r}") for r in range(world_size)]
     handles.append(Patch(facecolor="white", edgecolor="red", lw=2, label="not in the single run's batch"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    if any(grid[3] for grid in grids.values()):
+        handles.append(Patch(facecolor="white", edgecolor="white", label="* = a padded duplicate"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=11, frameon=False)
     if title:
-        fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+        fig.suptitle(title, fontsize=13)
     return fig

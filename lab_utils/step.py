@@ -13,20 +13,29 @@ from contextlib import nullcontext
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from . import token_norm
+
 
 def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int) -> torch.Tensor:
+def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int, token_count: int | None = None
+                   ) -> torch.Tensor:
     """Forward + backward of one micro-batch; returns its detached per-element mean loss for the log.
 
     mean: each micro-batch's mean is divided by grad_accum_steps, and DDP averages over ranks, so the
     gradient is the mean over the global batch — as in the single run. sum: DDP still *averages* over ranks
     (it divides by world_size before its SUM all-reduce), so a sum loss needs x world_size (§3.2).
+    token_count (loss_normalization=global_tokens): the step's real tokens over all ranks (token_norm.py).
     """
+    reduction = cfg["loss_reduction"] if token_count is None else "sum"
     with torch.autocast(batch["x"].device.type, dtype=torch.bfloat16, enabled=cfg["amp"] == "bf16"):
-        loss = wl.loss_fn(model, batch, reduction=cfg["loss_reduction"], seed=cfg["seed"])
+        loss = wl.loss_fn(model, batch, reduction=reduction, seed=cfg["seed"])
+    if token_count is not None:  # DDP: token sum / global count, x world_size to undo DDP's averaging
+        loss = loss * (world_size / token_count)
+        loss.backward()
+        return loss.detach() * cfg["grad_accum_steps"]  # a share of the step's sum; rank_step divides by acc
     if cfg["loss_reduction"] == "mean":
         (loss / cfg["grad_accum_steps"]).backward()
         return loss.detach()
@@ -36,7 +45,7 @@ def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int) -> torch.
 
 
 def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_size: int,
-              before_forward=None) -> torch.Tensor:
+              before_forward=None, token_count: int | None = None) -> torch.Tensor:
     """One rank's share of a step: grad_accum_steps micro-batches, gradients accumulated locally.
 
     With no_sync, DDP's all-reduce runs only in the last micro-batch's backward (article §3.3 omits this:
@@ -44,13 +53,15 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
     `before_forward(a, sync)` lets the emulation reproduce what DDP does before a synchronising forward.
     """
     acc = cfg["grad_accum_steps"]
+    if cfg.get("loss_normalization") == "global_tokens":  # count the step's tokens on all ranks first (ch. 05)
+        loader_iter, token_count = token_norm.prefetch(loader_iter, cfg, device, token_count)
     loss_sum = torch.zeros((), device=device)
     for a in range(acc):
-        batch = to_device(next(loader_iter), device)
+        batch = token_norm.mask_padding(to_device(next(loader_iter), device), cfg)
         last = a == acc - 1
         if before_forward is not None:
             before_forward(a, sync=last or not cfg["no_sync"])
         skip_sync = isinstance(model, DDP) and cfg["no_sync"] and not last
         with model.no_sync() if skip_sync else nullcontext():  # DDP: no all-reduce before the last one
-            loss_sum += micro_backward(wl, model, batch, cfg, world_size) / acc
+            loss_sum += micro_backward(wl, model, batch, cfg, world_size, token_count) / acc
     return loss_sum

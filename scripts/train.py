@@ -24,7 +24,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record  # DDP: torchrun's per-rank error file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-from lab_utils import checkpoint, ddp, distenv, runfiles, samplers, workloads  # noqa: E402
+from lab_utils import checkpoint, ddp, distenv, runfiles, samplers, sync_bn, workloads  # noqa: E402
 from lab_utils import config as config_mod  # noqa: E402
 from lab_utils.emulate import emulated_step  # noqa: E402
 from lab_utils.step import rank_step  # noqa: E402
@@ -131,6 +131,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
             if step % cfg["log_every"] == 0 or step == cfg["steps"] - 1:
                 print(f"[train] step {step + 1}/{cfg['steps']} loss {loss_value:.6f}", flush=True)
 
+    heart.beat(buffer_hash=runfiles.buffer_fingerprint(model), running_stats=sync_bn.running_stats(model))
     if env.is_main:  # DDP guard: only rank 0 writes; .module drops the `module.` prefix (§5.2)
         probe = workloads.probe_outputs(ddp.unwrap(model), wl.dataset, env.device)
         checkpoint.save_final(model, out, probe)

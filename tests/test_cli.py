@@ -46,3 +46,26 @@ def test_run_and_compare_json(tmp_path):
     assert report["tier"] == 3 and report["bitwise"] is True  # the same run twice is deterministic
     for key in ("tier", "max_abs_loss_diff", "first_diff_step", "max_abs_param_diff", "bitwise"):
         assert key in report
+
+
+def test_keys_lists_every_key_under_its_group():
+    from lab_utils.config import GROUPS, KEYS
+
+    p = cli("keys")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    headers = [ln[2:] for ln in lines if ln.startswith("# ")]
+    assert headers == list(GROUPS)  # every group, in config.py's order
+    listed = [ln.split()[0] for ln in lines if ln and not ln.startswith((" ", "#", "keys for"))]
+    assert listed == list(KEYS)  # every key once, in KEYS order (each group's keys follow its header)
+    first_of_group = {ln[2:]: lines[i + 1].split()[0] for i, ln in enumerate(lines) if ln.startswith("# ")}
+    assert first_of_group == GROUPS
+    row = {ln.split()[0]: ln for ln in lines if ln and not ln.startswith((" ", "#"))}
+    assert row["sampler"].split()[1:3] == ["str", "default"] and "distributed | global | random" in row["sampler"]
+    assert "[0.0, 1.0)" in row["dropout"] and ">= 1" in row["steps"] and "or none (derived)" in row["grad_accum_steps"]
+    assert KEYS["pg_timeout"].help in p.stdout
+
+
+def test_run_help_points_to_keys():
+    p = cli("run", "--help")
+    assert p.returncode == 0 and "ddp-lab keys" in p.stdout

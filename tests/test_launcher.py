@@ -1,14 +1,22 @@
-"""Launcher fault paths with real 2-rank gloo jobs: hang, crash, kill — and nothing left behind."""
+"""Launcher fault paths with real 2-rank gloo jobs: hang, crash, kill, abort, a rank deaf to SIGTERM, and the
+launcher itself stopped (SIGTERM, SIGHUP, SIGKILL, a Jupyter kernel restart) — and nothing left behind."""
 import json
+import signal
+import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 
-from lab_utils import launcher
+from lab_utils import elastic_driver, launcher
 from lab_utils.config import ConfigError
+from lab_utils.runfiles import REPO, read_heartbeats
 
 FAST = ["steps=6", "n_samples=256", "log_every=1"]
+# A run that is still training when we stop it; rank 1 ignores SIGTERM from step 2 on (rank 0 then waits for
+# it in the all-reduce), so only a SIGKILL after the grace gets it: a plain SIGTERM to the tree is not enough.
+DEAF = ["steps=100000", "n_samples=256", "fault=ignore_term", "fault_rank=1", "fault_step=2"]
 
 
 def leftovers(run_dir):
@@ -23,12 +31,46 @@ def leftovers(run_dir):
     return mine
 
 
+def nothing_left_within(run_dir, seconds: float) -> list[str]:
+    """Wait up to `seconds` for every process of the run to go; kill and name any that stayed."""
+    deadline = time.time() + seconds
+    while (left := leftovers(run_dir)) and time.time() < deadline:
+        time.sleep(0.2)
+    names = []
+    for p in left:  # a failed test must not leave a training job behind for the next one
+        try:
+            names.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
+            p.kill()
+        except psutil.Error:
+            pass
+    return names
+
+
+def wait_until_rank1_is_deaf(run_dir, proc=None, within: float = 300) -> None:
+    """Both ranks have started training and rank 1 has reached its ignore_term fault (step 2)."""
+    deadline = time.time() + within
+    while time.time() < deadline:
+        beats = read_heartbeats(run_dir)
+        if len(beats) == 2 and beats[1].get("step", -1) >= 2:
+            time.sleep(1.0)  # the heartbeat comes just before inject_fault installs SIG_IGN
+            return
+        assert proc is None or proc.poll() is None, "the launcher exited before the run got going"
+        time.sleep(0.2)
+    raise AssertionError(f"rank 1 never reached step 2 within {within} s: {read_heartbeats(run_dir)}")
+
+
 def test_ok_run_writes_its_files(runs_dir):
-    r = launcher.launch("ok", 2, FAST, timeout=120, progress=False)
+    r = launcher.launch("ok", 2, FAST, timeout=300, progress=False)
     assert r.ok, str(r)
     for f in ("config.json", "metrics.jsonl", "model.pt", "result.json", "output.log", "launch.json"):
         assert (r.run_dir / f).exists(), f
+    assert not (r.run_dir / "failures.json").exists()
     assert not leftovers(r.run_dir)
+    # What a learner copies is torchrun's own command line for the same run (the driver is what ran).
+    assert r.command_line.startswith("torchrun --standalone --nproc-per-node=2 ") and "scripts/train.py" in \
+        r.command_line and f"out_dir={r.run_dir}" in r.command_line
+    launched = json.loads((r.run_dir / "launch.json").read_text())
+    assert launched["command_line"] == r.command_line and "lab_utils.elastic_driver" in launched["cmd"]
 
 
 def test_hang_is_named_and_stopped(runs_dir):
@@ -42,7 +84,7 @@ def test_hang_is_named_and_stopped(runs_dir):
 
 
 def test_crash_shows_the_failing_ranks_traceback(runs_dir):
-    r = launcher.launch("crash", 2, FAST + ["fault=crash", "fault_rank=1", "fault_step=2"], timeout=120,
+    r = launcher.launch("crash", 2, FAST + ["fault=crash", "fault_rank=1", "fault_step=2"], timeout=300,
                         progress=False)
     assert r.status == "crashed" and r.failing_rank == 1
     assert "injected fault: crash on rank 1 at step 2" in r.message
@@ -51,7 +93,7 @@ def test_crash_shows_the_failing_ranks_traceback(runs_dir):
 
 
 def test_killed_rank_is_reported_by_signal(runs_dir):
-    r = launcher.launch("kill", 2, FAST + ["fault=kill", "fault_rank=1", "fault_step=2"], timeout=120,
+    r = launcher.launch("kill", 2, FAST + ["fault=kill", "fault_rank=1", "fault_step=2"], timeout=300,
                         progress=False)
     assert r.status == "crashed" and r.failing_rank == 1
     assert "SIGKILL" in r.message
@@ -59,10 +101,13 @@ def test_killed_rank_is_reported_by_signal(runs_dir):
 
 
 def test_single_process_crash_and_hang(runs_dir):
-    r = launcher.launch("crash1", 1, FAST + ["fault=crash", "fault_step=1"], timeout=60, progress=False)
+    r = launcher.launch("crash1", 1, FAST + ["fault=crash", "fault_step=1"], timeout=300, progress=False)
     assert r.status == "crashed" and "injected fault" in r.message and "inject_fault" in r.traceback
     r = launcher.launch("hang1", 1, FAST + ["fault=hang", "fault_step=1"], timeout=8, progress=False)
     assert r.status == "hang" and not leftovers(r.run_dir)
+    r = launcher.launch("abort1", 1, FAST + ["fault=abort", "fault_step=1"], timeout=300, progress=False)
+    assert r.status == "crashed" and r.failing_rank == 0 and "SIGABRT" in r.message, str(r)
+    assert r.command_line.startswith("python scripts/train.py ")  # what ran after the exec, to copy
 
 
 @pytest.mark.parametrize("nproc, keys, fragment", [
@@ -76,20 +121,124 @@ def test_bad_input_fails_before_launch(runs_dir, nproc, keys, fragment):
     assert not (runs_dir / "bad").exists()  # nothing was launched, nothing written
 
 
-def test_signal_outranks_a_peer_error_that_torchrun_saw_first(tmp_path):
-    """torchrun may call rank 0's 'Connection reset' the root cause when rank 1 was SIGKILLed that second."""
-    err = tmp_path / "logs" / "run" / "attempt_0" / "0"
-    err.mkdir(parents=True)
-    peer = "RuntimeError: [pair.cc:537] Read error: Connection reset by peer."
-    (err / "error.json").write_text(json.dumps({"message": {"message": peer, "extraInfo": {"timestamp": "1"}}}))
-    output = """Failures:
-[1]:
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 31181)  (SIGKILL)
-Root Cause (first observed failure):
-[0]:
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 31180)
-"""
-    rank, reason, tb = launcher.read_failure(tmp_path / "logs", output)
-    assert rank == 1 and "SIGKILL" in reason and tb == ""
+def test_abort_is_blamed_on_the_aborting_rank_not_its_sigtermed_peer(runs_dir):
+    """Rank 1 dies by SIGABRT while rank 0 is outside any collective, so the agent SIGTERMs rank 0 (as a rank
+    blocked in NCCL is). torchrun's summary lists rank 0 first; the root cause is still rank 1."""
+    r = launcher.launch("abort", 2, FAST + ["fault=abort", "fault_rank=1", "fault_step=2"], timeout=300,
+                        progress=False)
+    assert r.status == "crashed" and r.failing_rank == 1, str(r)
+    assert "SIGABRT" in r.message and "SIGTERM" not in r.message
+    doc = json.loads((r.run_dir / "failures.json").read_text())
+    by_rank = {f["rank"]: f for f in doc["failures"]}
+    assert by_rank[0]["signal"] == "SIGTERM", doc  # the scenario really happened: the peer was SIGTERMed
+    assert by_rank[1]["signal"] == "SIGABRT" and by_rank[1]["exitcode"] == -6
+    assert doc["root_cause"] == 1
+    assert not leftovers(r.run_dir)
+
+
+def test_rank_ignoring_sigterm_is_killed_at_the_timeout(runs_dir):
+    start = time.time()
+    r = launcher.launch("deaf", 2, FAST + ["fault=ignore_term", "fault_rank=1", "fault_step=2"], timeout=90,
+                        progress=False)
+    assert r.status == "hang" and r.failing_rank == 1, str(r)
+    assert r.heartbeats[1]["step"] == 2  # rank 1 reached the fault, so it was ignoring SIGTERM when stopped
+    assert time.time() - start < 90 + 2 * elastic_driver.SHUTDOWN_GRACE + 20
+    assert not leftovers(r.run_dir)  # right away: launch() returns only once the tree is gone
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_launcher_stopped_by_a_signal_leaves_nothing(runs_dir, sig):
+    """`ddp-lab run` stopped as `timeout`, a CI job limit or a closing terminal stops it (SIGTERM, SIGHUP), or
+    killed outright (SIGKILL: no handler runs, the parent-death signals must do it)."""
+    name = f"stopped_{sig.name}"
+    proc = subprocess.Popen([sys.executable, "-m", "lab_utils", "run", "--name", name, "--nproc", "2", "--quiet",
+                             *DEAF], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until_rank1_is_deaf(runs_dir / name, proc)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = nothing_left_within(runs_dir / name, 15)
+    assert not left, left
+    assert proc.returncode != 0
+    if sig != signal.SIGKILL:
+        assert f"stopped by {sig.name}; every process was stopped" in out, out[-2000:]
+        assert json.loads((runs_dir / name / "launch.json").read_text())["status"] == "stopped"
+
+
+def test_kernel_restart_mid_run_leaves_nothing(runs_dir):
+    """A notebook's kernel restarted (SIGKILL to its process group) while a cell runs a launch: the driver is
+    in a session of its own, so only the parent-death signal chain stops the run."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(REPO))
+    kc = km.client()
+    try:
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        kc.execute(f"from lab_utils import launcher\nlauncher.launch('kernel', 2, {DEAF!r}, timeout=900, "
+                   "progress=False)")
+        wait_until_rank1_is_deaf(runs_dir / "kernel")
+        km.restart_kernel(now=True)
+        left = nothing_left_within(runs_dir / "kernel", 15)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert not left, left
+
+
+def _error_file(path, message: str, ts: int) -> str:
+    """An error file as @record writes it."""
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {
+        "py_callstack": f"Traceback (most recent call last):\n{message}\n", "timestamp": str(ts)}}}))
+    return str(path)
+
+
+@pytest.mark.parametrize("case, expected, in_reason", [
+    # the peer the agent SIGTERMed is listed first (as torchrun prints it); the SIGABRT is the cause
+    ([("sig", 15), ("sig", 6)], 1, "SIGABRT"),
+    # a peer's "Connection reset" seen first (even earlier) does not outrank the rank SIGKILLed
+    ([("peer", 100), ("sig", 9)], 1, "SIGKILL"),
+    # a rank's own Python error outranks a signal and a lost-peer error, whatever the order
+    ([("peer", 100), ("sig", 6), ("own", 200)], 2, "RuntimeError: boom"),
+    # two own errors: the earlier one
+    ([("own", 300), ("own", 200)], 1, "RuntimeError: boom"),
+    # only lost-peer errors and SIGTERMs: an error file is still the best evidence
+    ([("sig", 15), ("peer", 100)], 1, "Connection reset by peer"),
+    # nothing but an exit code and a SIGTERM: the first failure
+    ([("code", 3), ("sig", 15)], 0, "rank 0 exited with code 3"),
+])
+def test_root_cause_rule(tmp_path, case, expected, in_reason):
+    """The rule on real torch ProcessFailure objects (error files on disk), keyed by rank in the agent's order."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failures = {}
+    for rank, (kind, value) in enumerate(case):
+        path = tmp_path / f"error{rank}.json"
+        if kind == "own":
+            failures[rank] = ProcessFailure(rank, 1000 + rank, 1, _error_file(path, "RuntimeError: boom", value))
+        elif kind == "peer":
+            text = "RuntimeError: [pair.cc:537] Read error: Connection reset by peer."
+            failures[rank] = ProcessFailure(rank, 1000 + rank, 1, _error_file(path, text, value))
+        else:
+            failures[rank] = ProcessFailure(rank, 1000 + rank, -value if kind == "sig" else value, str(path))
+    doc = elastic_driver.write_failures(tmp_path, failures)
+    assert doc["root_cause"] == expected and in_reason in doc["reason"], doc
+    assert json.loads((tmp_path / elastic_driver.FAILURES).read_text()) == doc
+    assert len(doc["failures"]) == len(case)  # every failure is kept, not only the cause
+
+
+def test_half_written_error_file_is_read_as_no_file(tmp_path):
+    """A survivor SIGTERMed while writing its error file leaves half a JSON; the agent must not die on it."""
+    elastic_driver.tolerate_half_written_error_files()
+    from torch.distributed.elastic.multiprocessing import api
+
+    half = tmp_path / "error0.json"
+    half.write_text('{"message": {"message": "RuntimeError: [pair.cc:537] Read error: Connec')
+    failures = {0: api.ProcessFailure(0, 1000, -15, str(half)), 1: api.ProcessFailure(1, 1001, -9, str(half))}
+    doc = elastic_driver.write_failures(tmp_path, failures)
+    assert doc["root_cause"] == 1 and "SIGKILL" in doc["reason"]
+    assert doc["failures"][0]["error_file"] is None and doc["failures"][0]["signal"] == "SIGTERM"

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lab_utils import probes, rng_probe, runfiles
+from lab_utils import probes, rng_probe, runfiles, seed_lessons
 
 
 # ------------------------------------------------------------------ count_global_draws
@@ -94,3 +94,16 @@ def test_wrap_probe_two_ranks(runs_dir):
         assert probe[r][on]["params"] == probe[r][off]["params"] == before[0]["params"]
     assert probe[1][on]["buffers"] == before[0]["buffers"]  # copied from rank 0
     assert probe[1][off]["buffers"] == before[1]["buffers"]  # left as rank 1 had them
+
+
+# ------------------------------------------------------------------ seed_lessons (chapter 02's lesson logic)
+def test_hidden_draws_counts_one_per_iterator_without_a_generator():
+    assert list(seed_lessons.hidden_draws().values()) == [1, 0, 0]
+
+
+def test_init_hash_depends_on_the_seed_only_and_leaves_the_global_rng_alone():
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    a, b = seed_lessons.init_hash(42, seed=42), seed_lessons.init_hash(43, seed=42)
+    assert a != b and a == seed_lessons.init_hash(42, seed=42)
+    assert torch.equal(torch.get_rng_state(), before)

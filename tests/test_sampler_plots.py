@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
+from lab_utils import sampler_lessons as sl
 from lab_utils import sampler_plots as sp
 from lab_utils.config import resolve
 from lab_utils.samplers import rank_stream
@@ -78,3 +79,29 @@ def test_plot_rank_grid_draws_one_panel_per_sampler():
     assert foreign > 0
     for ax, expected in zip(fig.axes, [0, 0, 0, foreign], strict=True):
         assert sum(p.get_edgecolor()[:3] == (1.0, 0.0, 0.0) for p in ax.patches) == expected
+
+
+# ------------------------------------------------------------------ sampler_lessons (chapter 03's lesson logic)
+def test_layout_word_names_the_two_layouts_and_nothing_else():
+    assert sl.layout_word([0, 1, 0, 1]) == "strided"
+    assert sl.layout_word([0, 0, 1, 1]) == "contiguous"
+    assert sl.layout_word([1, 0, 0, 1]) == "other"
+
+
+def test_first_step_off_is_the_epoch_boundary_for_random_and_none_for_global():
+    single = sl.streams("distributed", 32, 1, 8, global_batch_size=8)
+    assert sl.first_step_off(single, sl.streams("random", 32, 2, 8, global_batch_size=8), 32) == 4
+    assert sl.first_step_off(single, sl.streams("global", 32, 2, 8, global_batch_size=8), 32) is None
+
+
+def test_uneven_finds_padding_and_the_shifted_epoch():
+    odd = sl.uneven(31, 8, 2, 8)
+    assert [(s, r) for s, r, _ in odd["dups"]] == [(3, 1), (7, 1)] and odd["dropped_dups"] == []
+    assert odd["padded_off"] == 3 and odd["dropped_off"] == 3  # the step that holds position 31 / the cut tail
+
+
+def test_global_sampler_at_scale_is_world_size_independent_and_resumable():
+    assert sl.world_size_independent(10**9, 16, [0, 3, 10**6], worlds=(2, 4)) == {2: True, 4: True}
+    assert sl.resume_checks(10**9, 16) == {"mid_step": True, "elastic": True}
+    # a different seed gives another global batch: the check compares real content, not two empty arrays
+    assert not np.array_equal(sl.global_batch(10**9, 16, 1, 0), sl.global_batch(10**9, 16, 1, 0, seed=7))

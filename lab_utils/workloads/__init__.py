@@ -25,7 +25,8 @@ class Workload:
 
 
 # model= value -> module whose build(cfg) returns a Workload (imported on use: sklearn alone takes ~1 s).
-BUILDERS = {"gpt": "lab_utils.workloads.gpt", "bn_net": "lab_utils.workloads.bn_net"}
+BUILDERS = {"gpt": "lab_utils.workloads.gpt", "bn_net": "lab_utils.workloads.bn_net",
+            "contrastive": "lab_utils.workloads.contrastive"}
 
 PROBE_SAMPLES = 16  # the parity report's probe batch: the dataset's first 16 samples
 

@@ -4,12 +4,14 @@ Introduced in notebooks/04_per_sample_rng.ipynb (augmentation and dropout keyed 
 its BatchNorm layers are the subject of notebooks/07_batchnorm.ipynb.
 
 Data.  scikit-learn's bundled ``load_digits`` (1797 grayscale 8x8 digits, 10 classes): real images
-that ship inside the package, so nothing is downloaded.  Each image is padded with 2 px of
-background to 12x12, so a shift of up to +-2 px moves the digit without cutting it off (and a
+that ship inside the package, so nothing is downloaded.  Each image is padded with 1 px of
+background to 10x10, so a shift of up to +-1 px moves the digit without cutting it off (and a
 ``torch.roll`` is then the same as a shift with background fill).
 
-Augmentation (``DigitsDataset(augment=...)``): a random shift of up to +-2 px in each direction
-plus a random contrast gain in [0.8, 1.2].  The gain is continuous, so two augmentations are
+Augmentation (``DigitsDataset(augment=...)``): a random shift of up to +-1 px in each direction
+plus a random contrast gain in [0.8, 1.2].  Not +-2 px: on an 8 px digit that is a quarter of its
+width (25 placements per digit instead of 9), and it kept every variant of the model near chance
+for the few dozen steps the chapters run.  The gain is continuous, so two augmentations are
 either drawn from the same random numbers or visibly different -- which makes "same augmentation
 or not?" an exact question.  The four modes are the chapter's comparison:
 
@@ -23,13 +25,19 @@ or not?" an exact question.  The four modes are the chapter's comparison:
   draw depends on the process's seed (``42 + rank``), on how DataLoader seeds its workers, and on
   how many samples this process fetched before: a 2-rank run cannot reproduce the 1-rank run.
 
-Model (``BNNet``): conv(1->16) + BN + ReLU, conv(16->32, stride 2) + BN + ReLU, global average
-pool, ``fc1`` = Linear(32->64) *with bias* + BatchNorm1d + ReLU, optional dropout, ``head`` =
-Linear(64->10); about 7.7 k parameters.  ``fc1.bias`` sits right before a BatchNorm on purpose:
-training-mode BN subtracts the batch mean, so that bias has no effect on the output and its
-gradient is zero up to float rounding -- and Adam, which divides by the gradient's running RMS,
-turns that rounding noise into full-size steps (notebooks/07_batchnorm.ipynb).  The conv layers
-have no bias before their BN, as is usual, so ``fc1.bias`` is the only such specimen.
+Model (``BNNet``): conv(1->16) + BN + ReLU, conv(16->32, stride 2) + BN + ReLU, flatten the 5x5
+map, ``fc1`` = Linear(800->64) *with bias* + BatchNorm1d + ReLU, optional dropout, ``head`` =
+Linear(64->10); about 57 k parameters.  Flatten, not global average pooling: without BatchNorm a
+spatial mean of ReLU features is nearly the same vector for every digit (at init the logits' std
+across samples was 0.005 of their overall 0.06), so with ``norm="none"`` the net sat at chance
+(ln 10) at any lr; only BatchNorm's batch centring recovered the small differences.  Keeping
+*where* the strokes are gives the head a signal it learns from with or without BatchNorm.
+
+``fc1.bias`` sits right before a BatchNorm on purpose: training-mode BN subtracts the batch mean,
+so that bias has no effect on the output and its gradient is zero up to float rounding -- and
+Adam, which divides by the gradient's running RMS, turns that rounding noise into full-size steps
+(notebooks/07_batchnorm.ipynb).  The conv layers have no bias before their BN, as is usual, so
+``fc1.bias`` is the only such specimen.
 """
 
 from __future__ import annotations
@@ -51,9 +59,10 @@ DROPOUT_MODES = ("keyed", "torch")
 NORMS = ("batch", "none")
 
 NUM_CLASSES = 10
-MAX_SHIFT = 2  # pixels, in each direction
-PAD = MAX_SHIFT  # 8x8 digit + 2 px of background on each side
-IMAGE_SIZE = 8 + 2 * PAD  # 12
+MAX_SHIFT = 1  # pixels, in each direction
+PAD = MAX_SHIFT  # 8x8 digit + 1 px of background on each side
+IMAGE_SIZE = 8 + 2 * PAD  # 10
+FEATURE_SIZE = (IMAGE_SIZE + 1) // 2  # side of conv2's output (stride 2): 5
 GAIN_RANGE = (0.8, 1.2)
 # Sites (see keyed_rng): the augmentation's generator and the dropout mask are separate consumers
 # of one visit's randomness.  (sample_generator and keyed_uniform are also domain-separated, so
@@ -64,7 +73,7 @@ DROPOUT_SITE = 0
 
 @functools.lru_cache(maxsize=1)
 def _load_digits() -> tuple[torch.Tensor, torch.Tensor, float, float]:
-    """All 1797 digits, padded to 12x12 in [0, 1], their labels, and the pixel mean/std.
+    """All 1797 digits, padded to 10x10 in [0, 1], their labels, and the pixel mean/std.
 
     Cached per process.  The mean/std are over the *full* set, so a subset (``n=...``) is
     normalised exactly like the full set.
@@ -73,7 +82,7 @@ def _load_digits() -> tuple[torch.Tensor, torch.Tensor, float, float]:
 
     digits = load_digits()
     images = torch.from_numpy(digits.images).to(torch.float32) / 16.0  # pixel values are 0..16
-    images = F.pad(images, (PAD, PAD, PAD, PAD))  # (N, 12, 12), zero = background
+    images = F.pad(images, (PAD, PAD, PAD, PAD))  # (N, 10, 10), zero = background
     labels = torch.from_numpy(digits.target).to(torch.int64)
     return images, labels, float(images.mean()), float(images.std())
 
@@ -81,7 +90,7 @@ def _load_digits() -> tuple[torch.Tensor, torch.Tensor, float, float]:
 class DigitsDataset(torch.utils.data.Dataset):
     """The digits, indexed by *visit id* ``v = epoch * n + idx``.
 
-    ``__getitem__(v)`` returns ``{"x": (1, 12, 12) float32, "y": long scalar, "key": long scalar = v}``.
+    ``__getitem__(v)`` returns ``{"x": (1, 10, 10) float32, "y": long scalar, "key": long scalar = v}``.
     ``"key"`` travels with the sample through the DataLoader, so the model side (keyed dropout) can
     key its randomness by the same visit id.  ``len()`` is ``n``; a sampler that emits visit ids
     beyond ``n`` (later epochs) is expected -- see lab_utils/global_sampler.py.
@@ -127,14 +136,14 @@ class DigitsDataset(torch.utils.data.Dataset):
         img = self.images[idx]
         if self.augment != "none":
             dy, dx, gain = self._draw(visit_id, idx)
-            # The 2 px border is background and |shift| <= 2, so roll == shift with background fill.
+            # The 1 px border is background and |shift| <= 1, so roll == shift with background fill.
             img = torch.roll(img, shifts=(dy, dx), dims=(0, 1)) * gain
-        x = ((img - self.mean) / self.std).unsqueeze(0)  # (1, 12, 12), a new tensor either way
+        x = ((img - self.mean) / self.std).unsqueeze(0)  # (1, 10, 10), a new tensor either way
         return {"x": x, "y": self.labels[idx].clone(), "key": torch.tensor(visit_id, dtype=torch.int64)}
 
 
 class BNNet(nn.Module):
-    """Small CNN with BatchNorm for 12x12 digits; ``forward(x) -> logits`` of shape (B, 10).
+    """Small CNN with BatchNorm for 10x10 digits; ``forward(x) -> logits`` of shape (B, 10).
 
     ``dropout``: probability before the head (0 = none).  ``dropout_mode``: ``"keyed"``
     (:class:`KeyedDropout`, mask keyed by visit id; the forward must run under ``dropout_keys``,
@@ -157,12 +166,12 @@ class BNNet(nn.Module):
             return nn.BatchNorm2d(c) if bn else nn.Identity()
 
         # A conv bias right before BN is redundant (BN subtracts the mean), hence bias=not bn.
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=not bn)  # 12x12
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=not bn)  # 10x10
         self.bn1 = bn2d(16)
-        self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=not bn)  # 6x6
+        self.conv2 = nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=not bn)  # 5x5
         self.bn2 = bn2d(32)
         # The deliberate exception: a Linear *with* bias before BatchNorm1d (see module docstring).
-        self.fc1 = nn.Linear(32, 64, bias=True)
+        self.fc1 = nn.Linear(32 * FEATURE_SIZE**2, 64, bias=True)
         self.bn3 = nn.BatchNorm1d(64) if bn else nn.Identity()
         if dropout == 0.0:
             self.drop = nn.Identity()
@@ -175,7 +184,7 @@ class BNNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.bn1(self.conv1(x)))
         x = F.relu(self.bn2(self.conv2(x)))
-        x = x.mean(dim=(2, 3))  # global average pool -> (B, 32)
+        x = x.flatten(1)  # (B, 800): keeps where the strokes are (module docstring)
         x = F.relu(self.bn3(self.fc1(x)))
         return self.head(self.drop(x))
 

@@ -1,0 +1,121 @@
+"""The port bugs the series teaches, as data: what to run, and what the parity report must say about it.
+
+Each `PortBug` is a pair of runs: the correct single-process run (`single` keys, one process) and a port of
+it (`ddp` keys, `nproc` ranks). `expected="catch"`: the parity report must put the port *below tier 2* and
+name `cause` (a code of `parity.CAUSES`); `expected="pass"`: a correct port, which must reach tier 2 or 3.
+tests/test_port_bugs.py runs every entry with real processes; chapters 05-11 append their bugs to `SUITE`,
+and a `ddp-lab doctor` can run the same table. This module is data plus pure helpers: it launches nothing
+(analysis side: it may import runfiles and parity, never the launcher or the training code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from .parity import CAUSES, ParityReport
+
+# Every run of the suite: few steps (the bugs show from step 0, the epoch bug at step 2), default tiny GPT.
+STEPS = 8
+# The set_epoch case: 32 samples at global_batch_size 16 -> an epoch is 2 steps, boundaries at steps 2, 4, 6.
+EPOCH_SAMPLES = 32
+
+
+@dataclass(frozen=True)
+class PortBug:
+    name: str
+    article: str  # where the series (or the article) teaches it
+    single: tuple[str, ...]  # keys of the correct single-process run
+    ddp: tuple[str, ...]  # keys of the port
+    expected: str  # "catch": below tier 2, with `cause`; "pass": tier >= 2
+    cause: str | None = None  # parity.CAUSES code the report must name (catch only)
+    nproc: int = 2
+    lesson: str = ""
+
+    def __post_init__(self):
+        if self.expected not in ("catch", "pass"):
+            raise ValueError(f"{self.name}: expected={self.expected!r} must be 'catch' or 'pass'")
+        if (self.expected == "catch") != (self.cause is not None):
+            raise ValueError(f"{self.name}: a 'catch' entry names a cause, a 'pass' entry none")
+        if self.cause is not None and self.cause not in CAUSES:
+            raise ValueError(f"{self.name}: cause={self.cause!r} is not one of parity.CAUSES")
+
+
+def _keys(*extra: str) -> tuple[str, ...]:
+    return (f"steps={STEPS}", *extra)
+
+
+SUM, NOFIX, SGD = "loss_reduction=sum", "sum_loss_fix=false", "optimizer=sgd"
+TORCH_DROPOUT = ("seed_mode=article", "dropout=0.1", "dropout_mode=torch")
+
+SUITE: list[PortBug] = [
+    # ---- bugs: the report must not call these "unchanged"
+    PortBug("global_batch_doubled", "ch01 (article §1.3)", _keys(), _keys("global_batch_size=32"), "catch",
+            "global_batch", lesson="per-card batch kept at 16 on 2 cards: 32 samples per optimizer step"),
+    PortBug("global_batch_halved", "ch06 (article §3.3 + §7.2 checklist)", _keys("grad_accum_steps=2"),
+            _keys("global_batch_size=8"), "catch", "global_batch",
+            lesson="per-card batch halved *and* accumulation halved: 8 samples per step instead of 16"),
+    PortBug("sum_loss_unscaled_adamw", "ch05 (article §3.2)", _keys(SUM), _keys(SUM, NOFIX), "catch",
+            "reduction_scale", lesson="sum loss without x world_size: gradients x 1/2; AdamW hides it in the loss"),
+    PortBug("sum_loss_unscaled_sgd", "ch05 (article §3.2)", _keys(SUM, SGD), _keys(SUM, SGD, NOFIX), "catch",
+            "reduction_scale", lesson="the same bug under SGD: the halved gradient halves every step"),
+    PortBug("set_epoch_forgotten", "ch03 (article §2.3)", _keys(f"n_samples={EPOCH_SAMPLES}"),
+            _keys(f"n_samples={EPOCH_SAMPLES}", "set_epoch=false"), "catch", "sampler_epoch",
+            lesson="DistributedSampler without set_epoch(e): epoch 0's order forever, wrong from epoch 1"),
+    PortBug("per_rank_seed_torch_dropout", "ch02 (article §2.2)", _keys(*TORCH_DROPOUT), _keys(*TORCH_DROPOUT),
+            "catch", "per_rank_rng", lesson="set_seed(42 + rank) with nn.Dropout: masks depend on the rank"),
+    # ---- correct ports: the report must say "unchanged" (tier 2 or 3)
+    PortBug("plain_port", "ch01", _keys(), _keys(), "pass", lesson="same keys, 2 ranks"),
+    PortBug("sum_loss_fixed", "ch05 (article §3.2)", _keys(SUM), _keys(SUM), "pass",
+            lesson="sum loss x world_size undoes DDP's averaging"),
+    PortBug("accumulation_no_sync", "ch06 (article §3.3)", _keys("grad_accum_steps=2"),
+            _keys("grad_accum_steps=2"), "pass", lesson="2 micro-batches per rank, all-reduce on the last only"),
+    PortBug("accumulation_sync_every_micro_batch", "ch06 (article §3.3)", _keys("grad_accum_steps=2"),
+            _keys("grad_accum_steps=2", "no_sync=false"), "pass",
+            lesson="the article's loop without no_sync: an all-reduce per micro-batch costs time, not the tier"),
+    PortBug("keyed_dropout", "ch02", _keys("dropout=0.1"), _keys("dropout=0.1"), "pass",
+            lesson="dropout masks keyed by (seed, sample): the same on any number of ranks"),
+    # ---- chapter 07 (BatchNorm). SGD: under Adam the bias before BatchNorm (~zero gradient) holds a correct
+    # sync-BN port at tier 1 by its amplified float noise (SERIES fact 10), which is not a port bug.
+    PortBug("bn_without_sync", "ch07 (article §3.1)", _keys("model=bn_net", SGD), _keys("model=bn_net", SGD),
+            "catch", "batch_norm", lesson="BatchNorm without sync: each rank normalises over its own micro-batch"),
+    PortBug("lab_sync_bn", "ch07", _keys("model=bn_net", SGD), _keys("model=bn_net", SGD, "sync_bn=lab"), "pass",
+            lesson="LabSyncBatchNorm: statistics all-reduced over the ranks, gloo on CPU"),
+    # ---- chapter 05: losses with a batch-wide term. Their bugs (per-rank token means, plain all_gather) fall
+    # below tier 2 but no CAUSES code names them yet, so only the correct ports are listed.
+    PortBug("padding_global_token_count", "ch05 (article §3.2)", _keys("padding=16"),
+            _keys("padding=16", "loss_normalization=global_tokens"), "pass",
+            lesson="padded tokens: token sum / the step's token count over all ranks, x world_size"),
+    PortBug("in_batch_negatives_autograd_gather", "ch05 (article §1.2)", _keys("model=contrastive"),
+            _keys("model=contrastive", "contrastive_gather=autograd"), "pass",
+            lesson="InfoNCE over the global batch: torch.distributed.nn.functional.all_gather keeps the gradients"),
+]
+
+
+def run_name(nproc: int, keys: tuple[str, ...]) -> str:
+    """A stable run name for (nproc, keys): cases that need the same run share it (pb_ prefix)."""
+    digest = hashlib.sha256(f"{nproc}|{'|'.join(sorted(keys))}".encode()).hexdigest()[:10]
+    return f"pb_n{nproc}_{digest}"
+
+
+def runs_needed(suite: list[PortBug] = SUITE) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """{run name: (nproc, keys)} for every distinct run the suite compares."""
+    out: dict[str, tuple[int, tuple[str, ...]]] = {}
+    for bug in suite:
+        out.setdefault(run_name(1, bug.single), (1, bug.single))
+        out.setdefault(run_name(bug.nproc, bug.ddp), (bug.nproc, bug.ddp))
+    return out
+
+
+def problems(bug: PortBug, report: ParityReport) -> list[str]:
+    """What is wrong with `report` for `bug` (empty: the report classified it as the suite expects)."""
+    found = []
+    if bug.expected == "catch":
+        if report.tier >= 2:
+            found.append(f"{bug.name}: a port bug reached tier {report.tier} ({report.tier_name})")
+        got = report.cause.code if report.cause else None
+        if got != bug.cause:
+            found.append(f"{bug.name}: cause {got!r}, expected {bug.cause!r}")
+    elif report.tier < 2:
+        found.append(f"{bug.name}: a correct port got tier {report.tier} ({report.tier_name})")
+    return found

@@ -1,0 +1,69 @@
+"""The port-bug suite: every bug the series teaches is caught (below tier 2, right cause), every correct
+port passes (tier >= 2). Real 2-rank gloo runs through the launcher; the table is lab_utils/portbugs.SUITE.
+
+Runs are shared between the parametrized cases (one module-wide runs folder, one run per distinct
+(nproc, keys)), so e.g. the plain single run serves the doubled-batch bug and the plain port.
+"""
+import math
+
+import pytest
+
+from lab_utils import launcher, parity, portbugs
+from lab_utils.portbugs import SUITE
+
+
+@pytest.fixture(scope="module")
+def suite_runs(tmp_path_factory):
+    """A runs folder for the whole module; `get(nproc, keys)` launches a run once and returns its folder."""
+    root = tmp_path_factory.mktemp("port_bugs") / "runs"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LAB_RUNS_DIR", str(root))
+
+        def get(nproc, keys):
+            name = portbugs.run_name(nproc, keys)
+            if not (root / name / "result.json").exists():
+                launcher.launch(name, nproc, list(keys), timeout=600, progress=False).raise_for_status()
+            return root / name
+
+        yield get
+
+
+def report_for(bug, suite_runs) -> parity.ParityReport:
+    return parity.compare(suite_runs(1, bug.single), suite_runs(bug.nproc, bug.ddp))
+
+
+@pytest.mark.parametrize("bug", SUITE, ids=[b.name for b in SUITE])
+def test_port_bug_suite(bug, suite_runs):
+    report = report_for(bug, suite_runs)
+    assert portbugs.problems(bug, report) == [], report.format()
+    if bug.expected == "pass":
+        assert report.cause is None, report.format()
+
+
+def test_set_epoch_bug_diverges_exactly_at_the_epoch_boundary(suite_runs):
+    bug = next(b for b in SUITE if b.name == "set_epoch_forgotten")
+    report = report_for(bug, suite_runs)
+    boundary = math.ceil(portbugs.EPOCH_SAMPLES / 16)  # global_batch_size 16: epoch 1 starts at step 2
+    assert report.first_step_over_tol == boundary and f"until step {boundary}" in report.cause.text, report.format()
+
+
+def test_the_grad_norm_rule_is_what_catches_sum_loss_under_adamw(suite_runs):
+    """Without the gradient-norm check the §3.2 bug passes as tier 2 under AdamW (loss and outputs agree);
+    the ratio of the norms is exactly 1/world_size."""
+    bug = next(b for b in SUITE if b.name == "sum_loss_unscaled_adamw")
+    report = report_for(bug, suite_runs)
+    assert report.grad_norm_ratio_median == pytest.approx(0.5, rel=1e-3), report.format()
+    blind = parity.compare(suite_runs(1, bug.single), suite_runs(bug.nproc, bug.ddp), grad_rtol=math.inf)
+    assert blind.tier == 2, blind.format()
+
+
+def test_suite_table_is_well_formed():
+    names = [b.name for b in SUITE]
+    assert len(names) == len(set(names))
+    assert {b.expected for b in SUITE} == {"catch", "pass"}
+    # Singles are shared: fewer runs than two per case, or the suite would cost twice the wall time.
+    assert len(portbugs.runs_needed()) < 2 * len(SUITE)
+    with pytest.raises(ValueError, match="not one of parity.CAUSES"):
+        portbugs.PortBug("x", "", (), (), "catch", "no_such_cause")
+    with pytest.raises(ValueError, match="names a cause"):
+        portbugs.PortBug("x", "", (), (), "pass", "global_batch")
