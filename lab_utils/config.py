@@ -28,7 +28,7 @@ class Key:
     optional: bool = False  # None allowed (derived later)
 
 
-# Names follow the glossary in SERIES.md. Defaults are the CI/CPU size: a 2-rank run takes seconds.
+# Names follow the glossary in README.md. Defaults are the CI/CPU size: a 2-rank run takes seconds.
 KEYS: dict[str, Key] = {
     # --- the experiment
     "preset": Key(str, "cpu", "cpu: seconds on 2 cores; workshop: a bigger GPT for GPUs (keys you set win)",

@@ -16,7 +16,7 @@ Taught in notebooks/01_unchanged.ipynb. The tiers, exactly:
   into full-size steps. Measured here: the tiny GPT's key bias (qkv.bias, k part) gets exactly zero
   gradient — softmax ignores a constant added to every score — and moves 4e-4 between a single run and a
   2-rank run whose losses agree to 5e-7; the outputs do not move. A bias right before BatchNorm does the
-  same (SERIES.md fact 10). The per-tensor list always names the worst tensor, so nothing is hidden.
+  same (measured: chapter 07). The per-tensor list always names the worst tensor, so nothing is hidden.
   Why the gradient norm: Adam divides each update by the running RMS of the gradient, so a gradient
   scaled by a constant gives almost the same steps. The article's §3.2 bug (a sum loss without
   x world_size: every gradient x 1/2 on 2 ranks) kept the loss within 7.2e-7 and the outputs within 1.1e-5
@@ -103,6 +103,8 @@ CAUSES = {
     "batch_norm": "BatchNorm statistics of each rank's own micro-batch: a different number of ranks",
     "data_or_init": "the first batch or the initial weights differ: batch size, sample set or init",
     "float_order": "nothing but the float order of the sums differs (another batch split), amplified by training",
+    "loss_normalization": "each rank averages its loss over its own tokens: the mean of means is not the global mean",
+    "cross_sample": "a loss that mixes samples (in-batch negatives) sees only this rank's part of the batch",
 }
 
 
@@ -415,6 +417,19 @@ def diagnose(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict
             return Cause("per_rank_rng", f"{nm} draws {what} from the global RNG on {_ranks(c)} ranks: the "
                          f"draws depend on the rank and the batch layout, so no single run reproduces them — "
                          f"key them by sample (dropout_mode=keyed, augment=keyed)")
+
+    for nm, k, c in ((r.run_b, kb, cb), (r.run_a, ka, ca)):
+        multi = (_ranks(c) or 1) > 1
+        if multi and k.get("padding", 0) > 0 and k.get("loss_normalization", "per_rank") == "per_rank":
+            return Cause("loss_normalization", f"{nm} pads up to {k['padding']} tokens per sample and each rank "
+                         f"divides by its own token count (loss_normalization=per_rank): DDP then averages the "
+                         f"ranks' means, which is not the mean over the global batch's tokens — all-reduce the "
+                         f"token count (loss_normalization=global_tokens)")
+        if multi and k.get("model") == "contrastive" and k.get("contrastive_gather", "none") != "autograd":
+            how = "no gather" if k.get("contrastive_gather", "none") == "none" else "dist.all_gather (no gradient)"
+            return Cause("cross_sample", f"{nm} computes in-batch negatives on {_ranks(c)} ranks with {how}: each "
+                         f"rank's loss sees another set of negatives, or none of their gradients — gather with "
+                         f"torch.distributed.nn.functional.all_gather (contrastive_gather=autograd)")
 
     if all(k.get("model") == "bn_net" and k.get("norm") == "batch" for k in (ka, kb)) and _ranks(ca) != _ranks(cb) \
             and not any(k.get("sync_bn", "none") != "none" and (_ranks(c) or 1) > 1 for k, c in ((ka, ca), (kb, cb))):

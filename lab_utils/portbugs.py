@@ -76,13 +76,17 @@ SUITE: list[PortBug] = [
     PortBug("keyed_dropout", "ch02", _keys("dropout=0.1"), _keys("dropout=0.1"), "pass",
             lesson="dropout masks keyed by (seed, sample): the same on any number of ranks"),
     # ---- chapter 07 (BatchNorm). SGD: under Adam the bias before BatchNorm (~zero gradient) holds a correct
-    # sync-BN port at tier 1 by its amplified float noise (SERIES fact 10), which is not a port bug.
+    # sync-BN port at tier 1 by its amplified float noise (chapter 07: the bias before BatchNorm), which is not a port bug.
     PortBug("bn_without_sync", "ch07 (article §3.1)", _keys("model=bn_net", SGD), _keys("model=bn_net", SGD),
             "catch", "batch_norm", lesson="BatchNorm without sync: each rank normalises over its own micro-batch"),
     PortBug("lab_sync_bn", "ch07", _keys("model=bn_net", SGD), _keys("model=bn_net", SGD, "sync_bn=lab"), "pass",
             lesson="LabSyncBatchNorm: statistics all-reduced over the ranks, gloo on CPU"),
-    # ---- chapter 05: losses with a batch-wide term. Their bugs (per-rank token means, plain all_gather) fall
-    # below tier 2 but no CAUSES code names them yet, so only the correct ports are listed.
+    # ---- chapter 05: losses with a batch-wide term (per-rank token means, in-batch negatives)
+    PortBug("padding_per_rank_token_mean", "ch05 (article §3.2)", _keys("padding=16"), _keys("padding=16"),
+            "catch", "loss_normalization", lesson="padded tokens: the mean of per-rank token means is biased"),
+    PortBug("in_batch_negatives_plain_gather", "ch05 (article §1.2)", _keys("model=contrastive"),
+            _keys("model=contrastive", "contrastive_gather=plain"), "catch", "cross_sample",
+            lesson="dist.all_gather returns no gradient: the negatives from other ranks stop learning"),
     PortBug("padding_global_token_count", "ch05 (article §3.2)", _keys("padding=16"),
             _keys("padding=16", "loss_normalization=global_tokens"), "pass",
             lesson="padded tokens: token sum / the step's token count over all ranks, x world_size"),

@@ -3,7 +3,7 @@
 Why it exists: in training mode BatchNorm normalises with the mean and variance of the batch it sees. Under
 DDP each rank sees only its micro-batch, so a 2-rank port normalises over 8 samples where the single run
 normalised over 16 — a different forward from step 0. `nn.SyncBatchNorm` fixes that, but only for CUDA
-(and XPU/HPU) tensors: on CPU it raises `ValueError` even with gloo (SERIES.md fact 7). CI runs on CPU.
+(and XPU/HPU) tensors: on CPU it raises `ValueError` even with gloo (chapter 07 runs it). CI runs on CPU.
 
 `LabSyncBatchNorm` is the same maths as torch's SyncBatchNorm, built from `all_reduce` only:
 

@@ -67,3 +67,16 @@ def test_suite_table_is_well_formed():
         portbugs.PortBug("x", "", (), (), "catch", "no_such_cause")
     with pytest.raises(ValueError, match="names a cause"):
         portbugs.PortBug("x", "", (), (), "pass", "global_batch")
+
+
+def test_unused_parameter_with_the_flag_off_is_an_error_not_a_tier(runs_dir):
+    """Chapter 05's bug that no tier can describe: a branch unused in a step, find_unused_parameters=false.
+    DDP's reducer raises on the next step; the launcher must report it as a crash with the rank's own error."""
+    from lab_utils import probes
+
+    result = launcher.launch("pb_unused_off", 2, {"steps": 3, "find_unused_parameters": False}, timeout=600,
+                             progress=False, script=probes.FLAGS_PROBE, extra_env={"LAB_FLAGS_PROBE": "unused"})
+    assert result.status == "crashed", str(result)
+    assert "Expected to have finished reduction in the prior iteration" in result.message + result.traceback, \
+        str(result)
+    assert result.failing_rank in (0, 1)
