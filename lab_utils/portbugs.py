@@ -76,7 +76,7 @@ SUITE: list[PortBug] = [
     PortBug("keyed_dropout", "ch02", _keys("dropout=0.1"), _keys("dropout=0.1"), "pass",
             lesson="dropout masks keyed by (seed, sample): the same on any number of ranks"),
     # ---- chapter 07 (BatchNorm). SGD: under Adam the bias before BatchNorm (~zero gradient) holds a correct
-    # sync-BN port at tier 1 by its amplified float noise (chapter 07: the bias before BatchNorm), which is not a port bug.
+    # sync-BN port at tier 1 by its amplified float noise, which is not a port bug.
     PortBug("bn_without_sync", "ch07 (article §3.1)", _keys("model=bn_net", SGD), _keys("model=bn_net", SGD),
             "catch", "batch_norm", lesson="BatchNorm without sync: each rank normalises over its own micro-batch"),
     PortBug("lab_sync_bn", "ch07", _keys("model=bn_net", SGD), _keys("model=bn_net", SGD, "sync_bn=lab"), "pass",
