@@ -179,6 +179,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:  # its options are the demo's own (argparse's REMAINDER cannot start with --x)
+        from .drivers import demo
+
+        return demo.main(argv[1:])
     args = parser().parse_args(argv)
     try:
         return args.func(args)

@@ -69,3 +69,15 @@ def test_keys_lists_every_key_under_its_group():
 def test_run_help_points_to_keys():
     p = cli("run", "--help")
     assert p.returncode == 0 and "ddp-lab keys" in p.stdout
+
+
+def test_demo_runs_end_to_end(runs_dir):
+    """`make lab`'s demo, with 3 steps: four real runs, the parity table and the plot file."""
+    import os
+
+    p = subprocess.run([sys.executable, "-m", "lab_utils", "demo", "--steps", "3"], capture_output=True, text=True,
+                       timeout=900, env={**os.environ, "LAB_RUNS_DIR": str(runs_dir)})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    table = p.stdout[p.stdout.index("comparison"):]
+    assert "naive port" in table and "2 ranks vs emulated    3 (bitwise)" in table, table
+    assert (runs_dir / "demo_parity.png").stat().st_size > 0

@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "lab_utils"
 
-LAUNCH_SIDE = {"launcher", "cli", "chapter", "nbbuild", "drivers", "probes", "preflight", "__main__"}
+LAUNCH_SIDE = {"launcher", "elastic_driver", "cli", "chapter", "nbbuild", "drivers", "probes", "preflight", "__main__"}
 ANALYSIS = {"parity", "plotting", "doctor", "portbugs"}
 TRAINING = {"step", "emulate", "ddp", "workloads", "distenv", "checkpoint", "samplers", "global_sampler",
             "keyed_rng"}

@@ -7,7 +7,7 @@ emulated-2-rank reference. Prints the parity table and writes runs/demo_parity.p
 import sys
 import time
 
-from .. import launcher, parity, plotting
+from .. import launcher, parity, plotting, runfiles
 
 STEPS = 40
 RUNS = [  # (name, nproc, keys, what it is)
@@ -19,25 +19,31 @@ RUNS = [  # (name, nproc, keys, what it is)
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="ddp-lab demo", description=__doc__)
+    ap.add_argument("--steps", type=int, default=STEPS, help="optimizer steps per run")
+    args = ap.parse_args(argv)
     start = time.time()
     for name, nproc, keys, what in RUNS:
         print(f"\n== {name}: {what}")
-        result = launcher.launch(name, nproc, [f"steps={STEPS}", *keys], timeout=300)
+        result = launcher.launch(name, nproc, [f"steps={args.steps}", *keys], timeout=300)
         if not result.ok:
             print(result)
             return 1
+    runs = runfiles.runs_dir()
     pairs = [("demo_single", "demo_correct", "correct port"), ("demo_single", "demo_naive", "naive port"),
              ("demo_emulated", "demo_correct", "2 ranks vs emulated")]
     print(f"\n{'comparison':<22} {'tier':<22} {'max |dloss|':>12} {'bitwise':>8} {'worst tensor':<26}")
     for a, b, label in pairs:
-        r = parity.compare(launcher.RUNS / a, launcher.RUNS / b)
+        r = parity.compare(runs / a, runs / b)
         print(f"{label:<22} {f'{r.tier} ({r.tier_name})':<22} {r.max_abs_loss_diff:>12.2e} {str(r.bitwise):>8} "
               f"{(r.worst_tensor if r.max_abs_param_diff else '-') or '-':<26}")  # no worst when all equal
-    png = launcher.RUNS / "demo_parity.png"
-    plotting.plot_parity(launcher.RUNS / "demo_single",
-                         [launcher.RUNS / "demo_correct", launcher.RUNS / "demo_naive"], path=png,
-                         pairs=[(launcher.RUNS / "demo_emulated", launcher.RUNS / "demo_correct")],
-                         title="tiny GPT, 40 AdamW steps")
+    png = runs / "demo_parity.png"
+    plotting.plot_parity(runs / "demo_single",
+                         [runs / "demo_correct", runs / "demo_naive"], path=png,
+                         pairs=[(runs / "demo_emulated", runs / "demo_correct")],
+                         title=f"tiny GPT, {args.steps} AdamW steps")
     print(f"\nplot: {png}  (loss curves, and |Δloss| vs the single run on a log scale)")
     print("details: .venv/bin/ddp-lab compare demo_single demo_correct")
     print("notebooks: .venv/bin/jupyter lab notebooks/   (start with 00_preflight.ipynb)")
