@@ -151,8 +151,11 @@ def test_launcher_stopped_by_a_signal_leaves_nothing(runs_dir, sig):
     """`ddp-lab run` stopped as `timeout`, a CI job limit or a closing terminal stops it (SIGTERM, SIGHUP), or
     killed outright (SIGKILL: no handler runs, the parent-death signals must do it)."""
     name = f"stopped_{sig.name}"
+    # SIGHUP as a terminal delivers it: a test runner started under `nohup` (or a CI agent ignoring SIGHUP)
+    # would pass SIG_IGN on, and the launcher rightly never overrides an ignored signal.
     proc = subprocess.Popen([sys.executable, "-m", "lab_utils", "run", "--name", name, "--nproc", "2", "--quiet",
-                             *DEAF], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             *DEAF], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         wait_until_rank1_is_deaf(runs_dir / name, proc)
         proc.send_signal(sig)
