@@ -24,6 +24,8 @@ def _cmd_run(args) -> int:
     result = launcher.launch(args.name, args.nproc, args.overrides, timeout=args.timeout,
                              progress=not args.quiet, echo=args.echo)
     print(result)
+    if result.command:
+        print(f"$ {result.command_line}")  # the plain torchrun (or python) line this run is equivalent to
     if result.ok:
         print(f"wrote {result.run_dir}/ (config.json, metrics.jsonl, model.pt, logs/)")
     return 0 if result.ok else 1
