@@ -86,15 +86,18 @@ class RunFailed(RuntimeError):
     pass
 
 
-def build_command(nproc: int, argv: list[str], run_dir: Path, script: Path = TRAIN) -> tuple[list[str], list[str]]:
-    """(what we start, the equivalent command a user would type). Both die with this process."""
+def build_command(nproc: int, argv: list[str], run_dir: Path, script: Path = TRAIN,
+                  max_restarts: int = 0) -> tuple[list[str], list[str]]:
+    """(what we start, the equivalent command a user would type). Both die with this process.
+    max_restarts > 0: torchrun's elastic restart (every rank re-launched after a failure; chapter 11)."""
     parent = str(os.getpid())
-    if nproc == 1:
+    restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
+    if nproc == 1 and not max_restarts:
         return ([sys.executable, "-m", "lab_utils.elastic_driver", "--exec", parent, str(script), *argv],
                 [sys.executable, str(script), *argv])
     started = [sys.executable, "-m", "lab_utils.elastic_driver", f"--nproc-per-node={nproc}",
-               f"--run-dir={run_dir}", f"--parent-pid={parent}", str(script), *argv]
-    torchrun = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", f"--log-dir={run_dir / 'logs'}",
+               f"--run-dir={run_dir}", f"--parent-pid={parent}", *restarts, str(script), *argv]
+    torchrun = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", *restarts, f"--log-dir={run_dir / 'logs'}",
                 "--redirects=3", "--tee=3", str(script), *argv]
     return started, torchrun
 
@@ -341,7 +344,7 @@ def _write_launch_json(result: RunResult, timeout: float) -> None:
 
 def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None, timeout: float = 600,
            progress: bool = True, echo: bool = False, runs_dir: Path | None = None,
-           extra_env: dict | None = None, script: Path = TRAIN) -> RunResult:
+           extra_env: dict | None = None, script: Path = TRAIN, max_restarts: int = 0) -> RunResult:
     """Run the training script as `name` with `nproc` processes; return a RunResult (never hangs).
 
     If this process gets SIGTERM or SIGHUP meanwhile, the run is stopped, launch.json written, a line
@@ -349,7 +352,8 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
     given, cfg, run_dir = _validate(name, nproc, overrides, timeout, runs_dir)  # raises before anything starts
     log_dir = _prepare_folder(run_dir, nproc)
     env = _environment(cfg, log_dir, nproc, extra_env)
-    cmd, equivalent = build_command(nproc, config_mod.to_argv(given), run_dir, script)
+    cmd, equivalent = build_command(nproc, config_mod.to_argv(given), run_dir, script,
+                                   max_restarts)
     result = RunResult(name, run_dir, "starting", None, 0.0, nproc, command=cmd, equivalent=equivalent)
     _write_launch_json(result, timeout)
 
