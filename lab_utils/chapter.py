@@ -53,12 +53,14 @@ def run_dir(name: str) -> Path:
     return runfiles.runs_dir() / name
 
 
-def run(name: str, nproc: int, p: Params, quiet: bool = False, **keys) -> launcher.RunResult:
+def run(name: str, nproc: int, p: Params, quiet: bool = False, max_restarts: int = 0, **keys) -> launcher.RunResult:
     """Launch one run for a notebook (steps and backend from the parameters cell unless given), print the exact
-    command it used, and raise with the failing rank's traceback if it did not finish."""
+    command it used, and raise with the failing rank's traceback if it did not finish. `max_restarts`: torchrun's
+    elastic restart of every rank after a failure (chapter 11)."""
     keys.setdefault("steps", p.steps)
     keys.setdefault("backend", p.backend)
-    result = launcher.launch(name, nproc, dict(keys), timeout=p.timeout, progress=not quiet)
+    result = launcher.launch(name, nproc, dict(keys), timeout=p.timeout, progress=not quiet,
+                             max_restarts=max_restarts)
     if not quiet:
         print(f"$ {result.command_line}")
     return result.raise_for_status()
@@ -66,13 +68,15 @@ def run(name: str, nproc: int, p: Params, quiet: bool = False, **keys) -> launch
 
 def run_many(specs: dict[str, tuple[str, int, dict]], p: Params, max_workers: int = 3
              ) -> dict[str, launcher.RunResult]:
-    """Launch independent runs at once: `specs` = {key: (run name, nproc, keys)}; returns {key: RunResult}.
+    """Launch independent runs at once: `specs` = {key: (run name, nproc, keys[, max_restarts])}; returns
+    {key: RunResult}.
     Each training process uses one thread and a fixed reduction order, so overlapping runs changes their wall
     time, never their numbers. Prints each command; raises with the first failing rank's traceback."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
-        futures = {key: pool.submit(run, name, nproc, p, True, **keys) for key, (name, nproc, keys) in specs.items()}
+        futures = {key: pool.submit(run, spec[0], spec[1], p, True, *spec[3:], **spec[2])
+                   for key, spec in specs.items()}
     results = {key: f.result() for key, f in futures.items()}
     for r in results.values():
         print(f"$ {r.command_line}   # {r.status}")

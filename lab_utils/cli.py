@@ -1,4 +1,4 @@
-"""`ddp-lab` (= `python -m lab_utils`): preflight, run, keys, compare, notebooks, demo, bench.
+"""`ddp-lab` (= `python -m lab_utils`): preflight, run, keys, compare, doctor, audit, notebooks, demo, bench.
 
 Bad input is reported on one line naming the key or value, with exit code 2 and no traceback.
 """
@@ -22,7 +22,7 @@ def _cmd_run(args) -> int:
     from . import launcher
 
     result = launcher.launch(args.name, args.nproc, args.overrides, timeout=args.timeout,
-                             progress=not args.quiet, echo=args.echo)
+                             progress=not args.quiet, echo=args.echo, nnodes=args.nnodes)
     print(result)
     if result.command:
         print(f"$ {result.command_line}")  # the plain torchrun (or python) line this run is equivalent to
@@ -38,6 +38,37 @@ def _cmd_compare(args) -> int:
     report = parity.compare(args.run_a, args.run_b, **{k: v for k, v in given.items() if v is not None})
     print(report.to_json() if args.json else report.format())
     return 0
+
+
+def _cmd_doctor(args) -> int:
+    """Exit 0: no bug (tier 2 or 3); 1: the runs differ below tier 2 (causes listed); 2: a bad run folder."""
+    import json
+
+    from . import doctor
+
+    try:
+        diagnosis = doctor.diagnose_runs(args.run_a, args.run_b)
+    except doctor.RunFolderError as e:
+        print(f"ddp-lab doctor: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(diagnosis.to_dict(), sort_keys=True) if args.json else diagnosis.format())
+    return diagnosis.exit_code
+
+
+def _cmd_audit(args) -> int:
+    """Exit 0: no finding; 1: findings; 2: a file that cannot be audited (missing, not Python)."""
+    from . import audit
+
+    worst = 0
+    for path in args.scripts:
+        try:
+            findings = audit.audit_file(path)
+        except audit.AuditError as e:
+            print(f"ddp-lab audit: error: {e}", file=sys.stderr)
+            return 2
+        print(audit.format_findings(findings, path))
+        worst = max(worst, 1 if findings else 0)
+    return worst
 
 
 def _cmd_notebooks(args) -> int:
@@ -94,7 +125,8 @@ def _cmd_demo(args) -> int:
 
 
 BENCHES = {"launch": "launch reliability and overhead", "samplers": "DistributedSampler vs GlobalBatchSampler",
-           "scaling": "tokens/s, 1 vs 2 GPUs", "profile": "host vs device time per step, launches, top ops"}
+           "scaling": "tokens/s, 1 vs 2 GPUs", "profile": "host vs device time per step, launches, top ops",
+           "hook": "order-fixed gradient reduction vs stock all-reduce: time, bytes, tier"}
 
 
 def _cmd_bench(args) -> int:
@@ -144,6 +176,8 @@ def parser() -> argparse.ArgumentParser:
                               "and meaning.")
     s.add_argument("--name", required=True, help="run folder: runs/NAME")
     s.add_argument("--nproc", type=_positive_int, default=1)
+    s.add_argument("--nnodes", type=_positive_int, default=1,
+                   help="simulate this many nodes on this box (c10d rendezvous on 127.0.0.1; chapter 09)")
     s.add_argument("--timeout", type=_positive_float, default=600, help="seconds before the run is a hang")
     s.add_argument("--echo", action="store_true", help="stream the job's output")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -161,6 +195,18 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--param-tol", type=_positive_float, help="tier 2: max |Δparam| (default: per workload)")
     s.add_argument("--output-tol", type=_positive_float, help="tier 2: max |Δoutput| (default: per workload)")
     s.set_defaults(func=_cmd_compare)
+
+    s = sub.add_parser("doctor", help="where two runs part and why: first diverging step, causes ranked with "
+                                      "evidence (exit 0 no bug, 1 bug, 2 bad folder)")
+    s.add_argument("run_a")
+    s.add_argument("run_b")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=_cmd_doctor)
+
+    s = sub.add_parser("audit", help="static check of a DDP script against the corrected checklist "
+                                     "(exit 0 clean, 1 findings, 2 bad file)")
+    s.add_argument("scripts", nargs="+", metavar="SCRIPT.py")
+    s.set_defaults(func=_cmd_audit)
 
     s = sub.add_parser("notebooks", help="execute every notebook headless into build/ with an HTML index")
     s.add_argument("--pattern", default="notebooks/[0-9]*.ipynb")

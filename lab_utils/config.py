@@ -81,6 +81,8 @@ KEYS: dict[str, Key] = {
     "amp": Key(str, "none", "autocast dtype for forward/loss (bf16 on GPUs; breaks fp32 tier-2 tolerances)",
                 choices=("none", "bf16")),
     "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
+    "fused_optimizer": Key(bool, False, "torch.optim's fused=True: one kernel per update (GPU speed; other last bits "
+                           "than the default, the same in every run that sets it)"),
     # --- DDP and the process group
     "backend": Key(str, "auto", "auto: nccl when every rank has its own GPU, else gloo",
                    choices=("auto", "gloo", "nccl")),
@@ -93,6 +95,9 @@ KEYS: dict[str, Key] = {
                    choices=("none", "lab", "torch")),
     "gradient_as_bucket_view": Key(bool, False, "DDP(gradient_as_bucket_view=...)"),
     "bucket_cap_mb": Key(float, 25.0, "DDP(bucket_cap_mb=...): gradient bucket size in MiB", min=0.01),
+    "grad_reduction": Key(str, "allreduce", "allreduce: DDP's stock hook (the backend picks the summation order); "
+                          "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W",
+                          choices=("allreduce", "ordered")),
     "deterministic": Key(bool, True, "torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG on CUDA)"),
     "threads": Key(int, 1, "intra-op threads per process (the same in every run, so kernels split work alike)",
                    min=1),
@@ -101,8 +106,19 @@ KEYS: dict[str, Key] = {
     "out_dir": Key(str, "runs/default", "where config.json, metrics.jsonl and model.pt go"),
     "fingerprint": Key(bool, True, "hash all parameters after every step (off for throughput benchmarks)"),
     "log_every": Key(int, 10, "rank 0 prints a line every N steps", min=1),
-    "fault": Key(str, "none", "inject a failure",
-                 choices=("none", "crash", "hang", "kill", "abort", "ignore_term")),
+    "log_sync_every": Key(int, 1, "rank 0 copies the logged numbers to the host every N steps (one device "
+                          "sync per N steps; every step is still recorded in metrics.jsonl)", min=1),
+    "checkpoint_every": Key(int, 0, "rank 0 saves out_dir/checkpoints/step_NNNNNN.pt every N optimizer steps "
+                            "(0 = off)", min=0),
+    "checkpoint_style": Key(str, "lab", "lab: model, optimizer, step (= data position) for exact resume; "
+                            "article: model, optimizer, epoch as the article's §5.2", choices=("lab", "article")),
+    "checkpoint_write": Key(str, "atomic", "atomic: temp file + os.replace; naive: torch.save(path) in place",
+                            choices=("atomic", "naive")),
+    "resume": Key(str, None, "unset = fresh; auto = newest checkpoint in out_dir/checkpoints (else fresh); "
+                  "or a checkpoint file / run folder", optional=True),
+    "fault": Key(str, "none", "inject a failure (kill_in_save: rank 0 dies halfway through the checkpoint "
+                 "write after step fault_step)",
+                 choices=("none", "crash", "hang", "kill", "abort", "ignore_term", "kill_in_save")),
     "fault_rank": Key(int, 0, "rank that fails", min=0),
     "fault_step": Key(int, 0, "step at whose start it fails", min=0),
 }
@@ -130,8 +146,12 @@ def grouped() -> dict[str, list[str]]:
 # global_batch_size 256: each of 2 GPUs computes 128 samples per step. Measured on an H200 (ddp-lab bench
 # profile, docs/measured/h200/): at 16 samples per micro-batch the step is host-bound (the GPU waits for
 # Python and kernel launches) and a second GPU cannot halve it; at 128 the GPU is busy for the whole step.
+# n_samples 1792 = 7 x 256: the text holds 1809 blocks of 256 tokens, an odd count, so DistributedSampler pads
+# 2 ranks with a repeated sample and the epoch-boundary step's batch differs from the single run's (measured on
+# an H200: tier 1 from step 7 = the first boundary; docs/measured/h200/workshop_tiers.txt). A multiple of the
+# world size (and of the global batch) keeps every step's samples identical at 1, 2, 4 or 8 ranks.
 WORKSHOP = {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384, "global_batch_size": 256,
-            "lr": 1e-3, "steps": 100, "log_every": 20}
+            "n_samples": 1792, "lr": 1e-3, "steps": 100, "log_every": 20}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -238,6 +258,7 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
     cfg["micro_batch_size"], cfg["grad_accum_steps"] = mbs, acc
     if cfg["fault"] != "none" and cfg["fault_rank"] >= ranks and world_size > 1:
         raise ConfigError(f"fault_rank={cfg['fault_rank']} but world_size is {world_size}")
+    _check_checkpoints(cfg)
     if cfg["model"] == "gpt" and cfg["n_embd"] % cfg["n_head"]:
         raise ConfigError(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
     if cfg["augment"] != "none" and cfg["model"] != "bn_net":
@@ -262,6 +283,18 @@ def _check_chapter05(cfg: dict) -> None:
     if cfg["contrastive_gather"] != "none" and cfg["emulate_ranks"] > 1:
         raise ConfigError(f"contrastive_gather={cfg['contrastive_gather']} gathers over a process group; "
                           f"emulate_ranks={cfg['emulate_ranks']} has none")
+
+
+def _check_checkpoints(cfg: dict) -> None:
+    """checkpoint_every, resume, fault=kill_in_save (chapter 08)."""
+    import os
+
+    if cfg["resume"] not in (None, "auto") and not os.path.exists(cfg["resume"]):
+        raise ConfigError(f"resume={cfg['resume']!r}: no such checkpoint file or run folder (or use auto)")
+    if cfg["fault"] == "kill_in_save" and (not cfg["checkpoint_every"]
+                                           or (cfg["fault_step"] + 1) % cfg["checkpoint_every"]):
+        raise ConfigError(f"fault=kill_in_save fires in the checkpoint written after step fault_step="
+                          f"{cfg['fault_step']}: needs checkpoint_every > 0 dividing fault_step + 1")
 
 
 def _on_cuda(device: str) -> bool:

@@ -1,7 +1,8 @@
 """Wrapping a model in DistributedDataParallel, with the lab's flags. Taught in notebooks/05 (flags).
 
 This is the one place the lab constructs DDP, so every DDP option a chapter teaches is one key away:
-find_unused_parameters, broadcast_buffers, gradient_as_bucket_view (chapter 05). What DDP does at wrap
+find_unused_parameters, broadcast_buffers, gradient_as_bucket_view (chapter 05), and the order-fixed
+gradient reduction `grad_reduction=ordered` (chapter 11, a communication hook). What DDP does at wrap
 time (broadcast rank 0's parameters and buffers) is chapter 02's lesson.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import sync_bn
+from . import ordered_reduce, sync_bn
 
 
 def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:  # DDP:
@@ -19,11 +20,14 @@ def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:  # DDP
     sync_bn=lab|torch first swaps every BatchNorm for a synchronised one (chapter 07): same parameters and
     buffers, but training-mode statistics over all ranks' micro-batches instead of this rank's alone."""
     model = sync_bn.convert(model, cfg.get("sync_bn", "none"))  # DDP: BatchNorm over the global batch
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-               find_unused_parameters=cfg["find_unused_parameters"],
-               broadcast_buffers=cfg["broadcast_buffers"],
-               gradient_as_bucket_view=cfg["gradient_as_bucket_view"],
-               bucket_cap_mb=cfg["bucket_cap_mb"])
+    wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                  find_unused_parameters=cfg["find_unused_parameters"],
+                  broadcast_buffers=cfg["broadcast_buffers"],
+                  gradient_as_bucket_view=cfg["gradient_as_bucket_view"],
+                  bucket_cap_mb=cfg["bucket_cap_mb"])
+    if cfg.get("grad_reduction") == "ordered":  # chapter 11: sum the ranks' buckets in rank order
+        wrapped.register_comm_hook(None, ordered_reduce.ordered_allreduce_hook)
+    return wrapped
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -8,13 +8,16 @@ ranks can share one GPU for the CUDA code paths.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
+import signal
 import sys
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from . import ordered_reduce
 from .config import ConfigError
 
 
@@ -26,6 +29,7 @@ class DistEnv:
     local_world_size: int
     backend: str | None  # None: a single process, no process group
     device: torch.device
+    ordered: bool = False  # grad_reduction=ordered: means over ranks are summed in rank order (chapter 11)
 
     @property
     def distributed(self) -> bool:
@@ -82,8 +86,23 @@ def configure_determinism(cfg: dict, device: torch.device) -> None:
         torch.use_deterministic_algorithms(True)
 
 
+STACK_DUMP_SIGNAL = signal.SIGUSR1  # what the launcher sends a hung rank before stopping it (chapter 09)
+
+
+def register_stack_dump() -> None:
+    """On SIGUSR1, print every thread's Python stack to stderr (the rank's log) and carry on running.
+
+    faulthandler writes from the signal handler itself, in C, without waiting for the GIL: it works while the
+    main thread is blocked inside a collective (gloo or NCCL), which is exactly when a stack is wanted. The
+    launcher sends the signal to each rank of a hung run just before stopping it (chapter 09); by hand:
+    `kill -USR1 PID` (the pid is in runs/NAME/progress/rank{r}.json)."""
+    if hasattr(faulthandler, "register"):  # not on Windows
+        faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+
+
 def setup(cfg: dict) -> DistEnv:
     """Read torchrun's environment (or its absence), pick device and backend, init the process group."""
+    register_stack_dump()  # first: a rank stuck anywhere after this line can show where it waits
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -101,7 +120,8 @@ def setup(cfg: dict) -> DistEnv:
             # NCCL: bind the group to this rank's GPU up front (eager init, no guessing the device later).
             device_id=device if backend == "nccl" else None,
         )
-    return DistEnv(rank, local_rank, world_size, local_world_size, backend, device)
+    return DistEnv(rank, local_rank, world_size, local_world_size, backend, device,
+                   ordered=cfg.get("grad_reduction") == "ordered")
 
 
 def teardown(env: DistEnv) -> None:  # DDP:
@@ -119,6 +139,8 @@ def all_reduce_mean(value: torch.Tensor, env: DistEnv) -> torch.Tensor:  # DDP:
     """Mean over ranks (SUM then divide, as DDP reduces gradients); identity for one process."""
     if not env.distributed:
         return value
+    if env.ordered:  # the same bits as the emulated reference at any world size (ordered_reduce.py)
+        return ordered_reduce.ordered_mean(value, env.world_size)
     value = value.clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / env.world_size

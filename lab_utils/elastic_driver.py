@@ -118,16 +118,31 @@ def reason(failure: dict) -> str:
     return f"rank {failure['rank']} exited with code {failure['exitcode']}"
 
 
-def write_failures(run_dir: Path, failures: dict) -> dict:
-    """RUN/failures.json from torch's {rank: ProcessFailure}; returns what it wrote."""
+def node_files(run_dir: Path, nnodes_max: int, node_rank: int) -> tuple[Path, Path]:
+    """(log folder, failures file) of one node agent. One node: RUN/logs and RUN/failures.json (as always).
+    Several nodes sharing one run folder (the launcher's simulated nodes): RUN/logs/node{k} and
+    RUN/failures.node{k}.json, so no agent overwrites another's; the launcher merges them into failures.json."""
+    run_dir = Path(run_dir)
+    if nnodes_max <= 1:
+        return run_dir / "logs", run_dir / FAILURES
+    return run_dir / "logs" / f"node{node_rank}", run_dir / f"failures.node{node_rank}.json"
+
+
+def write_failures(run_dir: Path, failures: dict, path: Path | None = None) -> dict:
+    """RUN/failures.json (or `path`) from torch's {rank: ProcessFailure}; returns what it wrote."""
     from .runfiles import write_json  # here, not at the top: `--exec` must not pay for torch's import
 
     records = [failure_record(rank, f, i) for i, (rank, f) in enumerate(failures.items())]
-    cause = root_cause(records)
-    doc = {"failures": records, "root_cause": cause["rank"] if cause else None,
-           "reason": reason(cause) if cause else ""}
-    write_json(doc, Path(run_dir) / FAILURES)
+    doc = failures_doc(records)
+    write_json(doc, path or Path(run_dir) / FAILURES)
     return doc
+
+
+def failures_doc(records: list[dict]) -> dict:
+    """{failures, root_cause, reason} from failure records (one node's, or every node's merged)."""
+    cause = root_cause(records)
+    return {"failures": records, "root_cause": cause["rank"] if cause else None,
+            "reason": reason(cause) if cause else ""}
 
 
 def tolerate_half_written_error_files() -> None:
@@ -155,7 +170,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--nproc-per-node", type=int, required=True)
     p.add_argument("--run-dir", type=Path, required=True, help="failures.json goes here, logs under logs/")
     p.add_argument("--nnodes", default="1", help="N or MIN:MAX, as torchrun")
-    p.add_argument("--node-rank", type=int, default=0, help="used by the static rendezvous only, as torchrun")
+    p.add_argument("--node-rank", type=int, default=0,
+                   help="the static rendezvous's node rank, as torchrun (c10d assigns ranks itself); with "
+                        "several nodes it also names this node's log folder and failures file")
     p.add_argument("--rdzv-backend", default="c10d")
     p.add_argument("--rdzv-endpoint", default="127.0.0.1:0", help="port 0: the agent picks a free one")
     p.add_argument("--rdzv-id", default=None, help="default: the run folder's name")
@@ -173,6 +190,7 @@ def launch_config(args: argparse.Namespace):
     from torch.distributed.launcher.api import LaunchConfig
 
     lo, _, hi = args.nnodes.partition(":")
+    log_dir, _ = node_files(args.run_dir, int(hi or lo), args.node_rank)
     rdzv_configs = {"rank": args.node_rank} if args.rdzv_backend == "static" else {}
     # shutdown_timeout is a LaunchConfig field only in newer torch (2.13 has it, 2.11 does not): pass it where
     # it exists; elsewhere the agent's own default grace applies and the launcher's tree kill backs it up.
@@ -185,7 +203,7 @@ def launch_config(args: argparse.Namespace):
         run_id=args.rdzv_id or args.run_dir.name, rdzv_backend=args.rdzv_backend,
         rdzv_endpoint=args.rdzv_endpoint, rdzv_configs=rdzv_configs, max_restarts=args.max_restarts,
         # torchrun --log-dir RUN/logs --redirects 3 --tee 3: per-rank files, and every line on our stdout too
-        logs_specs=DefaultLogsSpecs(log_dir=str(args.run_dir / "logs"), redirects=Std.ALL, tee=Std.ALL),
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee=Std.ALL),
         **{k: v for k, v in optional.items() if k in known})
 
 
@@ -207,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         elastic_launch(launch_config(args), sys.executable)(*worker)
     except ChildFailedError as e:
-        doc = write_failures(args.run_dir, e.failures)
+        lo, _, hi = args.nnodes.partition(":")
+        doc = write_failures(args.run_dir, e.failures, node_files(args.run_dir, int(hi or lo), args.node_rank)[1])
         for f in doc["failures"]:
             how = f["signal"] or f"exit code {f['exitcode']}"
             tag = "root cause" if f["rank"] == doc["root_cause"] else "stopped or failed after it"

@@ -397,7 +397,8 @@ def diagnose(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict
 
     starts = [s for s in (r.first_step_over_tol, r.first_step_over_grad_rtol) if s is not None]
     first = min(starts) if starts else None
-    n_samples = ka.get("n_samples") or kb.get("n_samples")
+    # The dataset size: the n_samples key, else what the runs recorded (config.json "dataset_size").
+    n_samples = ka.get("n_samples") or kb.get("n_samples") or ca.get("dataset_size") or cb.get("dataset_size")
     if first and n_samples and ga and ka.get("n_samples") == kb.get("n_samples"):
         boundary = epoch_starts(n_samples, ga, {_ranks(ca), _ranks(cb)}, r.steps_compared)
         if first in boundary:
@@ -405,10 +406,19 @@ def diagnose(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict
                     for k in ("set_epoch=false",) if c.get("set_epoch") is False]
             hint += [f"{nm} has sampler=random" for nm, c in ((r.run_a, ka), (r.run_b, kb))
                      if c.get("sampler") == "random"]
+            # DistributedSampler pads each epoch to a multiple of world_size with repeated samples: if the two
+            # runs pad differently, the batch that straddles the boundary holds other samples (the H200
+            # workshop case: 1809 samples, 1 vs 2 ranks, step 7).
+            pads = {_ranks(c) or 1: (-n_samples) % (_ranks(c) or 1) for c, k in ((ca, ka), (cb, kb))
+                    if k.get("sampler", "distributed") == "distributed" and not k.get("drop_last")}
+            if len(set(pads.values())) > 1:
+                hint += [f"DistributedSampler pads {n_samples} samples with "
+                         + " vs ".join(f"{p} repeated sample(s) at {w} rank(s)" for w, p in sorted(pads.items()))
+                         + ": make n_samples a multiple of the world size"]
             return Cause("sampler_epoch", f"the runs agree until step {first}, the start of epoch "
                          f"{boundary[first]} (n_samples={n_samples}, global_batch_size={ga}: "
                          f"{n_samples / ga:g} steps per epoch): the data order of later epochs differs — "
-                         f"sampler.set_epoch(epoch) forgotten, or a RandomSampler"
+                         f"sampler.set_epoch(epoch) forgotten, a RandomSampler, or padding"
                          + (f" ({', '.join(hint)})" if hint else ""))
 
     for nm, c in ((r.run_b, cb), (r.run_a, ca)):
@@ -449,9 +459,8 @@ def diagnose(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict
                          f"update and the loss diverges from step {r.first_step_over_tol}: the same data and "
                          f"weights gave another update — randomness seeded per rank (seed_mode=article)")
         # Same keys, no per-rank randomness: the only difference left is how the batch is split, i.e. the
-        # float order of the sums (on GPUs matmul kernels are also chosen by shape). Measured on an H200
-        # (docs/measured/h200/workshop_tiers.txt): single vs emulated 2 ranks agree to 1-2 ulps for 7 steps,
-        # then jump to 1e-4 in one step.
+        # float order of the sums (on GPUs matmul kernels are also chosen by shape). (The H200 workshop jump
+        # once filed here, docs/measured/h200/workshop_tiers.txt, was the sampler's padding: the rule above.)
         return Cause("float_order", f"same keys and no per-rank randomness, yet the loss diverges from step "
                      f"{r.first_step_over_tol}: the batch is split differently, so sums run in another float "
                      f"order and training amplified the last-bit differences — compare with the emulated "

@@ -21,20 +21,24 @@ STEPS = 8
 EPOCH_SAMPLES = 32
 
 
+EXPECTED = ("catch", "pass", "bitwise", "not_bitwise")
+
+
 @dataclass(frozen=True)
 class PortBug:
     name: str
     article: str  # where the series (or the article) teaches it
     single: tuple[str, ...]  # keys of the correct single-process run
     ddp: tuple[str, ...]  # keys of the port
-    expected: str  # "catch": below tier 2, with `cause`; "pass": tier >= 2
+    expected: str  # "catch": below tier 2, with `cause`; "pass": tier >= 2; against an emulated reference
+    # (chapter 11): "bitwise": tier 3; "not_bitwise": exactly tier 2 (what only the bitwise check can see)
     cause: str | None = None  # parity.CAUSES code the report must name (catch only)
     nproc: int = 2
     lesson: str = ""
 
     def __post_init__(self):
-        if self.expected not in ("catch", "pass"):
-            raise ValueError(f"{self.name}: expected={self.expected!r} must be 'catch' or 'pass'")
+        if self.expected not in EXPECTED:
+            raise ValueError(f"{self.name}: expected={self.expected!r} must be one of {', '.join(EXPECTED)}")
         if (self.expected == "catch") != (self.cause is not None):
             raise ValueError(f"{self.name}: a 'catch' entry names a cause, a 'pass' entry none")
         if self.cause is not None and self.cause not in CAUSES:
@@ -62,6 +66,9 @@ SUITE: list[PortBug] = [
     PortBug("set_epoch_forgotten", "ch03 (article §2.3)", _keys(f"n_samples={EPOCH_SAMPLES}"),
             _keys(f"n_samples={EPOCH_SAMPLES}", "set_epoch=false"), "catch", "sampler_epoch",
             lesson="DistributedSampler without set_epoch(e): epoch 0's order forever, wrong from epoch 1"),
+    PortBug("odd_dataset_padded", "ch03 (article §2.3)", _keys("n_samples=33"), _keys("n_samples=33"), "catch",
+            "sampler_epoch", lesson="33 samples on 2 ranks: DistributedSampler repeats one to pad the epoch, so "
+            "the boundary step's batch differs (the workshop preset's 1809 samples did this on two H200s)"),
     PortBug("per_rank_seed_torch_dropout", "ch02 (article §2.2)", _keys(*TORCH_DROPOUT), _keys(*TORCH_DROPOUT),
             "catch", "per_rank_rng", lesson="set_seed(42 + rank) with nn.Dropout: masks depend on the rank"),
     # ---- correct ports: the report must say "unchanged" (tier 2 or 3)
@@ -93,6 +100,13 @@ SUITE: list[PortBug] = [
     PortBug("in_batch_negatives_autograd_gather", "ch05 (article §1.2)", _keys("model=contrastive"),
             _keys("model=contrastive", "contrastive_gather=autograd"), "pass",
             lesson="InfoNCE over the global batch: torch.distributed.nn.functional.all_gather keeps the gradients"),
+    # ---- chapter 11: against the emulated 4-rank reference, where only the bitwise check can tell
+    PortBug("reduction_in_backend_order", "ch11 (article §1.1 tier 3)", _keys("sampler=global", "emulate_ranks=4"),
+            _keys("sampler=global"), "not_bitwise", nproc=4,
+            lesson="DDP's stock all-reduce at 4 ranks: the backend's summation order, last bits off (tier 2 only)"),
+    PortBug("ordered_reduction", "ch11", _keys("sampler=global", "emulate_ranks=4"),
+            _keys("sampler=global", "grad_reduction=ordered"), "bitwise", nproc=4,
+            lesson="grad_reduction=ordered: all-gather, sum in rank order: the reference's bits at 4 ranks"),
 ]
 
 
@@ -120,6 +134,31 @@ def problems(bug: PortBug, report: ParityReport) -> list[str]:
         got = report.cause.code if report.cause else None
         if got != bug.cause:
             found.append(f"{bug.name}: cause {got!r}, expected {bug.cause!r}")
+    elif bug.expected == "bitwise":
+        if report.tier != 3:
+            found.append(f"{bug.name}: expected bitwise, got tier {report.tier} ({report.tier_name})")
+    elif bug.expected == "not_bitwise":
+        if report.tier != 2:
+            found.append(f"{bug.name}: expected tier 2 and not bitwise, got tier {report.tier} ({report.tier_name})")
     elif report.tier < 2:
         found.append(f"{bug.name}: a correct port got tier {report.tier} ({report.tier_name})")
+    return found
+
+
+def doctor_problems(bug: PortBug, diagnosis) -> list[str]:
+    """What is wrong with `ddp-lab doctor`'s diagnosis (lab_utils.doctor.Diagnosis) of `bug`'s two runs: a bug
+    must rank its cause first and exit 1; a correct port must say "no bug: float order" or "unchanged:
+    bitwise" and exit 0."""
+    found = []
+    if bug.expected == "catch":
+        top = diagnosis.top.code if diagnosis.top else None
+        if top != bug.cause or diagnosis.exit_code != 1:
+            found.append(f"{bug.name}: doctor's top cause {top!r} (exit {diagnosis.exit_code}), expected "
+                         f"{bug.cause!r} (exit 1)")
+    elif bug.expected == "bitwise" and diagnosis.verdict != "unchanged: bitwise":
+        found.append(f"{bug.name}: doctor says {diagnosis.verdict!r}, expected 'unchanged: bitwise'")
+    elif bug.expected == "not_bitwise" and diagnosis.verdict != "no bug: float order":
+        found.append(f"{bug.name}: doctor says {diagnosis.verdict!r}, expected 'no bug: float order'")
+    elif diagnosis.verdict not in ("no bug: float order", "unchanged: bitwise") or diagnosis.exit_code != 0:
+        found.append(f"{bug.name}: doctor says {diagnosis.verdict!r} (exit {diagnosis.exit_code}) on a correct port")
     return found

@@ -7,10 +7,12 @@ Both sides import *this* module, so a file name or a heartbeat phase is defined 
     runs/NAME/
       config.json          resolved keys, world size, backend, device, versions, FORMAT_VERSION
       metrics.jsonl        one JSON object per optimizer step (rank 0): loss averaged over ALL ranks, lr,
-                           grad_norm, samples, param_hash (the fingerprint), elapsed
+                           grad_norm, samples, param_hash (the fingerprint), elapsed, local_loss (rank 0's
+                           own), attempt (TORCHELASTIC_RESTART_COUNT)
       model.pt             final weights, no `module.` prefix (torch.load(weights_only=True))
       probe.pt             final model's eval-mode outputs on the probe batch (the parity report's outputs route)
-      result.json          steps, final loss, seconds
+      result.json          steps, final loss, seconds, resumed_from (step or null), attempt
+      checkpoints/step_{k:06d}.pt  training checkpoints (checkpoint_every; lab_utils/checkpoint.py, chapter 08)
       progress/rank{r}.json  each rank's heartbeat: step and phase (PHASES), pid, hashes
       launch.json, output.log, logs/   written by the launcher (torchrun's per-rank logs and error files)
 """

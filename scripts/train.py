@@ -24,7 +24,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record  # DDP: torchrun's per-rank error file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-from lab_utils import checkpoint, ddp, distenv, runfiles, samplers, sync_bn, workloads  # noqa: E402
+from lab_utils import checkpoint, ddp, distenv, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402
 from lab_utils import config as config_mod  # noqa: E402
 from lab_utils.emulate import emulated_step  # noqa: E402
 from lab_utils.step import rank_step  # noqa: E402
@@ -33,9 +33,10 @@ from lab_utils.step import rank_step  # noqa: E402
 def inject_fault(cfg: dict, rank: int, step: int) -> None:
     """fault=crash|hang|kill|abort|ignore_term on `fault_rank` at the start of `fault_step`: the launcher
     tests' failures. abort dies by SIGABRT (as a C++ std::terminate does); ignore_term hangs deaf to SIGTERM,
-    so only SIGKILL can stop it."""
-    if cfg["fault"] == "none" or step != cfg["fault_step"]:
-        return
+    so only SIGKILL can stop it. First attempt only (chapter 08); fault=kill_in_save fires in the checkpoint
+    write instead (checkpoint.write_checkpoint)."""
+    if cfg["fault"] in ("none", "kill_in_save") or step != cfg["fault_step"] or resume.attempt() > 0:
+        return  # an elastic restart (attempt > 0) runs past the fault: it resumes from a checkpoint
     if rank != cfg["fault_rank"]:
         if cfg["fault"] == "abort":  # peers stay out of the collective, so they never see the lost connection
             time.sleep(60)           # and torchrun must SIGTERM them (as a rank blocked in NCCL never notices)
@@ -54,16 +55,19 @@ def inject_fault(cfg: dict, rank: int, step: int) -> None:
 
 def build_optimizer(model: torch.nn.Module, cfg: dict) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    # fused_optimizer: one kernel for the whole update instead of ~a dozen per parameter group (GPU speed;
+    # other last bits than the default, so compare runs that both set it or both do not)
+    fused = {"fused": True} if cfg["fused_optimizer"] else {}
     if cfg["optimizer"] == "adamw":
-        return torch.optim.AdamW(params, lr=cfg["lr"], betas=(0.9, 0.95), weight_decay=cfg["weight_decay"])
+        return torch.optim.AdamW(params, lr=cfg["lr"], betas=(0.9, 0.95), weight_decay=cfg["weight_decay"], **fused)
     if cfg["optimizer"] == "adam":  # note: Adam's weight_decay is L2 in the gradient, not decoupled (§7.3)
-        return torch.optim.Adam(params, lr=cfg["lr"], betas=(0.9, 0.95))
-    return torch.optim.SGD(params, lr=cfg["lr"], momentum=0.9, weight_decay=cfg["weight_decay"])
+        return torch.optim.Adam(params, lr=cfg["lr"], betas=(0.9, 0.95), **fused)
+    return torch.optim.SGD(params, lr=cfg["lr"], momentum=0.9, weight_decay=cfg["weight_decay"], **fused)
 
 
-def describe(cfg: dict, env) -> dict:
+def describe(cfg: dict, env, dataset_size: int) -> dict:
     return {
-        "format_version": runfiles.FORMAT_VERSION, "config": cfg,
+        "format_version": runfiles.FORMAT_VERSION, "config": cfg, "dataset_size": dataset_size,
         "world_size": env.world_size, "backend": env.backend, "device": str(env.device),
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
         "env": {k: v for k, v in os.environ.items()
@@ -82,11 +86,21 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     torch.manual_seed(cfg["seed"] + (env.rank if cfg["seed_mode"] == "article" else 0))
     wl = workloads.build(cfg)
     model = wl.model.to(env.device)
+    # Resume (chapter 08): every rank loads the same checkpoint onto its own device. No RNG state: with
+    # seed_mode=lab nothing in training draws from a generator (randomness is keyed by sample, chapter 04).
+    ckpt_path = resume.find(cfg["resume"], out)
+    state = checkpoint.load_checkpoint(ckpt_path, env.device) if ckpt_path else None
+    start = resume.step_of(ckpt_path, state) if state else 0
+    if state:
+        resume.check(state, cfg, ckpt_path)
+        model.load_state_dict(state["model"])  # before the wrap: DDP then broadcasts what rank 0 loaded
     heart.beat(init_param_hash=runfiles.fingerprint(model))
     if env.distributed:  # DDP: wrapping broadcasts rank 0's parameters and buffers to every rank
         model = ddp.wrap(model, cfg, env.device)
         heart.beat(param_hash_after_wrap=runfiles.fingerprint(model))
     optimizer = build_optimizer(model, cfg)
+    if state:
+        optimizer.load_state_dict(state["optimizer"])
 
     # Which data this process computes: its own rank's stream, or all R emulated ranks' streams.
     R = cfg["emulate_ranks"]
@@ -94,50 +108,62 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     layout_world = env.world_size if env.distributed else R
     loaders = [iter(samplers.make_loader(wl.dataset, r, layout_world, cfg)) for r in layout_ranks]
     rank_buffers = [[b.detach().clone() for b in model.buffers()] for _ in range(R)]  # emulated ranks' own
+    if state:  # the samplers are deterministic streams: skip what the checkpointed steps consumed
+        resume.fast_forward(loaders, resume.skip_micro_batches(state, start, cfg, len(wl.dataset), layout_world))
+        if state.get("rank_buffers") and len(state["rank_buffers"]) == R:
+            rank_buffers = state["rank_buffers"]
 
-    writer = runfiles.MetricsWriter(out / runfiles.METRICS) if env.is_main else None
+    log = None
     if env.is_main:
-        runfiles.write_json(describe(cfg, env), out / runfiles.CONFIG)
+        runfiles.write_json(describe(cfg, env, len(wl.dataset)), out / runfiles.CONFIG)
+        log = steplog.StepLog(out / runfiles.METRICS, cfg["log_sync_every"], cfg["log_every"], cfg["steps"],
+                              kept=resume.kept_metrics(ckpt_path, start) if state else [], attempt=resume.attempt())
         print(f"[train] world_size={env.world_size} backend={env.backend} device={env.device} "
               f"global_batch_size={cfg['global_batch_size']} micro_batch_size={cfg['micro_batch_size']} "
-              f"grad_accum_steps={cfg['grad_accum_steps']} emulate_ranks={R}", flush=True)
+              f"grad_accum_steps={cfg['grad_accum_steps']} emulate_ranks={R}"
+              + (f" resumed from {ckpt_path} (step {start})" if state else ""), flush=True)
     params = [p for p in model.parameters() if p.requires_grad]
     t0 = time.time()
-    for step in range(cfg["steps"]):
+    for step in range(start, cfg["steps"]):
         heart.beat(step=step, phase="step start")
         inject_fault(cfg, env.rank, step)
         heart.beat(phase="forward/backward")  # under DDP the gradient all-reduce runs inside backward
         model.train()
         optimizer.zero_grad(set_to_none=True)
+        local_loss = None
         if R > 1:
             loss = emulated_step(wl, model, loaders, cfg, env.device, rank_buffers)
         else:
-            loss = rank_step(wl, model, loaders[0], cfg, env.device, env.world_size)
+            local_loss = rank_step(wl, model, loaders[0], cfg, env.device, env.world_size)
             heart.beat(phase="all-reduce loss")
-            loss = distenv.all_reduce_mean(loss, env)  # DDP: log the loss of ALL ranks, not rank 0's
+            loss = distenv.all_reduce_mean(local_loss, env)  # DDP: log the loss of ALL ranks, not rank 0's
         # Total grad norm after the all-reduce (identical on every rank); max_norm=inf leaves grads as is.
         max_norm = cfg["grad_clip"] if cfg["grad_clip"] > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
         heart.beat(phase="step done")
-        if writer:
-            # .item() waits for the device: fine at this size, and the log needs real numbers (chapter 08).
-            param_hash = runfiles.fingerprint(model) if cfg["fingerprint"] else None
-            loss_value = loss.item()  # one device sync per step, on rank 0 only
-            writer.write({"step": step, "loss": loss_value, "lr": optimizer.param_groups[0]["lr"],
-                          "grad_norm": grad_norm.item(), "samples": (step + 1) * cfg["global_batch_size"],
-                          "param_hash": param_hash,
-                          "elapsed": round(time.time() - t0, 4)})
-            if step % cfg["log_every"] == 0 or step == cfg["steps"] - 1:
-                print(f"[train] step {step + 1}/{cfg['steps']} loss {loss_value:.6f}", flush=True)
+        if log:  # numbers stay on the device; StepLog copies them to the host every log_sync_every steps
+            log.add(step, {"loss": loss, "local_loss": local_loss, "grad_norm": grad_norm},
+                    lr=optimizer.param_groups[0]["lr"], samples=(step + 1) * cfg["global_batch_size"],
+                    param_hash=runfiles.fingerprint(model) if cfg["fingerprint"] else None)
+        if cfg["checkpoint_every"] and (step + 1) % cfg["checkpoint_every"] == 0:
+            if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
+                ckpt = checkpoint.training_state(model, optimizer, step + 1, cfg, len(wl.dataset), rank_buffers,
+                                                 style=cfg["checkpoint_style"])
+                checkpoint.write_checkpoint(ckpt, checkpoint.checkpoint_path(out, step + 1), cfg["checkpoint_write"],
+                                            die_midway=cfg["fault"] == "kill_in_save" and step == cfg["fault_step"]
+                                            and resume.attempt() == 0)
+            if env.distributed:  # DDP: nobody starts step k+1 before checkpoint k is on disk
+                torch.distributed.barrier()
 
     heart.beat(buffer_hash=runfiles.buffer_fingerprint(model), running_stats=sync_bn.running_stats(model))
     if env.is_main:  # DDP guard: only rank 0 writes; .module drops the `module.` prefix (§5.2)
+        log.close()
         probe = workloads.probe_outputs(ddp.unwrap(model), wl.dataset, env.device)
         checkpoint.save_final(model, out, probe)
-        runfiles.write_json({"steps": cfg["steps"], "final_loss": loss_value, "seconds": time.time() - t0},
-                            out / runfiles.RESULT)
-        writer.close()
+        runfiles.write_json({"steps": cfg["steps"], "final_loss": log.last["loss"] if log.last else None,
+                             "seconds": time.time() - t0, "resumed_from": start if state else None,
+                             "attempt": resume.attempt()}, out / runfiles.RESULT)
     heart.beat(phase="finished")
 
 

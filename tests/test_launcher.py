@@ -6,8 +6,8 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
+from processes import leftovers, nothing_left_within
 
 from lab_utils import elastic_driver, launcher
 from lab_utils.config import ConfigError
@@ -17,33 +17,6 @@ FAST = ["steps=6", "n_samples=256", "log_every=1"]
 # A run that is still training when we stop it; rank 1 ignores SIGTERM from step 2 on (rank 0 then waits for
 # it in the all-reduce), so only a SIGKILL after the grace gets it: a plain SIGTERM to the tree is not enough.
 DEAF = ["steps=100000", "n_samples=256", "fault=ignore_term", "fault_rank=1", "fault_step=2"]
-
-
-def leftovers(run_dir):
-    """Processes whose command line mentions this run: torchrun and its workers carry out_dir=run_dir."""
-    mine = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if any(str(run_dir) in part for part in (p.info["cmdline"] or [])):
-                mine.append(p)
-        except psutil.Error:
-            continue
-    return mine
-
-
-def nothing_left_within(run_dir, seconds: float) -> list[str]:
-    """Wait up to `seconds` for every process of the run to go; kill and name any that stayed."""
-    deadline = time.time() + seconds
-    while (left := leftovers(run_dir)) and time.time() < deadline:
-        time.sleep(0.2)
-    names = []
-    for p in left:  # a failed test must not leave a training job behind for the next one
-        try:
-            names.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
-            p.kill()
-        except psutil.Error:
-            pass
-    return names
 
 
 def wait_until_rank1_is_deaf(run_dir, proc=None, within: float = 300) -> None:

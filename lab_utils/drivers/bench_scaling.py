@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="workshop", choices=("workshop", "cpu"))
     ap.add_argument("--global-batch-size", type=int, help="default: the preset's")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--keys", default="", help="extra key=value pairs for every case, space-separated "
+                    "(e.g. 'fused_optimizer=true')")
+    ap.add_argument("--only", help="comma-separated substrings: run only the cases whose name contains one "
+                    "(the rows a tier is measured against are added)")
     args = ap.parse_args(argv)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     # The fingerprint stays on: it is computed on the device now (runfiles.fingerprint), costs little, and
@@ -56,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000"]
     if args.global_batch_size:
         base.append(f"global_batch_size={args.global_batch_size}")
+    base += args.keys.split()
     cases = [("1 rank fp32", 1, []), ("1 rank bf16", 1, ["amp=bf16"]), ("1 rank accum 4", 1, ["grad_accum_steps=4"]),
              ("1 rank emulated 2 ranks", 1, ["emulate_ranks=2"])]
     two = [("2 ranks fp32", []), ("2 ranks bf16", ["amp=bf16"]),
@@ -67,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     refs = {"1 rank fp32": "1 rank fp32", "1 rank bf16": "1 rank fp32", "1 rank accum 4": "1 rank fp32",
             "1 rank emulated 2 ranks": "1 rank fp32", "2 ranks bf16": "1 rank bf16",
             "2 ranks fp32": "1 rank emulated 2 ranks"}
+    if args.only:
+        wanted = {name for name, _, _ in cases if any(w.strip() in name for w in args.only.split(","))}
+        if not wanted:
+            ap.error(f"--only {args.only!r} matches no case: {', '.join(name for name, _, _ in cases)}")
+        wanted |= {refs.get(name, "1 rank fp32") for name in wanted} | {"1 rank fp32"}
+        wanted |= {"1 rank accum 4"} if any("accum" in name for name in wanted) else set()
+        cases = [c for c in cases if c[0] in wanted]
     rows, dirs = [], {}
     for name, nproc, keys in cases:
         r = launcher.launch(f"bench_scaling_{len(rows)}", nproc, base + keys, timeout=900, progress=False)

@@ -1,0 +1,94 @@
+"""What the order-fixed gradient reduction costs: time per step and bytes per rank, ordered vs stock all-reduce.
+
+    ddp-lab bench hook                          # 2, 4, 8 ranks of the tiny GPT on this box
+    ddp-lab bench hook --ranks 2 --preset workshop --json out.json   # e.g. on two GPUs (NCCL)
+
+For each world size W: the emulated W-rank reference (one process), then W ranks with DDP's stock hook
+(`grad_reduction=allreduce`) and with `grad_reduction=ordered` (lab_utils/ordered_reduce.py). Each row gives
+ms per step after the warm-up, the bytes one rank receives per step for its gradient buckets (bandwidth-optimal
+count: a ring all-reduce 2(W-1)/W·N, an all-gather (W-1)·N; N = 4 bytes x the gradient elements), and the
+parity tier against the emulated reference with its max |Δloss|. Backend `auto`: NCCL where every rank has its
+own GPU, gloo otherwise (then ranks share the CPU cores, and time per step measures that too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .. import launcher, ordered_reduce, parity
+from ..runfiles import read_metrics
+
+
+def ms_per_step(run_dir: Path, warmup: int) -> float:
+    rows = read_metrics(run_dir)
+    first, last = rows[warmup - 1], rows[-1]
+    return 1000 * (last["elapsed"] - first["elapsed"]) / (last["step"] - first["step"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ddp-lab bench hook", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default="2,4,8", help="comma-separated world sizes")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--preset", default="cpu", choices=("cpu", "workshop"))
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        worlds = [int(w) for w in args.ranks.split(",")]
+    except ValueError:
+        ap.error(f"--ranks {args.ranks!r}: expected comma-separated integers, e.g. 2,4,8")
+    if any(w < 2 for w in worlds):
+        ap.error(f"--ranks {args.ranks!r}: every world size must be >= 2")
+    if not 1 <= args.warmup < args.steps:
+        ap.error(f"--warmup {args.warmup} must be >= 1 and < --steps {args.steps}")
+    base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000"]
+    rows = []
+    for w in worlds:
+        ref = launcher.launch(f"bench_hook_emulated_{w}", 1, base + [f"emulate_ranks={w}"], timeout=args.timeout,
+                              progress=False)
+        ref.raise_for_status()
+        n = sum(t.numel() for t in torch.load(ref.run_dir / "model.pt", weights_only=True).values()
+                if t.is_floating_point())
+        for how in ordered_reduce.CHOICES:
+            r = launcher.launch(f"bench_hook_{how}_{w}", w, base + [f"grad_reduction={how}"], timeout=args.timeout,
+                                progress=False)
+            if not r.ok:
+                print(f"{how} at {w} ranks: FAILED\n{r}", file=sys.stderr)
+                rows.append({"ranks": w, "reduction": how, "ms_per_step": None})
+                continue
+            rep = parity.compare(ref.run_dir, r.run_dir)
+            backend = json.loads((r.run_dir / "config.json").read_text())["backend"]
+            rows.append({"ranks": w, "reduction": how, "backend": backend,
+                         "ms_per_step": ms_per_step(r.run_dir, args.warmup),
+                         "bytes_per_rank": ordered_reduce.bytes_per_rank(n, 4, w, how),
+                         "tier": rep.tier, "max_abs_loss_diff": rep.max_abs_loss_diff,
+                         "max_abs_param_diff": rep.max_abs_param_diff})
+            print(f"{how} at {w} ranks: {rows[-1]['ms_per_step']:.1f} ms/step, tier {rep.tier}", file=sys.stderr,
+                  flush=True)
+    print(f"\nbench_hook: preset={args.preset}, {args.steps} steps ({args.warmup} warm-up), "
+          f"{n:,} gradient elements, torch {torch.__version__}; tier and |Δ| against emulate_ranks=W")
+    print(f"{'ranks':>5} {'reduction':>10} {'backend':>8} {'ms/step':>9} {'vs stock':>9} {'MB/rank/step':>13} "
+          f"{'tier':>5} {'max |Δloss|':>12} {'max |Δparam|':>13}")
+    stock = {r["ranks"]: r["ms_per_step"] for r in rows if r["reduction"] == "allreduce"}
+    for r in rows:
+        if r["ms_per_step"] is None:
+            print(f"{r['ranks']:>5} {r['reduction']:>10} FAILED")
+            continue
+        ratio = f"{r['ms_per_step'] / stock[r['ranks']]:.2f}x" if stock.get(r["ranks"]) else "-"
+        print(f"{r['ranks']:>5} {r['reduction']:>10} {r['backend']:>8} {r['ms_per_step']:>9.1f} {ratio:>9} "
+              f"{r['bytes_per_rank'] / 1e6:>13.2f} {r['tier']:>5} {r['max_abs_loss_diff']:>12.1e} "
+              f"{r['max_abs_param_diff']:>13.1e}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+# A patched copy of pytorch/examples distributed/ddp-tutorial-series/multigpu_torchrun.py (BSD-3-Clause,
+# see README.md and LICENSE-pytorch-examples in this folder), made to run on CPU with gloo as well as on
+# GPUs with NCCL, as one process or under torchrun, and instrumented with lab_utils.record.
+#
+# Lines marked `# PATCH:` change the original; lines marked `# RECORD:` are the recorder (what a user adds).
+# The rest is the original's structure. Changes, and why:
+#   - device and backend: gloo on CPU, nccl on GPUs; one process when WORLD_SIZE is unset (the single run);
+#   - MyTrainDataset (from datautils.py, same repository) built from a seeded generator, so every rank holds
+#     the same data (the original draws it from the unseeded global RNG on each rank: different data per rank);
+#   - torch.manual_seed(seed) before the model (the original never seeds: `ddp-lab audit` reports no-seed);
+#   - F.mse_loss instead of F.cross_entropy: with one output, cross_entropy over a single class is identically
+#     0 (log_softmax of one logit is 0), so the original trains nothing and every run would trivially agree;
+#   - the loop stops after `steps` optimizer steps; the per-device batch is global_batch_size // world_size;
+#   - key=value arguments (as `ddp-lab run` / lab_utils.launcher pass them): out_dir, steps, global_batch_size,
+#     n_samples, set_epoch, seed, lr; others are ignored;
+#   - exit with os._exit after the process group is destroyed (the gloo exit race, lab_utils/distenv.py).
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, DataLoader
+
+from torch.utils.data.distributed import DistributedSampler
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed import init_process_group, destroy_process_group
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # RECORD: the lab's package, from a clone
+from lab_utils import record  # noqa: E402  RECORD:
+
+WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))  # PATCH: one process when not under torchrun
+RANK = int(os.environ.get("RANK", "0"))  # PATCH
+DEVICE = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu")  # PATCH
+
+
+class MyTrainDataset(Dataset):  # PATCH: from datautils.py, with a seeded generator and the index returned
+    def __init__(self, size, seed=0):
+        self.size = size
+        g = torch.Generator().manual_seed(seed)
+        self.data = [(torch.rand(20, generator=g), torch.rand(1, generator=g)) for _ in range(size)]
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        return (*self.data[index], index)  # PATCH: the index, so the recorder can log which samples a step saw
+
+
+def ddp_setup():
+    if WORLD_SIZE > 1:  # PATCH
+        init_process_group(backend="nccl" if DEVICE.type == "cuda" else "gloo")  # PATCH
+        if DEVICE.type == "cuda":
+            torch.cuda.set_device(DEVICE)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_data: DataLoader,
+        optimizer: torch.optim.Optimizer,
+        save_every: int,
+        snapshot_path: str,
+        rec: record.Recorder,  # RECORD:
+        steps: int,  # PATCH
+        set_epoch: bool,  # PATCH
+    ) -> None:
+        self.gpu_id = DEVICE  # PATCH
+        self.model = model.to(self.gpu_id)
+        self.train_data = train_data
+        self.optimizer = optimizer
+        self.save_every = save_every
+        self.epochs_run = 0
+        self.snapshot_path = snapshot_path
+        self.rec, self.steps, self.step_no, self.set_epoch = rec, steps, 0, set_epoch  # RECORD: / PATCH
+        if os.path.exists(snapshot_path):
+            print("Loading snapshot")
+            self._load_snapshot(snapshot_path)
+
+        if WORLD_SIZE > 1:  # PATCH
+            self.model = DDP(self.model, device_ids=[self.gpu_id] if DEVICE.type == "cuda" else None)
+
+    def _load_snapshot(self, snapshot_path):
+        snapshot = torch.load(snapshot_path, map_location=DEVICE)
+        self.model.load_state_dict(snapshot["MODEL_STATE"])
+        self.epochs_run = snapshot["EPOCHS_RUN"]
+        print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
+
+    def _run_batch(self, source, targets, idx):
+        self.optimizer.zero_grad()
+        output = self.model(source)
+        loss = F.mse_loss(output, targets)  # PATCH: cross_entropy over one class is always 0
+        loss.backward()
+        self.optimizer.step()
+        self.rec.step(self.step_no, loss, self.model, sample_ids=idx,  # RECORD: every rank, after step()
+                      lr=self.optimizer.param_groups[0]["lr"])
+        self.step_no += 1
+
+    def _run_epoch(self, epoch):
+        b_sz = len(next(iter(self.train_data))[0])
+        if RANK == 0:
+            print(f"[GPU{self.gpu_id}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
+        if self.set_epoch:  # PATCH: a switch, to show what forgetting it does
+            self.train_data.sampler.set_epoch(epoch)
+        for source, targets, idx in self.train_data:
+            if self.step_no >= self.steps:  # PATCH
+                return
+            source = source.to(self.gpu_id)
+            targets = targets.to(self.gpu_id)
+            self._run_batch(source, targets, idx)
+
+    def _save_snapshot(self, epoch):
+        snapshot = {
+            "MODEL_STATE": getattr(self.model, "module", self.model).state_dict(),  # PATCH: also one process
+            "EPOCHS_RUN": epoch,
+        }
+        torch.save(snapshot, self.snapshot_path)
+        print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}")
+
+    def train(self, max_epochs: int):
+        for epoch in range(self.epochs_run, max_epochs):
+            self._run_epoch(epoch)
+            if RANK == 0 and epoch % self.save_every == 0:
+                self._save_snapshot(epoch)
+            if self.step_no >= self.steps:  # PATCH
+                return
+
+
+def load_train_objs(n_samples, lr, seed):
+    train_set = MyTrainDataset(n_samples)  # load your dataset
+    torch.manual_seed(seed)  # PATCH: the same initial weights in every run and on every rank
+    model = torch.nn.Linear(20, 1)  # load your model
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    return train_set, model, optimizer
+
+
+def prepare_dataloader(dataset: Dataset, batch_size: int, seed: int):
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        pin_memory=DEVICE.type == "cuda",  # PATCH
+        shuffle=False,
+        sampler=DistributedSampler(dataset, num_replicas=WORLD_SIZE, rank=RANK, seed=seed)  # PATCH: also 1 process
+    )
+
+
+def main(keys: dict):
+    ddp_setup()
+    steps, gbs = int(keys.get("steps", 8)), int(keys.get("global_batch_size", 16))
+    n_samples, seed = int(keys.get("n_samples", 0) or 64), int(keys.get("seed", 0))
+    dataset, model, optimizer = load_train_objs(n_samples, float(keys.get("lr", 0.05)), seed)
+    rec = record.Recorder(keys["out_dir"], model, global_batch_size=gbs, n_samples=n_samples,  # RECORD:
+                          config={"script": "multigpu_torchrun_recorded.py", "seed": seed,
+                                  "set_epoch": keys.get("set_epoch", "true") == "true"})
+    train_data = prepare_dataloader(dataset, gbs // WORLD_SIZE, seed)
+    trainer = Trainer(model, train_data, optimizer, 10**9, os.path.join(keys["out_dir"], "snapshot.pt"), rec,
+                      steps, keys.get("set_epoch", "true") == "true")
+    trainer.train(10**6)
+    rec.close(trainer.model)  # RECORD: rank 0 writes model.pt and result.json
+    if WORLD_SIZE > 1:
+        destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg))  # PATCH: key=value, as the lab passes
+    sys.stdout.flush()
+    os._exit(0)  # PATCH: skip interpreter finalization (gloo's exit race, lab_utils/distenv.exit_process)
