@@ -108,8 +108,10 @@ def same_records(a: Path, b: Path, fields=("step", "loss", "grad_norm", "param_h
 # ---------------------------------------------------------------- 5.2 checkpoints
 def hang_spec(name: str, where: str = "inside", timeout: float = 20) -> tuple:
     """A launch_many spec: scripts/probes/rank0_collective.py with the barrier `inside` or `outside` the
-    `if rank == 0`. pg_timeout is longer than the launcher's timeout, so the launcher stops it and reports."""
-    return (name, 2, {"steps": 5, "pg_timeout": 120},
+    `if rank == 0`. pg_timeout is longer than the launcher's timeout, so the launcher stops it and reports.
+    Always gloo on CPU: NCCL's barrier is itself a one-element all-reduce, which can pair with the other rank's
+    one-element loss all-reduce and move the hang elsewhere; the lesson (who waits where) is the program's."""
+    return (name, 2, {"steps": 5, "pg_timeout": 120, "backend": "gloo", "device": "cpu"},
             {"timeout": timeout, "script": PROBES / "rank0_collective.py", "extra_env": {"LAB_RANK0_BARRIER": where}})
 
 
@@ -179,7 +181,9 @@ def checkpoint_summary(path: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- 5.3 metrics
 def eval_spec(name: str, nproc: int, model_pt: Path, keys: dict, n: int = 101) -> tuple:
     """A launch_many spec: scripts/probes/eval_probe.py, every rank loads `model_pt` and evaluates its shard
-    of the first n samples."""
+    of the first n samples. On CPU with gloo everywhere: the lesson is counting, and on a GPU the kernels
+    picked per batch shape could flip a near-tie prediction between the 1- and 2-rank evaluations."""
+    keys = dict(keys, device="cpu", backend="gloo")
     return (name, nproc, keys, {"script": PROBES / "eval_probe.py",
                                 "extra_env": {"LAB_EVAL_MODEL": str(model_pt), "LAB_EVAL_N": str(n)}})
 

@@ -91,15 +91,17 @@ def grep_run(run_dir: str | Path, pattern: str) -> list[str]:
     return [line for log in run_logs(run_dir) for line in grep(log, pattern)]
 
 
-def mismatch_runs(prefix: str, backend: str, timeout: float, pg_timeout: float = 10) -> dict:
+def mismatch_runs(prefix: str, timeout: float, pg_timeout: float = 10) -> dict:
     """The mismatch probe, all at once: rank 1 with a wrong shape under TORCH_DISTRIBUTED_DEBUG=DETAIL
     (`shape_DETAIL`) and without it (`shape_OFF`), and rank 1 stuck before the all_reduce so that rank 0 waits in
-    it until `pg_timeout` (`stuck`). Returns {key: RunResult}."""
+    it until `pg_timeout` (`stuck`). Returns {key: RunResult}. Always gloo on CPU, so every box shows the same
+    errors: NCCL does not check sizes itself (not measured here on GPUs), and its watchdog has its own timing."""
     specs = {"shape_DETAIL": ("shape", "DETAIL", 60), "shape_OFF": ("shape", "OFF", 60),
              "stuck": ("stuck", "OFF", pg_timeout)}
 
     def one(key, mode, debug, pg):
-        return launcher.launch(f"{prefix}_{key}", 2, {"steps": 1, "backend": backend, "pg_timeout": pg},
+        return launcher.launch(f"{prefix}_{key}", 2, {"steps": 1, "backend": "gloo", "device": "cpu",
+                                                      "pg_timeout": pg},
                                timeout=timeout, progress=False, script=MISMATCH_PROBE,
                                extra_env={"LAB_MISMATCH": mode, "TORCH_DISTRIBUTED_DEBUG": debug})
 
@@ -156,7 +158,7 @@ def first_wave(prefix: str, keys: dict, timeout: float, stall_timeout: float = 2
         clash = pool.submit(port_clash, prefix, keys, timeout, stall_timeout)
         two_node = pool.submit(launcher.launch, f"{prefix}_two_node", 1, keys, timeout=timeout, progress=False,
                                nnodes=2)
-        mm = pool.submit(mismatch_runs, f"{prefix}_mm", keys.get("backend", "auto"), timeout, pg_timeout)
+        mm = pool.submit(mismatch_runs, f"{prefix}_mm", timeout, pg_timeout)
         out = clash.result()
         out["two_node"], out["mm"] = two_node.result(), mm.result()
     for key in ("hang", "clash", "standalone", "two_node"):

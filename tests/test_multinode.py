@@ -141,7 +141,7 @@ def test_fixed_master_port_clashes_and_standalone_does_not(runs_dir):
 
 
 def test_detail_names_mismatched_collectives_and_pg_timeout_blames_the_waiter(runs_dir):
-    out = launch_lessons.mismatch_runs("mm", "gloo", timeout=300, pg_timeout=8)
+    out = launch_lessons.mismatch_runs("mm", timeout=300, pg_timeout=8)
     shape = out["shape_DETAIL"]
     assert shape.status == "crashed" and launch_lessons.MISMATCH_ERROR in shape.message, str(shape)
     assert "TensorShape=[4]" in shape.message and "TensorShape=[5]" in shape.message
