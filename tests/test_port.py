@@ -16,8 +16,8 @@ def test_diff_shows_the_ddp_lines():
     assert any("model = ddp.wrap(model, cfg, env.device)" in ln for ln in added)
     assert any("dist.all_reduce(" in ln for ln in added)
     assert any("dist.init_process_group(" in ln for ln in added)
-    assert any("return DDP(model" in ln for ln in added)
-    assert any("all_reduce_mean(loss, env)" in ln for ln in added)
+    assert any("wrapped = DDP(model" in ln for ln in added)
+    assert any("all_reduce_mean(local_loss, env)" in ln for ln in added)
     # every hunk header names a real line of a real file, and that line is the hunk's first DDP-side line
     for rel, lineno in re.findall(r"^@@ (\S+):(\d+) @@$", diff, flags=re.M):
         assert 1 <= int(lineno) <= len((port.REPO / rel).read_text().splitlines())
