@@ -150,8 +150,10 @@ def grouped() -> dict[str, list[str]]:
 # 2 ranks with a repeated sample and the epoch-boundary step's batch differs from the single run's (measured on
 # an H200: tier 1 from step 7 = the first boundary; docs/measured/h200/workshop_tiers.txt). A multiple of the
 # world size (and of the global batch) keeps every step's samples identical at 1, 2, 4 or 8 ranks.
+# log_sync_every 10: the logged numbers (and the fingerprints) reach the host in one copy per 10 steps, so the
+# host is not made to wait for the GPU at every step's end (chapter 08; cost measured by `ddp-lab bench scaling`).
 WORKSHOP = {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384, "global_batch_size": 256,
-            "n_samples": 1792, "lr": 1e-3, "steps": 100, "log_every": 20}
+            "n_samples": 1792, "lr": 1e-3, "steps": 100, "log_every": 20, "log_sync_every": 10}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -111,6 +111,34 @@ def _multipliers(n: int, device: torch.device) -> torch.Tensor:
     return _MULTIPLIERS[key]
 
 
+class PendingFingerprint:
+    """A fingerprint whose one device-to-host copy has not happened yet: `total` is the 0-d int64 device sum,
+    `structure` the names, shapes and dtypes. StepLog copies many of these to the host in its one batched
+    transfer, so fingerprinting every step costs a handful of kernels and no sync of its own."""
+
+    def __init__(self, total: torch.Tensor, structure: str):
+        self.total, self.structure = total, structure
+
+    def hex(self, total: int | None = None) -> str:
+        """The 16-hex fingerprint; `total`: the sum already copied to the host (else copied here: a sync)."""
+        value = int(self.total.cpu()) if total is None else int(total)
+        h = hashlib.sha256(value.to_bytes(8, "little", signed=True))
+        h.update(self.structure.encode())
+        return h.hexdigest()[:16]
+
+
+def pending_fingerprint(model: torch.nn.Module) -> PendingFingerprint | None:
+    """`fingerprint`'s device half: the position-weighted int64 sum of every parameter's bits, left on the
+    device (None for a model without parameters)."""
+    named = sorted((getattr(model, "module", model)).named_parameters())
+    if not named:
+        return None
+    bits = torch.cat([p.detach().reshape(-1).view(_INT_OF_SIZE[p.element_size()]).to(torch.int64)
+                      for _, p in named])
+    total = (bits * _multipliers(bits.numel(), bits.device)).sum()
+    return PendingFingerprint(total, "".join(f"{name}:{tuple(p.shape)}:{p.dtype};" for name, p in named))
+
+
 def fingerprint(model: torch.nn.Module) -> str:
     """A 64-bit (16 hex) fingerprint of every parameter's exact bits, in name order, computed on the device.
 
@@ -120,18 +148,10 @@ def fingerprint(model: torch.nn.Module) -> str:
     changes it (several changed bits cancel only by a 1-in-2**64 accident). Why not sha256 of the bytes: that
     copies every parameter to the host each step, which cost 81 ms of a 41 ms workshop step on an H200
     (docs/measured/h200/overhead_sha256_fingerprint.txt). This costs a handful of kernels and one 8-byte
-    device-to-host copy.
+    device-to-host copy (which train.py's StepLog batches with the logged numbers: `pending_fingerprint`).
     """
-    named = sorted((getattr(model, "module", model)).named_parameters())
-    if not named:
-        return hashlib.sha256(b"").hexdigest()[:16]
-    bits = torch.cat([p.detach().reshape(-1).view(_INT_OF_SIZE[p.element_size()]).to(torch.int64)
-                      for _, p in named])
-    total = (bits * _multipliers(bits.numel(), bits.device)).sum().cpu()  # the one device-to-host copy
-    h = hashlib.sha256(total.numpy().tobytes())
-    for name, p in named:  # the structure too: names, shapes, dtypes
-        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
-    return h.hexdigest()[:16]
+    pending = pending_fingerprint(model)
+    return pending.hex() if pending else hashlib.sha256(b"").hexdigest()[:16]
 
 
 def buffer_fingerprint(model: torch.nn.Module) -> str:

@@ -35,7 +35,8 @@ class StepLog:
         self.last: dict | None = kept[-1] if kept else None
 
     def add(self, step: int, tensors: dict[str, torch.Tensor | None], **values) -> None:
-        """tensors: 0-d device tensors (loss, grad_norm, ...; None allowed), copied later; values: host data."""
+        """tensors: 0-d device tensors (loss, grad_norm, ...; None allowed), copied later; values: host data
+        (param_hash may be a runfiles.PendingFingerprint: resolved in the same batched copy)."""
         # wall: the clock time, for timelines across restarts (chapter 11), which `elapsed` deliberately skips
         values.update(step=step, attempt=self.attempt, elapsed=round(time.time() - self.t0, 4),
                       wall=round(time.time(), 4))
@@ -48,12 +49,20 @@ class StepLog:
             return
         names = [(i, k) for i, (_, t, _) in enumerate(self.pending) for k, v in t.items() if v is not None]
         flat = [self.pending[i][1][k].detach().float().reshape(()) for i, k in names]
+        # Parameter fingerprints (runfiles.PendingFingerprint) ride along: int64, so a second stack, same sync.
+        prints = [i for i, (_, _, v) in enumerate(self.pending)
+                  if isinstance(v.get("param_hash"), runfiles.PendingFingerprint)]
         host = torch.stack(flat).cpu().tolist() if flat else []  # the one device-to-host copy (and sync)
+        totals = torch.stack([self.pending[i][2]["param_hash"].total for i in prints]).cpu().tolist() \
+            if prints else []
         got = {ik: v for ik, v in zip(names, host, strict=True)}
+        hashes = {i: self.pending[i][2]["param_hash"].hex(t) for i, t in zip(prints, totals, strict=True)}
         for i, (step, tensors, values) in enumerate(self.pending):
             record = {"step": step}
             record.update({k: got.get((i, k)) for k in tensors})
             record.update(values)
+            if i in hashes:
+                record["param_hash"] = hashes[i]
             self.writer.write(record)
             self.last = record
             if step % self.log_every == 0 or step == self.total - 1:

@@ -145,7 +145,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         if log:  # numbers stay on the device; StepLog copies them to the host every log_sync_every steps
             log.add(step, {"loss": loss, "local_loss": local_loss, "grad_norm": grad_norm},
                     lr=optimizer.param_groups[0]["lr"], samples=(step + 1) * cfg["global_batch_size"],
-                    param_hash=runfiles.fingerprint(model) if cfg["fingerprint"] else None)
+                    param_hash=runfiles.pending_fingerprint(model) if cfg["fingerprint"] else None)
         if cfg["checkpoint_every"] and (step + 1) % cfg["checkpoint_every"] == 0:
             if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
                 ckpt = checkpoint.training_state(model, optimizer, step + 1, cfg, len(wl.dataset), rank_buffers,

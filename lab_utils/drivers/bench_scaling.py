@@ -24,9 +24,19 @@ from ..runfiles import read_metrics
 
 
 def tokens_per_s(run_dir: Path, warmup: int) -> float:
-    rows = read_metrics(run_dir)
+    """Tokens per second between two records whose `elapsed` was taken right after the GPU caught up.
+    The host waits for the GPU only when StepLog copies the logged numbers (and the batched parameter
+    fingerprints) to the host, every log_sync_every steps; between those a record's clock can run ahead of
+    the GPU by up to the kernel queue. The records of the steps right after a copy (step % log_sync_every
+    == 0) are the ones taken after a sync, so only those are used."""
     cfg = json.loads((run_dir / "config.json").read_text())["config"]
-    first, last = rows[warmup - 1], rows[-1]
+    rows = read_metrics(run_dir)
+    every = cfg["log_sync_every"]
+    synced = [r for r in rows if r["step"] % every == 0 and r["step"] >= warmup - 1]
+    if len(synced) < 2:
+        raise ValueError(f"{run_dir}: fewer than 2 synced records after {warmup} warm-up steps "
+                         f"(log_sync_every={every}): run more steps")
+    first, last = synced[0], synced[-1]
     tokens = (last["samples"] - first["samples"]) * cfg["block_size"]
     return tokens / (last["elapsed"] - first["elapsed"])
 
@@ -41,6 +51,13 @@ def flops_per_token(cfg: dict, n_params: int) -> float:
     return 6 * n_params + 12 * cfg["n_layer"] * cfg["block_size"] * cfg["n_embd"]
 
 
+# The host work the lab adds to every step, switched off: the per-step parameter fingerprint (a few kernels; its
+# 8 bytes ride in StepLog's batched copy) and the copy of the logged numbers (one per 10 steps, the workshop
+# preset's own setting). The "lab overhead off" rows against their plain rows give what that work costs
+# (target: < 5% of a step); the "log_sync_every=1" rows what a `.item()`-style sync every step costs.
+LAB_OFF = ["fingerprint=false", "log_sync_every=10"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ddp-lab bench scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", default="", help="extra key=value pairs for every case, space-separated "
                     "(e.g. 'fused_optimizer=true')")
     ap.add_argument("--only", help="comma-separated substrings: run only the cases whose name contains one "
-                    "(the rows a tier is measured against are added)")
+                    "('=NAME': exactly that case; the rows a tier is measured against are added)")
     args = ap.parse_args(argv)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     # The fingerprint stays on: it is computed on the device now (runfiles.fingerprint), costs little, and
@@ -62,22 +79,28 @@ def main(argv: list[str] | None = None) -> int:
         base.append(f"global_batch_size={args.global_batch_size}")
     base += args.keys.split()
     cases = [("1 rank fp32", 1, []), ("1 rank bf16", 1, ["amp=bf16"]), ("1 rank accum 4", 1, ["grad_accum_steps=4"]),
-             ("1 rank emulated 2 ranks", 1, ["emulate_ranks=2"])]
+             ("1 rank emulated 2 ranks", 1, ["emulate_ranks=2"]), ("1 rank fp32, lab overhead off", 1, LAB_OFF),
+             ("1 rank fp32, log_sync_every=1", 1, ["log_sync_every=1"])]
     two = [("2 ranks fp32", []), ("2 ranks bf16", ["amp=bf16"]),
            ("2 ranks accum 4, no_sync", ["grad_accum_steps=4", "no_sync=true"]),
            ("2 ranks accum 4, sync every micro", ["grad_accum_steps=4", "no_sync=false"]),
            ("2 ranks bucket view", ["gradient_as_bucket_view=true"]),
-           ("2 ranks bucket_cap_mb=1", ["bucket_cap_mb=1"])]
+           ("2 ranks bucket_cap_mb=1", ["bucket_cap_mb=1"]),
+           ("2 ranks fp32, lab overhead off", LAB_OFF), ("2 ranks fp32, log_sync_every=1", ["log_sync_every=1"])]
     cases += [(name, 2, keys) for name, keys in two]
     refs = {"1 rank fp32": "1 rank fp32", "1 rank bf16": "1 rank fp32", "1 rank accum 4": "1 rank fp32",
             "1 rank emulated 2 ranks": "1 rank fp32", "2 ranks bf16": "1 rank bf16",
             "2 ranks fp32": "1 rank emulated 2 ranks"}
     if args.only:
-        wanted = {name for name, _, _ in cases if any(w.strip() in name for w in args.only.split(","))}
+        picks = [w.strip() for w in args.only.split(",")]
+        wanted = {name for name, _, _ in cases
+                  if any(name == w[1:] if w.startswith("=") else w in name for w in picks)}
         if not wanted:
             ap.error(f"--only {args.only!r} matches no case: {', '.join(name for name, _, _ in cases)}")
         wanted |= {refs.get(name, "1 rank fp32") for name in wanted} | {"1 rank fp32"}
         wanted |= {"1 rank accum 4"} if any("accum" in name for name in wanted) else set()
+        wanted |= {"1 rank fp32, lab overhead off"} if any("overhead" in name for name in wanted) else set()
+        wanted |= {"1 rank fp32, log_sync_every=1"} if any("every=1" in name for name in wanted) else set()
         cases = [c for c in cases if c[0] in wanted]
     rows, dirs = [], {}
     for name, nproc, keys in cases:
@@ -110,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':<36} {'ranks':>5} {'backend':>8} {'tokens/s':>12} {'vs 1 rank':>10} {'MFU':>6}  tier (vs)")
     for row in rows:
         tps = row["tokens_per_s"]
-        single = "1 rank bf16" if "bf16" in row["case"] else "1 rank accum 4" if "accum" in row["case"] \
-            else "1 rank fp32"
+        single = ("1 rank bf16" if "bf16" in row["case"] else "1 rank accum 4" if "accum" in row["case"]
+                  else "1 rank fp32, lab overhead off" if "overhead" in row["case"]
+                  else "1 rank fp32, log_sync_every=1" if "every=1" in row["case"] else "1 rank fp32")
         ratio = f"{tps / ref_tps[single]:.2f}x" if tps and ref_tps.get(single) and row["nproc"] > 1 else "-"
         note = " (shared device: no scaling)" if shared and row["nproc"] > 1 else ""
         mfu = f"{row['mfu']:.1%}" if tps else "-"
@@ -121,6 +145,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"{row['max_abs_loss_diff_vs_1_rank_fp32']:.1e})")
         print(f"{row['case']:<36} {row['nproc']:>5} {row.get('backend', '-'):>8} "
               f"{(f'{tps:,.0f}' if tps else 'FAILED'):>12} {ratio:>10} {mfu:>6}  {tier}{note}")
+    for ranks in ("1 rank", "2 ranks"):  # what the lab's own per-step host work costs: the same run on and off
+        on, off = ref_tps.get(f"{ranks} fp32"), ref_tps.get(f"{ranks} fp32, lab overhead off")
+        if on and off:
+            print(f"lab overhead ({' '.join(LAB_OFF)} vs on), {ranks}: {1 - on / off:.1%} of a step")
+        every_step = ref_tps.get(f"{ranks} fp32, log_sync_every=1")
+        if on and every_step:
+            print(f"a host sync every step (log_sync_every=1 vs the run's own), {ranks}: "
+                  f"{1 - every_step / on:+.1%} of a step")
     if shared:
         print("fewer than 2 GPUs: the 2-rank rows share one device over gloo and measure no scaling")
     if args.json:
