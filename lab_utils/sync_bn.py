@@ -195,7 +195,12 @@ class RankOrderedSum:
 
         def target(r: int) -> None:
             try:
-                results[r] = fn(r)
+                # On CUDA the autograd engine runs every backward on ONE worker thread per device, whatever
+                # thread called it: rank 0's sync-BN backward would wait at the barrier for rank 1's backward,
+                # queued behind it on that same thread (a deadlock, measured on an H200: BrokenBarrierError
+                # after the timeout). Off (thread-local), each rank's backward runs on its own thread, as on CPU.
+                with torch.autograd.set_multithreading_enabled(False):
+                    results[r] = fn(r)
             except BaseException as e:  # noqa: BLE001 - re-raised below on the calling thread
                 errors.append(e)
                 self.barrier.abort()

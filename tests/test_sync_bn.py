@@ -69,7 +69,7 @@ def test_convert_swaps_every_batchnorm_and_shares_its_tensors():
 
 def _split_in_threads(ref, lab_template, x, w, world):
     """`world` emulated ranks on threads, each with its own replica and slice, meeting in RankOrderedSum."""
-    group = RankOrderedSum(world)
+    group = RankOrderedSum(world, timeout=30)
     reps = [LabSyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(lab_template), group.for_rank(r))
             for r in range(world)]
     n = x.shape[0] // world
@@ -77,11 +77,15 @@ def _split_in_threads(ref, lab_template, x, w, world):
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs]), reps
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_emulated_ranks_in_threads_equal_one_batchnorm_over_the_whole_batch(world):
-    ref, lab = _bn_pair(nn.BatchNorm2d, 3)
-    x = torch.randn(6, 3, 4, 4, dtype=torch.float64) + 2
-    w = torch.randn(6, 3, 4, 4, dtype=torch.float64)
+# On CUDA the backward used to deadlock: the autograd engine ran every thread's backward on one per-device
+# worker thread, so rank 0's backward waited at the barrier for rank 1's, queued behind it (chapter 07 on two
+# H200s). The cuda case is that regression test; it runs wherever CUDA is.
+@pytest.mark.parametrize("world,device", [(2, "cpu"), (3, "cpu"), pytest.param(
+    2, "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="the deadlock needs CUDA"))])
+def test_emulated_ranks_in_threads_equal_one_batchnorm_over_the_whole_batch(world, device):
+    ref, lab = (m.to(device) for m in _bn_pair(nn.BatchNorm2d, 3))
+    x = torch.randn(6, 3, 4, 4, dtype=torch.float64).to(device) + 2
+    w = torch.randn(6, 3, 4, 4, dtype=torch.float64).to(device)
     y, dx, reps = _split_in_threads(ref, lab, x, w, world)
     y_ref, dx_ref = _fwd_bwd(ref, x, w)
     torch.testing.assert_close(y, y_ref, rtol=0, atol=1e-12)
