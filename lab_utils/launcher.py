@@ -25,6 +25,7 @@ runs); `RunResult.command_line` is the equivalent `torchrun ...` line, to copy. 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -307,11 +308,36 @@ def _prepare_folder(run_dir: Path, nproc: int) -> Path:  # nproc: 1 means one pl
     return log_dir
 
 
+def bytecode_cache(environ: dict | None = None) -> Path | None:
+    """A folder for the ranks' compiled bytecode, when torch is installed without any (None otherwise).
+
+    Python compiles a module's source on every import unless it finds its bytecode (.pyc). A torch installed
+    with no __pycache__, on a box that also sets PYTHONDONTWRITEBYTECODE=1, makes every process compile ~1,600
+    torch modules from source: on the two-H200 box (torch 2.11, docs/measured/h200x2/launch_cost.txt) that was
+    5.95 s of a 1-step run's 11.9 s, and `import torch` + the first CUDA tensor took 5.4-8.9 s against 3.2 s
+    with a cache. Each launch starts 1 + N such processes. The ranks then get PYTHONPYCACHEPREFIX=this folder
+    (the source tree stays untouched, which is what PYTHONDONTWRITEBYTECODE protects) and may write there.
+    LAB_BYTECODE_CACHE=off keeps the box's setting. Compiled bytecode runs the same code: no number changes.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("LAB_BYTECODE_CACHE", "auto") == "off" or environ.get("PYTHONPYCACHEPREFIX"):
+        return None
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None or (Path(spec.origin).parent / "__pycache__").is_dir():
+        return None  # torch's own bytecode is there: Python reads it (a prefix would make it compile again)
+    base = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "ddp-parity-lab" / "pycache"
+
+
 def _environment(cfg: dict, log_dir: Path, nproc: int, extra_env: dict | None, max_restarts: int = 0) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                # Set explicitly: torchrun would force 1 thread (and print a notice) only when nproc > 1,
                # and a different thread count can change float results between the runs we compare.
                OMP_NUM_THREADS=str(cfg["threads"]))
+    cache = bytecode_cache(env)
+    if cache:
+        env["PYTHONPYCACHEPREFIX"] = str(cache)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
     if max_restarts:
         # torch 2.13's c10d rendezvous reuses one TCPStore across restart rounds with no per-round prefix for
         # the workers' keys, so a restarted gloo rank can read its peer's address from the attempt before and

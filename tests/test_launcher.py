@@ -218,3 +218,28 @@ def test_half_written_error_file_is_read_as_no_file(tmp_path):
     doc = elastic_driver.write_failures(tmp_path, failures)
     assert doc["root_cause"] == 1 and "SIGKILL" in doc["reason"]
     assert doc["failures"][0]["error_file"] is None and doc["failures"][0]["signal"] == "SIGTERM"
+
+
+def test_ranks_get_a_bytecode_cache_only_when_torch_ships_without_one(tmp_path, monkeypatch):
+    """launcher.bytecode_cache: the two-H200 box had torch with no __pycache__ and PYTHONDONTWRITEBYTECODE=1,
+    so every rank compiled torch from source. The ranks then get a cache folder; otherwise nothing changes."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    bare = tmp_path / "site" / "torch"  # a torch folder with no bytecode next to its source
+    bare.mkdir(parents=True)
+    (bare / "__init__.py").write_text("")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: SimpleNamespace(origin=str(bare / "__init__.py"))
+                        if name == "torch" else real_find_spec(name, *a))
+    box = {"PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert launcher.bytecode_cache(box) == tmp_path / "cache" / "ddp-parity-lab" / "pycache"
+    assert launcher.bytecode_cache({**box, "LAB_BYTECODE_CACHE": "off"}) is None
+    assert launcher.bytecode_cache({**box, "PYTHONPYCACHEPREFIX": "/elsewhere"}) is None  # the user's own wins
+    monkeypatch.setattr(launcher.os, "environ", box)
+    env = launcher._environment({"threads": 1}, tmp_path / "logs", 2, None)
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "cache" / "ddp-parity-lab" / "pycache")
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    (bare / "__pycache__").mkdir()  # bytecode next to the source: Python reads it, a prefix would hide it
+    assert launcher.bytecode_cache(box) is None
+    assert "PYTHONPYCACHEPREFIX" not in launcher._environment({"threads": 1}, tmp_path / "logs", 2, None)
