@@ -27,6 +27,10 @@ def facts(nproc: int = 2) -> dict:
         "cpu_cores": os.cpu_count(),
         "device": str(device),
         "backend_auto": distenv.pick_backend("auto", device, nproc),
+        # A torch without compiled bytecode makes every rank compile it from source (~6 s a process on the
+        # two-H200 box): launcher.bytecode_cache says where the ranks keep theirs then.
+        "bytecode": (f"torch has none compiled; ranks cache theirs in {cache}" if (cache := launcher.bytecode_cache())
+                     else "torch's own (or PYTHONPYCACHEPREFIX / LAB_BYTECODE_CACHE=off)"),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
     }
 

@@ -76,6 +76,21 @@ class Heartbeat:
         write_json(self.state, self.path)
 
 
+def synced_span(run_dir: Path, warmup: int) -> tuple[dict, dict]:
+    """The first and last metrics records, after `warmup` steps, whose `elapsed` was taken right after the
+    GPU caught up: benchmarks time the steps between them (ddp-lab bench scaling / hook).
+    The host waits for the GPU only when StepLog copies the logged numbers (and the batched parameter
+    fingerprints) to the host, every log_sync_every steps; in between a record's clock can run ahead of the
+    GPU by up to the kernel queue. The records of the steps right after a copy (step % log_sync_every == 0)
+    are the ones taken after a sync. On CPU every record is (there is no queue), and these are a subset."""
+    every = read_config(run_dir)["config"]["log_sync_every"]
+    synced = [r for r in read_metrics(run_dir) if r["step"] % every == 0 and r["step"] >= warmup - 1]
+    if len(synced) < 2:
+        raise ValueError(f"{run_dir}: fewer than 2 synced records after {warmup} warm-up steps "
+                         f"(log_sync_every={every}): run more steps")
+    return synced[0], synced[-1]
+
+
 class MetricsWriter:
     """Appends one line per step and flushes it, so the launcher's progress bar and a reader of a crashed
     run see every step that finished."""

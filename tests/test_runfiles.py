@@ -42,3 +42,18 @@ def test_heartbeat_rejects_a_phase_the_launcher_does_not_know(tmp_path):
     assert runfiles.read_heartbeats(tmp_path)[0]["phase"] == "forward/backward"
     with pytest.raises(ValueError, match="PHASES"):
         beat.beat(phase="somewhere new")
+
+
+def test_synced_span_times_only_records_taken_after_a_host_sync(tmp_path):
+    """Benchmarks time the steps between two records taken right after StepLog's copy (the only host sync):
+    with log_sync_every=10 those are steps 10, 20, ...; another record's clock can run ahead of the GPU."""
+    import json
+
+    from lab_utils.runfiles import synced_span
+
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"log_sync_every": 10}}))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "elapsed": s}) + "\n" for s in range(35)))
+    first, last = synced_span(tmp_path, warmup=5)
+    assert (first["step"], last["step"]) == (10, 30)
+    with pytest.raises(ValueError, match="fewer than 2 synced records"):
+        synced_span(tmp_path, warmup=25)

@@ -21,12 +21,11 @@ from pathlib import Path
 import torch
 
 from .. import launcher, ordered_reduce, parity
-from ..runfiles import read_metrics
+from ..runfiles import synced_span
 
 
 def ms_per_step(run_dir: Path, warmup: int) -> float:
-    rows = read_metrics(run_dir)
-    first, last = rows[warmup - 1], rows[-1]
+    first, last = synced_span(run_dir, warmup)
     return 1000 * (last["elapsed"] - first["elapsed"]) / (last["step"] - first["step"])
 
 

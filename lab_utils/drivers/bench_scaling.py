@@ -20,23 +20,12 @@ from pathlib import Path
 import torch
 
 from .. import launcher, parity
-from ..runfiles import read_metrics
+from ..runfiles import synced_span
 
 
 def tokens_per_s(run_dir: Path, warmup: int) -> float:
-    """Tokens per second between two records whose `elapsed` was taken right after the GPU caught up.
-    The host waits for the GPU only when StepLog copies the logged numbers (and the batched parameter
-    fingerprints) to the host, every log_sync_every steps; between those a record's clock can run ahead of
-    the GPU by up to the kernel queue. The records of the steps right after a copy (step % log_sync_every
-    == 0) are the ones taken after a sync, so only those are used."""
     cfg = json.loads((run_dir / "config.json").read_text())["config"]
-    rows = read_metrics(run_dir)
-    every = cfg["log_sync_every"]
-    synced = [r for r in rows if r["step"] % every == 0 and r["step"] >= warmup - 1]
-    if len(synced) < 2:
-        raise ValueError(f"{run_dir}: fewer than 2 synced records after {warmup} warm-up steps "
-                         f"(log_sync_every={every}): run more steps")
-    first, last = synced[0], synced[-1]
+    first, last = synced_span(run_dir, warmup)
     tokens = (last["samples"] - first["samples"]) * cfg["block_size"]
     return tokens / (last["elapsed"] - first["elapsed"])
 
