@@ -66,15 +66,22 @@ def run(name: str, nproc: int, p: Params, quiet: bool = False, max_restarts: int
     return result.raise_for_status()
 
 
+def workers(max_workers: int, n_runs: int) -> int:
+    """How many launches overlap: `max_workers` is sized for 2 CPU cores (the CI box); a box with more cores runs
+    up to one launch per 4 cores. On a GPU box a launch is mostly process start-up (python, torch, a CUDA
+    context: 11-14 s on the two-H200 box against ~2 s of training), which more cores absorb."""
+    return max(1, min(n_runs, max(max_workers, (os.cpu_count() or 2) // 4)))
+
+
 def run_many(specs: dict[str, tuple[str, int, dict]], p: Params, max_workers: int = 3
              ) -> dict[str, launcher.RunResult]:
     """Launch independent runs at once: `specs` = {key: (run name, nproc, keys[, max_restarts])}; returns
-    {key: RunResult}.
+    {key: RunResult}. `max_workers`: how many at once on 2 cores (more where there are more: `workers`).
     Each training process uses one thread and a fixed reduction order, so overlapping runs changes their wall
     time, never their numbers. Prints each command; raises with the first failing rank's traceback."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+    with ThreadPoolExecutor(max_workers=workers(max_workers, len(specs))) as pool:
         futures = {key: pool.submit(run, spec[0], spec[1], p, True, *spec[3:], **spec[2])
                    for key, spec in specs.items()}
     results = {key: f.result() for key, f in futures.items()}

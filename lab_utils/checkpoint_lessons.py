@@ -11,7 +11,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import checkpoint, launcher, resume, runfiles
+from . import chapter, checkpoint, launcher, resume, runfiles
 from .runfiles import REPO
 
 PROBES = REPO / "scripts" / "probes"
@@ -27,7 +27,7 @@ def launch_many(specs: dict[str, tuple], p, max_workers: int = 3) -> dict[str, l
     """{key: (run name, nproc, keys[, launch kwargs])} launched at once (each process one thread, so overlap
     changes wall time, not numbers). Failures are returned, not raised: some runs here are meant to fail.
     Prints each command and its status."""
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+    with ThreadPoolExecutor(max_workers=chapter.workers(max_workers, len(specs))) as pool:
         futures = {k: pool.submit(_launch, p, *spec) for k, spec in specs.items()}
     results = {k: f.result() for k, f in futures.items()}
     for r in results.values():
