@@ -148,6 +148,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
                     param_hash=runfiles.pending_fingerprint(model) if cfg["fingerprint"] else None)
         if cfg["checkpoint_every"] and (step + 1) % cfg["checkpoint_every"] == 0:
             if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
+                log.flush()  # the records up to the checkpoint reach the disk with it: a resume keeps them
                 ckpt = checkpoint.training_state(model, optimizer, step + 1, cfg, len(wl.dataset), rank_buffers,
                                                  style=cfg["checkpoint_style"])
                 checkpoint.write_checkpoint(ckpt, checkpoint.checkpoint_path(out, step + 1), cfg["checkpoint_write"],
