@@ -142,17 +142,23 @@ def grouped() -> dict[str, list[str]]:
     return out
 
 
-# The GPU workshop size of the tiny GPT (~10.7 M parameters). Applied under keys the user did not set.
+# The GPU workshop size of the tiny GPT (19.2 M parameters). Applied under keys the user did not set.
+# n_embd 512 / n_head 8: on two H200s (docs/measured/h200x2/scaling_2gpu_n512*.txt) 2 GPUs ran 1.90x, 1.91x,
+# 1.91x and 1.91x the tokens/s of one (tier 2 vs 1 GPU, tier 3 vs the emulated run); the 384-wide preset
+# before it ran 1.89x and 1.90x (each GPU's matmuls at half the batch are less efficient, and a wider model
+# feels that less). 768 wide ran 1.93x but left tier 2 (max |dloss| 1.9e-6 > loss_tol 1e-6: fp32 noise grows
+# with width), so it would break the workshop's other promise.
 # global_batch_size 256: each of 2 GPUs computes 128 samples per step. Measured on an H200 (ddp-lab bench
 # profile, docs/measured/h200/): at 16 samples per micro-batch the step is host-bound (the GPU waits for
-# Python and kernel launches) and a second GPU cannot halve it; at 128 the GPU is busy for the whole step.
+# Python and kernel launches) and a second GPU cannot halve it; at 128 the GPU is busy for the whole step
+# (100% at 512 wide too: docs/measured/h200x2/profile_1gpu_n512.txt).
 # n_samples 1792 = 7 x 256: the text holds 1809 blocks of 256 tokens, an odd count, so DistributedSampler pads
 # 2 ranks with a repeated sample and the epoch-boundary step's batch differs from the single run's (measured on
 # an H200: tier 1 from step 7 = the first boundary; docs/measured/h200/workshop_tiers.txt). A multiple of the
 # world size (and of the global batch) keeps every step's samples identical at 1, 2, 4 or 8 ranks.
 # log_sync_every 10: the logged numbers (and the fingerprints) reach the host in one copy per 10 steps, so the
 # host is not made to wait for the GPU at every step's end (chapter 08; cost measured by `ddp-lab bench scaling`).
-WORKSHOP = {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384, "global_batch_size": 256,
+WORKSHOP = {"block_size": 256, "n_layer": 6, "n_head": 8, "n_embd": 512, "global_batch_size": 256,
             "n_samples": 1792, "lr": 1e-3, "steps": 100, "log_every": 20, "log_sync_every": 10}
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -41,6 +41,7 @@ def runs_dir() -> Path:
 # The phases a rank's heartbeat goes through in one step, in order. The launcher sorts hung ranks by
 # (step, phase index): a rank at an earlier phase is the one the others wait for.
 PHASES = ("setup", "step start", "forward/backward", "all-reduce loss", "step done", "finished")
+STEP_PHASES = PHASES[1:5]  # the beats of every training step (4 file writes a step)
 
 
 # ------------------------------------------------------------------ writing (rank side)
@@ -63,17 +64,22 @@ def save_atomic(obj, path: str | Path) -> None:
 class Heartbeat:
     """progress/rank{r}.json: the step and phase this rank is in. Written by rename, so never half-read."""
 
-    def __init__(self, out_dir: Path, rank: int):
+    def __init__(self, out_dir: Path, rank: int, step_beats: bool = True):
         self.path = Path(out_dir) / PROGRESS / f"rank{rank}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.state = {"rank": rank, "pid": os.getpid()}
+        # step_beats=False (LAB_STEP_HEARTBEATS=off, set only by `ddp-lab bench scaling`'s "lab overhead off"
+        # rows) skips the file writes of the in-step phases, so a benchmark can time what they cost; a hang is
+        # then reported at the last beat written. Beats that carry anything else (hashes, stats) still write.
+        self.step_beats = step_beats
 
     def beat(self, **fields) -> None:
         phase = fields.get("phase")
         if phase is not None and phase not in PHASES:
             raise ValueError(f"heartbeat phase {phase!r} is not one of runfiles.PHASES")
         self.state.update(fields, time=time.time())
-        write_json(self.state, self.path)
+        if self.step_beats or phase not in STEP_PHASES or set(fields) - {"step", "phase"}:
+            write_json(self.state, self.path)
 
 
 def synced_span(run_dir: Path, warmup: int) -> tuple[dict, dict]:

@@ -78,7 +78,7 @@ def describe(cfg: dict, env, dataset_size: int) -> dict:
 def train(cfg: dict, env: distenv.DistEnv) -> None:
     out = Path(cfg["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    heart = runfiles.Heartbeat(out, env.rank)
+    heart = runfiles.Heartbeat(out, env.rank, step_beats=os.environ.get("LAB_STEP_HEARTBEATS") != "off")
     heart.beat(step=-1, phase="setup")
 
     # Seeds (§2.1-2.2). lab: one init seed on every rank; data order comes from data_seed via the samplers,

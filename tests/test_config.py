@@ -62,4 +62,4 @@ def test_none_is_a_value_where_it_is_a_choice():
 
 def test_workshop_preset_yields_to_explicit_keys():
     cfg = resolve(["preset=workshop", "n_layer=2"], 2)
-    assert (cfg["n_layer"], cfg["n_embd"], cfg["global_batch_size"]) == (2, 384, 256)
+    assert (cfg["n_layer"], cfg["n_embd"], cfg["global_batch_size"]) == (2, 512, 256)

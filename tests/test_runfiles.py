@@ -44,6 +44,20 @@ def test_heartbeat_rejects_a_phase_the_launcher_does_not_know(tmp_path):
         beat.beat(phase="somewhere new")
 
 
+def test_step_beats_off_skips_only_the_in_step_writes(tmp_path):
+    """bench scaling's "lab overhead off" rows time the step without the 4 heartbeat writes a step; the beats
+    that carry results (hashes, running stats) and setup/finished must still reach the file."""
+    beat = runfiles.Heartbeat(tmp_path, 0, step_beats=False)
+    beat.beat(step=-1, phase="setup")
+    for phase in runfiles.STEP_PHASES:
+        beat.beat(step=3, phase=phase)
+        assert runfiles.read_heartbeats(tmp_path)[0]["phase"] == "setup"
+    beat.beat(buffer_hash="abc")
+    assert runfiles.read_heartbeats(tmp_path)[0]["buffer_hash"] == "abc"
+    beat.beat(phase="finished")
+    assert runfiles.read_heartbeats(tmp_path)[0]["phase"] == "finished"
+
+
 def test_synced_span_times_only_records_taken_after_a_host_sync(tmp_path):
     """Benchmarks time the steps between two records taken right after StepLog's copy (the only host sync):
     with log_sync_every=10 those are steps 10, 20, ...; another record's clock can run ahead of the GPU."""

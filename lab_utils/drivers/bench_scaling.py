@@ -3,7 +3,7 @@
     ddp-lab bench scaling                 # every case this box can run
     ddp-lab bench scaling --steps 60 --json out.json
 
-Cases (each a real run through the lab's launcher, with fingerprinting off so hashing is not timed):
+Cases (each a real run through the lab's launcher; the fingerprint stays on, so every row carries its tier):
 1 rank fp32 / bf16 autocast; with >= 2 GPUs, 2 ranks (backend auto -> NCCL) with grad_accum_steps 1 and 4,
 no_sync on/off, gradient_as_bucket_view on/off. On a box with fewer GPUs than ranks the 2-rank cases run
 over gloo on shared devices and are marked so: they say nothing about scaling. Target (issue 4): 2 GPUs
@@ -41,10 +41,13 @@ def flops_per_token(cfg: dict, n_params: int) -> float:
 
 
 # The host work the lab adds to every step, switched off: the per-step parameter fingerprint (a few kernels; its
-# 8 bytes ride in StepLog's batched copy) and the copy of the logged numbers (one per 10 steps, the workshop
-# preset's own setting). The "lab overhead off" rows against their plain rows give what that work costs
-# (target: < 5% of a step); the "log_sync_every=1" rows what a `.item()`-style sync every step costs.
+# 8 bytes ride in StepLog's batched copy), the copy of the logged numbers (one per 10 steps, the workshop
+# preset's own setting) and the 4 heartbeat file writes a step (LAB_STEP_HEARTBEATS=off; the hang diagnosis
+# needs them, so only a benchmark turns them off). The "lab overhead off" rows against their plain rows give
+# what that work costs (target: < 5% of a step); the "log_sync_every=1" rows what a `.item()`-style sync every
+# step costs.
 LAB_OFF = ["fingerprint=false", "log_sync_every=10"]
+LAB_OFF_ENV = {"LAB_STEP_HEARTBEATS": "off"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c[0] in wanted]
     rows, dirs = [], {}
     for name, nproc, keys in cases:
-        r = launcher.launch(f"bench_scaling_{len(rows)}", nproc, base + keys, timeout=900, progress=False)
+        r = launcher.launch(f"bench_scaling_{len(rows)}", nproc, base + keys, timeout=900, progress=False,
+                            extra_env=LAB_OFF_ENV if keys is LAB_OFF else None)
         if not r.ok:
             print(f"{name}: FAILED\n{r}", file=sys.stderr)
             rows.append({"case": name, "nproc": nproc, "tokens_per_s": None})
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     for ranks in ("1 rank", "2 ranks"):  # what the lab's own per-step host work costs: the same run on and off
         on, off = ref_tps.get(f"{ranks} fp32"), ref_tps.get(f"{ranks} fp32, lab overhead off")
         if on and off:
-            print(f"lab overhead ({' '.join(LAB_OFF)} vs on), {ranks}: {1 - on / off:.1%} of a step")
+            print(f"lab overhead ({' '.join(LAB_OFF)}, step heartbeats off vs on), {ranks}: "
+                  f"{1 - on / off:.1%} of a step")
         every_step = ref_tps.get(f"{ranks} fp32, log_sync_every=1")
         if on and every_step:
             print(f"a host sync every step (log_sync_every=1 vs the run's own), {ranks}: "
