@@ -80,6 +80,8 @@ KEYS: dict[str, Key] = {
     "weight_decay": Key(float, 0.1, "weight decay (adamw, sgd)", min=0.0),
     "amp": Key(str, "none", "autocast dtype for forward/loss (bf16 on GPUs; breaks fp32 tier-2 tolerances)",
                 choices=("none", "bf16")),
+    "tf32": Key(bool, False, "TF32 tensor-core matmuls and convolutions for fp32 on CUDA (faster; 10-bit mantissa "
+                "inputs, so other numbers than fp32: its tier is measured by `ddp-lab bench scaling`)"),
     "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
     "fused_optimizer": Key(bool, False, "torch.optim's fused=True: one kernel per update (GPU speed; other last bits "
                            "than the default, the same in every run that sets it)"),

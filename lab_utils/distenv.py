@@ -68,21 +68,31 @@ def check_launchable(cfg: dict, nproc: int) -> None:
     """The checks the launcher can make before starting anything (so a bad backend fails in ms, not after
     torchrun's start-up)."""
     device = pick_device(cfg["device"])
+    check_tf32(cfg, device)
     if nproc > 1:
         pick_backend(cfg["backend"], device, nproc)
+
+
+def check_tf32(cfg: dict, device: torch.device) -> None:
+    if cfg["tf32"] and device.type != "cuda":
+        raise ConfigError(f"tf32=true needs a CUDA device (TF32 is a tensor-core format); device={device.type}")
 
 
 def configure_determinism(cfg: dict, device: torch.device) -> None:
     # The same thread count in every run: a GEMM split over a different number of threads may sum in
     # another order, and then bitwise (tier 3) comparisons fail for reasons that have nothing to do with DDP.
     torch.set_num_threads(cfg["threads"])
+    check_tf32(cfg, device)
+    if device.type == "cuda":
+        # TF32 rounds fp32 matmul/conv inputs to a 10-bit mantissa on the tensor cores: repeatable, but other
+        # numbers than fp32, so it is a key (off: torch's own default turns it on for cuDNN convolutions).
+        torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
+        torch.backends.cudnn.allow_tf32 = cfg["tf32"]
     if cfg["deterministic"]:
         if device.type == "cuda":
             # cuBLAS needs a fixed workspace to be deterministic; must be set before the first cuBLAS call.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.backends.cudnn.benchmark = False
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
         torch.use_deterministic_algorithms(True)
 
 

@@ -87,6 +87,7 @@ def test_single_process_crash_and_hang(runs_dir):
     (0, [], "nproc=0"),
     (2, ["out_dir=/tmp/x"], "out_dir is set by the launcher"),
     (2, ["global_batch_size=15"], "global_batch_size=15"),
+    (1, ["tf32=true", "device=cpu"], "tf32=true needs a CUDA device"),
 ])
 def test_bad_input_fails_before_launch(runs_dir, nproc, keys, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("*", r"\*")):

@@ -5,9 +5,11 @@
 
 Cases (each a real run through the lab's launcher; the fingerprint stays on, so every row carries its tier):
 1 rank fp32 / bf16 autocast; with >= 2 GPUs, 2 ranks (backend auto -> NCCL) with grad_accum_steps 1 and 4,
-no_sync on/off, gradient_as_bucket_view on/off. On a box with fewer GPUs than ranks the 2-rank cases run
-over gloo on shared devices and are marked so: they say nothing about scaling. Target (issue 4): 2 GPUs
->= 1.9x the 1-GPU tokens/s. Throughput skips the first `--warmup` steps (allocator and kernel warm-up).
+no_sync on/off, gradient_as_bucket_view on/off, bucket_cap_mb, the lab's per-step work off, a sync every step;
+with a GPU, TF32 (1 rank, emulated 2 ranks, 2 ranks: its tiers). On a box with fewer GPUs than ranks the
+2-rank cases run over gloo on shared devices and are marked so: they say nothing about scaling. Target
+(issue 12): 2 GPUs >= 1.9x the 1-GPU tokens/s. Throughput skips the first `--warmup` steps (allocator and
+kernel warm-up).
 """
 
 from __future__ import annotations
@@ -50,6 +52,54 @@ LAB_OFF = ["fingerprint=false", "log_sync_every=10"]
 LAB_OFF_ENV = {"LAB_STEP_HEARTBEATS": "off"}
 
 
+def all_cases(gpus: int) -> list[tuple[str, int, list[str]]]:
+    """(name, ranks, keys) of every row, in the order they run."""
+    cases = [("1 rank fp32", 1, []), ("1 rank bf16", 1, ["amp=bf16"]), ("1 rank accum 4", 1, ["grad_accum_steps=4"]),
+             ("1 rank emulated 2 ranks", 1, ["emulate_ranks=2"]), ("1 rank fp32, lab overhead off", 1, LAB_OFF),
+             ("1 rank fp32, log_sync_every=1", 1, ["log_sync_every=1"])]
+    two = [("2 ranks fp32", []), ("2 ranks bf16", ["amp=bf16"]),
+           ("2 ranks accum 4, no_sync", ["grad_accum_steps=4", "no_sync=true"]),
+           ("2 ranks accum 4, sync every micro", ["grad_accum_steps=4", "no_sync=false"]),
+           ("2 ranks bucket view", ["gradient_as_bucket_view=true"]),
+           ("2 ranks bucket_cap_mb=1", ["bucket_cap_mb=1"]),
+           ("2 ranks fp32, lab overhead off", LAB_OFF), ("2 ranks fp32, log_sync_every=1", ["log_sync_every=1"])]
+    cases += [(name, 2, keys) for name, keys in two]
+    if gpus:  # TF32 is a tensor-core format: CUDA only (the tf32 key refuses other devices)
+        cases += [("1 rank tf32", 1, ["tf32=true"]),
+                  ("1 rank emulated 2 ranks tf32", 1, ["tf32=true", "emulate_ranks=2"]),
+                  ("2 ranks tf32", 2, ["tf32=true"])]
+    return cases
+
+
+# The row each row's tier is measured against (the others: "1 rank fp32", accumulation rows "1 rank accum 4").
+REFS = {"1 rank fp32": "1 rank fp32", "1 rank bf16": "1 rank fp32", "1 rank accum 4": "1 rank fp32",
+        "1 rank emulated 2 ranks": "1 rank fp32", "2 ranks bf16": "1 rank bf16",
+        "2 ranks fp32": "1 rank emulated 2 ranks", "1 rank tf32": "1 rank fp32",
+        "1 rank emulated 2 ranks tf32": "1 rank tf32", "2 ranks tf32": "1 rank emulated 2 ranks tf32"}
+# The workshop's second comparison for a 2-GPU row: tier against the plain single-GPU run of its arithmetic.
+SINGLES = {"2 ranks fp32": "1 rank fp32", "2 ranks tf32": "1 rank tf32"}
+
+
+def pick(cases: list[tuple[str, int, list[str]]], only: str) -> list[tuple[str, int, list[str]]]:
+    """The cases `--only` names (comma-separated substrings; '=NAME' is exact) plus every row their tiers and
+    speed-ups are measured against, transitively, in run order."""
+    picks = [w.strip() for w in only.split(",")]
+    wanted = {name for name, _, _ in cases if any(name == w[1:] if w.startswith("=") else w in name for w in picks)}
+    if not wanted:
+        raise ValueError(f"--only {only!r} matches no case: {', '.join(name for name, _, _ in cases)}")
+    wanted.add("1 rank fp32")
+    while True:  # the rows each wanted row is compared against, and theirs
+        more = {REFS.get(name, "1 rank fp32") for name in wanted} | {SINGLES[n] for n in wanted if n in SINGLES}
+        more |= {"1 rank accum 4"} if any("accum" in name for name in wanted) else set()
+        more |= {"1 rank tf32"} if any("tf32" in name for name in wanted) else set()
+        more |= {"1 rank fp32, lab overhead off"} if any("overhead" in name for name in wanted) else set()
+        more |= {"1 rank fp32, log_sync_every=1"} if any("every=1" in name for name in wanted) else set()
+        if more <= wanted:
+            break
+        wanted |= more
+    return [c for c in cases if c[0] in wanted]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ddp-lab bench scaling", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -71,30 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.global_batch_size:
         base.append(f"global_batch_size={args.global_batch_size}")
     base += args.keys.split()
-    cases = [("1 rank fp32", 1, []), ("1 rank bf16", 1, ["amp=bf16"]), ("1 rank accum 4", 1, ["grad_accum_steps=4"]),
-             ("1 rank emulated 2 ranks", 1, ["emulate_ranks=2"]), ("1 rank fp32, lab overhead off", 1, LAB_OFF),
-             ("1 rank fp32, log_sync_every=1", 1, ["log_sync_every=1"])]
-    two = [("2 ranks fp32", []), ("2 ranks bf16", ["amp=bf16"]),
-           ("2 ranks accum 4, no_sync", ["grad_accum_steps=4", "no_sync=true"]),
-           ("2 ranks accum 4, sync every micro", ["grad_accum_steps=4", "no_sync=false"]),
-           ("2 ranks bucket view", ["gradient_as_bucket_view=true"]),
-           ("2 ranks bucket_cap_mb=1", ["bucket_cap_mb=1"]),
-           ("2 ranks fp32, lab overhead off", LAB_OFF), ("2 ranks fp32, log_sync_every=1", ["log_sync_every=1"])]
-    cases += [(name, 2, keys) for name, keys in two]
-    refs = {"1 rank fp32": "1 rank fp32", "1 rank bf16": "1 rank fp32", "1 rank accum 4": "1 rank fp32",
-            "1 rank emulated 2 ranks": "1 rank fp32", "2 ranks bf16": "1 rank bf16",
-            "2 ranks fp32": "1 rank emulated 2 ranks"}
+    cases = all_cases(gpus)
     if args.only:
-        picks = [w.strip() for w in args.only.split(",")]
-        wanted = {name for name, _, _ in cases
-                  if any(name == w[1:] if w.startswith("=") else w in name for w in picks)}
-        if not wanted:
-            ap.error(f"--only {args.only!r} matches no case: {', '.join(name for name, _, _ in cases)}")
-        wanted |= {refs.get(name, "1 rank fp32") for name in wanted} | {"1 rank fp32"}
-        wanted |= {"1 rank accum 4"} if any("accum" in name for name in wanted) else set()
-        wanted |= {"1 rank fp32, lab overhead off"} if any("overhead" in name for name in wanted) else set()
-        wanted |= {"1 rank fp32, log_sync_every=1"} if any("every=1" in name for name in wanted) else set()
-        cases = [c for c in cases if c[0] in wanted]
+        try:
+            cases = pick(cases, args.only)
+        except ValueError as e:
+            ap.error(str(e))
     rows, dirs = [], {}
     for name, nproc, keys in cases:
         r = launcher.launch(f"bench_scaling_{len(rows)}", nproc, base + keys, timeout=900, progress=False,
@@ -108,17 +140,17 @@ def main(argv: list[str] | None = None) -> int:
         n_params = sum(t.numel() for t in torch.load(r.run_dir / "model.pt", weights_only=True).values()
                        if t.is_floating_point())
         tps = tokens_per_s(r.run_dir, args.warmup)
-        ref = refs.get(name, "1 rank fp32" if "accum" not in name else "1 rank accum 4")
+        ref = REFS.get(name, "1 rank fp32" if "accum" not in name else "1 rank accum 4")
         report = parity.compare(dirs[ref], r.run_dir) if ref in dirs and ref != name else None
         # The workshop's two promises for the 2-GPU run: bitwise with the emulated reference (above) *and*
         # tier 2 against the plain single-GPU run, which this second comparison states.
-        single = parity.compare(dirs["1 rank fp32"], r.run_dir) \
-            if name == "2 ranks fp32" and "1 rank fp32" in dirs else None
+        single = parity.compare(dirs[SINGLES[name]], r.run_dir) if SINGLES.get(name) in dirs else None
         rows.append({"case": name, "nproc": nproc, "backend": c["backend"] or "-", "device": c["device"],
                      "tokens_per_s": tps, "mfu": tps * flops_per_token(c["config"], n_params) / PEAK_FLOPS,
                      "vs": ref if report else None, "tier": report.tier if report else None,
-                     "tier_vs_1_rank_fp32": single.tier if single else None,
-                     "max_abs_loss_diff_vs_1_rank_fp32": single.max_abs_loss_diff if single else None})
+                     "vs_single": SINGLES[name] if single else None,
+                     "tier_vs_single": single.tier if single else None,
+                     "max_abs_loss_diff_vs_single": single.max_abs_loss_diff if single else None})
         print(f"{name}: {tps:,.0f} tokens/s", file=sys.stderr, flush=True)
     ref_tps = {name: row["tokens_per_s"] for name, row in zip([c[0] for c in cases], rows, strict=True)}
     shared = gpus < 2
@@ -128,15 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         tps = row["tokens_per_s"]
         single = ("1 rank bf16" if "bf16" in row["case"] else "1 rank accum 4" if "accum" in row["case"]
+                  else "1 rank tf32" if "tf32" in row["case"]
                   else "1 rank fp32, lab overhead off" if "overhead" in row["case"]
                   else "1 rank fp32, log_sync_every=1" if "every=1" in row["case"] else "1 rank fp32")
         ratio = f"{tps / ref_tps[single]:.2f}x" if tps and ref_tps.get(single) and row["nproc"] > 1 else "-"
         note = " (shared device: no scaling)" if shared and row["nproc"] > 1 else ""
         mfu = f"{row['mfu']:.1%}" if tps else "-"
         tier = f"{row['tier']} (vs {row['vs']})" if row.get("tier") is not None else "-"
-        if row.get("tier_vs_1_rank_fp32") is not None:
-            tier += (f"; {row['tier_vs_1_rank_fp32']} (vs 1 rank fp32, max |dloss| "
-                     f"{row['max_abs_loss_diff_vs_1_rank_fp32']:.1e})")
+        if row.get("tier_vs_single") is not None:
+            tier += (f"; {row['tier_vs_single']} (vs {row['vs_single']}, max |dloss| "
+                     f"{row['max_abs_loss_diff_vs_single']:.1e})")
         print(f"{row['case']:<36} {row['nproc']:>5} {row.get('backend', '-'):>8} "
               f"{(f'{tps:,.0f}' if tps else 'FAILED'):>12} {ratio:>10} {mfu:>6}  {tier}{note}")
     for ranks in ("1 rank", "2 ranks"):  # what the lab's own per-step host work costs: the same run on and off
