@@ -82,6 +82,8 @@ KEYS: dict[str, Key] = {
                 choices=("none", "bf16")),
     "tf32": Key(bool, False, "TF32 tensor-core matmuls and convolutions for fp32 on CUDA (faster; 10-bit mantissa "
                 "inputs, so other numbers than fp32: its tier is measured by `ddp-lab bench scaling`)"),
+    "compile": Key(bool, False, "nn.Module.compile() the model before the DDP wrap (CUDA only; the first steps "
+                   "compile; fused kernels give other numbers than eager: `ddp-lab bench scaling` measures its tier)"),
     "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
     "fused_optimizer": Key(bool, False, "torch.optim's fused=True: one kernel per update (GPU speed; other last bits "
                            "than the default, the same in every run that sets it)"),
@@ -249,6 +251,9 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
     if cfg["emulate_ranks"] > 1 and world_size > 1:
         raise ConfigError(f"emulate_ranks={cfg['emulate_ranks']} only makes sense with one process "
                           f"(world_size is {world_size})")
+    if cfg["compile"] and cfg["emulate_ranks"] > 1:  # the emulated ranks share one model from threads
+        raise ConfigError(f"compile=true is not supported with emulate_ranks={cfg['emulate_ranks']}: the lab "
+                          f"does not compile a model that several threads call at once")
     gbs, mbs, acc = cfg["global_batch_size"], cfg["micro_batch_size"], cfg["grad_accum_steps"]
     if mbs is None and acc is None:
         acc = 1

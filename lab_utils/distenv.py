@@ -68,21 +68,24 @@ def check_launchable(cfg: dict, nproc: int) -> None:
     """The checks the launcher can make before starting anything (so a bad backend fails in ms, not after
     torchrun's start-up)."""
     device = pick_device(cfg["device"])
-    check_tf32(cfg, device)
+    check_cuda_keys(cfg, device)
     if nproc > 1:
         pick_backend(cfg["backend"], device, nproc)
 
 
-def check_tf32(cfg: dict, device: torch.device) -> None:
+def check_cuda_keys(cfg: dict, device: torch.device) -> None:
+    """Keys that only mean something on a GPU: refused elsewhere, before anything launches."""
     if cfg["tf32"] and device.type != "cuda":
         raise ConfigError(f"tf32=true needs a CUDA device (TF32 is a tensor-core format); device={device.type}")
+    if cfg["compile"] and device.type != "cuda":  # on CPU inductor needs a C++ toolchain and minutes of 2 cores
+        raise ConfigError(f"compile=true needs a CUDA device (the lab compiles for GPUs only); device={device.type}")
 
 
 def configure_determinism(cfg: dict, device: torch.device) -> None:
     # The same thread count in every run: a GEMM split over a different number of threads may sum in
     # another order, and then bitwise (tier 3) comparisons fail for reasons that have nothing to do with DDP.
     torch.set_num_threads(cfg["threads"])
-    check_tf32(cfg, device)
+    check_cuda_keys(cfg, device)
     if device.type == "cuda":
         # TF32 rounds fp32 matmul/conv inputs to a 10-bit mantissa on the tensor cores: repeatable, but other
         # numbers than fp32, so it is a key (off: torch's own default turns it on for cuDNN convolutions).

@@ -95,6 +95,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         resume.check(state, cfg, ckpt_path)
         model.load_state_dict(state["model"])  # before the wrap: DDP then broadcasts what rank 0 loaded
     heart.beat(init_param_hash=runfiles.fingerprint(model))
+    if cfg["compile"]:  # in place: the module keeps its type and state_dict keys; DDP then calls the compiled one
+        model.compile()
     if env.distributed:  # DDP: wrapping broadcasts rank 0's parameters and buffers to every rank
         model = ddp.wrap(model, cfg, env.device)
         heart.beat(param_hash_after_wrap=runfiles.fingerprint(model))

@@ -3,7 +3,7 @@ measured against, or the table prints a ratio or a tier against nothing (or sile
 
 import pytest
 
-from lab_utils.drivers.bench_scaling import REFS, SINGLES, all_cases, pick
+from lab_utils.drivers.bench_scaling import REFS, SINGLES, all_cases, pick, speedup_ref
 
 
 def names(cases):
@@ -30,7 +30,12 @@ def test_overhead_and_accumulation_rows_bring_their_one_rank_twins():
     assert "1 rank accum 4" in names(pick(all_cases(gpus=2), "no_sync"))
 
 
-def test_no_tf32_rows_without_a_gpu_and_a_bad_pick_names_the_cases():
-    assert not [n for n in names(all_cases(gpus=0)) if "tf32" in n]
+def test_compile_rows_compare_with_the_compiled_single_run():
+    assert names(pick(all_cases(gpus=2), "=2 ranks compile")) == ["1 rank fp32", "1 rank compile", "2 ranks compile"]
+    assert speedup_ref("2 ranks compile") == "1 rank compile" and speedup_ref("2 ranks bucket view") == "1 rank fp32"
+
+
+def test_no_gpu_only_rows_without_a_gpu_and_a_bad_pick_names_the_cases():
+    assert not [n for n in names(all_cases(gpus=0)) if "tf32" in n or "compile" in n]
     with pytest.raises(ValueError, match="matches no case: 1 rank fp32"):
         pick(all_cases(gpus=0), "tf32")

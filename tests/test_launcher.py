@@ -88,6 +88,8 @@ def test_single_process_crash_and_hang(runs_dir):
     (2, ["out_dir=/tmp/x"], "out_dir is set by the launcher"),
     (2, ["global_batch_size=15"], "global_batch_size=15"),
     (1, ["tf32=true", "device=cpu"], "tf32=true needs a CUDA device"),
+    (1, ["compile=true", "device=cpu"], "compile=true needs a CUDA device"),
+    (1, ["compile=true", "emulate_ranks=2"], "compile=true is not supported with emulate_ranks=2"),
 ])
 def test_bad_input_fails_before_launch(runs_dir, nproc, keys, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("*", r"\*")):

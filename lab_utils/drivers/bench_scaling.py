@@ -64,10 +64,11 @@ def all_cases(gpus: int) -> list[tuple[str, int, list[str]]]:
            ("2 ranks bucket_cap_mb=1", ["bucket_cap_mb=1"]),
            ("2 ranks fp32, lab overhead off", LAB_OFF), ("2 ranks fp32, log_sync_every=1", ["log_sync_every=1"])]
     cases += [(name, 2, keys) for name, keys in two]
-    if gpus:  # TF32 is a tensor-core format: CUDA only (the tf32 key refuses other devices)
+    if gpus:  # TF32 and the lab's torch.compile are GPU-only keys (refused on other devices)
         cases += [("1 rank tf32", 1, ["tf32=true"]),
                   ("1 rank emulated 2 ranks tf32", 1, ["tf32=true", "emulate_ranks=2"]),
-                  ("2 ranks tf32", 2, ["tf32=true"])]
+                  ("2 ranks tf32", 2, ["tf32=true"]),
+                  ("1 rank compile", 1, ["compile=true"]), ("2 ranks compile", 2, ["compile=true"])]
     return cases
 
 
@@ -75,9 +76,25 @@ def all_cases(gpus: int) -> list[tuple[str, int, list[str]]]:
 REFS = {"1 rank fp32": "1 rank fp32", "1 rank bf16": "1 rank fp32", "1 rank accum 4": "1 rank fp32",
         "1 rank emulated 2 ranks": "1 rank fp32", "2 ranks bf16": "1 rank bf16",
         "2 ranks fp32": "1 rank emulated 2 ranks", "1 rank tf32": "1 rank fp32",
-        "1 rank emulated 2 ranks tf32": "1 rank tf32", "2 ranks tf32": "1 rank emulated 2 ranks tf32"}
+        "1 rank emulated 2 ranks tf32": "1 rank tf32", "2 ranks tf32": "1 rank emulated 2 ranks tf32",
+        "1 rank compile": "1 rank fp32", "2 ranks compile": "1 rank compile"}
 # The workshop's second comparison for a 2-GPU row: tier against the plain single-GPU run of its arithmetic.
 SINGLES = {"2 ranks fp32": "1 rank fp32", "2 ranks tf32": "1 rank tf32"}
+
+
+def tier_ref(name: str) -> str:
+    """The row `name`'s tier is measured against."""
+    return REFS.get(name, "1 rank accum 4" if "accum" in name else "1 rank fp32")
+
+
+def speedup_ref(name: str) -> str:
+    """The 1-rank row a 2-rank row's speed-up is against: the same arithmetic and the same lab work, one GPU."""
+    for part, ref in (("bf16", "1 rank bf16"), ("tf32", "1 rank tf32"), ("compile", "1 rank compile"),
+                      ("accum", "1 rank accum 4"), ("overhead", "1 rank fp32, lab overhead off"),
+                      ("every=1", "1 rank fp32, log_sync_every=1")):
+        if part in name:
+            return ref
+    return "1 rank fp32"
 
 
 def pick(cases: list[tuple[str, int, list[str]]], only: str) -> list[tuple[str, int, list[str]]]:
@@ -89,11 +106,8 @@ def pick(cases: list[tuple[str, int, list[str]]], only: str) -> list[tuple[str, 
         raise ValueError(f"--only {only!r} matches no case: {', '.join(name for name, _, _ in cases)}")
     wanted.add("1 rank fp32")
     while True:  # the rows each wanted row is compared against, and theirs
-        more = {REFS.get(name, "1 rank fp32") for name in wanted} | {SINGLES[n] for n in wanted if n in SINGLES}
-        more |= {"1 rank accum 4"} if any("accum" in name for name in wanted) else set()
-        more |= {"1 rank tf32"} if any("tf32" in name for name in wanted) else set()
-        more |= {"1 rank fp32, lab overhead off"} if any("overhead" in name for name in wanted) else set()
-        more |= {"1 rank fp32, log_sync_every=1"} if any("every=1" in name for name in wanted) else set()
+        more = {tier_ref(n) for n in wanted} | {speedup_ref(n) for n in wanted} \
+            | {SINGLES[n] for n in wanted if n in SINGLES}
         if more <= wanted:
             break
         wanted |= more
@@ -140,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         n_params = sum(t.numel() for t in torch.load(r.run_dir / "model.pt", weights_only=True).values()
                        if t.is_floating_point())
         tps = tokens_per_s(r.run_dir, args.warmup)
-        ref = REFS.get(name, "1 rank fp32" if "accum" not in name else "1 rank accum 4")
+        ref = tier_ref(name)
         report = parity.compare(dirs[ref], r.run_dir) if ref in dirs and ref != name else None
         # The workshop's two promises for the 2-GPU run: bitwise with the emulated reference (above) *and*
         # tier 2 against the plain single-GPU run, which this second comparison states.
@@ -159,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':<36} {'ranks':>5} {'backend':>8} {'tokens/s':>12} {'vs 1 rank':>10} {'MFU':>6}  tier (vs)")
     for row in rows:
         tps = row["tokens_per_s"]
-        single = ("1 rank bf16" if "bf16" in row["case"] else "1 rank accum 4" if "accum" in row["case"]
-                  else "1 rank tf32" if "tf32" in row["case"]
-                  else "1 rank fp32, lab overhead off" if "overhead" in row["case"]
-                  else "1 rank fp32, log_sync_every=1" if "every=1" in row["case"] else "1 rank fp32")
+        single = speedup_ref(row["case"])
         ratio = f"{tps / ref_tps[single]:.2f}x" if tps and ref_tps.get(single) and row["nproc"] > 1 else "-"
         note = " (shared device: no scaling)" if shared and row["nproc"] > 1 else ""
         mfu = f"{row['mfu']:.1%}" if tps else "-"
