@@ -6,10 +6,10 @@
 Cases (each a real run through the lab's launcher; the fingerprint stays on, so every row carries its tier):
 1 rank fp32 / bf16 autocast; with >= 2 GPUs, 2 ranks (backend auto -> NCCL) with grad_accum_steps 1 and 4,
 no_sync on/off, gradient_as_bucket_view on/off, bucket_cap_mb, the lab's per-step work off, a sync every step;
-with a GPU, TF32 (1 rank, emulated 2 ranks, 2 ranks: its tiers). On a box with fewer GPUs than ranks the
-2-rank cases run over gloo on shared devices and are marked so: they say nothing about scaling. Target
-(issue 12): 2 GPUs >= 1.9x the 1-GPU tokens/s. Throughput skips the first `--warmup` steps (allocator and
-kernel warm-up).
+with a GPU, TF32 (1 rank, emulated 2 ranks, 2 ranks) and compile (1 rank, 2 ranks), each with its tiers.
+On a box with fewer GPUs than ranks the 2-rank cases run over gloo on shared devices and are marked so: they
+say nothing about scaling. Target (issue 12): 2 GPUs >= 1.9x the 1-GPU tokens/s. Throughput skips the first
+`--warmup` steps (allocator and kernel warm-up).
 """
 
 from __future__ import annotations
