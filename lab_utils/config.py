@@ -149,9 +149,9 @@ def grouped() -> dict[str, list[str]]:
 # The GPU workshop size of the tiny GPT (19.2 M parameters). Applied under keys the user did not set.
 # n_embd 512 / n_head 8: on two H200s (docs/measured/h200x2/scaling_2gpu_n512*.txt) 2 GPUs ran 1.90x, 1.91x,
 # 1.91x and 1.91x the tokens/s of one (tier 2 vs 1 GPU, tier 3 vs the emulated run); the 384-wide preset
-# before it ran 1.89x and 1.90x (each GPU's matmuls at half the batch are less efficient, and a wider model
-# feels that less). 768 wide ran 1.93x but left tier 2 (max |dloss| 1.9e-6 > loss_tol 1e-6: fp32 noise grows
-# with width), so it would break the workshop's other promise.
+# before it ran 1.89x and 1.90x (at a fixed global batch each GPU's matmuls are half the size and less
+# efficient; a wider model's matmuls are bigger). 768 wide ran 1.93x once but left tier 2 (max |dloss| 1.9e-6 >
+# loss_tol 1e-6), so it would break the workshop's other promise.
 # global_batch_size 256: each of 2 GPUs computes 128 samples per step. Measured on an H200 (ddp-lab bench
 # profile, docs/measured/h200/): at 16 samples per micro-batch the step is host-bound (the GPU waits for
 # Python and kernel launches) and a second GPU cannot halve it; at 128 the GPU is busy for the whole step
