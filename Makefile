@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: lab test setup lint notebooks strip bench clean
+.PHONY: lab test nbval setup lint notebooks strip bench clean
 
 $(VENV)/.lab-installed: pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -34,12 +34,18 @@ lab: setup
 	$(VENV)/bin/ddp-lab preflight
 	$(VENV)/bin/ddp-lab demo
 
-# The browser step opens every chapter in JupyterLab in headless Chromium (Debian's /usr/bin/chromium, or
-# $LAB_CHROMIUM), runs it from the menu and checks what a learner sees; screenshots go to build/screenshots/.
+# Fast checks first (ruff, then pytest, slowest tests listed), then the browser step: it opens every chapter in
+# JupyterLab in headless Chromium (Debian's /usr/bin/chromium, or $LAB_CHROMIUM), runs it from the menu, checks
+# what a learner sees and compares each verdict cell with its committed output (what nbval-lax checks), so each
+# notebook executes once. Screenshots go to build/screenshots/.
 test: setup
-	$(PY) -m pytest tests -q
-	$(PY) -m pytest --nbval-lax --nbval-current-env notebooks -q
-	$(PY) -m pytest tests/browser/check_notebooks.py -q
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest tests -q --durations=25
+	$(PY) -m pytest tests/browser/check_notebooks.py -q --durations=0
+
+# The notebooks under nbval, headless (a GPU box without Chromium): make nbval [NB=notebooks/01_unchanged.ipynb]
+nbval: setup
+	$(PY) -m pytest --nbval-lax --nbval-current-env $(or $(NB),notebooks) -q
 
 lint: setup
 	$(VENV)/bin/ruff check .

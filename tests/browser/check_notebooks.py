@@ -5,6 +5,12 @@ match test_*.py on purpose, so `pytest tests` stays the fast suite). One test pe
 it; a full-page screenshot of each lands in build/screenshots/NN_name.png. The first test runs a deliberately
 broken notebook and requires every check to fire, so a check that can no longer fail is itself a failure.
 
+This is the only place `make test` executes the notebooks. Besides what a learner sees, it makes nbval-lax's two
+checks on the notebook JupyterLab saved: no cell has an error output, and each verdict cell
+(`# NBVAL_CHECK_OUTPUT`) printed exactly the stdout committed in the repository (`nbbuild.verdict_text`, streams
+coalesced as nbval does). Running nbval as well would execute every chapter a second time for no extra check;
+`make nbval` keeps it as the headless runner for boxes without Chromium.
+
 Environment: LAB_BROWSER_NOTEBOOKS (glob, default notebooks/[0-9]*.ipynb), LAB_BROWSER_TIMEOUT (seconds per
 notebook, default 900), LAB_CHROMIUM (default /usr/bin/chromium), LAB_SCREENSHOTS (default build/screenshots).
 """
@@ -35,7 +41,7 @@ CANARY = "zz_canary_broken.ipynb"
 
 def _canary(path: Path) -> None:
     """One of each defect the checks exist for; the canary test requires each one to be reported."""
-    from lab_utils.nbbuild import KERNELSPEC
+    from lab_utils.nbbuild import KERNELSPEC, MARK
 
     cells = [
         "import ipywidgets as w\nfrom tqdm.auto import tqdm\nfor i in tqdm(range(10), desc='stops early'):\n"
@@ -45,10 +51,15 @@ def _canary(path: Path) -> None:
         # What a learner sees when the widget manager is missing: the widget's repr as plain text.
         "from IPython.display import display\ndisplay({'text/plain': repr(w.VBox([w.IntSlider()]))}, raw=True)",
         "import matplotlib.pyplot as plt\nplt.figure()  # an empty figure: the inline backend shows only its repr",
+        # A verdict cell whose table is not the committed one (the committed output is set below).
+        f"# {MARK}\nprint('measured: tier 1')",
         "1 / 0",
         "print('aborted by the error above')",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    verdict = next(c for c in nb.cells if MARK in c.source)
+    verdict.outputs = [nbformat.v4.new_output("stream", name="stdout", text="measured: tier 2\n")]
+    verdict.execution_count = 1
     nb.metadata["kernelspec"] = dict(KERNELSPEC)
     nbformat.write(nb, path)
 
@@ -63,6 +74,7 @@ def lab_and_browser(_live_progress):
     # The kernels' runs go to a fresh folder, as on a clean clone (never into the repository's runs/).
     env = {"LAB_RUNS_DIR": str(work / "runs"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     lab = Lab([*NOTEBOOKS, canary], work / "lab", env=env)
+    committed = {p.name: p for p in [*NOTEBOOKS, canary]}
     t0 = time.time()
     lab.start()
     try:
@@ -71,7 +83,7 @@ def lab_and_browser(_live_progress):
             _progress(f"JupyterLab on 127.0.0.1:{lab.port} and Chromium up in {time.time() - t0:.0f} s "
                       f"(work folder {work})")
             try:
-                yield lab, context
+                yield lab, context, committed
             finally:
                 context.close()
     finally:
@@ -101,8 +113,9 @@ def _live_progress(pytestconfig):
 
 
 def test_checks_catch_a_broken_notebook(lab_and_browser):
-    lab, context = lab_and_browser
+    lab, context, committed = lab_and_browser
     res = run_notebook(context, lab, CANARY, timeout=300)
+    res.problems += verdict_problems(committed[CANARY], lab.root / CANARY)
     _progress(f"canary: {len(res.problems)} problems found as expected ({res.seconds:.0f} s)")
     text = "\n".join(res.problems)
     expected = {"unfinished progress bar": "progress bar not finished",
@@ -112,6 +125,7 @@ def test_checks_catch_a_broken_notebook(lab_and_browser):
                 "traceback": "error output: ZeroDivisionError",
                 "saved error output": "saved notebook has an error output: ZeroDivisionError",
                 "aborted cell": "never ran",
+                "verdict table not the committed one": "verdict output differs from the committed notebook",
                 "console error from the widget manager": "console error:"}
     missed = [what for what, fragment in expected.items() if fragment not in text]
     assert not missed, f"checks that did not fire on the canary: {missed}\nproblems:\n{text}"
@@ -119,15 +133,32 @@ def test_checks_catch_a_broken_notebook(lab_and_browser):
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_in_jupyterlab(lab_and_browser, notebook):
-    lab, context = lab_and_browser
+    lab, context, committed = lab_and_browser
     _progress(f"{notebook.name}: opening, Run → Run All Cells ...")
     res = run_notebook(context, lab, notebook.name, timeout=TIMEOUT, shots=SHOTS)
+    res.problems += verdict_problems(committed[notebook.name], lab.root / notebook.name)
     counts = ", ".join(f"{v} {k}" for k, v in res.counts.items())
     _progress(f"{notebook.name}: {'ok' if not res.problems else 'FAILED'} in {res.seconds:.0f} s ({counts}); "
               f"screenshot {res.screenshot}")
     for note in res.notes:
         _progress(f"  note: {note}")
     assert not res.problems, f"{notebook.name}:\n" + "\n".join(f"  - {p}" for p in res.problems)
+
+
+def verdict_problems(committed: Path, saved: Path) -> list[str]:
+    """nbval-lax's output check, on the notebook JupyterLab saved: each verdict cell's stdout equals the committed."""
+    import difflib
+
+    from lab_utils.nbbuild import verdict_text
+
+    want, got = (verdict_text(nbformat.read(p, as_version=4)) for p in (committed, saved))
+    if not want:
+        return [f"{committed.name}: the committed notebook has no verdict output (make strip NB=...)"]
+    if got == want:
+        return []
+    diff = "".join(difflib.unified_diff(want.splitlines(True), got.splitlines(True), "committed", "this run"))
+    return [f"verdict output differs from the committed notebook (refresh with `make strip "
+            f"NB=notebooks/{committed.name}` if the change is meant):\n{diff}"]
 
 
 def test_notebooks_found():
