@@ -130,19 +130,6 @@ def this_machine() -> str:
     return f"CPU, {os.cpu_count()} cores"
 
 
-MEASURED = Path(__file__).resolve().parents[1] / "docs" / "measured"
-
-
-def measured_times(root: Path = MEASURED) -> dict[str, dict[str, float]]:
-    """{machine: {notebook stem: seconds}} from committed `ddp-lab notebooks` timings (notebook_times.json
-    copied from a build/ into docs/measured/<machine>/); empty when none was committed."""
-    out = {}
-    for f in sorted(root.glob("*/notebook_times.json")):
-        data = json.loads(f.read_text())
-        out[data.get("machine") or f.parent.name] = {k: float(v) for k, v in data["seconds"].items()}
-    return out
-
-
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 .ch{display:flex;gap:1.5em;border-top:1px solid #ddd;padding:1.2em 0}.ch img{width:320px;border:1px solid #eee}
 .noimg{width:320px;color:#888}.ch h2{margin:0 0 .3em;font-size:1.25em}pre{background:#f6f6f6;padding:.6em;
@@ -150,10 +137,11 @@ overflow-x:auto;font-size:12px}.bad{color:#b00020;font-weight:bold}.ok{color:#1b
 text-align:left}details{margin:.4em 0}"""
 
 
-def write_index(out: Path, chapters: list[dict], machine: str, gpu: dict | None = None) -> Path:
-    """build/index.html: per chapter its title, lesson, first figure, verdict table and run times
-    (`gpu`: {machine: {stem: seconds}}, default the committed measurements)."""
-    gpu = measured_times() if gpu is None else gpu
+def write_index(out: Path, chapters: list[dict], machine: str) -> Path:
+    """build/index.html: per chapter its title, lesson, first figure, verdict table and this build's run time.
+
+    Only this build's time is shown: times from other machines live in docs/results.md with the file they came
+    from, not in a gallery that cannot say which commit they were measured at."""
     e = html.escape
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>DDP Parity Lab — chapters</title>"
              f"<style>{_CSS}</style></head><body><h1>DDP Parity Lab — the chapters, executed</h1>"
@@ -165,18 +153,14 @@ def write_index(out: Path, chapters: list[dict], machine: str, gpu: dict | None 
                if ch["thumb"] else "<div class='noimg'>(no figure)</div>")
         status = ("<span class='ok'>ran without error</span>" if not ch["error"]
                   else f"<span class='bad'>FAILED: {e(ch['error'])}</span>")
-        times = [f"<tr><th>{e(machine)} (this build)</th><td>{ch['seconds']:.0f} s</td></tr>"]
-        # GPU times only from committed measurements; no file, no number.
-        for m, t in (gpu or {"GPUs": {}}).items():
-            value = f"{t[ch['stem']]:.0f} s" if ch["stem"] in t else "not measured"
-            times.append(f"<tr><th>{e(m)}</th><td>{value}</td></tr>")
+        times = f"<tr><th>{e(machine)} (this build)</th><td>{ch['seconds']:.0f} s</td></tr>"
         goals = "".join(f"<li>{e(o)}</li>" for o in ch["objectives"])
         parts.append(
             f"<div class='ch'>{img}<div><h2><a href='{e(ch['page'])}'>{e(ch['title'] or ch['stem'])}</a></h2>"
             f"<p>{e(ch['lesson'])}</p>"
             + (f"<details><summary>all objectives</summary><ul>{goals}</ul></details>" if goals else "")
             + f"<p>{status} · <a href='{e(ch['stem'])}.ipynb'>executed notebook</a></p>"
-            f"<table>{''.join(times)}</table>"
+            f"<table>{times}</table>"
             + (f"<details open><summary>verdict</summary><pre>{e(ch['verdict'])}</pre></details>"
                if ch["verdict"] else "<p class='bad'>no verdict output</p>")
             + "</div></div>")

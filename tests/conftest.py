@@ -1,5 +1,4 @@
 import os
-from pathlib import Path
 
 import pytest
 
@@ -14,4 +13,3 @@ def runs_dir(tmp_path, monkeypatch):
 
 def pytest_configure(config):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    Path("runs").mkdir(exist_ok=True)
