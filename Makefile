@@ -57,6 +57,12 @@ notebooks: setup
 strip: setup
 	cd $(dir $(NB)) && $(abspath $(PY)) -m lab_utils.nbbuild refresh $(notdir $(NB))
 
+# docs/checklist.md is generated from every chapter's "What to change in your script" bullets
+# (lab_utils/checklist.py); tests/test_checklist.py fails when the committed file is not what this writes.
+.PHONY: checklist
+checklist: setup
+	$(PY) -m lab_utils.checklist
+
 bench: setup
 	$(VENV)/bin/ddp-lab bench launch --launches 200
 	$(VENV)/bin/ddp-lab bench samplers
