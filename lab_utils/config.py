@@ -48,6 +48,8 @@ KEYS: dict[str, Key] = {
     "set_epoch": Key(bool, True, "distributed sampler: call set_epoch(e) each epoch (false: epoch 0's order forever)"),
     "drop_last": Key(bool, False, "distributed sampler: drop the tail instead of padding with repeated samples"),
     "emulate_ranks": Key(int, 1, "single process computes each global batch as R ranks would", min=1),
+    "nudge_init": Key(int, 0, "float twin: move every initial weight this many ulps up (0 = off); the same samples and "
+                      "randomness, only the last bits differ (parity --noise)", min=0),
     "n_samples": Key(int, 0, "dataset size (0 = all the workload has)", min=0),
     "num_workers": Key(int, 0, "DataLoader worker processes", min=0),
     "loader_generator": Key(str, "dedicated", "dedicated: DataLoader gets its own torch.Generator; "
@@ -93,7 +95,9 @@ KEYS: dict[str, Key] = {
     "device": Key(str, "auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda")),
     "no_sync": Key(bool, True, "skip the all-reduce on all but the last micro-batch of a step"),
     "find_unused_parameters": Key(bool, False, "DDP(find_unused_parameters=...)"),
-    "broadcast_buffers": Key(bool, True, "DDP(broadcast_buffers=...)"),
+    "broadcast_buffers": Key(bool, True, "rank 0's buffers copied to every rank before each synchronising "
+                             "forward: DDP(forward_sync_buffers=...) where torch has it (2.13+; the buffers are "
+                             "then copied at the wrap either way), else the older DDP(broadcast_buffers=...)"),
     "sync_bn": Key(str, "none", "BatchNorm statistics over all ranks: none (each rank its own micro-batch), "
                    "lab (lab_utils/sync_bn.py, any device), torch (nn.SyncBatchNorm, CUDA only)",
                    choices=("none", "lab", "torch")),

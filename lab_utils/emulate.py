@@ -21,8 +21,12 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
                   rank_buffers: list) -> torch.Tensor:
     """One optimizer step's gradients (left in `p.grad`) and the loss all ranks would log.
 
-    Buffers (BatchNorm running stats) follow DDP too: each rank keeps its own (`rank_buffers[r]`), and with
-    broadcast_buffers every synchronising forward first takes rank 0's buffers as they were at that point.
+    Buffers (BatchNorm running stats) follow DDP's schedule too: each rank keeps its own (`rank_buffers[r]`),
+    and with broadcast_buffers a rank takes rank 0's buffers, as they were at that point, before each forward
+    that DDP broadcasts before: the forward after a synchronising one (`step.rank_step` says which). Under
+    no_sync accumulation that is micro-batch 0, so rank r >= 1 ends the step with rank 0's buffers updated by
+    its own micro-batches. tests/test_buffer_sync.py checks every emulated rank's final running stats against
+    a real 2-rank run's, bit for bit.
     """
     R = len(loader_iters)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -44,8 +48,8 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
 
     grads, losses = [], []
     for r, it in enumerate(loader_iters):
-        def before_forward(a, sync, r=r):  # DDP's _sync_buffers: broadcast from rank 0 before the forward
-            if sync and cfg["broadcast_buffers"]:
+        def before_forward(a, broadcast, r=r):  # DDP's _sync_buffers: broadcast from rank 0 before the forward
+            if broadcast and cfg["broadcast_buffers"]:
                 if r == 0:
                     rank0_at_sync[a] = [b.clone() for b in buffers]
                 else:

@@ -1,4 +1,4 @@
-"""Chapter 05's lesson logic: DDP's flags (find_unused_parameters, broadcast_buffers, gradient_as_bucket_view)
+"""Chapter 05's lesson logic: DDP's flags (find_unused_parameters, the buffer sync, gradient_as_bucket_view)
 measured by scripts/probes/flags_probe.py on every rank, and the loss-reduction lessons read from runs'
 own files (sum vs mean, token-count normalisation, in-batch negatives). Used by notebooks/05_ddp_flags.ipynb.
 """
@@ -26,17 +26,52 @@ def same_on_all_ranks(records: dict[int, dict], *path) -> bool | list[bool]:
     return len({str(v) for v in values}) == 1
 
 
+BUFFER_ARGUMENTS = ("broadcast_buffers=", "forward_sync_buffers=")
+
+
 def buffer_table(records: dict[int, dict]) -> dict[str, dict[str, list[bool]]]:
-    """{flag: {"before_forward": [equal on all ranks, per step], "after_step": [...]}}."""
-    flags = [k for k in records[0] if k.startswith("broadcast_buffers=")]
+    """{"argument=flag": {"before_forward": [equal on all ranks, per step], "after_step": [...]}}, for the
+    deprecated `broadcast_buffers` and, where the probe's torch has it, `forward_sync_buffers`."""
+    flags = [k for k in records[0] if k.startswith(BUFFER_ARGUMENTS)]
     return {f: {when: same_on_all_ranks(records, f, when) for when in ("before_forward", "after_step")}
             for f in flags}
+
+
+def buffer_schedule(records: dict[int, dict]) -> list[dict]:
+    """Per forward of the probe's schedule: what it was, and whether the buffers were equal on all ranks right
+    before it (after any broadcast DDP made). Each rank trains on its own batches, so "equal" means "DDP
+    broadcast rank 0's buffers before this forward" (or, for the first, that they started equal)."""
+    sched = records[0]["schedule"]
+    equal = same_on_all_ranks(records, "schedule", "before_forward")
+    return [{"forward": f, "kind": k, "equal_before": e} for f, k, e in zip(sched["forwards"], sched["kinds"], equal,
+                                                                         strict=True)]
 
 
 def unused_cost(records: dict[int, dict]) -> dict[str, float]:
     """Median seconds per step of each copy, the slowest rank's (every rank waits for it in the all-reduce)."""
     copies = records[0]["step_seconds_median"]
     return {k: max(r["step_seconds_median"][k] for r in records.values()) for k in copies}
+
+
+def unused_cost_spread(records: dict[int, dict], copy: str = "find_unused_parameters") -> dict:
+    """The paired per-step ratio copy/plain (the copies alternate step by step, so step i of each ran under the
+    same load), the slowest rank's time per step: its median and quartiles, and a sentence computed from them.
+    The slowdown is called measured only when even the lower quartile is above 1 (or a speed-up when the upper
+    quartile is below 1); otherwise the ratio was within this box's step-to-step spread."""
+    import statistics
+
+    steps = {k: [max(r["step_seconds"][k][i] for r in records.values())
+                 for i in range(len(records[0]["step_seconds"][k]))] for k in ("plain", copy)}
+    ratios = sorted(c / p for c, p in zip(steps[copy], steps["plain"], strict=True))
+    q1, med, q3 = statistics.quantiles(ratios, n=4)
+    if q1 > 1:
+        verdict = f"slower: the {copy} step took {med:.2f}x plain, and over 3/4 of paired steps were above 1x"
+    elif q3 < 1:
+        verdict = f"faster ({med:.2f}x plain): below 1x in over 3/4 of paired steps, which no graph walk explains"
+    else:
+        verdict = (f"not measurable here: the paired ratio's interquartile range [{q1:.2f}x, {q3:.2f}x] contains 1x "
+                   f"(median {med:.2f}x)")
+    return {"n": len(ratios), "q1": q1, "median": med, "q3": q3, "measured": q1 > 1 or q3 < 1, "sentence": verdict}
 
 
 def bucket_memory(records: dict[int, dict]) -> dict[str, dict]:
@@ -57,6 +92,21 @@ def bucket_semantics(records: dict[int, dict]) -> list[dict]:
                      "kept_changed_on": on["kept_reference_changed"],
                      "grad_storages_off": off["grad_storages_last_step"],
                      "grad_storages_on": on["grad_storages_last_step"]})
+    return rows
+
+
+def kept_reference_grid(records: dict[int, dict]) -> list[dict]:
+    """Rank 0's gradient_as_bucket_view x zero_grad(set_to_none) grid: whether a kept `.grad` reference changed at
+    the next backward, and whether autograd accumulated the gradients into the bucket itself (the flag on, and
+    the storages autograd wrote are the ones the gradients live in after backward)."""
+    rows = []
+    for key, rec in records[0]["set_to_none_grid"].items():
+        flag, stn = (v == "True" for v in key.split("/"))
+        rows.append({"gradient_as_bucket_view": flag, "set_to_none": stn,
+                     "kept_reference_changed": rec["kept_reference_changed"],
+                     "written_into_bucket": flag and rec["accumulated_into_final_grads"],
+                     "accumulated_into_storages": rec["accumulated_into_storages"],
+                     "grad_storages_after_backward": rec["grad_storages_after_backward"]})
     return rows
 
 

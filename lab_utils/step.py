@@ -50,18 +50,26 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
 
     With no_sync, DDP's all-reduce runs only in the last micro-batch's backward (article §3.3 omits this:
     without it every micro-batch pays a full all-reduce, and the sum is formed in another float order).
-    `before_forward(a, sync)` lets the emulation reproduce what DDP does before a synchronising forward.
+
+    `before_forward(a, broadcast)` tells the emulation when DDP copies rank 0's buffers (broadcast_buffers):
+    DDP's `_pre_forward` does it when the *previous* forward was grad-enabled and outside no_sync (its
+    `require_forward_param_sync`, true after the wrap). Under no_sync that is before micro-batch 0 of each step
+    (the one after the last step's synchronising forward), not before the synchronising micro-batch; without
+    no_sync it is before every micro-batch. (A no_grad forward through DDP also clears the flag; this loop has
+    none.) Chapter 05's probe measures that schedule on real ranks.
     """
     acc = cfg["grad_accum_steps"]
     if cfg.get("loss_normalization") == "global_tokens":  # count the step's tokens on all ranks first (ch. 05)
         loader_iter, token_count = token_norm.prefetch(loader_iter, cfg, device, token_count)
     loss_sum = torch.zeros((), device=device)
+    previous_synced = True  # the last step ended with a synchronising forward (or DDP was just wrapped)
     for a in range(acc):
         batch = token_norm.mask_padding(to_device(next(loader_iter), device), cfg)
-        last = a == acc - 1
+        skip_sync = cfg["no_sync"] and a < acc - 1
         if before_forward is not None:
-            before_forward(a, sync=last or not cfg["no_sync"])
-        skip_sync = isinstance(model, DDP) and cfg["no_sync"] and not last
-        with model.no_sync() if skip_sync else nullcontext():  # DDP: no all-reduce before the last one
+            before_forward(a, broadcast=previous_synced)
+        ddp_skip = skip_sync and isinstance(model, DDP)  # the emulation only needs skip_sync's buffer schedule
+        with model.no_sync() if ddp_skip else nullcontext():  # DDP: no all-reduce before the last one
             loss_sum += micro_backward(wl, model, batch, cfg, world_size, token_count) / acc
+        previous_synced = not skip_sync
     return loss_sum

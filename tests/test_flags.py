@@ -114,3 +114,21 @@ def test_probe_readers():
     tb = ('Traceback (most recent call last):\n  File "x.py"\nRuntimeError: Expected to have finished reduction\n'
           'Parameter indices which did not receive grad for rank 0: 4 5')
     assert flags_lessons.first_error_line(tb) == "RuntimeError: Expected to have finished reduction"
+
+
+def test_schedule_spread_and_grid_readers():
+    sched = {"forwards": ["a", "b"], "kinds": ["no_sync", "sync"]}
+    records = {r: {"schedule": {**sched, "before_forward": ["x", f"y{r}"]}} for r in (0, 1)}
+    assert [row["equal_before"] for row in flags_lessons.buffer_schedule(records)] == [True, False]
+    # paired per-step ratios, the slowest rank's step: clearly slower, then indistinguishable
+    slow = {r: {"step_seconds": {"plain": [1.0] * 8, "find_unused_parameters": [1.5 + 0.01 * i for i in range(8)]}}
+            for r in (0, 1)}
+    assert flags_lessons.unused_cost_spread(slow)["measured"] is True
+    noisy = {r: {"step_seconds": {"plain": [1.0] * 8, "find_unused_parameters": [0.8, 1.2] * 4}} for r in (0, 1)}
+    spread = flags_lessons.unused_cost_spread(noisy)
+    assert spread["measured"] is False and "not measurable" in spread["sentence"]
+    cell = {"kept_reference_changed": True, "accumulated_into_final_grads": False, "accumulated_into_storages": 4,
+            "grad_storages_after_backward": 1}
+    grid = {0: {"set_to_none_grid": {"True/True": cell}}}
+    row = flags_lessons.kept_reference_grid(grid)[0]
+    assert row["gradient_as_bucket_view"] and row["set_to_none"] and not row["written_into_bucket"]

@@ -1,14 +1,17 @@
 """What DDP copies at wrap time (chapters 02 and 05), measured on every rank. Launched by torchrun.
 
 Rank r seeds `seed + r` as the article's §2.2 does, builds a BNNet, runs one train-mode forward on its own
-batch (so its BatchNorm running statistics are its own), then wraps one copy in DDP with
-broadcast_buffers=True and another with False. Each rank writes the parameter and buffer fingerprints
-before and after each wrap to runs/NAME/probe/rank{r}.json (read by lab_utils.probes.read_wrap_probe).
+batch (so its BatchNorm running statistics are its own), then wraps one copy in DDP per buffer argument:
+the deprecated `broadcast_buffers=True/False` (the article's name) and, where this torch has it,
+`forward_sync_buffers=True/False` (its replacement since torch 2.13; feature-detected). Each rank writes the
+parameter and buffer fingerprints before and after each wrap, and the warnings each wrap raised, to
+runs/NAME/probe/rank{r}.json (read by lab_utils.probes.read_wrap_probe).
 """
 
 import copy
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -16,7 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import config, distenv, runfiles  # noqa: E402
+from lab_utils import config, ddp, distenv, runfiles  # noqa: E402
 from lab_utils.workloads.bn_net import IMAGE_SIZE, BNNet  # noqa: E402
 
 
@@ -29,10 +32,16 @@ def probe(cfg: dict, env) -> dict:
     record_ = {"rank": env.rank, "seed": cfg["seed"] + env.rank,
                "before": {"params": runfiles.fingerprint(model), "buffers": runfiles.buffer_fingerprint(model)}}
     device_ids = [env.device.index] if env.device.type == "cuda" else None
-    for flag in (True, False):
-        wrapped = DDP(copy.deepcopy(model), device_ids=device_ids, broadcast_buffers=flag)
-        record_[f"broadcast_buffers={flag}"] = {"params": runfiles.fingerprint(wrapped),
-                                                "buffers": runfiles.buffer_fingerprint(wrapped)}
+    names = ("broadcast_buffers", "forward_sync_buffers") if ddp.has_forward_sync_buffers() else ("broadcast_buffers",)
+    for name in names:
+        for flag in (True, False):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")  # every wrap's own warnings, not only the first one's
+                wrapped = DDP(copy.deepcopy(model), device_ids=device_ids, **{name: flag})
+            record_[f"{name}={flag}"] = {"params": runfiles.fingerprint(wrapped),
+                                         "buffers": runfiles.buffer_fingerprint(wrapped),
+                                         "warnings": [f"{w.category.__name__}: {str(w.message)[:160]}"
+                                                      for w in caught]}
     return record_
 
 
