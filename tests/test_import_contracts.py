@@ -16,8 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "lab_utils"
 
-LAUNCH_SIDE = {"launcher", "twins", "elastic_driver", "cli", "chapter", "nbbuild", "checklist", "drivers", "probes", "preflight",
-               "__main__", "launch_lessons", "checkpoint_lessons"}
+LAUNCH_SIDE = {"launcher", "twins", "elastic_driver", "cli", "chapter", "nbbuild", "checklist", "drivers", "probes",
+               "preflight", "__main__", "launch_lessons", "checkpoint_lessons"}
 ANALYSIS = {"parity", "noise", "plotting", "doctor", "portbugs", "bitwise_lessons"}
 TRAINING = {"step", "emulate", "ddp", "workloads", "distenv", "checkpoint", "samplers", "global_sampler",
             "keyed_rng"}
