@@ -90,9 +90,23 @@ def run_many(specs: dict[str, tuple[str, int, dict]], p: Params, max_workers: in
     return results
 
 
-def compare(a: str, b: str, **tolerances) -> parity.ParityReport:
-    """The parity report of two runs by name; `tolerances`: loss_tol, param_tol, output_tol, conv_rtol."""
-    return parity.compare(run_dir(a), run_dir(b), **tolerances)
+def compare(a: str, b: str, noise: list[str] | str | None = None, **tolerances) -> parity.ParityReport:
+    """The parity report of two runs by name; `noise`: float twins of `a` by name (or "auto": the runs named
+    a-twin-*, which `run(..., twin=True)` makes); `tolerances`: loss_tol, param_tol, output_tol, conv_rtol."""
+    if noise and noise != "auto":
+        noise = [run_dir(t) for t in ([noise] if isinstance(noise, str) else noise)]
+    return parity.compare(run_dir(a), run_dir(b), noise_runs=noise, **tolerances)
+
+
+def twin(name: str, nproc: int, p: Params, quiet: bool = False, **keys) -> launcher.RunResult:
+    """Launch the float twin of run `name` (the same keys; noise.twin_of picks two micro-batches or a one-ulp
+    nudge of the initial weights) as NAME-twin-SUFFIX, where compare(..., noise="auto") finds it."""
+    from . import twins
+
+    keys.setdefault("steps", p.steps)
+    keys.setdefault("backend", p.backend)
+    suffix, twin_keys = twins.twin_keys(dict(keys), nproc)
+    return run(f"{name}{parity.TWIN_SEPARATOR}{suffix}", nproc, p, quiet=quiet, **twin_keys)
 
 
 def tier_word(report: parity.ParityReport) -> str:

@@ -21,6 +21,10 @@ def _cmd_preflight(args) -> int:
 def _cmd_run(args) -> int:
     from . import launcher
 
+    if args.twin:  # refuse bad keys for the twin too, before anything is launched
+        from . import twins
+
+        twins.twin_keys(args.overrides, args.nproc)
     result = launcher.launch(args.name, args.nproc, args.overrides, timeout=args.timeout,
                              progress=not args.quiet, echo=args.echo, nnodes=args.nnodes)
     print(result)
@@ -28,6 +32,16 @@ def _cmd_run(args) -> int:
         print(f"$ {result.command_line}")  # the plain torchrun (or python) line this run is equivalent to
     if result.ok:
         print(f"wrote {result.run_dir}/ (config.json, metrics.jsonl, model.pt, logs/)")
+    if result.ok and args.twin:
+        twin = twins.launch_twin(args.name, args.nproc, args.overrides, timeout=args.timeout,
+                                 progress=not args.quiet, echo=args.echo, nnodes=args.nnodes)
+        print(twin)
+        if twin.command:
+            print(f"$ {twin.command_line}")
+        if not twin.ok:
+            return 1
+        print(f"float twin: {twin.run_dir}/ — judge a port of {args.name} against it: "
+              f"ddp-lab compare {args.name} PORT --noise auto")
     return 0 if result.ok else 1
 
 
@@ -35,20 +49,28 @@ def _cmd_compare(args) -> int:
     from . import parity
 
     given = {"loss_tol": args.loss_tol, "param_tol": args.param_tol, "output_tol": args.output_tol}
-    report = parity.compare(args.run_a, args.run_b, **{k: v for k, v in given.items() if v is not None})
+    try:
+        report = parity.compare(args.run_a, args.run_b, noise_runs=args.noise,
+                                **{k: v for k, v in given.items() if v is not None})
+    except (FileNotFoundError, ValueError) as e:
+        print(f"ddp-lab compare: error: {e}", file=sys.stderr)
+        return 2
     print(report.to_json() if args.json else report.format())
+    if not args.json and report.steps_compared > 1:
+        print(report.divergence_table())
     return 0
 
 
 def _cmd_doctor(args) -> int:
-    """Exit 0: no bug (tier 2 or 3); 1: the runs differ below tier 2 (causes listed); 2: a bad run folder."""
+    """Exit 0: no bug (tier 2 or 3); 1: the runs differ below tier 2 (causes listed); 2: a bad run folder or
+    twin; 3: not calibrated — past the fixed tolerances with only float order to blame (give --noise)."""
     import json
 
     from . import doctor
 
     try:
-        diagnosis = doctor.diagnose_runs(args.run_a, args.run_b)
-    except doctor.RunFolderError as e:
+        diagnosis = doctor.diagnose_runs(args.run_a, args.run_b, noise_runs=args.noise)
+    except (doctor.RunFolderError, ValueError, FileNotFoundError) as e:
         print(f"ddp-lab doctor: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(diagnosis.to_dict(), sort_keys=True) if args.json else diagnosis.format())
@@ -126,7 +148,9 @@ def _cmd_demo(args) -> int:
 
 BENCHES = {"launch": "launch reliability and overhead", "samplers": "DistributedSampler vs GlobalBatchSampler",
            "scaling": "tokens/s, 1 vs 2 GPUs", "profile": "host vs device time per step, launches, top ops",
-           "hook": "order-fixed gradient reduction vs stock all-reduce: time, bytes, tier"}
+           "hook": "order-fixed gradient reduction vs stock all-reduce: time, bytes, tier",
+           "portbugs": "the port-bug suite at GPT 4x256 x 150 steps, judged against float twins",
+           "noise": "where the float-noise margin comes from: the committed measurements, in envelopes"}
 
 
 def _cmd_bench(args) -> int:
@@ -181,6 +205,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=_positive_float, default=600, help="seconds before the run is a hang")
     s.add_argument("--echo", action="store_true", help="stream the job's output")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--twin", action="store_true",
+                   help="then run its float twin as NAME-twin-* (another float order, the same samples and "
+                        "randomness): what `compare A B --noise auto` judges a port of NAME against")
     s.add_argument("overrides", nargs="*", metavar="key=value")
     s.set_defaults(func=_cmd_run)
 
@@ -194,13 +221,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--loss-tol", type=_positive_float, help="tier 2: max |Δloss| per step (default: per workload)")
     s.add_argument("--param-tol", type=_positive_float, help="tier 2: max |Δparam| (default: per workload)")
     s.add_argument("--output-tol", type=_positive_float, help="tier 2: max |Δoutput| (default: per workload)")
+    s.add_argument("--noise", action="append", metavar="TWIN",
+                   help="a float twin of RUN_A (repeatable; `auto`: the runs named RUN_A-twin-*): tier 2 is then "
+                        "judged against the twins' float-noise envelope instead of fixed tolerances")
     s.set_defaults(func=_cmd_compare)
 
     s = sub.add_parser("doctor", help="where two runs part and why: first diverging step, causes ranked with "
-                                      "evidence (exit 0 no bug, 1 bug, 2 bad folder)")
+                                      "evidence (exit 0 no bug, 1 bug, 2 bad folder, 3 not calibrated)")
     s.add_argument("run_a")
     s.add_argument("run_b")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--noise", action="append", metavar="TWIN",
+                   help="a float twin of RUN_A (repeatable; `auto`: the runs named RUN_A-twin-*): tier 2 is then "
+                        "judged against the twins' float-noise envelope instead of fixed tolerances")
     s.set_defaults(func=_cmd_doctor)
 
     s = sub.add_parser("audit", help="static check of a DDP script against the corrected checklist "

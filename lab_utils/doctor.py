@@ -14,10 +14,13 @@ there unchanged, so `compare` and `doctor` never disagree. The doctor adds:
   by lab_utils.record), the gradient-norm ratio, the epoch boundary, the initial weights (each rank's
   init fingerprint, from the heartbeats or record's config.json), per-rank randomness, BatchNorm buffers,
   and float order. The cause parity names ranks first; the others follow by the strength of their evidence.
-- **a verdict.** Tier 3: "unchanged: bitwise". Tier 2: "no bug: float order". Below: the top cause.
+- **a verdict.** Tier 3: "unchanged: bitwise". Tier 2: "no bug: float order" (with float twins: within their
+  noise envelope, lab_utils/noise.py). Below: the top cause. Without twins, past the fixed tolerances with
+  nothing but float order to blame: "not calibrated" — amplified float noise and a small bug look alike there,
+  and only a float twin (`--noise`) can tell them apart, so the doctor says so instead of guessing.
 
 Exit codes of the CLI verb: 0 no bug (tier 2 or 3), 1 the runs differ below tier 2 (the causes are listed),
-2 bad input (a folder that is not a run folder, named).
+2 bad input (a folder that is not a run folder, or a run that is not a float twin, named), 3 not calibrated.
 
 Analysis side: reads run folders only (runfiles), never the training code or the launcher.
 """
@@ -73,7 +76,7 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.ok else 1
+        return 0 if self.ok else 3 if self.report.needs_twin else 1
 
     def to_dict(self) -> dict:
         return {"run_a": self.run_a, "run_b": self.run_b, "tier": self.report.tier,
@@ -85,11 +88,14 @@ class Diagnosis:
     def format(self) -> str:
         step = lambda s: "none" if s is None else f"step {s}"  # noqa: E731
         r = self.report
+        judged = "float twins: " + ", ".join(r.twins) if r.calibrated else "fixed tolerances"
+        over = ("outside the float twins' envelope" if r.calibrated else
+                f"|dloss| > {r.loss_tol:.0e} or rel |dgrad_norm| > {r.grad_rtol:.0e}")
         lines = [f"doctor {self.run_a} vs {self.run_b}: {self.verdict}",
                  f"  tier                {r.tier} ({r.tier_name}); {r.steps_compared} steps compared",
+                 f"  judged by           {judged}",
                  f"  first differing     {step(self.first_diff_step)}   (loss, grad_norm or fingerprint not identical)",
-                 f"  first diverging     {step(self.first_diverging_step)}   (|dloss| > {r.loss_tol:.0e} or "
-                 f"rel |dgrad_norm| > {r.grad_rtol:.0e})"]
+                 f"  first diverging     {step(self.first_diverging_step)}   ({over})"]
         if self.worst_tensors:
             lines.append("  tensors that moved most: " + ", ".join(f"{n} {v:.2e}" for n, v in self.worst_tensors))
         if self.causes:
@@ -231,16 +237,16 @@ def candidates(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: di
     if wa and any(k.endswith("running_mean") for k in wa) and parity._ranks(ca) != parity._ranks(cb):
         synced = [nm for nm, k in (("A", ka), ("B", kb)) if k.get("sync_bn", "none") != "none"]
         if not synced:
-            add("batch_norm", STRONG if r.loss_diffs and r.loss_diffs[0] > r.loss_tol else MEDIUM,
+            add("batch_norm", STRONG if r.loss_diffs and r.loss_diffs[0] > r.loss_bound(0) else MEDIUM,
                 f"model.pt has BatchNorm running statistics and the runs use {parity._ranks(ca)} vs "
                 f"{parity._ranks(cb)} ranks without sync_bn; step-0 |dloss| {r.loss_diffs[0]:.2e}")
 
     # Loss differs at step 0 with nothing above to say why.
-    if r.loss_diffs and r.loss_diffs[0] > r.loss_tol and not any(c.code == "data_or_init" for c in found):
+    if r.loss_diffs and r.loss_diffs[0] > r.loss_bound(0) and not any(c.code == "data_or_init" for c in found):
         add("data_or_init", WEAK, f"step-0 |dloss| {r.loss_diffs[0]:.2e}: the first forward already differs")
 
-    # Float order: always possible, the weakest unless nothing else fits.
-    if r.loss_diffs:
+    # Float order: the weakest unless nothing else fits; ruled out when B has left the float twins' envelope.
+    if r.loss_diffs and not (r.calibrated and r.tier < 2):
         first_text = f"first diverging step {first}" if first is not None else "no step over the tolerances"
         add("float_order", WEAK, f"step-0 |dloss| {r.loss_diffs[0]:.1e}; {first_text}; max |dloss| "
                                  f"{r.max_abs_loss_diff:.1e}")
@@ -263,10 +269,14 @@ def rank_causes(named: Cause | None, found: list[Candidate]) -> list[Candidate]:
     return sorted(merged.values(), key=lambda c: -c.strength)
 
 
-def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, **tolerances) -> Diagnosis:
-    """The doctor's diagnosis of two run folders (run names or paths); RunFolderError on a bad folder."""
+def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs=None, **tolerances) -> Diagnosis:
+    """The doctor's diagnosis of two run folders (run names or paths); RunFolderError on a bad folder.
+    `noise_runs`: float twins of A (or "auto"), as for parity.compare; ValueError names a run that is no twin."""
     a, b = check_run_folder(run_a), check_run_folder(run_b)
-    report = parity.compare(a, b, **tolerances)
+    if noise_runs and noise_runs != "auto" and list(noise_runs) != ["auto"]:
+        for t in noise_runs:
+            check_run_folder(t)
+    report = parity.compare(a, b, noise_runs=noise_runs, **tolerances)
     ma, mb = runfiles.read_metrics(a), runfiles.read_metrics(b)
     ca, cb = parity._read_config(a), parity._read_config(b)
     notes = [f"{nm}: no config.json — the causes read from the keys (batch, seeds, sampler) cannot be checked"
@@ -280,10 +290,16 @@ def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, **toleranc
         verdict, causes = "unchanged: bitwise", []
     elif report.tier == 2:
         verdict = "no bug: float order"
+        within = (f"within {report.margin:g}x the float-noise envelope of {', '.join(report.twins)} at every step"
+                  if report.calibrated else "every step within the fixed tolerances")
         causes = [Candidate("float_order", NAMED,
-                            f"tier 2: every step within tolerance (max |dloss| {report.max_abs_loss_diff:.1e}, "
-                            f"max rel |dgrad_norm| {parity._fmt(report.max_rel_grad_norm_diff)}); only the float "
-                            f"order of the sums differs")]
+                            f"tier 2: {within} (max |dloss| {report.max_abs_loss_diff:.1e}, max rel |dgrad_norm| "
+                            f"{parity._fmt(report.max_rel_grad_norm_diff)}); only the float order of the sums differs")]
+    elif report.needs_twin:
+        causes = rank_causes(report.cause, candidates(report, ma, mb, ca, cb, a, b))
+        verdict = ("not calibrated: past the fixed tolerances from step "
+                   f"{first} with nothing but float order to blame — give a float twin of A (--noise) to tell "
+                   f"amplified float noise from a bug")
     else:
         causes = rank_causes(report.cause, candidates(report, ma, mb, ca, cb, a, b))
         named = report.cause.code if report.cause else None

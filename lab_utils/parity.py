@@ -63,7 +63,7 @@ from pathlib import Path
 
 import torch
 
-from . import runfiles
+from . import noise, runfiles
 from .runfiles import read_metrics
 
 LOSS_TOL = 1e-6
@@ -145,17 +145,34 @@ class ParityReport:
     param_tol: float = PARAM_TOL
     output_tol: float = OUTPUT_TOL
     grad_rtol: float = GRAD_RTOL
+    # The float-noise calibration (lab_utils/noise.py): with twins, tier 2 is judged against their envelope.
+    calibrated: bool = False
+    twins: list[str] = field(default_factory=list)
+    margin: float = 1.0
+    loss_bounds: list[float] = field(default_factory=list)  # per step: the largest |dloss| tier 2 accepts
+    grad_bounds: list[float] = field(default_factory=list)  # per step: the largest rel |dgrad_norm|
+    twin_loss: list[float] = field(default_factory=list)  # per step: the twins' running-max |dloss| against A
+    twin_grad: list[float] = field(default_factory=list)
+    blind_from_step: int | None = None  # calibrated: from here on the bound is >= conv_rtol of the loss
+    # Not calibrated, past the fixed tolerances and nothing but float order to blame: not a verdict on the port.
+    needs_twin: bool = False
 
     @property
     def tier_name(self) -> str:
         return TIER_NAMES[self.tier]
 
+    def loss_bound(self, step: int) -> float:
+        return self.loss_bounds[step] if self.loss_bounds else self.loss_tol
+
     def to_dict(self, full: bool = False) -> dict:
         d = asdict(self)
         d["tier_name"] = self.tier_name
+        if self.loss_bounds:
+            d["envelope_first"] = {"loss": self.loss_bounds[0], "grad": self.grad_bounds[0]}
+            d["envelope_last"] = {"loss": self.loss_bounds[-1], "grad": self.grad_bounds[-1]}
         if not full:
-            d.pop("loss_diffs")
-            d.pop("grad_rel_diffs")
+            for k in ("loss_diffs", "grad_rel_diffs", "loss_bounds", "grad_bounds", "twin_loss", "twin_grad"):
+                d.pop(k)
         return d
 
     def to_json(self) -> str:
@@ -163,18 +180,30 @@ class ParityReport:
 
     def format(self, top: int = 5) -> str:
         step = lambda s: f"step {s}" if s is not None else "none"  # noqa: E731
+        if self.calibrated:
+            rule = (f"float-noise envelope of {len(self.twins)} twin(s): {', '.join(self.twins)}; "
+                    f"tier 2 needs every step within {self.margin:g}x of it")
+            loss_need = f"bound {self.loss_bounds[0]:.1e} at step 0 .. {self.loss_bounds[-1]:.1e} at the last"
+            grad_need = f"bound {self.grad_bounds[0]:.1e} .. {self.grad_bounds[-1]:.1e}"
+        else:
+            rule = "fixed tolerances (not calibrated: `--noise TWIN` judges against measured float noise)"
+            loss_need, grad_need = f"tier 2 needs <= {self.loss_tol:.0e}", f"tier 2 needs <= {self.grad_rtol:.0e}"
         lines = [
             f"parity {self.run_a} vs {self.run_b}: tier {self.tier} ({self.tier_name})",
+            f"  rule                {rule}",
             f"  steps compared      {self.steps_compared}",
             f"  bitwise             {self.bitwise}",
-            f"  max |dloss|         {self.max_abs_loss_diff:.3e}   (tier 2 needs <= {self.loss_tol:.0e})",
+            f"  max |dloss|         {self.max_abs_loss_diff:.3e}   ({loss_need})",
             f"  first differing     {step(self.first_diff_step)}",
-            f"  first over tol      {step(self.first_step_over_tol)}",
+            f"  first over bound    {step(self.first_step_over_tol)}",
         ]
         if self.max_rel_grad_norm_diff is not None:
-            lines += [f"  max rel |dgrad_norm| {self.max_rel_grad_norm_diff:.3e}   (tier 2 needs <= "
-                      f"{self.grad_rtol:.0e})   first over: {step(self.first_step_over_grad_rtol)}",
+            lines += [f"  max rel |dgrad_norm| {self.max_rel_grad_norm_diff:.3e}   ({grad_need})   first over: "
+                      f"{step(self.first_step_over_grad_rtol)}",
                       f"  grad_norm B/A       {self.grad_norm_ratio_median:.4g}   (median over steps)"]
+        if self.blind_from_step is not None:
+            lines.append(f"  blind from          step {self.blind_from_step}   (the bound reaches {CONV_RTOL:.0%} of "
+                         f"the loss: a difference that starts later hides in the noise)")
         lines.append(f"  final loss          {self.final_loss_a:.6f} vs {self.final_loss_b:.6f}")
         if self.max_abs_param_diff is not None:
             lines.append(f"  max |dparam|        {self.max_abs_param_diff:.3e}   worst: {self.worst_tensor}"
@@ -190,6 +219,19 @@ class ParityReport:
             lines.append("  likely cause        none identified from the files")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def divergence_table(self, every: int | None = None) -> str:
+        """Per step, |dloss| of B against A beside the twins' and the bound, as text (log-scale numbers)."""
+        every = every or max(1, self.steps_compared // 12)
+        head = f"{'step':>5}  {'|dloss| B':>10}  {'twins':>10}  {'bound':>10}"
+        rows = [head]
+        for s in range(self.steps_compared):
+            if s % every and s != self.steps_compared - 1 and s != self.first_step_over_tol:
+                continue
+            twin = f"{self.twin_loss[s]:10.1e}" if self.twin_loss else f"{'-':>10}"
+            mark = "  <- leaves the envelope" if s == self.first_step_over_tol else ""
+            rows.append(f"{s:5d}  {self.loss_diffs[s]:10.1e}  {twin}  {self.loss_bound(s):10.1e}{mark}")
+        return "\n".join(rows)
 
 
 def compare_weights(a: dict, b: dict) -> tuple[dict[str, float], bool, list[str]]:
@@ -232,10 +274,13 @@ def grad_norm_diffs(ma: list[dict], mb: list[dict], n: int) -> tuple[list[float]
 def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, names=("A", "B"),
              loss_tol: float = LOSS_TOL, param_tol: float = PARAM_TOL, conv_rtol: float = CONV_RTOL,
              output_diff: float | None = None, output_tol: float = OUTPUT_TOL, grad_rtol: float = GRAD_RTOL,
-             config_a: dict | None = None, config_b: dict | None = None) -> ParityReport:
+             config_a: dict | None = None, config_b: dict | None = None,
+             twins: list[noise.Twin] | None = None, margin: float = noise.MARGIN) -> ParityReport:
     """The tier of two runs' metrics (+ final weights when both have them), and the likely cause below tier 2.
 
     Pure: tests feed it synthetic runs. `config_a`/`config_b`: the runs' config.json (for the cause only).
+    `twins`: float twins of A (lab_utils/noise.py); with them tier 2 is judged against their envelope, without
+    them against the fixed tolerances.
     """
     notes = []
     n = min(len(ma), len(mb))
@@ -249,7 +294,9 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
     diffs = [abs(x - y) if finite else math.inf for x, y in zip(la, lb, strict=True)]
     first_diff = next((i for i in range(n) if la[i] != lb[i] or any(
         ma[i].get(k) != mb[i].get(k) for k in ("param_hash", "grad_norm"))), None)
-    over = next((i for i, d in enumerate(diffs) if not d <= loss_tol), None)
+    bounds = (noise.envelope(ma, twins, n, param_tol, output_tol, margin) if twins
+              else noise.fixed(n, loss_tol, grad_rtol, param_tol, output_tol))
+    over = next((i for i, d in enumerate(diffs) if not d <= bounds.loss[i]), None)
     grads = grad_norm_diffs(ma, mb, n)
     if grads is None:
         missing = " and ".join(nm for nm, m in zip(names, (ma, mb), strict=True)
@@ -261,7 +308,7 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
     else:
         rel, ratios = grads
         max_rel = max(rel)
-        grad_over = next((i for i, d in enumerate(rel) if not d <= grad_rtol), None)
+        grad_over = next((i for i, d in enumerate(rel) if not d <= bounds.grad[i]), None)
     hashed = all(r.get("param_hash") is not None for r in ma[:n] + mb[:n])
     if not hashed:
         notes.append("no per-step parameter fingerprints (fingerprint=false): bitwise cannot be proven")
@@ -280,9 +327,9 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
         if abs(ea - eb) <= conv_rtol * max(abs(ea), abs(eb)):
             tier = 1
     losses_ok = same_len and over is None
-    grads_ok = max_rel is not None and max_rel <= grad_rtol
-    params_ok = max_param is not None and max_param <= param_tol and not wnotes
-    outputs_ok = output_diff is not None and output_diff <= output_tol and not wnotes
+    grads_ok = max_rel is not None and grad_over is None
+    params_ok = bool(per) and all(v <= bounds.param_bound(k) for k, v in per.items()) and not wnotes
+    outputs_ok = output_diff is not None and output_diff <= bounds.output_bound() and not wnotes
     if tier == 1 and losses_ok and grads_ok and (params_ok or outputs_ok):
         tier = 2
     if tier >= 1 and bitwise:  # identical at every step: holds without grad_norm too
@@ -298,12 +345,20 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
         max_abs_output_diff=output_diff, max_rel_grad_norm_diff=max_rel, first_step_over_grad_rtol=grad_over,
         grad_norm_ratio_median=statistics.median(ratios) if ratios else None, per_tensor=per,
         loss_diffs=diffs, grad_rel_diffs=rel, notes=notes, loss_tol=loss_tol, param_tol=param_tol,
-        output_tol=output_tol, grad_rtol=grad_rtol)
+        output_tol=output_tol, grad_rtol=grad_rtol, calibrated=bounds.calibrated, twins=bounds.twins,
+        margin=bounds.margin, loss_bounds=bounds.loss, grad_bounds=bounds.grad, twin_loss=bounds.twin_loss,
+        twin_grad=bounds.twin_grad, blind_from_step=noise.blind_from(bounds, la, conv_rtol))
     if tier < 2:
         report.cause = diagnose(report, ma, mb, config_a or {}, config_b or {})
         differ = config_differences(config_a or {}, config_b or {})
         if report.cause is None and differ:
             notes.append(f"config.json differs in {', '.join(differ)}")
+        if not bounds.calibrated and tier >= 1 and (report.cause is None or report.cause.code == "float_order"):
+            # Past a fixed tolerance, float noise alone and a small bug look alike: only a twin can tell them apart.
+            report.needs_twin = True
+            notes.append("not calibrated: nothing in the files but the float order separates these runs, and a fixed "
+                         "tolerance cannot tell amplified float noise from a bug — give a float twin of A "
+                         "(`ddp-lab run ... --twin`, then `--noise A-twin-...`)")
     return report
 
 
@@ -358,7 +413,7 @@ def _randomness(c: dict) -> str | None:
 
 # Keys whose difference says nothing about the first batch or the initial weights.
 _BOOKKEEPING = {"out_dir", "log_every", "fingerprint", "backend", "device", "threads", "pg_timeout",
-                "emulate_ranks", "micro_batch_size", "grad_accum_steps", "no_sync", "steps"}
+                "emulate_ranks", "micro_batch_size", "grad_accum_steps", "no_sync", "steps", "nudge_init"}
 
 
 def config_differences(ca: dict, cb: dict) -> list[str]:
@@ -446,7 +501,7 @@ def diagnose(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict
         return Cause("batch_norm", f"BatchNorm on {_ranks(ca)} vs {_ranks(cb)} ranks: in training mode each rank "
                      f"normalises with its own micro-batch's mean and variance, so the forward differs from "
                      f"step 0 — compare with the emulated reference (emulate_ranks), or use SyncBatchNorm")
-    if r.loss_diffs and not r.loss_diffs[0] <= r.loss_tol:
+    if r.loss_diffs and not r.loss_diffs[0] <= r.loss_bound(0):
         differ = config_differences(ca, cb)
         return Cause("data_or_init", f"the loss differs from step 0 (|dloss| {r.loss_diffs[0]:.2e}): the "
                      f"first batch or the initial weights differ — batch size, sample set or init"
@@ -461,6 +516,9 @@ def diagnose(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict
         # Same keys, no per-rank randomness: the only difference left is how the batch is split, i.e. the
         # float order of the sums (on GPUs matmul kernels are also chosen by shape). (The H200 workshop jump
         # once filed here, docs/measured/h200/workshop_tiers.txt, was the sampler's padding: the rule above.)
+        # With float twins, B has left what float order produces: not that.
+        if r.calibrated:
+            return None
         return Cause("float_order", f"same keys and no per-rank randomness, yet the loss diverges from step "
                      f"{r.first_step_over_tol}: the batch is split differently, so sums run in another float "
                      f"order and training amplified the last-bit differences — compare with the emulated "
@@ -475,18 +533,63 @@ def _fmt(x: float | None) -> str:
 STRUCTURE_KEYS = ("model", "block_size", "n_layer", "n_head", "n_embd", "norm", "n_samples")
 
 
-def compare(run_a: str | Path, run_b: str | Path, **tolerances) -> ParityReport:
+def compare(run_a: str | Path, run_b: str | Path, noise_runs=None, **tolerances) -> ParityReport:
     """Compare two run folders: a run name (under $LAB_RUNS_DIR or ./runs) or any path to a run folder.
 
     Reads files only (runfiles.py's contract): metrics.jsonl, model.pt, probe.pt, config.json. Tolerances
-    not given come from `tolerances_for` (per workload and device).
+    not given come from `tolerances_for` (per workload and device). `noise_runs`: float twins of A (names or
+    paths, or "auto": the runs named A-twin-*); with them tier 2 means "within their float-noise envelope".
     """
     a, b = resolve_run(run_a), resolve_run(run_b)
     ca, cb = _read_config(a), _read_config(b)
     tolerances = {**tolerances_for(ca, cb), **tolerances}
     wa, wb = runfiles.load_tensors(a), runfiles.load_tensors(b)
+    twins = load_twins(a, b, ca, wa, noise_runs) if noise_runs else None
     return classify(read_metrics(a), read_metrics(b), wa, wb, names=(a.name, b.name),
-                    output_diff=_output_diff(a, b, ca, cb), config_a=ca, config_b=cb, **tolerances)
+                    output_diff=_output_diff(a, b, ca, cb), config_a=ca, config_b=cb, twins=twins, **tolerances)
+
+
+TWIN_SEPARATOR = "-twin-"
+# Keys a float twin may change: they move the float order of the sums, never the samples or the randomness.
+TWIN_KEYS = {"grad_accum_steps", "micro_batch_size", "emulate_ranks", "no_sync", "nudge_init", "threads"}
+
+
+def find_twins(a: Path) -> list[Path]:
+    """The runs beside A named A-twin-* (what `ddp-lab run --twin` makes)."""
+    return sorted(p for p in a.parent.glob(f"{a.name}{TWIN_SEPARATOR}*") if (p / runfiles.METRICS).exists())
+
+
+def check_twin(a: Path, t: Path, ca: dict, ct: dict) -> None:
+    """Refuse a run that is not a float twin of A: the same keys but for TWIN_KEYS and bookkeeping."""
+    if not ca or not ct:
+        return  # a recorded script's config.json holds what its author passed: nothing to check against
+    ka, kt = _keys(ca), _keys(ct)
+    differ = [f"{k}={ka.get(k)} vs {kt.get(k)}" for k in sorted(set(ka) | set(kt))
+              if ka.get(k) != kt.get(k) and k not in TWIN_KEYS and k not in _BOOKKEEPING - {"steps"}]
+    if differ:
+        raise ValueError(f"{t.name} is not a float twin of {a.name}: it differs in {', '.join(differ)} (a twin may "
+                         f"change only {', '.join(sorted(TWIN_KEYS))})")
+
+
+def load_twins(a: Path, b: Path, ca: dict, wa: dict | None, noise_runs) -> list[noise.Twin]:
+    """The float twins of A as the envelope needs them; errors name a run that is missing or not a twin."""
+    if noise_runs == "auto" or list(noise_runs) == ["auto"]:
+        paths = find_twins(a)
+        if not paths:
+            raise FileNotFoundError(f"--noise auto: no run named {a.name}{TWIN_SEPARATOR}* beside {a} "
+                                    f"(make one with `ddp-lab run --name {a.name} ... --twin`)")
+    else:
+        paths = [resolve_run(t) for t in noise_runs]
+    twins = []
+    for t in paths:
+        if t in (a, b):
+            raise ValueError(f"{t.name} is {'A' if t == a else 'B'} itself: a float twin is another run of A")
+        ct = _read_config(t)
+        check_twin(a, t, ca, ct)
+        wt = runfiles.load_tensors(t)
+        per = compare_weights(wa, wt)[0] if wa is not None and wt is not None else {}
+        twins.append(noise.Twin(t.name, read_metrics(t), per, _output_diff(a, t, ca, ct)))
+    return twins
 
 
 def _read_config(run: Path) -> dict:

@@ -103,3 +103,39 @@ def _diff_panel(ax, series: list[tuple[str, list[float], str]], loss_tol: float)
     ax.text(0.99, loss_tol * 1.3, f"tier-2 tolerance {loss_tol:g}", transform=ax.get_yaxis_transform(),
             ha="right", va="bottom", color="gray", fontsize=8)
     ax.set_xlabel("step      (▼ on the bottom edge: |Δloss| exactly 0 at that step)")
+
+
+def plot_envelope(reports: dict, path: str | Path | None = None, title: str = ""):
+    """Divergence curves against one reference run A, on a log axis: each report's |Δloss| (B vs A), the float
+    twins' envelope (the running max of |twin - A|) and the tier-2 bound (margin x envelope), with the step
+    where a run leaves the envelope marked. `reports`: {label: ParityReport calibrated with the same twins}.
+    Left: the loss; right: the relative grad-norm difference."""
+    first = next(iter(reports.values()))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax, what, twin, bound in ((axes[0], "loss_diffs", first.twin_loss, first.loss_bounds),
+                                  (axes[1], "grad_rel_diffs", first.twin_grad, first.grad_bounds)):
+        steps = range(len(twin))
+        ax.set_yscale("log")
+        ax.fill_between(steps, [1e-12] * len(twin), bound, color="#dfe8f5", label=f"tier 2: within "
+                        f"{first.margin:g}x the twins' envelope")
+        ax.plot(steps, [t if t > 0 else float("nan") for t in twin], color="gray", lw=1.5, ls="--",
+                label=f"float twin{'s' if len(first.twins) > 1 else ''} vs A (running max)")
+        for i, (label, rep) in enumerate(reports.items()):
+            diffs = getattr(rep, what)
+            line, = ax.plot(range(len(diffs)), [d if d > 0 else float("nan") for d in diffs], lw=1.2,
+                            color=f"C{i}", label=f"{label}: tier {rep.tier}")
+            out = rep.first_step_over_tol if what == "loss_diffs" else rep.first_step_over_grad_rtol
+            if out is not None:
+                ax.plot([out], [diffs[out]], marker="o", ms=9, mfc="none", color=line.get_color())
+        positive = [d for rep in reports.values() for d in getattr(rep, what) if d > 0] + [b for b in bound if b > 0]
+        ax.set_ylim(min(positive) / 10, max(positive) * 10)
+        ax.set_xlabel("step      (○: where a run leaves the envelope)")
+    axes[0].set(ylabel="|Δloss| vs A", title="loss: distance from the single run (log scale)")
+    axes[1].set(ylabel="relative |Δgrad_norm| vs A", title="gradient norm: relative distance (log scale)")
+    for ax in axes:
+        ax.legend(**LEGEND)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig

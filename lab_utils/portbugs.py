@@ -3,6 +3,9 @@
 Each `PortBug` is a pair of runs: the correct single-process run (`single` keys, one process) and a port of
 it (`ddp` keys, `nproc` ranks). `expected="catch"`: the parity report must put the port *below tier 2* and
 name `cause` (a code of `parity.CAUSES`); `expected="pass"`: a correct port, which must reach tier 2 or 3.
+Tier 2 is judged against the float-noise envelope of the single run's float twin (`twin`, lab_utils/noise.py),
+so the same table holds at the toy size (`make test`) and at a real one (`SIZES["4x256"]`, 150 steps:
+`ddp-lab bench portbugs`), where fixed tolerances call correct ports tier 1.
 tests/test_port_bugs.py runs every entry with real processes; chapters 05-11 append their bugs to `SUITE`,
 and a `ddp-lab doctor` can run the same table. This module is data plus pure helpers: it launches nothing
 (analysis side: it may import runfiles and parity, never the launcher or the training code).
@@ -13,12 +16,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .parity import CAUSES, ParityReport
+from . import config, noise
+from .parity import CAUSES, TWIN_SEPARATOR, ParityReport
 
 # Every run of the suite: few steps (the bugs show from step 0, the epoch bug at step 2), default tiny GPT.
 STEPS = 8
 # The set_epoch case: 32 samples at global_batch_size 16 -> an epoch is 2 steps, boundaries at steps 2, 4, 6.
 EPOCH_SAMPLES = 32
+# Sizes the suite runs at: the keys added to every run. "toy" is make test's; "4x256" is a GPT 4 layers x 256
+# wide for 150 steps, long enough that float noise alone crosses any fixed tolerance (from step ~50 on 2 cores).
+SIZES = {"toy": (), "4x256": ("n_layer=4", "n_embd=256", "n_head=4", "steps=150")}
 
 
 EXPECTED = ("catch", "pass", "bitwise", "not_bitwise")
@@ -82,6 +89,8 @@ SUITE: list[PortBug] = [
             lesson="the article's loop without no_sync: an all-reduce per micro-batch costs time, not the tier"),
     PortBug("keyed_dropout", "ch02", _keys("dropout=0.1"), _keys("dropout=0.1"), "pass",
             lesson="dropout masks keyed by (seed, sample): the same on any number of ranks"),
+    PortBug("plain_port_bf16", "ch01", _keys("amp=bf16"), _keys("amp=bf16"), "pass",
+            lesson="bf16 autocast: the noise is bf16's, and the envelope is measured in bf16 too"),
     # ---- chapter 07 (BatchNorm). SGD: under Adam the bias before BatchNorm (~zero gradient) holds a correct
     # sync-BN port at tier 1 by its amplified float noise, which is not a port bug.
     PortBug("bn_without_sync", "ch07 (article §3.1)", _keys("model=bn_net", SGD), _keys("model=bn_net", SGD),
@@ -116,12 +125,31 @@ def run_name(nproc: int, keys: tuple[str, ...]) -> str:
     return f"pb_n{nproc}_{digest}"
 
 
-def runs_needed(suite: list[PortBug] = SUITE) -> dict[str, tuple[int, tuple[str, ...]]]:
-    """{run name: (nproc, keys)} for every distinct run the suite compares."""
+def sized(keys: tuple[str, ...], size: str) -> tuple[str, ...]:
+    """`keys` at one of SIZES (its keys win over the suite's, e.g. steps)."""
+    extra = SIZES[size]
+    names = {k.split("=", 1)[0] for k in extra}
+    return tuple(k for k in keys if k.split("=", 1)[0] not in names) + extra
+
+
+def twin(keys: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """(run name, keys) of the float twin of the single run with `keys` (noise.twin_of picks which twin)."""
+    given = config.parse_overrides(list(keys))
+    suffix, twin_keys = noise.twin_of(given, config.resolve(given, world_size=1))
+    as_text = tuple(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in twin_keys.items())
+    return f"{run_name(1, keys)}{TWIN_SEPARATOR}{suffix}", as_text
+
+
+def runs_needed(suite: list[PortBug] = SUITE, size: str = "toy") -> dict[str, tuple[int, tuple[str, ...]]]:
+    """{run name: (nproc, keys)} for every distinct run the suite compares, the single runs' twins included."""
     out: dict[str, tuple[int, tuple[str, ...]]] = {}
     for bug in suite:
-        out.setdefault(run_name(1, bug.single), (1, bug.single))
-        out.setdefault(run_name(bug.nproc, bug.ddp), (bug.nproc, bug.ddp))
+        single = sized(bug.single, size)
+        out.setdefault(run_name(1, single), (1, single))
+        name, keys = twin(single)
+        out.setdefault(name, (1, keys))
+        ddp = sized(bug.ddp, size)
+        out.setdefault(run_name(bug.nproc, ddp), (bug.nproc, ddp))
     return out
 
 

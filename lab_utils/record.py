@@ -17,6 +17,18 @@ averaged over ALL ranks, the global gradient norm, the samples so far, the param
 sample ids gathered from every rank), model.pt (rank 0, without `module.`), result.json; probe.pt only when
 you pass `probe_inputs` to close (parity copes without it).
 
+Judging your port (chapter 01, lab_utils/noise.py). Record three runs, not two:
+- the single run, the DDP run, and a **float twin** of the single run: the same script, one process, with each
+  batch summed as two micro-batches (`micro_batches(batch, 2)` below, `(loss_i / 2).backward()` each). Then
+  `ddp-lab doctor runs/single runs/ddp --noise runs/single_twin` judges the port against the float noise the
+  twin measured, which a fixed tolerance cannot do once a bigger model or a longer run has amplified it.
+- for a **bitwise** proof where the split allows it (a per-sample mean loss, no BatchNorm, no global-RNG draws
+  that depend on the batch shape): the single run accumulating W micro-batches laid out as the W ranks get them
+  (`like_ranks(batch, W)`: DistributedSampler gives rank r the items r, r+W, r+2W, ... of each global batch),
+  each `(loss_r / W).backward()`, logging `sum(loss_r) / W`. For W a power of two that is exactly DDP's
+  arithmetic (x 1/W is exact; a sum of two has one order), so `ddp-lab compare` gives tier 3 against W = 2 ranks.
+  tests/test_record.py proves both on tests/outside/multigpu_torchrun_recorded.py (`micro_batches=`, `layout=`).
+
 Rules it keeps:
 - **It does not change your training.** No random draws (the fingerprint is integer arithmetic; the
   gathers are collectives without randomness), no change to gradients, parameters or the model's mode
@@ -41,6 +53,24 @@ import torch
 import torch.distributed as dist
 
 from . import runfiles
+
+
+def micro_batches(batch, n: int) -> list:
+    """Split a batch (a tensor, or a tuple/list of tensors sharing dim 0) into `n` contiguous micro-batches: the
+    float twin of a single run (the same samples, summed in another order)."""
+    parts = [t.tensor_split(n) for t in (batch if isinstance(batch, (tuple, list)) else [batch])]
+    return [tuple(p[i] for p in parts) if isinstance(batch, (tuple, list)) else parts[0][i] for i in range(n)]
+
+
+def like_ranks(batch, world_size: int) -> list:
+    """Split a global batch into the micro-batches `world_size` DistributedSampler ranks get from it: rank r
+    the items r, r + W, r + 2W, ... (the sampler deals the shuffled indices out round-robin). Accumulating them
+    as `(loss_r / W).backward()` in rank order is the emulated W-rank reference of a single-process run."""
+    def deal(t):
+        return [t[r::world_size] for r in range(world_size)]
+    parts = [deal(t) for t in (batch if isinstance(batch, (tuple, list)) else [batch])]
+    return [tuple(p[r] for p in parts) if isinstance(batch, (tuple, list)) else parts[0][r]
+            for r in range(world_size)]
 
 
 def _dist() -> tuple[int, int, str | None]:

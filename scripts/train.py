@@ -94,6 +94,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     if state:
         resume.check(state, cfg, ckpt_path)
         model.load_state_dict(state["model"])  # before the wrap: DDP then broadcasts what rank 0 loaded
+    if cfg["nudge_init"] and not state:  # a float twin (parity --noise): the last bits of the initial weights
+        workloads.nudge(model, cfg["nudge_init"])
     heart.beat(init_param_hash=runfiles.fingerprint(model))
     if cfg["compile"]:  # in place: the module keeps its type and state_dict keys; DDP then calls the compiled one
         model.compile()

@@ -16,11 +16,33 @@ KEYS = {"steps": 8, "n_samples": 64, "global_batch_size": 16}  # 4 steps per epo
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     root = tmp_path_factory.mktemp("record") / "runs"
-    runs = {"single": (1, KEYS), "ddp": (2, KEYS), "no_set_epoch": (2, {**KEYS, "set_epoch": False})}
-    for name, (nproc, keys) in runs.items():
-        launcher.launch(name, nproc, keys, timeout=300, progress=False, runs_dir=root,
-                        script=SCRIPT).raise_for_status()
+    runs = {"single": (1, KEYS, {}), "ddp": (2, KEYS, {}), "no_set_epoch": (2, {**KEYS, "set_epoch": False}, {}),
+            # what record's docstring shows a user: the single run as 2 micro-batches (its float twin), and
+            # dealt out as 2 DistributedSampler ranks would get them (the emulated reference)
+            "single_twin": (1, KEYS, {"MICRO_BATCHES": "2"}),
+            "single_as_2_ranks": (1, KEYS, {"MICRO_BATCHES": "2", "LAYOUT": "ranks"})}
+    for name, (nproc, keys, env) in runs.items():
+        launcher.launch(name, nproc, keys, timeout=300, progress=False, runs_dir=root, script=SCRIPT,
+                        extra_env=env).raise_for_status()
     return root
+
+
+def test_a_float_twin_of_your_single_run_calibrates_the_verdict(recorded):
+    report = parity.compare(recorded / "single", recorded / "ddp", noise_runs=[recorded / "single_twin"])
+    assert report.calibrated and report.tier >= 2, report.format()
+    twin = parity.compare(recorded / "single", recorded / "single_twin")
+    assert not twin.bitwise, "the twin must be another float order, or it measures no noise"
+    diagnosis = doctor.diagnose_runs(recorded / "single", recorded / "ddp", noise_runs=[recorded / "single_twin"])
+    assert diagnosis.exit_code == 0, diagnosis.format()
+    bug = doctor.diagnose_runs(recorded / "single", recorded / "no_set_epoch", noise_runs=[recorded / "single_twin"])
+    assert bug.exit_code == 1 and bug.top.code == "sampler_epoch", bug.format()
+
+
+def test_the_single_run_dealt_out_like_ranks_is_bitwise_equal_to_ddp(recorded):
+    report = parity.compare(recorded / "single_as_2_ranks", recorded / "ddp")
+    assert report.tier == 3, report.format()
+    plain = parity.compare(recorded / "single", recorded / "ddp")
+    assert plain.tier < 3, "the plain single run sums in another order: only the dealt-out one is bitwise"
 
 
 def test_the_folder_follows_the_runfiles_contract(recorded):

@@ -50,3 +50,18 @@ def probe_outputs(model: torch.nn.Module, dataset, device: torch.device, n: int 
         out = model(batch["x"].to(device)).double().cpu()
     model.train(was_training)
     return out
+
+
+def nudge(model: torch.nn.Module, ulps: int) -> None:
+    """Move every floating parameter `ulps` float steps up (torch.nextafter): a float twin's start (`nudge_init`).
+
+    A perturbation the size of one rounding, applied once, the same on every rank: the run then sees the same
+    samples and the same randomness as the un-nudged one, and only the last bits of its weights differ, which
+    training amplifies as it amplifies another summation order. It works for any model (BatchNorm and
+    cross-sample losses included), where another micro-batch split would change what is computed.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                for _ in range(ulps):
+                    p.copy_(torch.nextafter(p, torch.full_like(p, float("inf"))))

@@ -12,7 +12,11 @@
 #     0 (log_softmax of one logit is 0), so the original trains nothing and every run would trivially agree;
 #   - the loop stops after `steps` optimizer steps; the per-device batch is global_batch_size // world_size;
 #   - key=value arguments (as `ddp-lab run` / lab_utils.launcher pass them): out_dir, steps, global_batch_size,
-#     n_samples, set_epoch, seed, lr; others are ignored;
+#     n_samples, set_epoch, seed, lr, micro_batches, layout (the last two also as MICRO_BATCHES and LAYOUT in
+#     the environment); others are ignored;
+#   - micro_batches=N (RECORD: what a user adds to judge a port): each batch summed as N micro-batches, each
+#     (loss / N).backward(): layout=contiguous is the float twin of the single run; layout=ranks deals the batch
+#     out as N DistributedSampler ranks would, the single-process emulation that is bitwise equal to N ranks;
 #   - exit with os._exit after the process group is destroyed (the gloo exit race, lab_utils/distenv.py).
 import torch
 import torch.nn.functional as F
@@ -64,6 +68,8 @@ class Trainer:
         rec: record.Recorder,  # RECORD:
         steps: int,  # PATCH
         set_epoch: bool,  # PATCH
+        micro_batches: int = 1,  # RECORD:
+        layout: str = "contiguous",  # RECORD:
     ) -> None:
         self.gpu_id = DEVICE  # PATCH
         self.model = model.to(self.gpu_id)
@@ -73,6 +79,7 @@ class Trainer:
         self.epochs_run = 0
         self.snapshot_path = snapshot_path
         self.rec, self.steps, self.step_no, self.set_epoch = rec, steps, 0, set_epoch  # RECORD: / PATCH
+        self.micro_batches, self.layout = micro_batches, layout  # RECORD:
         if os.path.exists(snapshot_path):
             print("Loading snapshot")
             self._load_snapshot(snapshot_path)
@@ -88,9 +95,18 @@ class Trainer:
 
     def _run_batch(self, source, targets, idx):
         self.optimizer.zero_grad()
-        output = self.model(source)
-        loss = F.mse_loss(output, targets)  # PATCH: cross_entropy over one class is always 0
-        loss.backward()
+        if self.micro_batches > 1:  # RECORD: a float twin (contiguous) or the emulated ranks (ranks)
+            split = record.like_ranks if self.layout == "ranks" else record.micro_batches  # RECORD:
+            loss = 0  # RECORD:
+            for x, y in split((source, targets), self.micro_batches):  # RECORD:
+                part = F.mse_loss(self.model(x), y)  # RECORD:
+                (part / self.micro_batches).backward()  # RECORD:
+                loss = loss + part.detach()  # RECORD:
+            loss = loss / self.micro_batches  # RECORD: the mean over the micro-batches, as ranks average it
+        else:
+            output = self.model(source)
+            loss = F.mse_loss(output, targets)  # PATCH: cross_entropy over one class is always 0
+            loss.backward()
         self.optimizer.step()
         self.rec.step(self.step_no, loss, self.model, sample_ids=idx,  # RECORD: every rank, after step()
                       lr=self.optimizer.param_groups[0]["lr"])
@@ -154,7 +170,9 @@ def main(keys: dict):
                                   "set_epoch": keys.get("set_epoch", "true") == "true"})
     train_data = prepare_dataloader(dataset, gbs // WORLD_SIZE, seed)
     trainer = Trainer(model, train_data, optimizer, 10**9, os.path.join(keys["out_dir"], "snapshot.pt"), rec,
-                      steps, keys.get("set_epoch", "true") == "true")
+                      steps, keys.get("set_epoch", "true") == "true",
+                      int(keys.get("micro_batches", os.environ.get("MICRO_BATCHES", 1))),  # RECORD:
+                      keys.get("layout", os.environ.get("LAYOUT", "contiguous")))  # RECORD:
     trainer.train(10**6)
     rec.close(trainer.model)  # RECORD: rank 0 writes model.pt and result.json
     if WORLD_SIZE > 1:

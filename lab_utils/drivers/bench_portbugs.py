@@ -1,0 +1,101 @@
+"""The port-bug suite at a real size, judged against float twins: does every verdict hold where noise has grown?
+
+    ddp-lab bench portbugs                       # GPT 4x256, 150 steps (SIZES["4x256"]): ~45 runs, ~40 min on 2 cores
+    ddp-lab bench portbugs --size toy            # the make-test size (8 steps of the tiny GPT), ~3 min
+    ddp-lab bench portbugs --only plain_port,set_epoch_forgotten --json out.json
+
+Every entry of lab_utils/portbugs.SUITE: its single run, that run's float twin (portbugs.twin) and the port,
+compared with `parity.compare(single, port, noise_runs=[twin])`, then by the doctor on the same folders. A row
+gives the tier, the cause, and how far the port sits from the envelope in envelopes (the largest
+|dloss| / E_loss or rel |dgrad| / E_grad over the steps, E without the margin): a correct port's worst step, a
+bug's first step outside. The last lines count false accepts (a bug at tier >= 2) and false rejects (a correct
+port below 2): both must be 0. Why a benchmark and not a test: at 4x256 the suite is ~40 minutes on the CI box.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .. import doctor, launcher, parity, portbugs, runfiles
+
+
+def envelopes(report: parity.ParityReport, bug: portbugs.PortBug) -> float | None:
+    """How many float-noise envelopes (bound / margin) the port is from A: worst step, or the first step out."""
+    if not report.calibrated:
+        return None
+    per_step = []
+    for s in range(report.steps_compared):
+        loss = report.loss_diffs[s] / (report.loss_bounds[s] / report.margin)
+        grad = report.grad_rel_diffs[s] / (report.grad_bounds[s] / report.margin) if report.grad_rel_diffs else 0
+        per_step.append(max(loss, grad))
+    outside = [s for s in (report.first_step_over_tol, report.first_step_over_grad_rtol) if s is not None]
+    if bug.expected == "catch" and outside:
+        return per_step[min(outside)]
+    return max(per_step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ddp-lab bench portbugs", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="4x256", choices=sorted(portbugs.SIZES))
+    ap.add_argument("--only", default="", help="comma-separated suite entry names")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args(argv)
+    suite = [b for b in portbugs.SUITE if not args.only or b.name in args.only.split(",")]
+    unknown = set(filter(None, args.only.split(","))) - {b.name for b in portbugs.SUITE}
+    if unknown:
+        ap.error(f"--only: no suite entry named {', '.join(sorted(unknown))}")
+    runs = portbugs.runs_needed(suite, args.size)
+    root = runfiles.runs_dir()
+    t0 = time.time()
+    for i, (name, (nproc, keys)) in enumerate(runs.items(), 1):
+        if (root / name / runfiles.RESULT).exists():
+            print(f"[{i}/{len(runs)}] {name}: already there", flush=True)
+            continue
+        result = launcher.launch(name, nproc, list(keys), timeout=args.timeout, progress=False)
+        print(f"[{i}/{len(runs)}] {name} ({nproc} proc, {' '.join(keys)}): {result.status} in {result.seconds:.0f} s "
+              f"({time.time() - t0:.0f} s so far)", flush=True)
+        result.raise_for_status()
+    rows, false_accepts, false_rejects = [], 0, 0
+    for bug in suite:
+        single, port = portbugs.sized(bug.single, args.size), portbugs.sized(bug.ddp, args.size)
+        a, b = root / portbugs.run_name(1, single), root / portbugs.run_name(bug.nproc, port)
+        twin = root / portbugs.twin(single)[0]
+        report = parity.compare(a, b, noise_runs=[twin])
+        diagnosis = doctor.diagnose_runs(a, b, noise_runs=[twin])
+        problems = portbugs.problems(bug, report) + portbugs.doctor_problems(bug, diagnosis)
+        false_accepts += bug.expected == "catch" and report.tier >= 2
+        false_rejects += bug.expected != "catch" and report.tier < 2
+        rows.append({"case": bug.name, "expected": bug.expected + (f" {bug.cause}" if bug.cause else ""),
+                     "tier": report.tier, "cause": report.cause.code if report.cause else "-",
+                     "envelopes": envelopes(report, bug), "first_outside": report.first_step_over_tol,
+                     "blind_from": report.blind_from_step, "doctor_exit": diagnosis.exit_code,
+                     "bound_first": report.loss_bounds[0], "bound_last": report.loss_bounds[-1],
+                     "max_dloss": report.max_abs_loss_diff, "ok": not problems, "problems": problems})
+    head = (f"{'case':36} {'expected':32} {'tier':>4} {'cause':18} {'x envelope':>10} {'first out':>9} "
+            f"{'blind from':>10} {'doctor':>6} {'max|dloss|':>10}  ok")
+    print(f"\nport-bug suite at size {args.size} ({', '.join(portbugs.SIZES[args.size]) or 'the make-test keys'}), "
+          f"judged against each single run's float twin (margin {parity.noise.MARGIN:g}x)")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        env = f"{r['envelopes']:.3g}" if r["envelopes"] is not None else "-"
+        print(f"{r['case']:36} {r['expected']:32} {r['tier']:>4} {r['cause']:18} {env:>10} "
+              f"{str(r['first_outside']) if r['first_outside'] is not None else '-':>9} "
+              f"{str(r['blind_from']) if r['blind_from'] is not None else '-':>10} {r['doctor_exit']:>6} "
+              f"{r['max_dloss']:10.2e}  {'ok' if r['ok'] else 'NO: ' + '; '.join(r['problems'])}")
+    print(f"\nfalse accepts (a bug at tier >= 2): {false_accepts}; false rejects (a correct port below tier 2): "
+          f"{false_rejects}; {len(runs)} runs, {time.time() - t0:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"size": args.size, "rows": rows, "false_accepts": false_accepts,
+                                         "false_rejects": false_rejects}, indent=1))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

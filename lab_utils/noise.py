@@ -1,0 +1,181 @@
+"""Float-noise envelopes: how far run B may drift from run A by float order alone, measured with float twins.
+
+Taught in notebooks/01_unchanged.ipynb. A **float twin** of run A is a run that differs from A only in the float
+order of its sums: the same samples at every step, the same randomness, the same keys otherwise (for the lab's
+runs: `grad_accum_steps=2`, `emulate_ranks=W`, or `nudge_init=1`, which moves every initial weight by one ulp;
+`ddp-lab run --twin` makes one). Training amplifies last-bit differences exponentially (measured: ~1e-7 for ~80
+steps, then about x10 every 18 steps at the workshop preset on an H200; from step ~50 for a 4x256 GPT on CPU), so
+any fixed tolerance is crossed by a correct port once the model is big or the run is long. A twin measures that
+growth for this very model, data and precision.
+
+**The rule (tier 2 "within float noise").** With twins T1..Tk of A, at every step s:
+
+    |loss_B(s) - loss_A(s)|  <=  MARGIN * max( E_loss(s), FLOOR_ULPS * ulp32(loss_A(s)) )
+    rel |dgrad_norm(B, A)|(s) <= MARGIN * max( E_grad(s), FLOOR_ULPS * 2**-23 )
+
+where E(s) is the running maximum over steps t <= s of the largest twin distance max_i |X_Ti(t) - X_A(t)| (the
+loss, or the relative grad-norm difference as `parity` computes it). Final state: every tensor of B within
+max(param_tol, MARGIN * the largest twin's |dparam| of that tensor), or the probe outputs within
+max(output_tol, MARGIN * the largest twin's |doutput|).
+
+Why these numbers (measured; the files are in ../shared/measured/, named in docs/results.md):
+- **running maximum**: a twin's distance from A jitters by up to ~100x from one step to the next in the growth
+  phase (4x256 GPT on CPU: |C-A| at step 146 is 28x below a correct port's), while its running maximum tracks
+  the growth. Pointwise, one twin needs a margin of 100-400; with the running maximum the worst correct pair seen
+  is 25x (bf16, workshop preset, one H200, twin grad_accum_steps=2 against 2 ranks, step 82), 7.2x (fp32 4x256
+  GPT on CPU, twin grad_accum_steps=2, grad norm, step 44) and 3.3x (fp32 workshop preset on an H200).
+- **MARGIN = 100**: 4x the worst correct pair measured. The bugs measured sit far outside it at their onset:
+  global batch doubled 6e5x the envelope at step 0, set_epoch forgotten 1.9e5x at the first epoch boundary
+  (4x256 GPT, CPU); the port-bug suite's own minimum is printed by `ddp-lab bench portbugs`.
+- **FLOOR_ULPS = 4**: before training amplifies anything a twin can be bitwise equal to A at a step where the
+  port is 1-2 ulps off (the mean of two half-batch means rounds differently); 4 ulps of the loss (relative 4 *
+  2**-23 for the grad norm) covers that and is still ~1e-6 at a loss of 4.
+
+What it cannot see: a bug whose effect starts late, once the envelope has grown, hides in it. The report says
+from which step that happens (`blind_from_step`: the first step where the bound reaches CONV_RTOL of the loss,
+past which tier 2 says no more than tier 1). Every port bug the series teaches shows at step 0 or at an epoch
+boundary, where the envelope is still at ulp level.
+
+Analysis side: pure functions of metrics lists; reads no files.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MARGIN = 100.0
+FLOOR_ULPS = 4
+GRAD_FLOOR = FLOOR_ULPS * 2.0 ** -23
+
+# The tier-2 rule in words: the one text README.md, docs/design.md and chapter 01 show (tests/test_noise.py
+# keeps them equal).
+RULE = (f"tier 2 (step-wise): at every step, |Δloss| and the relative |Δgrad_norm| of B against A stay within "
+        f"{MARGIN:g}x the float-noise envelope of A's float twins (the running maximum of each twin's distance "
+        f"from A; at least {FLOOR_ULPS} fp32 ulps), and the final weights (per tensor) or the probe-batch outputs "
+        f"within {MARGIN:g}x the twins' too. Without a twin: fixed tolerances (|Δloss| <= 1e-6, relative "
+        f"|Δgrad_norm| <= 1e-4, weights or outputs <= 1e-4), which hold for short runs of small models only; past "
+        f"them with nothing but float order to blame the report says \"not calibrated: give a float twin\".")
+
+
+def ulp32(x: float) -> float:
+    """The spacing of float32 numbers at |x|: what one last-bit difference of a logged fp32 loss is worth."""
+    return float(np.spacing(np.float32(abs(x)))) if math.isfinite(x) else math.inf
+
+
+def rel_diff(x: float, y: float) -> float:
+    """|y - x| / max(|x|, |y|): the relative difference parity uses for the grad norm (0 when both are 0)."""
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return math.inf
+    return abs(y - x) / max(abs(x), abs(y)) if (x or y) else 0.0
+
+
+@dataclass
+class Twin:
+    """One float twin of run A, as the envelope needs it: its metrics and its final distance from A."""
+    name: str
+    metrics: list[dict]
+    per_tensor: dict[str, float] = field(default_factory=dict)  # max |dparam| of each tensor against A
+    output_diff: float | None = None  # max |doutput| on the probe batch against A
+
+
+@dataclass
+class Bounds:
+    """Per step, the largest difference tier 2 accepts; fixed tolerances, or calibrated by float twins."""
+    loss: list[float]
+    grad: list[float]
+    param_tol: float
+    output_tol: float
+    calibrated: bool = False
+    twins: list[str] = field(default_factory=list)
+    margin: float = 1.0
+    twin_loss: list[float] = field(default_factory=list)  # E_loss(s): the twins' running-max distance
+    twin_grad: list[float] = field(default_factory=list)
+    twin_per_tensor: dict[str, float] = field(default_factory=dict)
+    twin_output: float | None = None
+
+    def param_bound(self, name: str) -> float:
+        return max(self.param_tol, self.margin * self.twin_per_tensor.get(name, 0.0))
+
+    def output_bound(self) -> float:
+        return max(self.output_tol, self.margin * (self.twin_output or 0.0))
+
+    def describe(self) -> str:
+        if not self.calibrated:
+            return "fixed tolerances (not calibrated: give a float twin with --noise)"
+        return (f"within {self.margin:g}x the float-noise envelope of {len(self.twins)} twin(s) "
+                f"({', '.join(self.twins)}), at least {FLOOR_ULPS} ulps")
+
+
+def fixed(n: int, loss_tol: float, grad_rtol: float, param_tol: float, output_tol: float) -> Bounds:
+    """The uncalibrated rule: the same tolerance at every step (holds for short runs of small models only)."""
+    return Bounds([loss_tol] * n, [grad_rtol] * n, param_tol, output_tol)
+
+
+def envelope(ma: list[dict], twins: list[Twin], n: int, param_tol: float, output_tol: float,
+             margin: float = MARGIN) -> Bounds:
+    """The calibrated bounds for comparing any run B with A over its first `n` steps, from A's twins."""
+    if not twins:
+        raise ValueError("an envelope needs at least one float twin")
+    short = [f"{t.name} ({len(t.metrics)} steps)" for t in twins if len(t.metrics) < n]
+    if short:
+        raise ValueError(f"a float twin must run at least as many steps as the runs it judges ({n}): "
+                         f"{', '.join(short)}")
+    if any(r.get("grad_norm") is None for t in twins for r in t.metrics[:n]):
+        raise ValueError("a float twin without grad_norm in its metrics.jsonl cannot calibrate the grad-norm bound")
+    la = [r["loss"] for r in ma[:n]]
+    ga = [r.get("grad_norm") for r in ma[:n]]
+    e_loss = np.maximum.accumulate([max(abs(t.metrics[s]["loss"] - la[s]) for t in twins) for s in range(n)])
+    e_grad = np.maximum.accumulate([max(rel_diff(ga[s], t.metrics[s]["grad_norm"]) if ga[s] is not None else 0.0
+                                        for t in twins) for s in range(n)])
+    loss = [margin * max(float(e), FLOOR_ULPS * ulp32(x)) for e, x in zip(e_loss, la, strict=True)]
+    grad = [margin * max(float(e), GRAD_FLOOR) for e in e_grad]
+    per: dict[str, float] = {}
+    for t in twins:
+        for k, v in t.per_tensor.items():
+            per[k] = max(per.get(k, 0.0), v)
+    outputs = [t.output_diff for t in twins if t.output_diff is not None]
+    return Bounds(loss, grad, param_tol, output_tol, calibrated=True, twins=[t.name for t in twins], margin=margin,
+                  twin_loss=[float(e) for e in e_loss], twin_grad=[float(e) for e in e_grad], twin_per_tensor=per,
+                  twin_output=max(outputs) if outputs else None)
+
+
+def blind_from(bounds: Bounds, losses: list[float], conv_rtol: float) -> int | None:
+    """The first step where the loss bound reaches conv_rtol of the loss: from there on, tier 2 tells no more than
+    tier 1 (a bug that starts there hides in the noise). None when it never does, or without calibration."""
+    if not bounds.calibrated:
+        return None
+    return next((s for s, (b, x) in enumerate(zip(bounds.loss, losses, strict=False))
+                 if b >= conv_rtol * abs(x)), None)
+
+
+def twin_of(overrides: dict, cfg: dict) -> tuple[str, dict]:
+    """(name suffix, keys) of the float twin the lab makes for a run: its `overrides` (key -> value, as given)
+    and `cfg` (the same keys resolved, for the derived batch sizes).
+
+    Two micro-batches where the run has one (`accum2`) is the usual twin: the same samples, summed in another
+    order. It is a twin only when a micro-batch's loss is a plain per-sample mean with no draw from the global
+    RNG; BatchNorm (statistics per micro-batch), in-batch negatives, per-micro-batch token means, sum losses and
+    global-RNG dropout or augmentation change *what* is computed when the batch is split. For those the twin
+    is `nudge_init=1` (every initial weight one ulp up), which is a twin of anything.
+    """
+    splits = (cfg.get("model") == "gpt" and not cfg.get("padding") and cfg.get("loss_reduction") == "mean"
+              and not (cfg.get("dropout", 0) > 0 and cfg.get("dropout_mode") == "torch")
+              and cfg.get("micro_batch_size", 1) % 2 == 0)
+    keys = {k: v for k, v in overrides.items() if k not in ("micro_batch_size", "grad_accum_steps", "nudge_init")}
+    if splits:
+        return "accum2", {**keys, "grad_accum_steps": 2 * cfg["grad_accum_steps"]}
+    return "nudge1", {**keys, "nudge_init": 1}
+
+
+def in_envelopes(loss_diffs: list[float], grad_diffs: list[float], loss_bounds: list[float],
+                 grad_bounds: list[float], margin: float) -> list[float]:
+    """Per step, how many envelopes (bound / margin) B is from A: the larger of the loss and grad-norm ratios.
+    A correct port's worst step must stay under `margin`; a bug's first step outside is far above it."""
+    out = []
+    for s, (d, b) in enumerate(zip(loss_diffs, loss_bounds, strict=True)):
+        g = grad_diffs[s] / (grad_bounds[s] / margin) if grad_diffs else 0.0
+        out.append(max(d / (b / margin), g))
+    return out
