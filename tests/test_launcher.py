@@ -9,7 +9,7 @@ import time
 import pytest
 from processes import leftovers, nothing_left_within
 
-from lab_utils import elastic_driver, launcher
+from lab_utils import elastic_driver, launch_commands, launch_lessons, launcher
 from lab_utils.config import ConfigError
 from lab_utils.runfiles import REPO, read_heartbeats
 
@@ -32,8 +32,8 @@ def wait_until_rank1_is_deaf(run_dir, proc=None, within: float = 300) -> None:
     raise AssertionError(f"rank 1 never reached step 2 within {within} s: {read_heartbeats(run_dir)}")
 
 
-def test_ok_run_writes_its_files(runs_dir):
-    r = launcher.launch("ok", 2, FAST, timeout=300, progress=False)
+def test_ok_run_writes_its_files(shared_run):
+    r = shared_run(2, FAST)  # the same run is test_multinode's standalone reference: launched once
     assert r.ok, str(r)
     for f in ("config.json", "metrics.jsonl", "model.pt", "result.json", "output.log", "launch.json"):
         assert (r.run_dir / f).exists(), f
@@ -47,12 +47,16 @@ def test_ok_run_writes_its_files(runs_dir):
 
 
 def test_hang_is_named_and_stopped(runs_dir):
+    """Caught by the stall timeout (no heartbeat from any rank for 8 s), long before the overall timeout (the
+    backstop); then the same stop path as at that timeout: the rank named, its stack dumped, the tree stopped."""
     start = time.time()
-    r = launcher.launch("hang", 2, FAST + ["fault=hang", "fault_rank=1", "fault_step=3"], timeout=20,
-                        progress=False)
-    assert time.time() - start < 20 + 30
-    assert r.status == "hang" and "hang" in r.message
+    r = launcher.launch("hang", 2, FAST + ["fault=hang", "fault_rank=1", "fault_step=3"], timeout=300,
+                        progress=False, stall_timeout=8)
+    assert time.time() - start < 150
+    assert r.status == "hang" and "hang: no heartbeat from any rank for 8 s" in r.message, str(r)
     assert r.failing_rank == 1, r.message  # rank 1 is behind; rank 0 waits for it in the all-reduce
+    assert "rank 1 is behind" in r.message
+    assert launch_lessons.innermost(r.stacks[1]) == "inject_fault: time.sleep(3600)", r.stacks
     assert not leftovers(r.run_dir)
 
 
@@ -74,13 +78,21 @@ def test_killed_rank_is_reported_by_signal(runs_dir):
 
 
 def test_single_process_crash_and_hang(runs_dir):
-    r = launcher.launch("crash1", 1, FAST + ["fault=crash", "fault_step=1"], timeout=300, progress=False)
+    """Also launch_many: failures come back as results, in the order given, unless raise_on_failure."""
+    out = launcher.launch_many({"crash": ("crash1", 1, FAST + ["fault=crash", "fault_step=1"]),
+                                "abort": ("abort1", 1, FAST + ["fault=abort", "fault_step=1"])},
+                               max_workers=2, timeout=300)
+    assert list(out) == ["crash", "abort"] and [r.name for r in out.values()] == ["crash1", "abort1"]
+    r = out["crash"]
     assert r.status == "crashed" and "injected fault" in r.message and "inject_fault" in r.traceback
-    r = launcher.launch("hang1", 1, FAST + ["fault=hang", "fault_step=1"], timeout=8, progress=False)
-    assert r.status == "hang" and not leftovers(r.run_dir)
-    r = launcher.launch("abort1", 1, FAST + ["fault=abort", "fault_step=1"], timeout=300, progress=False)
+    r = out["abort"]
     assert r.status == "crashed" and r.failing_rank == 0 and "SIGABRT" in r.message, str(r)
     assert r.command_line.startswith("python scripts/train.py ")  # what ran after the exec, to copy
+    # the overall timeout (one process, no stall timeout): a hang, reported by raise_on_failure after the stop
+    with pytest.raises(launcher.RunFailed, match=r"(?s)run 'hang1': hang .*no exit after the 8 s timeout"):
+        launcher.launch_many({"hang": ("hang1", 1, FAST + ["fault=hang", "fault_step=1"], {"timeout": 8})},
+                             max_workers=1, timeout=300, raise_on_failure=True)
+    assert not leftovers(runs_dir / "hang1")
 
 
 @pytest.mark.parametrize("nproc, keys, fragment", [
@@ -112,13 +124,20 @@ def test_abort_is_blamed_on_the_aborting_rank_not_its_sigtermed_peer(runs_dir):
     assert not leftovers(r.run_dir)
 
 
-def test_rank_ignoring_sigterm_is_killed_at_the_timeout(runs_dir):
+def test_rank_ignoring_sigterm_is_killed_when_the_run_stalls(runs_dir):
+    """The stall timeout (10 s without a heartbeat) stops the run long before the overall timeout (the
+    backstop); rank 1 survives the SIGTERM, so only the SIGKILL after the grace ends it."""
     start = time.time()
-    r = launcher.launch("deaf", 2, FAST + ["fault=ignore_term", "fault_rank=1", "fault_step=2"], timeout=90,
-                        progress=False)
+    r = launcher.launch("deaf", 2, FAST + ["fault=ignore_term", "fault_rank=1", "fault_step=2"], timeout=300,
+                        progress=False, stall_timeout=10)
     assert r.status == "hang" and r.failing_rank == 1, str(r)
+    assert "hang: no heartbeat from any rank for 10 s" in r.message, str(r)
     assert r.heartbeats[1]["step"] == 2  # rank 1 reached the fault, so it was ignoring SIGTERM when stopped
-    assert time.time() - start < 90 + 2 * elastic_driver.SHUTDOWN_GRACE + 20
+    # after the last heartbeat: the stall, the stack dump, then the whole grace, since the deaf rank outlived
+    # its SIGTERM (one that died of it would end the wait early); only the SIGKILL after it ended rank 1
+    since_last_beat = time.time() - max(b["time"] for b in r.heartbeats.values())
+    assert since_last_beat >= 10 + launcher.DUMP_WAIT + elastic_driver.SHUTDOWN_GRACE, since_last_beat
+    assert time.time() - start < 150
     assert not leftovers(r.run_dir)  # right away: launch() returns only once the tree is gone
 
 
@@ -224,8 +243,9 @@ def test_half_written_error_file_is_read_as_no_file(tmp_path):
 
 
 def test_ranks_get_a_bytecode_cache_only_when_torch_ships_without_one(tmp_path, monkeypatch):
-    """launcher.bytecode_cache: the two-H200 box had torch with no __pycache__ and PYTHONDONTWRITEBYTECODE=1,
-    so every rank compiled torch from source. The ranks then get a cache folder; otherwise nothing changes."""
+    """launch_commands.bytecode_cache: the two-H200 box had torch with no __pycache__ and
+    PYTHONDONTWRITEBYTECODE=1, so every rank compiled torch from source. The ranks then get a cache folder;
+    otherwise nothing changes."""
     import importlib.util
     from types import SimpleNamespace
 
@@ -236,13 +256,40 @@ def test_ranks_get_a_bytecode_cache_only_when_torch_ships_without_one(tmp_path, 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: SimpleNamespace(origin=str(bare / "__init__.py"))
                         if name == "torch" else real_find_spec(name, *a))
     box = {"PYTHONDONTWRITEBYTECODE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    assert launcher.bytecode_cache(box) == tmp_path / "cache" / "ddp-parity-lab" / "pycache"
-    assert launcher.bytecode_cache({**box, "LAB_BYTECODE_CACHE": "off"}) is None
-    assert launcher.bytecode_cache({**box, "PYTHONPYCACHEPREFIX": "/elsewhere"}) is None  # the user's own wins
-    monkeypatch.setattr(launcher.os, "environ", box)
-    env = launcher._environment({"threads": 1}, tmp_path / "logs", 2, None)
+    assert launch_commands.bytecode_cache(box) == tmp_path / "cache" / "ddp-parity-lab" / "pycache"
+    assert launch_commands.bytecode_cache({**box, "LAB_BYTECODE_CACHE": "off"}) is None
+    assert launch_commands.bytecode_cache({**box, "PYTHONPYCACHEPREFIX": "/elsewhere"}) is None  # the user's own wins
+    monkeypatch.setattr(launch_commands.os, "environ", box)
+    env = launch_commands.environment({"threads": 1}, tmp_path / "logs", 2, None)
     assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "cache" / "ddp-parity-lab" / "pycache")
     assert "PYTHONDONTWRITEBYTECODE" not in env
     (bare / "__pycache__").mkdir()  # bytecode next to the source: Python reads it, a prefix would hide it
-    assert launcher.bytecode_cache(box) is None
-    assert "PYTHONPYCACHEPREFIX" not in launcher._environment({"threads": 1}, tmp_path / "logs", 2, None)
+    assert launch_commands.bytecode_cache(box) is None
+    assert "PYTHONPYCACHEPREFIX" not in launch_commands.environment({"threads": 1}, tmp_path / "logs", 2, None)
+
+
+def test_progress_in_a_log_is_one_line_per_run(monkeypatch):
+    """Where stderr is a file (CI, `make lab > log 2>&1`), the poll loop's 5 redraws a second must not each leave
+    a "0/40" line: one line when the run ends. A terminal (or a Jupyter kernel) keeps the live bar."""
+    import io
+
+    from lab_utils import supervise
+
+    log = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", log)
+    assert not supervise.live_display()
+    bar = supervise.progress_bar(40, "demo", True)
+    for _ in range(20):  # the ranks are starting: nothing written yet
+        bar.show(0, None)
+    bar.show(40, 1.23456)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("demo: 40/40 steps, loss 1.2346 ("), lines
+    monkeypatch.setattr(supervise, "LOG_EVERY", 0.0)  # a long run: a line per LOG_EVERY s, none repeated
+    bar = supervise.progress_bar(40, "long", True)
+    for done in (0, 0, 10, 10, 20):
+        bar.show(done, 1.0)
+    bar.close()
+    assert [ln.split(" (")[0] for ln in log.getvalue().splitlines()[1:]] == \
+        ["long: 0/40 steps, loss 1.0000", "long: 10/40 steps, loss 1.0000", "long: 20/40 steps, loss 1.0000"]
+    assert supervise.progress_bar(40, "off", False) is None

@@ -23,9 +23,9 @@ def assert_nothing_left(run_dir, within: float = 10):
     assert not names, names
 
 
-def test_two_simulated_nodes_are_bitwise_the_standalone_run(runs_dir):
+def test_two_simulated_nodes_are_bitwise_the_standalone_run(runs_dir, shared_run):
     two = launcher.launch("two", 1, FAST, timeout=300, progress=False, nnodes=2)
-    one = launcher.launch("one", 2, FAST, timeout=300, progress=False)
+    one = shared_run(2, FAST)  # the plain 2-rank run (test_launcher reads the same one): another launch than two
     assert two.ok and one.ok, f"{two}\n{one}"
     assert parity.compare(one.run_dir, two.run_dir).tier == 3
     lines = two.command_lines
@@ -50,12 +50,14 @@ def test_crash_on_either_node_names_the_rank(runs_dir, bad_rank):
 
 
 def test_hang_on_a_node_is_stopped_named_and_its_stack_dumped(runs_dir):
-    timeout = 40
+    """Caught by the stall timeout (8 s without a heartbeat), long before the overall timeout (the backstop);
+    then the same stop path as at that timeout, across both nodes."""
     start = time.time()
-    r = launcher.launch("hang", 1, FAST + ["fault=hang", "fault_rank=1", "fault_step=2"], timeout=timeout,
-                        progress=False, nnodes=2)
+    r = launcher.launch("hang", 1, FAST + ["fault=hang", "fault_rank=1", "fault_step=2"], timeout=300,
+                        progress=False, nnodes=2, stall_timeout=8)
     assert r.status == "hang" and r.failing_rank == 1, str(r)
-    assert time.time() - start < timeout + 15
+    assert "hang: no heartbeat from any rank for 8 s" in r.message and "rank 1 is behind" in r.message, str(r)
+    assert time.time() - start < 150
     frames = launch_lessons.frames(r.stacks[1])
     assert frames and frames[0][2] == "inject_fault" and frames[0][3] == "time.sleep(3600)", r.stacks[1]
     # rank 0 waits inside a collective of torch.distributed (DDP's buffer broadcast or the gradient all-reduce)
