@@ -1,19 +1,20 @@
 """`ddp-lab doctor RUN_A RUN_B`: where two runs part, and why — the likely causes, ranked, with their evidence.
 
 Taught in notebooks/10_workflow.ipynb (article §7.1-7.2, corrected). Built on the parity report
-(lab_utils/parity.py): the tier, the first differing step and the cause `parity.diagnose` names come from
-there unchanged, so `compare` and `doctor` never disagree. The doctor adds:
+(lab_utils/parity.py) and its cause engine (lab_utils/causes.py): the tier, the first differing step and the
+cause the report names come from there unchanged, so `compare` and `doctor` never disagree. The doctor adds:
 
 - **checked folders.** A path that is not a run folder (missing, no metrics.jsonl, an empty or corrupt one,
   a step without `loss`) is a `RunFolderError` that names the folder and the file, before anything is read;
 - **where they part.** The first step whose loss, grad_norm or fingerprint is not identical, the first step
   over the tier-2 tolerances, and the tensors that moved most (model.pt);
-- **every cause the files support, ranked.** `parity.diagnose` stops at its first match; the doctor runs every
-  check and lists each cause with its evidence: the global batch (config.json, or the samples per step), the
-  sample set of the first batch and the step where the sample sets part (metrics.jsonl `sample_ids`, written
-  by lab_utils.record), the gradient-norm ratio, the epoch boundary, the initial weights (each rank's
-  init fingerprint, from the heartbeats or record's config.json), per-rank randomness, BatchNorm buffers,
-  and float order. The cause parity names ranks first; the others follow by the strength of their evidence.
+- **every cause the files support, ranked.** The report names the first decisive one (`causes.first`); the
+  doctor lists every candidate of every check (`causes.ranked`) with its evidence: the global batch (config.json,
+  or the samples per step), the sample set of the first batch and the step where the sample sets part
+  (metrics.jsonl `sample_ids`, written by lab_utils.record), the gradient-norm ratio, the epoch boundary, the
+  initial weights (each rank's init fingerprint, from the heartbeats or record's config.json), per-rank
+  randomness, batch-wide losses, BatchNorm, and float order. The named cause ranks first; the others follow by
+  the strength of their evidence.
 - **a verdict.** Tier 3: "unchanged: bitwise". Tier 2: "no bug: float order" (with float twins: within their
   noise envelope, lab_utils/noise.py). Below: the top cause. Without twins, past the fixed tolerances with
   nothing but float order to blame: "not calibrated" — amplified float noise and a small bug look alike there,
@@ -32,26 +33,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import parity, runfiles
-from .parity import CAUSES, Cause, ParityReport
-
-# Evidence strength, for the ranking (the cause parity.diagnose names always comes first).
-NAMED, STRONG, MEDIUM, WEAK = 100, 80, 50, 10
+from . import causes, parity, runfiles
+from .causes import MEDIUM, NAMED, Candidate
+from .parity import ParityReport
 
 
 class RunFolderError(FileNotFoundError):
     """A path given to the doctor is not a readable run folder; the message names the folder and the file."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    code: str       # a key of parity.CAUSES
-    strength: int   # NAMED > STRONG > MEDIUM > WEAK
-    evidence: str   # what in the two folders points to it, with numbers
-
-    @property
-    def meaning(self) -> str:
-        return CAUSES[self.code]
 
 
 @dataclass
@@ -104,6 +92,9 @@ class Diagnosis:
                 lines.append(f"   {i}. [{c.code}] {c.meaning}")
                 lines.append(f"      evidence: {c.evidence}")
         lines += [f"  note: {n}" for n in self.notes]
+        if r.steps_compared > 1 and r.loss_diffs:
+            lines.append("  per step: |dloss| of B vs A, the float twins' (running max) and the tier-2 bound")
+            lines += [f"    {row}" for row in r.divergence_table().splitlines()]
         return "\n".join(lines)
 
 
@@ -145,130 +136,6 @@ def check_run_folder(path: str | Path) -> Path:
     return run
 
 
-# ------------------------------------------------------------------ the checks, each on its own
-def _init_hashes(run: Path, config: dict) -> dict[int, str]:
-    """{rank: fingerprint of the initial weights before the DDP wrap}: train.py's heartbeats, or record's
-    config.json (`init_param_hash_by_rank`)."""
-    by_rank = config.get("init_param_hash_by_rank")
-    if by_rank:
-        return {int(r): h for r, h in enumerate(by_rank)}
-    return {r: b["init_param_hash"] for r, b in runfiles.read_heartbeats(run).items() if b.get("init_param_hash")}
-
-
-def _sample_sets(metrics: list[dict]) -> list[frozenset] | None:
-    if not metrics or any(m.get("sample_ids") is None for m in metrics):
-        return None
-    return [frozenset(m["sample_ids"]) for m in metrics]
-
-
-def candidates(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict, run_a: Path,
-               run_b: Path) -> list[Candidate]:
-    """Every cause the two folders give evidence for (unranked; parity's own cause included)."""
-    ka, kb = ca.get("config", {}), cb.get("config", {})
-    found: list[Candidate] = []
-    add = lambda code, strength, text: found.append(Candidate(code, strength, text))  # noqa: E731
-
-    # The global batch: config.json, or the samples counted per step (record writes them for any script).
-    ga, gb = ka.get("global_batch_size"), kb.get("global_batch_size")
-    if ga is not None and gb is not None and ga != gb:
-        add("global_batch", STRONG, f"config.json: global_batch_size {ga} vs {gb}")
-    elif ma[0].get("samples") and mb[0].get("samples") and ma[0]["samples"] != mb[0]["samples"]:
-        add("global_batch", STRONG, f"metrics.jsonl: {ma[0]['samples']} vs {mb[0]['samples']} samples in step 0")
-
-    # The sample sets (lab_utils.record's sample_ids): which step first sees other samples.
-    sa, sb = _sample_sets(ma), _sample_sets(mb)
-    if sa is not None and sb is not None:
-        n = min(len(sa), len(sb))
-        part = next((i for i in range(n) if sa[i] != sb[i]), None)
-        if part == 0 and len(sa[0]) == len(sb[0]):
-            add("data_or_init", STRONG, f"sample_ids: step 0 holds other samples ({len(sa[0] - sb[0])} of "
-                                        f"{len(sa[0])} differ) — the sample set or the data order differs")
-        elif part is not None and part > 0:
-            add("sampler_epoch", STRONG, f"sample_ids: the same samples at steps 0-{part - 1}, other samples from "
-                                         f"step {part} on — the data order changes there (an epoch boundary "
-                                         f"reached without set_epoch, or a RandomSampler)")
-
-    # The gradient scale.
-    world = max(parity._ranks(ca) or 1, parity._ranks(cb) or 1)
-    ratio0 = (mb[0].get("grad_norm") or 0) / ma[0]["grad_norm"] if ma[0].get("grad_norm") else None
-    for w in ([world] if world > 1 else range(2, 65)):
-        for target, word in ((1 / w, "1/world_size"), (w, "world_size")):
-            if parity._near(ratio0, target) or parity._near(r.grad_norm_ratio_median, target):
-                add("reduction_scale", STRONG, f"grad_norm B/A {parity._fmt(ratio0)} at step 0, "
-                    f"{parity._fmt(r.grad_norm_ratio_median)} in the median = {word} ({w})")
-                break
-        else:
-            continue
-        break
-    if ka.get("loss_reduction") and kb.get("loss_reduction") and ka["loss_reduction"] != kb["loss_reduction"]:
-        add("reduction_scale", STRONG, f"config.json: loss_reduction {ka['loss_reduction']} vs {kb['loss_reduction']}")
-
-    # The epoch boundary.
-    starts = [s for s in (r.first_step_over_tol, r.first_step_over_grad_rtol) if s is not None]
-    first = min(starts) if starts else None
-    n_samples = ka.get("n_samples") or kb.get("n_samples")
-    gbs = ga or gb
-    if first and n_samples and gbs:
-        boundary = parity.epoch_starts(n_samples, gbs, {parity._ranks(ca), parity._ranks(cb)}, r.steps_compared)
-        if first in boundary:
-            flag = [f"{nm} has set_epoch=false" for nm, k in (("A", ka), ("B", kb)) if k.get("set_epoch") is False]
-            add("sampler_epoch", STRONG if flag else MEDIUM,
-                f"first diverging step {first} = start of epoch {boundary[first]} (n_samples={n_samples}, "
-                f"global_batch_size={gbs}: {n_samples / gbs:g} steps per epoch)"
-                + (f"; {', '.join(flag)}" if flag else ""))
-
-    # The initial weights: each run's rank-0 init fingerprint, and each rank's within a run.
-    ha, hb = _init_hashes(run_a, ca), _init_hashes(run_b, cb)
-    if ha.get(0) and hb.get(0) and ha[0] != hb[0]:
-        add("data_or_init", STRONG, f"rank 0 built other initial weights (init fingerprints {ha[0]} vs {hb[0]}): "
-                                    f"another init seed or model code")
-    for nm, hashes in (("B", hb), ("A", ha)):
-        if len(set(hashes.values())) > 1:
-            add("per_rank_rng", MEDIUM, f"{nm}'s ranks built different initial weights before the wrap "
-                f"({', '.join(f'rank {k} {v}' for k, v in sorted(hashes.items()))}): seeded per rank; the wrap "
-                f"copies rank 0's weights, but every later draw (dropout, augmentation) still depends on the rank")
-    for nm, c in (("B", cb), ("A", ca)):
-        what = parity._randomness(c)
-        if what:
-            add("per_rank_rng", STRONG, f"{nm} draws {what} from the global RNG on {parity._ranks(c)} ranks")
-
-    # BatchNorm: running statistics in model.pt and a different number of ranks.
-    wa = runfiles.load_tensors(run_a)
-    if wa and any(k.endswith("running_mean") for k in wa) and parity._ranks(ca) != parity._ranks(cb):
-        synced = [nm for nm, k in (("A", ka), ("B", kb)) if k.get("sync_bn", "none") != "none"]
-        if not synced:
-            add("batch_norm", STRONG if r.loss_diffs and r.loss_diffs[0] > r.loss_bound(0) else MEDIUM,
-                f"model.pt has BatchNorm running statistics and the runs use {parity._ranks(ca)} vs "
-                f"{parity._ranks(cb)} ranks without sync_bn; step-0 |dloss| {r.loss_diffs[0]:.2e}")
-
-    # Loss differs at step 0 with nothing above to say why.
-    if r.loss_diffs and r.loss_diffs[0] > r.loss_bound(0) and not any(c.code == "data_or_init" for c in found):
-        add("data_or_init", WEAK, f"step-0 |dloss| {r.loss_diffs[0]:.2e}: the first forward already differs")
-
-    # Float order: the weakest unless nothing else fits; ruled out when B has left the float twins' envelope.
-    if r.loss_diffs and not (r.calibrated and r.tier < 2):
-        first_text = f"first diverging step {first}" if first is not None else "no step over the tolerances"
-        add("float_order", WEAK, f"step-0 |dloss| {r.loss_diffs[0]:.1e}; {first_text}; max |dloss| "
-                                 f"{r.max_abs_loss_diff:.1e}")
-    return found
-
-
-def rank_causes(named: Cause | None, found: list[Candidate]) -> list[Candidate]:
-    """Parity's cause first (with every piece of evidence for it merged in), then the rest by strength."""
-    merged: dict[str, Candidate] = {}
-    for c in sorted(found, key=lambda c: -c.strength):
-        if c.code in merged:
-            old = merged[c.code]
-            merged[c.code] = Candidate(c.code, old.strength, f"{old.evidence}; {c.evidence}")
-        else:
-            merged[c.code] = c
-    if named is not None:
-        extra = merged.pop(named.code, None)
-        head = Candidate(named.code, NAMED, named.text + (f" [also: {extra.evidence}]" if extra else ""))
-        return [head, *sorted(merged.values(), key=lambda c: -c.strength)]
-    return sorted(merged.values(), key=lambda c: -c.strength)
-
-
 def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs=None, **tolerances) -> Diagnosis:
     """The doctor's diagnosis of two run folders (run names or paths); RunFolderError on a bad folder.
     `noise_runs`: float twins of A (or "auto"), as for parity.compare; ValueError names a run that is no twin."""
@@ -279,6 +146,8 @@ def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs
     report = parity.compare(a, b, noise_runs=noise_runs, **tolerances)
     ma, mb = runfiles.read_metrics(a), runfiles.read_metrics(b)
     ca, cb = parity._read_config(a), parity._read_config(b)
+    evidence = parity.evidence(report, ma, mb, ca, cb, runfiles.load_tensors(a),
+                               (causes.init_hashes(a, ca), causes.init_hashes(b, cb)))
     notes = [f"{nm}: no config.json — the causes read from the keys (batch, seeds, sampler) cannot be checked"
              for nm, path in (("A", a), ("B", b)) if not (path / runfiles.CONFIG).exists()]
     worst = sorted(report.per_tensor.items(), key=lambda kv: -kv[1])[:top]
@@ -287,27 +156,29 @@ def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs
     if len(ma) != len(mb):
         first = min(len(ma), len(mb)) if first is None else first
     if report.tier == 3:
-        verdict, causes = "unchanged: bitwise", []
+        verdict, found = "unchanged: bitwise", []
     elif report.tier == 2:
         verdict = "no bug: float order"
         within = (f"within {report.margin:g}x the float-noise envelope of {', '.join(report.twins)} at every step"
                   if report.calibrated else "every step within the fixed tolerances")
-        causes = [Candidate("float_order", NAMED,
+        found = [Candidate("float_order", NAMED,
                             f"tier 2: {within} (max |dloss| {report.max_abs_loss_diff:.1e}, max rel |dgrad_norm| "
-                            f"{parity._fmt(report.max_rel_grad_norm_diff)}); only the float order of the sums differs")]
+                            f"{causes.fmt(report.max_rel_grad_norm_diff)}); only the float order of the sums differs")]
     elif report.needs_twin:
-        causes = rank_causes(report.cause, candidates(report, ma, mb, ca, cb, a, b))
+        found = causes.ranked(evidence, report.cause)
         verdict = ("not calibrated: past the fixed tolerances from step "
                    f"{first} with nothing but float order to blame — give a float twin of A (--noise) to tell "
                    f"amplified float noise from a bug")
     else:
-        causes = rank_causes(report.cause, candidates(report, ma, mb, ca, cb, a, b))
+        found = causes.ranked(evidence, report.cause)
         named = report.cause.code if report.cause else None
-        if named is None and causes and causes[0].strength >= MEDIUM:  # parity named none; the evidence does
-            named = causes[0].code
+        if named is None and found and found[0].strength >= MEDIUM:  # the report named none; the evidence does
+            named = found[0].code
         verdict = f"bug: {named}" if named and named != "float_order" else (
-            "diverged by float order only (no bug in the port)" if named == "float_order" else
+            # Float order alone does not take two runs to tier 0 (their last losses >5% apart): no verdict of "no bug".
+            "no cause identified: only the float order differs in the keys, yet the runs do not even converge "
+            "alike" if named == "float_order" else
             "the runs differ; no cause identified from the files")
     notes += report.notes
     return Diagnosis(a.name, b.name, report, verdict, report.first_diff_step, first,
-                     [(n, v) for n, v in worst if math.isfinite(v)], causes, notes)
+                     [(n, v) for n, v in worst if math.isfinite(v)], found, notes)

@@ -39,18 +39,10 @@ whose relative |Δgrad_norm| exceeds `grad_rtol`; `grad_norm_ratio_median` the m
 grad_norm_B / grad_norm_A over the steps.
 
 **Cause.** Below tier 2 the report names the likely cause when the evidence points to one (`cause`: a
-code of `CAUSES` and a sentence), from the two runs' files only, checked in this order:
-`global_batch` (config.json's global_batch_size differs), `reduction_scale` (loss_reduction differs, or
-grad_norm_B / grad_norm_A at step 0 or its median is world_size or 1/world_size within 1%),
-`sampler_epoch` (the runs agree until the first step of a later epoch: ceil or floor of
-e * n_samples / global_batch_size, e >= 1; needs n_samples > 0 in config.json, the only place a run
-records its dataset size), `per_rank_rng` (a multi-rank run draws dropout or augmentation from the global
-RNG, per config.json), `batch_norm` (BatchNorm with a different number of ranks: each normalises with its
-own micro-batch's statistics), `data_or_init` (the loss already differs at step 0: the first batch or the
-initial weights differ), and, when the loss agrees at step 0 but the weights differ after the first update
-and the loss diverges later with no other config.json difference: `per_rank_rng` if a run seeds per rank,
-else `float_order` (only the batch split, hence the summation order, differs). No cause fits: the report
-says so and lists the config.json differences in a note.
+code of `CAUSES` and a sentence), from the two runs' files only: the first decisive finding of the cause
+engine (lab_utils/causes.py, one rule per cause, shared with `ddp-lab doctor`), which starts at the first step
+where B leaves what A's float noise allows. No cause fits: the report says so and lists the config.json
+differences in a note.
 """
 
 from __future__ import annotations
@@ -63,7 +55,8 @@ from pathlib import Path
 
 import torch
 
-from . import noise, runfiles
+from . import causes, noise, runfiles
+from .causes import BOOKKEEPING, CAUSES, Cause, config_differences, epoch_starts  # noqa: F401 (the report's names)
 from .runfiles import read_metrics
 
 LOSS_TOL = 1e-6
@@ -71,7 +64,6 @@ PARAM_TOL = 1e-4
 OUTPUT_TOL = 1e-4
 GRAD_RTOL = 1e-4
 CONV_RTOL = 0.05
-SCALE_RTOL = 0.01  # how close grad_norm_B / grad_norm_A must be to world_size or 1/world_size
 
 # Tier-2 tolerances per (workload, device type): the one place they live. The defaults fit fp32 on CPU
 # and the GPT on CUDA. bn_net on CUDA: cuDNN picks convolution kernels by batch shape, so a 2-rank run
@@ -93,30 +85,6 @@ def tolerances_for(config_a: dict, config_b: dict) -> dict:
 
 
 TIER_NAMES = {3: "bitwise", 2: "step-wise", 1: "same convergence", 0: "diverged"}
-
-# The causes the report can name (code -> what it means). portbugs.SUITE's expected causes use these codes.
-CAUSES = {
-    "global_batch": "the global batch differs: a different number of samples per optimizer step",
-    "reduction_scale": "the gradient is scaled by world_size or 1/world_size: the loss reduction",
-    "sampler_epoch": "the data order differs from an epoch boundary on: set_epoch forgotten, RandomSampler",
-    "per_rank_rng": "randomness that depends on the rank: per-rank seeds, global-RNG dropout or augmentation",
-    "batch_norm": "BatchNorm statistics of each rank's own micro-batch: a different number of ranks",
-    "data_or_init": "the first batch or the initial weights differ: batch size, sample set or init",
-    "float_order": "nothing but the float order of the sums differs (another batch split), amplified by training",
-    "loss_normalization": "each rank averages its loss over its own tokens: the mean of means is not the global mean",
-    "cross_sample": "a loss that mixes samples (in-batch negatives) sees only this rank's part of the batch",
-}
-
-
-@dataclass(frozen=True)
-class Cause:
-    code: str  # a key of CAUSES
-    text: str  # the evidence, with numbers from the two runs
-
-    def __post_init__(self):
-        if self.code not in CAUSES:
-            raise ValueError(f"cause code {self.code!r} is not one of {', '.join(CAUSES)}")
-
 
 @dataclass
 class ParityReport:
@@ -206,13 +174,16 @@ class ParityReport:
                          f"the loss: a difference that starts later hides in the noise)")
         lines.append(f"  final loss          {self.final_loss_a:.6f} vs {self.final_loss_b:.6f}")
         if self.max_abs_param_diff is not None:
-            lines.append(f"  max |dparam|        {self.max_abs_param_diff:.3e}   worst: {self.worst_tensor}"
-                         f"   (tier 2 needs <= {self.param_tol:.0e})")
+            need = (f"tier 2: each tensor within {self.margin:g}x the twins' (or {self.param_tol:.0e})"
+                    if self.calibrated else f"tier 2 needs <= {self.param_tol:.0e}")
+            lines.append(f"  max |dparam|        {self.max_abs_param_diff:.3e}   worst: {self.worst_tensor}   ({need})")
             worst = sorted(self.per_tensor.items(), key=lambda kv: -kv[1])[:top]
             lines += [f"    {v:.3e}  {k}" for k, v in worst]
         if self.max_abs_output_diff is not None:
+            accepts = (f"{self.margin:g}x the twins' (or {self.output_tol:.0e})" if self.calibrated
+                       else f"<= {self.output_tol:.0e}")
             lines.append(f"  max |doutput|       {self.max_abs_output_diff:.3e}   (probe batch, eval mode; "
-                         f"tier 2 accepts <= {self.output_tol:.0e} when params differ)")
+                         f"tier 2 accepts {accepts} when params differ)")
         if self.cause is not None:
             lines.append(f"  likely cause        [{self.cause.code}] {self.cause.text}")
         elif self.tier < 2:
@@ -232,6 +203,12 @@ class ParityReport:
             mark = "  <- leaves the envelope" if s == self.first_step_over_tol else ""
             rows.append(f"{s:5d}  {self.loss_diffs[s]:10.1e}  {twin}  {self.loss_bound(s):10.1e}{mark}")
         return "\n".join(rows)
+
+
+def evidence(report: ParityReport, ma, mb, ca: dict, cb: dict, wa: dict | None,
+             init_hashes: tuple[dict, dict] = ({}, {})) -> causes.Evidence:
+    """What the cause engine reads about two runs (lab_utils/causes.py)."""
+    return causes.Evidence(report, ma, mb, ca, cb, wa, *init_hashes)
 
 
 def compare_weights(a: dict, b: dict) -> tuple[dict[str, float], bool, list[str]]:
@@ -275,12 +252,13 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
              loss_tol: float = LOSS_TOL, param_tol: float = PARAM_TOL, conv_rtol: float = CONV_RTOL,
              output_diff: float | None = None, output_tol: float = OUTPUT_TOL, grad_rtol: float = GRAD_RTOL,
              config_a: dict | None = None, config_b: dict | None = None,
-             twins: list[noise.Twin] | None = None, margin: float = noise.MARGIN) -> ParityReport:
+             twins: list[noise.Twin] | None = None, margin: float = noise.MARGIN,
+             init_hashes: tuple[dict, dict] = ({}, {})) -> ParityReport:
     """The tier of two runs' metrics (+ final weights when both have them), and the likely cause below tier 2.
 
     Pure: tests feed it synthetic runs. `config_a`/`config_b`: the runs' config.json (for the cause only).
     `twins`: float twins of A (lab_utils/noise.py); with them tier 2 is judged against their envelope, without
-    them against the fixed tolerances.
+    them against the fixed tolerances. `init_hashes`: each run's {rank: initial fingerprint}, for the cause.
     """
     notes = []
     n = min(len(ma), len(mb))
@@ -349,7 +327,7 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
         margin=bounds.margin, loss_bounds=bounds.loss, grad_bounds=bounds.grad, twin_loss=bounds.twin_loss,
         twin_grad=bounds.twin_grad, blind_from_step=noise.blind_from(bounds, la, conv_rtol))
     if tier < 2:
-        report.cause = diagnose(report, ma, mb, config_a or {}, config_b or {})
+        report.cause = causes.first(evidence(report, ma, mb, config_a or {}, config_b or {}, wa, init_hashes))
         differ = config_differences(config_a or {}, config_b or {})
         if report.cause is None and differ:
             notes.append(f"config.json differs in {', '.join(differ)}")
@@ -361,173 +339,6 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
                          "(`ddp-lab run ... --twin`, then `--noise A-twin-...`)")
     return report
 
-
-# ------------------------------------------------------------------ the likely cause (files only)
-def _keys(c: dict) -> dict:
-    return c.get("config", {})
-
-
-def _ranks(c: dict) -> int | None:
-    """The world size a run's data layout used: its process count, or emulate_ranks for one process."""
-    if not c:
-        return None
-    return max(int(c.get("world_size", 1)), int(_keys(c).get("emulate_ranks", 1)))
-
-
-def _near(x: float | None, target: float) -> bool:
-    return x is not None and math.isfinite(x) and abs(x / target - 1) <= SCALE_RTOL
-
-
-def epoch_starts(n_samples: int, global_batch_size: int, world_sizes, steps: int) -> dict[int, int]:
-    """{step: epoch} for the steps where a later epoch's first sample can appear (epoch >= 1).
-
-    A DistributedSampler pads each epoch to a multiple of world_size (drop_last=False); the epoch starts
-    in step e * n / global_batch_size (floor: a step that straddles the boundary; ceil: the first step
-    wholly in epoch e), with n the dataset size or its padded size.
-    """
-    starts: dict[int, int] = {}
-    sizes = {n_samples} | {w * math.ceil(n_samples / w) for w in world_sizes if w}
-    for size in sizes:
-        for epoch in range(1, steps * global_batch_size // size + 2):
-            for s in (epoch * size // global_batch_size, -(-epoch * size // global_batch_size)):
-                if 0 < s < steps:
-                    starts.setdefault(s, epoch)
-    return starts
-
-
-def _randomness(c: dict) -> str | None:
-    """What a multi-rank run draws from the global RNG (so it depends on the rank and batch layout), if any."""
-    k = _keys(c)
-    if not c or (_ranks(c) or 1) < 2:
-        return None
-    what = []
-    if k.get("dropout", 0) > 0 and k.get("dropout_mode") == "torch":
-        what.append("dropout masks (dropout_mode=torch)")
-    if k.get("augment") in ("article", "global"):
-        what.append(f"augmentation (augment={k['augment']})")
-    if not what:
-        return None
-    seeds = " with per-rank seeds (seed_mode=article: seed + rank)" if k.get("seed_mode") == "article" else ""
-    return " and ".join(what) + seeds
-
-
-# Keys whose difference says nothing about the first batch or the initial weights.
-_BOOKKEEPING = {"out_dir", "log_every", "fingerprint", "backend", "device", "threads", "pg_timeout",
-                "emulate_ranks", "micro_batch_size", "grad_accum_steps", "no_sync", "steps", "nudge_init"}
-
-
-def config_differences(ca: dict, cb: dict) -> list[str]:
-    """"key=A vs B" for every key both config.json have that can change the results (bookkeeping left out)."""
-    ka, kb = _keys(ca), _keys(cb)
-    return [f"{k}={ka[k]} vs {kb[k]}" for k in sorted(set(ka) & set(kb)) if ka[k] != kb[k] and k not in _BOOKKEEPING]
-
-
-def diagnose(r: ParityReport, ma: list[dict], mb: list[dict], ca: dict, cb: dict) -> Cause | None:
-    """The likely cause of a report below tier 2, from the metrics and config.json; None when unclear."""
-    ka, kb = _keys(ca), _keys(cb)
-    ga, gb = ka.get("global_batch_size"), kb.get("global_batch_size")
-    if ga is not None and gb is not None and ga != gb:
-        return Cause("global_batch", f"global batch differs: {ga} vs {gb} samples per optimizer step "
-                     f"(global_batch_size = micro_batch_size x grad_accum_steps x world_size: "
-                     f"{ka.get('micro_batch_size')}x{ka.get('grad_accum_steps')}x{_ranks(ca)} vs "
-                     f"{kb.get('micro_batch_size')}x{kb.get('grad_accum_steps')}x{_ranks(cb)})")
-
-    ratio0 = mb[0]["grad_norm"] / ma[0]["grad_norm"] if r.grad_rel_diffs and ma[0]["grad_norm"] else None
-    ra, rb = ka.get("loss_reduction"), kb.get("loss_reduction")
-    if ra and rb and ra != rb:
-        return Cause("reduction_scale", f"loss_reduction differs: {ra} vs {rb} (grad_norm B/A {_fmt(ratio0)} at "
-                     f"step 0): a sum loss scales the gradient by the number of loss elements")
-    world = max(_ranks(ca) or 1, _ranks(cb) or 1)
-    candidates = [world] if ca and cb else range(2, 65)
-    for w in candidates:
-        for target, word in ((1 / w, "1/world_size"), (w, "world_size")):
-            if w > 1 and (_near(ratio0, target) or _near(r.grad_norm_ratio_median, target)):
-                how = ("a sum loss without x world_size (DDP averages the gradients)" if target < 1
-                       else "a loss scaled by world_size twice, or a mean loss multiplied by world_size")
-                sure = " (loss_reduction=sum, sum_loss_fix=false)" if (
-                    kb.get("loss_reduction") == "sum" and kb.get("sum_loss_fix") is False) else ""
-                return Cause("reduction_scale", f"grad_norm B/A is {_fmt(ratio0)} at step 0 and "
-                             f"{_fmt(r.grad_norm_ratio_median)} in the median = {word} ({w}): the gradient "
-                             f"is scaled, the data are not — {how}{sure}")
-
-    starts = [s for s in (r.first_step_over_tol, r.first_step_over_grad_rtol) if s is not None]
-    first = min(starts) if starts else None
-    # The dataset size: the n_samples key, else what the runs recorded (config.json "dataset_size").
-    n_samples = ka.get("n_samples") or kb.get("n_samples") or ca.get("dataset_size") or cb.get("dataset_size")
-    if first and n_samples and ga and ka.get("n_samples") == kb.get("n_samples"):
-        boundary = epoch_starts(n_samples, ga, {_ranks(ca), _ranks(cb)}, r.steps_compared)
-        if first in boundary:
-            hint = [f"{nm} has {k}" for nm, c in ((r.run_a, ka), (r.run_b, kb))
-                    for k in ("set_epoch=false",) if c.get("set_epoch") is False]
-            hint += [f"{nm} has sampler=random" for nm, c in ((r.run_a, ka), (r.run_b, kb))
-                     if c.get("sampler") == "random"]
-            # DistributedSampler pads each epoch to a multiple of world_size with repeated samples: if the two
-            # runs pad differently, the batch that straddles the boundary holds other samples (the H200
-            # workshop case: 1809 samples, 1 vs 2 ranks, step 7).
-            pads = {_ranks(c) or 1: (-n_samples) % (_ranks(c) or 1) for c, k in ((ca, ka), (cb, kb))
-                    if k.get("sampler", "distributed") == "distributed" and not k.get("drop_last")}
-            if len(set(pads.values())) > 1:
-                hint += [f"DistributedSampler pads {n_samples} samples with "
-                         + " vs ".join(f"{p} repeated sample(s) at {w} rank(s)" for w, p in sorted(pads.items()))
-                         + ": make n_samples a multiple of the world size"]
-            return Cause("sampler_epoch", f"the runs agree until step {first}, the start of epoch "
-                         f"{boundary[first]} (n_samples={n_samples}, global_batch_size={ga}: "
-                         f"{n_samples / ga:g} steps per epoch): the data order of later epochs differs — "
-                         f"sampler.set_epoch(epoch) forgotten, a RandomSampler, or padding"
-                         + (f" ({', '.join(hint)})" if hint else ""))
-
-    for nm, c in ((r.run_b, cb), (r.run_a, ca)):
-        what = _randomness(c)
-        if what:
-            return Cause("per_rank_rng", f"{nm} draws {what} from the global RNG on {_ranks(c)} ranks: the "
-                         f"draws depend on the rank and the batch layout, so no single run reproduces them — "
-                         f"key them by sample (dropout_mode=keyed, augment=keyed)")
-
-    for nm, k, c in ((r.run_b, kb, cb), (r.run_a, ka, ca)):
-        multi = (_ranks(c) or 1) > 1
-        if multi and k.get("padding", 0) > 0 and k.get("loss_normalization", "per_rank") == "per_rank":
-            return Cause("loss_normalization", f"{nm} pads up to {k['padding']} tokens per sample and each rank "
-                         f"divides by its own token count (loss_normalization=per_rank): DDP then averages the "
-                         f"ranks' means, which is not the mean over the global batch's tokens — all-reduce the "
-                         f"token count (loss_normalization=global_tokens)")
-        if multi and k.get("model") == "contrastive" and k.get("contrastive_gather", "none") != "autograd":
-            how = "no gather" if k.get("contrastive_gather", "none") == "none" else "dist.all_gather (no gradient)"
-            return Cause("cross_sample", f"{nm} computes in-batch negatives on {_ranks(c)} ranks with {how}: each "
-                         f"rank's loss sees another set of negatives, or none of their gradients — gather with "
-                         f"torch.distributed.nn.functional.all_gather (contrastive_gather=autograd)")
-
-    if all(k.get("model") == "bn_net" and k.get("norm") == "batch" for k in (ka, kb)) and _ranks(ca) != _ranks(cb) \
-            and not any(k.get("sync_bn", "none") != "none" and (_ranks(c) or 1) > 1 for k, c in ((ka, ca), (kb, cb))):
-        return Cause("batch_norm", f"BatchNorm on {_ranks(ca)} vs {_ranks(cb)} ranks: in training mode each rank "
-                     f"normalises with its own micro-batch's mean and variance, so the forward differs from "
-                     f"step 0 — compare with the emulated reference (emulate_ranks), or use SyncBatchNorm")
-    if r.loss_diffs and not r.loss_diffs[0] <= r.loss_bound(0):
-        differ = config_differences(ca, cb)
-        return Cause("data_or_init", f"the loss differs from step 0 (|dloss| {r.loss_diffs[0]:.2e}): the "
-                     f"first batch or the initial weights differ — batch size, sample set or init"
-                     + (f"; config.json differs in {', '.join(differ)}" if differ else ""))
-
-    if (r.first_step_over_tol or 0) >= 1 and ma[0].get("param_hash") != mb[0].get("param_hash") \
-            and not config_differences(ca, cb):
-        if any(k.get("seed_mode") == "article" for k in (ka, kb)):
-            return Cause("per_rank_rng", f"the loss agrees at step 0 but the weights differ after the first "
-                         f"update and the loss diverges from step {r.first_step_over_tol}: the same data and "
-                         f"weights gave another update — randomness seeded per rank (seed_mode=article)")
-        # Same keys, no per-rank randomness: the only difference left is how the batch is split, i.e. the
-        # float order of the sums (on GPUs matmul kernels are also chosen by shape). (The H200 workshop jump
-        # once filed here, docs/measured/h200/workshop_tiers.txt, was the sampler's padding: the rule above.)
-        # With float twins, B has left what float order produces: not that.
-        if r.calibrated:
-            return None
-        return Cause("float_order", f"same keys and no per-rank randomness, yet the loss diverges from step "
-                     f"{r.first_step_over_tol}: the batch is split differently, so sums run in another float "
-                     f"order and training amplified the last-bit differences — compare with the emulated "
-                     f"reference (emulate_ranks): if that pair is bitwise, the port itself is exact")
-    return None
-
-
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4g}"
 
 # Keys that change what the probe batch is or what the model computes: outputs are compared only when equal.
 STRUCTURE_KEYS = ("model", "block_size", "n_layer", "n_head", "n_embd", "norm", "n_samples")
@@ -546,7 +357,8 @@ def compare(run_a: str | Path, run_b: str | Path, noise_runs=None, **tolerances)
     wa, wb = runfiles.load_tensors(a), runfiles.load_tensors(b)
     twins = load_twins(a, b, ca, wa, noise_runs) if noise_runs else None
     return classify(read_metrics(a), read_metrics(b), wa, wb, names=(a.name, b.name),
-                    output_diff=_output_diff(a, b, ca, cb), config_a=ca, config_b=cb, twins=twins, **tolerances)
+                    output_diff=_output_diff(a, b, ca, cb), config_a=ca, config_b=cb, twins=twins,
+                    init_hashes=(causes.init_hashes(a, ca), causes.init_hashes(b, cb)), **tolerances)
 
 
 TWIN_SEPARATOR = "-twin-"
@@ -563,9 +375,9 @@ def check_twin(a: Path, t: Path, ca: dict, ct: dict) -> None:
     """Refuse a run that is not a float twin of A: the same keys but for TWIN_KEYS and bookkeeping."""
     if not ca or not ct:
         return  # a recorded script's config.json holds what its author passed: nothing to check against
-    ka, kt = _keys(ca), _keys(ct)
+    ka, kt = ca.get("config", {}), ct.get("config", {})
     differ = [f"{k}={ka.get(k)} vs {kt.get(k)}" for k in sorted(set(ka) | set(kt))
-              if ka.get(k) != kt.get(k) and k not in TWIN_KEYS and k not in _BOOKKEEPING - {"steps"}]
+              if ka.get(k) != kt.get(k) and k not in TWIN_KEYS and k not in BOOKKEEPING - {"steps"}]
     if differ:
         raise ValueError(f"{t.name} is not a float twin of {a.name}: it differs in {', '.join(differ)} (a twin may "
                          f"change only {', '.join(sorted(TWIN_KEYS))})")
@@ -604,7 +416,7 @@ def _output_diff(a: Path, b: Path, ca: dict, cb: dict) -> float | None:
     pa, pb = runfiles.load_tensors(a, runfiles.PROBE), runfiles.load_tensors(b, runfiles.PROBE)
     if pa is None or pb is None or not ca or not cb:
         return None
-    if any(ca["config"].get(k) != cb["config"].get(k) for k in STRUCTURE_KEYS):
+    if any(ca.get("config", {}).get(k) != cb.get("config", {}).get(k) for k in STRUCTURE_KEYS):
         return None
     if pa["outputs"].shape != pb["outputs"].shape:
         return None

@@ -127,9 +127,11 @@ def plot_envelope(reports: dict, path: str | Path | None = None, title: str = ""
             out = rep.first_step_over_tol if what == "loss_diffs" else rep.first_step_over_grad_rtol
             if out is not None:
                 ax.plot([out], [diffs[out]], marker="o", ms=9, mfc="none", color=line.get_color())
+        fixed = first.loss_tol if what == "loss_diffs" else first.grad_rtol
+        ax.axhline(fixed, ls=":", color="black", lw=1, label=f"fixed tolerance {fixed:g} (no twin)")
         positive = [d for rep in reports.values() for d in getattr(rep, what) if d > 0] + [b for b in bound if b > 0]
         ax.set_ylim(min(positive) / 10, max(positive) * 10)
-        ax.set_xlabel("step      (○: where a run leaves the envelope)")
+        ax.set_xlabel("step      (○: where a run leaves the envelope; a gap: exactly 0)")
     axes[0].set(ylabel="|Δloss| vs A", title="loss: distance from the single run (log scale)")
     axes[1].set(ylabel="relative |Δgrad_norm| vs A", title="gradient norm: relative distance (log scale)")
     for ax in axes:

@@ -74,7 +74,7 @@ def test_causes_are_ranked_with_evidence(tmp_path):
     codes = [c.code for c in d.causes]
     assert codes[0] == "global_batch" and codes[-1] == "float_order", d.format()
     scale = next(c for c in d.causes if c.code == "reduction_scale")
-    assert "grad_norm B/A 0.5 at step 0" in scale.evidence and "1/world_size (2)" in scale.evidence
+    assert "grad_norm B/A is 0.5 at step 0" in scale.evidence and "1/world_size (2)" in scale.evidence
     assert d.exit_code == 1 and d.first_diverging_step == 0
 
 

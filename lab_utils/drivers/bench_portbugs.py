@@ -20,18 +20,15 @@ import sys
 import time
 from pathlib import Path
 
-from .. import doctor, launcher, parity, portbugs, runfiles
+from .. import doctor, launcher, noise, parity, portbugs, runfiles
 
 
 def envelopes(report: parity.ParityReport, bug: portbugs.PortBug) -> float | None:
     """How many float-noise envelopes (bound / margin) the port is from A: worst step, or the first step out."""
     if not report.calibrated:
         return None
-    per_step = []
-    for s in range(report.steps_compared):
-        loss = report.loss_diffs[s] / (report.loss_bounds[s] / report.margin)
-        grad = report.grad_rel_diffs[s] / (report.grad_bounds[s] / report.margin) if report.grad_rel_diffs else 0
-        per_step.append(max(loss, grad))
+    per_step = noise.in_envelopes(report.loss_diffs, report.grad_rel_diffs, report.loss_bounds, report.grad_bounds,
+                                  report.margin)
     outside = [s for s in (report.first_step_over_tol, report.first_step_over_grad_rtol) if s is not None]
     if bug.expected == "catch" and outside:
         return per_step[min(outside)]
@@ -73,14 +70,16 @@ def main(argv: list[str] | None = None) -> int:
         false_rejects += bug.expected != "catch" and report.tier < 2
         rows.append({"case": bug.name, "expected": bug.expected + (f" {bug.cause}" if bug.cause else ""),
                      "tier": report.tier, "cause": report.cause.code if report.cause else "-",
-                     "envelopes": envelopes(report, bug), "first_outside": report.first_step_over_tol,
+                     "envelopes": envelopes(report, bug),
+                     "first_outside": min((x for x in (report.first_step_over_tol, report.first_step_over_grad_rtol)
+                                           if x is not None), default=None),
                      "blind_from": report.blind_from_step, "doctor_exit": diagnosis.exit_code,
                      "bound_first": report.loss_bounds[0], "bound_last": report.loss_bounds[-1],
                      "max_dloss": report.max_abs_loss_diff, "ok": not problems, "problems": problems})
     head = (f"{'case':36} {'expected':32} {'tier':>4} {'cause':18} {'x envelope':>10} {'first out':>9} "
             f"{'blind from':>10} {'doctor':>6} {'max|dloss|':>10}  ok")
     print(f"\nport-bug suite at size {args.size} ({', '.join(portbugs.SIZES[args.size]) or 'the make-test keys'}), "
-          f"judged against each single run's float twin (margin {parity.noise.MARGIN:g}x)")
+          f"judged against each single run's float twin (margin {noise.MARGIN:g}x)")
     print(head)
     print("-" * len(head))
     for r in rows:
