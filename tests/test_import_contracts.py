@@ -18,7 +18,7 @@ PKG = REPO / "lab_utils"
 
 LAUNCH_SIDE = {"launcher", "twins", "elastic_driver", "cli", "chapter", "nbbuild", "checklist", "drivers", "probes",
                "preflight", "__main__", "launch_lessons", "checkpoint_lessons"}
-ANALYSIS = {"parity", "noise", "plotting", "doctor", "portbugs", "bitwise_lessons"}
+ANALYSIS = {"parity", "noise", "causes", "plotting", "doctor", "portbugs", "bitwise_lessons"}
 TRAINING = {"step", "emulate", "ddp", "workloads", "distenv", "checkpoint", "samplers", "global_sampler",
             "keyed_rng"}
 # Modules the rank side may import: everything that is neither launch side nor analysis.
