@@ -99,14 +99,14 @@ def compare(a: str, b: str, noise: list[str] | str | None = None, **tolerances) 
 
 
 def twin(name: str, nproc: int, p: Params, quiet: bool = False, **keys) -> launcher.RunResult:
-    """Launch the float twin of run `name` (the same keys; noise.twin_of picks two micro-batches or a one-ulp
+    """Launch the float twin of run `name` (the same keys; float_twin.twin_of picks two micro-batches or a one-ulp
     nudge of the initial weights) as NAME-twin-SUFFIX, where compare(..., noise="auto") finds it."""
-    from . import twins
+    from . import float_twin, twins
 
     keys.setdefault("steps", p.steps)
     keys.setdefault("backend", p.backend)
     suffix, twin_keys = twins.twin_keys(dict(keys), nproc)
-    return run(f"{name}{parity.TWIN_SEPARATOR}{suffix}", nproc, p, quiet=quiet, **twin_keys)
+    return run(f"{name}{float_twin.SEPARATOR}{suffix}", nproc, p, quiet=quiet, **twin_keys)
 
 
 def tier_word(report: parity.ParityReport) -> str:

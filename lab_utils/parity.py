@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from . import causes, noise, runfiles
+from . import causes, float_twin, noise, runfiles
 from .causes import BOOKKEEPING, CAUSES, Cause, config_differences, epoch_starts  # noqa: F401 (the report's names)
 from .runfiles import read_metrics
 
@@ -357,26 +357,23 @@ def compare(run_a: str | Path, run_b: str | Path, noise_runs=None, **tolerances)
                     init_hashes=(causes.init_hashes(a, ca), causes.init_hashes(b, cb)), **tolerances)
 
 
-TWIN_SEPARATOR = "-twin-"
-# Keys a float twin may change: they move the float order of the sums, never the samples or the randomness.
-TWIN_KEYS = {"grad_accum_steps", "micro_batch_size", "emulate_ranks", "no_sync", "nudge_init", "threads"}
 
 
 def find_twins(a: Path) -> list[Path]:
     """The runs beside A named A-twin-* (what `ddp-lab run --twin` makes)."""
-    return sorted(p for p in a.parent.glob(f"{a.name}{TWIN_SEPARATOR}*") if (p / runfiles.METRICS).exists())
+    return sorted(p for p in a.parent.glob(f"{a.name}{float_twin.SEPARATOR}*") if (p / runfiles.METRICS).exists())
 
 
 def check_twin(a: Path, t: Path, ca: dict, ct: dict) -> None:
-    """Refuse a run that is not a float twin of A: the same keys but for TWIN_KEYS and bookkeeping."""
+    """Refuse a run that is not a float twin of A: the same keys but for float_twin.KEYS and bookkeeping."""
     if not ca or not ct:
         return  # a recorded script's config.json holds what its author passed: nothing to check against
     ka, kt = ca.get("config", {}), ct.get("config", {})
     differ = [f"{k}={ka.get(k)} vs {kt.get(k)}" for k in sorted(set(ka) | set(kt))
-              if ka.get(k) != kt.get(k) and k not in TWIN_KEYS and k not in BOOKKEEPING - {"steps"}]
+              if ka.get(k) != kt.get(k) and k not in float_twin.KEYS and k not in BOOKKEEPING - {"steps"}]
     if differ:
         raise ValueError(f"{t.name} is not a float twin of {a.name}: it differs in {', '.join(differ)} (a twin may "
-                         f"change only {', '.join(sorted(TWIN_KEYS))})")
+                         f"change only {', '.join(sorted(float_twin.KEYS))})")
 
 
 def load_twins(a: Path, b: Path, ca: dict, wa: dict | None, noise_runs) -> list[noise.Twin]:
@@ -384,7 +381,7 @@ def load_twins(a: Path, b: Path, ca: dict, wa: dict | None, noise_runs) -> list[
     if noise_runs == "auto" or list(noise_runs) == ["auto"]:
         paths = find_twins(a)
         if not paths:
-            raise FileNotFoundError(f"--noise auto: no run named {a.name}{TWIN_SEPARATOR}* beside {a} "
+            raise FileNotFoundError(f"--noise auto: no run named {a.name}{float_twin.SEPARATOR}* beside {a} "
                                     f"(make one with `ddp-lab run --name {a.name} ... --twin`)")
     else:
         paths = [resolve_run(t) for t in noise_runs]

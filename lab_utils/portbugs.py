@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from . import config, noise
-from .parity import CAUSES, TWIN_SEPARATOR, ParityReport
+from . import config, float_twin
+from .parity import CAUSES, ParityReport
 
 # Every run of the suite: few steps (the bugs show from step 0, the epoch bug at step 2), default tiny GPT.
 STEPS = 8
@@ -133,11 +133,11 @@ def sized(keys: tuple[str, ...], size: str) -> tuple[str, ...]:
 
 
 def twin(keys: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-    """(run name, keys) of the float twin of the single run with `keys` (noise.twin_of picks which twin)."""
+    """(run name, keys) of the float twin of the single run with `keys` (float_twin.twin_of picks which twin)."""
     given = config.parse_overrides(list(keys))
-    suffix, twin_keys = noise.twin_of(given, config.resolve(given, world_size=1))
+    suffix, twin_keys = float_twin.twin_of(given, config.resolve(given, world_size=1))
     as_text = tuple(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in twin_keys.items())
-    return f"{run_name(1, keys)}{TWIN_SEPARATOR}{suffix}", as_text
+    return f"{run_name(1, keys)}{float_twin.SEPARATOR}{suffix}", as_text
 
 
 def runs_needed(suite: list[PortBug] = SUITE, size: str = "toy") -> dict[str, tuple[int, tuple[str, ...]]]:

@@ -1,27 +1,27 @@
 """Launch a float twin of a run (`ddp-lab run --twin`, `chapter.run(..., twin=True)`): the run the parity report
 needs to tell amplified float noise from a bug (`ddp-lab compare A B --noise auto`; lab_utils/noise.py).
 
-Launch side: resolves the keys, asks noise.twin_of which twin fits them, and launches it beside the run as
+Launch side: resolves the keys, asks float_twin.twin_of which twin fits them, and launches it beside the run as
 NAME-twin-SUFFIX, where `--noise auto` finds it.
 """
 
 from __future__ import annotations
 
-from . import config, launcher, noise, parity
+from . import config, float_twin, launcher
 
 
 def twin_name(name: str, overrides) -> str:
     """The run name of `name`'s float twin (what `--noise auto` looks for)."""
-    return f"{name}{parity.TWIN_SEPARATOR}{twin_keys(overrides, 1)[0]}"
+    return f"{name}{float_twin.SEPARATOR}{twin_keys(overrides, 1)[0]}"
 
 
 def twin_keys(overrides, nproc: int) -> tuple[str, dict]:
     """(suffix, keys) of the twin of a run with these key=value overrides on `nproc` processes."""
     given = config.parse_overrides(overrides)
-    return noise.twin_of(given, config.resolve(given, world_size=nproc))
+    return float_twin.twin_of(given, config.resolve(given, world_size=nproc))
 
 
 def launch_twin(name: str, nproc: int, overrides, **launch_kwargs) -> launcher.RunResult:
     """Launch the float twin of run `name` (same nproc, same keys but the twin's) as NAME-twin-SUFFIX."""
     suffix, keys = twin_keys(overrides, nproc)
-    return launcher.launch(f"{name}{parity.TWIN_SEPARATOR}{suffix}", nproc, keys, **launch_kwargs)
+    return launcher.launch(f"{name}{float_twin.SEPARATOR}{suffix}", nproc, keys, **launch_kwargs)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab_utils import noise, parity, runfiles
+from lab_utils import float_twin, noise, parity, runfiles
 from lab_utils.parity import classify
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,10 +121,11 @@ def test_compare_finds_twins_by_name_and_refuses_what_is_not_a_twin(tmp_path):
 def test_twin_of_splits_plain_means_and_nudges_the_rest():
     plain = {"model": "gpt", "padding": 0, "loss_reduction": "mean", "dropout": 0.0, "dropout_mode": "keyed",
              "micro_batch_size": 16, "grad_accum_steps": 1}
-    assert noise.twin_of({"steps": 8}, plain) == ("accum2", {"steps": 8, "grad_accum_steps": 2})
+    assert float_twin.twin_of({"steps": 8}, plain) == ("accum2", {"steps": 8, "grad_accum_steps": 2})
     for change in ({"model": "bn_net"}, {"padding": 16}, {"loss_reduction": "sum"}, {"micro_batch_size": 1},
                    {"dropout": 0.1, "dropout_mode": "torch"}, {"model": "contrastive"}):
-        assert noise.twin_of({"steps": 8}, {**plain, **change}) == ("nudge1", {"steps": 8, "nudge_init": 1}), change
+        nudged = float_twin.twin_of({"steps": 8}, {**plain, **change})
+        assert nudged == ("nudge1", {"steps": 8, "nudge_init": 1}), change
 
 
 def test_the_rule_is_the_same_text_everywhere_it_is_shown():
