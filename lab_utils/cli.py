@@ -78,19 +78,22 @@ def _cmd_doctor(args) -> int:
 
 
 def _cmd_audit(args) -> int:
-    """Exit 0: no finding; 1: findings; 2: a file that cannot be audited (missing, not Python)."""
+    """Exit 0: no finding; 1: findings; 2: a path that cannot be audited (missing, not Python). The paths are one
+    project: imports between them (and inside their folder) are followed."""
     from . import audit
 
-    worst = 0
-    for path in args.scripts:
-        try:
-            findings = audit.audit_file(path)
-        except audit.AuditError as e:
-            print(f"ddp-lab audit: error: {e}", file=sys.stderr)
-            return 2
-        print(audit.format_findings(findings, path))
-        worst = max(worst, 1 if findings else 0)
-    return worst
+    try:
+        findings = audit.audit_paths(args.scripts)
+    except audit.AuditError as e:
+        print(f"ddp-lab audit: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(audit.to_json(findings))
+    elif args.sarif:
+        print(audit.to_sarif(findings))
+    else:
+        print(audit.format_findings(findings, args.scripts[0] if len(args.scripts) == 1 else None))
+    return 1 if findings else 0
 
 
 def _cmd_notebooks(args) -> int:
@@ -236,9 +239,13 @@ def parser() -> argparse.ArgumentParser:
                         "judged against the twins' float-noise envelope instead of fixed tolerances")
     s.set_defaults(func=_cmd_doctor)
 
-    s = sub.add_parser("audit", help="static check of a DDP script against the corrected checklist "
-                                     "(exit 0 clean, 1 findings, 2 bad file)")
-    s.add_argument("scripts", nargs="+", metavar="SCRIPT.py")
+    s = sub.add_parser("audit", help="static check of a DDP script or project (files or folders, imports "
+                                     "followed) against the corrected checklist (exit 0 clean, 1 findings, 2 bad path)")
+    s.add_argument("scripts", nargs="+", metavar="PATH", help="a .py file or a folder")
+    fmt = s.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="one object per finding: file, line, rule, severity, "
+                                                         "message, chapter")
+    fmt.add_argument("--sarif", action="store_true", help="SARIF 2.1.0 (code-scanning tools)")
     s.set_defaults(func=_cmd_audit)
 
     s = sub.add_parser("notebooks", help="execute every notebook headless into build/ with an HTML index")

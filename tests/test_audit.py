@@ -1,6 +1,9 @@
-"""`ddp-lab audit`: each rule fires on the bug it names and not on its fix; real public scripts (tests/outside/)
-get the findings a reader of them would agree with; the lab's own train.py gets none."""
+"""`ddp-lab audit`: each rule fires on the bug it names and not on its fix; a project is judged across files
+(helpers that seed, loader libraries, save helpers); real public scripts (tests/outside/) get the findings a
+reader of them would agree with; the lab's own train.py gets none. tests/test_audit_corpus.py scores the
+audit on a labelled corpus of public code."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -32,20 +35,77 @@ CASES = [
      "s = DistributedSampler(ds)\nfor epoch in range(3):\n    for b in DataLoader(ds, sampler=s): pass\n",
      "s = DistributedSampler(ds)\nfor epoch in range(3):\n    s.set_epoch(epoch)\n"
      "    for b in DataLoader(ds, sampler=s): pass\n"),
+    ("set-epoch-missing",  # set_epoch only under a switch the sampler ignores
+     "s = DistributedSampler(ds)\nfor epoch in range(3):\n    if args.distributed:\n        s.set_epoch(epoch)\n"
+     "    for b in DataLoader(ds, sampler=s): pass\n",
+     "s = DistributedSampler(ds) if args.distributed else None\nfor epoch in range(3):\n"
+     "    if args.distributed:\n        s.set_epoch(epoch)\n    for b in DataLoader(ds, sampler=s): pass\n"),
+    ("set-epoch-late",
+     "s = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=s)\nit = iter(loader)\nfor step in range(9):\n"
+     "    try:\n        b = next(it)\n    except StopIteration:\n        it = iter(loader)\n"
+     "        s.set_epoch(step)\n        b = next(it)\n",
+     "s = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=s)\nit = iter(loader)\nfor step in range(9):\n"
+     "    try:\n        b = next(it)\n    except StopIteration:\n        s.set_epoch(step)\n"
+     "        it = iter(loader)\n        b = next(it)\n"),
     ("sampler-with-shuffle",
      "s = DistributedSampler(ds)\ns.set_epoch(0)\nl = DataLoader(ds, sampler=s, shuffle=True)\n",
      "s = DistributedSampler(ds, shuffle=True)\ns.set_epoch(0)\nl = DataLoader(ds, sampler=s)\n"),
-    ("seed-per-rank", "torch.manual_seed(42 + rank)\n", "torch.manual_seed(42)\n"),
-    ("seed-per-rank", "offset = rank\nimport random\nrandom.seed(7 + offset)\n", "import random\nrandom.seed(7)\n"),
-    ("peek-iterator", "b = next(iter(loader))\n", "b = loader.batch_size\n"),
+    ("seed-per-rank",  # rank 0 seeds 43, the single run (RANK = -1) seeds 42
+     "RANK = int(os.environ.get('RANK', -1))\ntorch.manual_seed(42 + 1 + RANK)\n",
+     "RANK = int(os.environ.get('RANK', -1))\ntorch.manual_seed(42 + 1 + max(RANK, 0))\n"),
+    ("seed-per-rank",  # the same through a seeding helper
+     "def init_seeds(seed=0):\n    torch.manual_seed(seed)\nRANK = int(os.getenv('RANK', -1))\ninit_seeds(1 + RANK)\n",
+     "def init_seeds(seed=0):\n    torch.manual_seed(seed)\nRANK = int(os.getenv('RANK', -1))\n"
+     "init_seeds(1 + max(RANK, 0))\n"),
+    ("seed-before-spawn",
+     "import torch.multiprocessing as mp\ndef worker(r):\n    torch.cuda.manual_seed(0)\n    model = build()\n"
+     "if __name__ == '__main__':\n    mp.spawn(worker, nprocs=2)\n",
+     "import torch.multiprocessing as mp\ndef worker(r):\n    torch.manual_seed(0)\n    model = build()\n"
+     "if __name__ == '__main__':\n    mp.spawn(worker, nprocs=2)\n"),
+    ("peek-iterator", "b = next(iter(loader))\n", "b = loader.batch_size\nk, v = next(iter(d.items()))\n"),
     ("sum-loss-unscaled", "loss = F.cross_entropy(y, t, reduction='sum')\n",
      "loss = F.cross_entropy(y, t, reduction='sum') * world_size\n"),
-    ("rank0-local-loss", "if rank == 0:\n    print(f'loss {loss.item()}')\n",
-     "dist.all_reduce(loss)\nloss /= world_size\nif rank == 0:\n    print(f'loss {loss.item()}')\n"),
+    ("gather-without-grad",
+     "def gather(f):\n    out = [torch.zeros_like(f) for _ in range(world_size)]\n    dist.all_gather(out, f)\n"
+     "    out[rank] = f\n    return torch.cat(out)\n",
+     "def gather(f):\n    out = torch.distributed.nn.functional.all_gather(f)\n    return torch.cat(out)\n"),
+    ("rank0-local-loss", "loss.backward()\nif rank == 0:\n    print(f'loss {loss.item()}')\n",
+     "loss.backward()\ndist.all_reduce(loss)\nloss /= world_size\nif rank == 0:\n    print(f'loss {loss.item()}')\n"),
+    ("rank0-local-loss", "loss.backward()\nRANK = int(os.getenv('RANK', -1))\nif RANK in {-1, 0}:\n"
+     "    print(f'loss {loss.item()}')\n",
+     "loss.backward()\nRANK = int(os.getenv('RANK', -1))\nred = reduce_tensor(loss)\nif RANK in {-1, 0}:\n"
+     "    print(f'loss {red.item()}')\n"),
+    ("rank0-local-loss",  # torchvision/DETR's setup_for_distributed: print is silenced off rank 0
+     "import builtins\nbuiltins.print = quiet_print\nloss.backward()\nprint('loss', loss.item())\n",
+     "import builtins\nbuiltins.print = quiet_print\nloss.backward()\nloss_r = reduce_dict(loss)\n"
+     "print('loss', loss_r.item())\n"),
+    ("every-rank-prints-loss", "loss.backward()\nprint(f'loss {loss.item()}')\n",
+     "loss.backward()\ndist.all_reduce(loss)\nif rank == 0:\n    print(f'loss {loss.item() / world_size}')\n"),
     ("save-without-module", "model = DDP(model)\nif rank == 0:\n    torch.save(model.state_dict(), 'm.pt')\n",
      "model = DDP(model)\nif rank == 0:\n    torch.save(model.module.state_dict(), 'm.pt')\n"),
-    ("collective-under-rank0", "if rank == 0:\n    dist.barrier()\n", "dist.barrier()\n"),
+    ("save-on-every-rank", "torch.save(model.module.state_dict(), 'm.pt')\n",
+     "if rank == 0:\n    torch.save(model.module.state_dict(), 'm.pt')\ndist.barrier()\n"),
+    ("save-on-every-rank",  # true on every rank when torchrun starts the job (no --multiprocessing-distributed)
+     "if not args.multiprocessing_distributed or args.rank % ngpus_per_node == 0:\n"
+     "    torch.save(model.module.state_dict(), 'm.pt')\n",
+     "if args.rank == 0:\n    torch.save(model.module.state_dict(), 'm.pt')\n"),
+    ("load-without-map-location", "sd = torch.load('ckpt.pt')\n", "sd = torch.load('ckpt.pt', map_location='cpu')\n"),
+    ("eval-padding-duplicates",
+     "val_sampler = DistributedSampler(val_set)\nval_loader = DataLoader(val_set, sampler=val_sampler)\n"
+     "def evaluate():\n    for x in val_loader:\n        dist.all_reduce(x)\n",
+     "val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)))\n"
+     "def evaluate():\n    for x in val_loader:\n        dist.all_reduce(x)\n"),
+    ("collective-under-rank0", "if rank == 0:\n    dist.barrier()\n",
+     "if rank != 0:\n    dist.barrier()\nprepare()\nif rank == 0:\n    dist.barrier()\n"),
     ("collective-under-rank0", "if dist.get_rank() == 0:\n    dist.all_reduce(t)\n", "dist.all_reduce(t)\n"),
+    ("collective-under-rank0",  # the other ranks returned early: what follows is rank 0's alone
+     "def evaluate():\n    if rank != 0:\n        return\n    dist.all_reduce(t)\n",
+     "def evaluate():\n    dist.all_reduce(t)\n    if rank != 0:\n        return\n    report(t)\n"),
+    ("ddp-forward-under-rank0",
+     "model = DDP(net)\nif rank == 0:\n    with torch.no_grad():\n        out = model(x)\n",
+     "model = DDP(net)\nif rank == 0:\n    with torch.no_grad():\n        out = model.module(x)\n"),
+    ("hard-coded-master-port", "os.environ['MASTER_PORT'] = '29500'\n",
+     "os.environ['MASTER_PORT'] = str(find_free_port())\n"),
     ("accumulation-without-no-sync",
      "for i, b in enumerate(loader):\n    (model(b) / accum_steps).backward()\n"
      "    if (i + 1) % accum_steps == 0: opt.step()\n",
@@ -65,10 +125,13 @@ def test_each_rule_fires_on_the_bug_and_not_on_its_fix(rule, bad, good):
     assert rule not in rules(good), rules(good)
 
 
-def test_every_rule_has_a_case_and_a_chapter_notebook():
+def test_every_rule_has_a_case_a_severity_and_a_chapter_notebook():
     assert {c[0] for c in CASES} | {"no-seed"} == set(audit.RULES)  # no-seed: test_no_seed_only_in_a_ddp_script
     for chapter in set(audit.CHAPTERS.values()):
         assert (REPO / "notebooks" / f"{chapter}.ipynb").exists(), chapter
+    for _rule, bad, _ in CASES:
+        for f in audit.audit_source(DDP_HEAD + "torch.manual_seed(0)\n" + textwrap.dedent(bad)):
+            assert f.severity in audit.SEVERITIES and f.line >= 1, f  # never line 0
 
 
 def test_no_seed_only_in_a_ddp_script():
@@ -86,28 +149,121 @@ def test_a_generator_seeded_per_rank_is_not_a_global_seed():
     assert "seed-per-rank" not in rules("g = torch.Generator().manual_seed(1234 + rank)\n")
 
 
+def test_a_per_rank_seed_whose_rank_0_is_the_single_run_is_no_finding():
+    """nanoGPT's `1337 + seed_offset` (seed_offset = ddp_rank, 0 without DDP): DDP broadcasts rank 0's weights,
+    and rank 0 seeds what the single run seeds; the per-rank part is what gives ranks different batches (its
+    batches come from the global RNG), so 'one seed on every rank' would be the bug (truth review M3)."""
+    body = "if ddp:\n    seed_offset = rank\nelse:\n    seed_offset = 0\ntorch.manual_seed(1337 + seed_offset)\n"
+    assert "seed-per-rank" not in rules(body)
+    assert "seed-per-rank" not in rules("torch.manual_seed(args.seed + dist.get_rank())\n")
+
+
+def test_a_per_rank_seed_with_an_ema_copy_before_the_wrap_is_checked_by_hand():
+    body = ("torch.manual_seed(7 + rank)\nnet = build()\nema = copy.deepcopy(net)\nnet = DDP(net)\n")
+    found = [f for f in audit.audit_source(DDP_HEAD + body) if f.rule == "seed-per-rank"]
+    assert [(f.line, f.severity) for f in found] == [(9, "check-by-hand")], found
+    assert not [f for f in audit.audit_source(DDP_HEAD + "torch.manual_seed(7 + rank)\nnet = DDP(build())\n"
+                                              "ema = copy.deepcopy(net.module)\n") if f.rule == "seed-per-rank"]
+
+
+def test_an_import_alias_or_an_import_alone_makes_a_ddp_script():
+    """`DistributedDataParallel as NativeDDP` (and a file that only imports it) must not silence the rules."""
+    alias = ("import torch\nfrom torch.nn.parallel import DistributedDataParallel as NativeDDP\n"
+             "model = NativeDDP(net)\nif rank == 0:\n    torch.save(model.state_dict(), 'm.pt')\n")
+    assert {"no-seed", "save-without-module"} <= {f.rule for f in audit.audit_source(alias)}
+    only_import = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as NativeDDP\nmain()\n"
+    assert "no-seed" not in {f.rule for f in audit.audit_source(only_import)}  # no DDP set-up it can see
+    assert "load-without-map-location" in {f.rule for f in audit.audit_source(
+        only_import + "rank = 0\nsd = torch.load('ckpt.pt')\n")}
+
+
+def test_the_unwrapped_model_saved_under_another_name_is_no_finding():
+    body = ("model = DDP(model)\nmodel_without_ddp = model.module\nif rank == 0:\n"
+            "    torch.save(model_without_ddp.state_dict(), 'm.pt')\n"
+            "def save(m):\n    torch.save(m.state_dict(), 'n.pt')\nif rank == 0:\n    save(model.module)\n")
+    assert "save-without-module" not in rules(body)
+
+
+def _project(tmp_path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def test_a_project_is_judged_across_files(tmp_path):
+    """A seeding helper, a loader library with the sampler, a save helper: the script is clean, and auditing the
+    helpers alone says nothing about what only the script decides."""
+    root = _project(tmp_path, {
+        "utils/misc.py": """
+            import torch, random
+            def fix_random_seeds(seed=31):
+                torch.manual_seed(seed)
+                random.seed(seed)
+            def save_on_master(obj, path):
+                torch.save(obj, path)
+            """,
+        "data.py": """
+            from torch.utils.data import DataLoader, DistributedSampler
+            def make_loader(ds):
+                return DataLoader(ds, sampler=DistributedSampler(ds), batch_size=8)
+            """,
+        "train.py": """
+            import torch, torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            from utils.misc import fix_random_seeds, save_on_master
+            from data import make_loader
+            def main():
+                dist.init_process_group("gloo")
+                fix_random_seeds(0)
+                model = DDP(build())
+                loader = make_loader(ds)
+                for epoch in range(3):
+                    loader.sampler.set_epoch(epoch)
+                    for b in loader:
+                        model(b).backward()
+                    if dist.get_rank() == 0:
+                        save_on_master({"model": model.module.state_dict()}, "ckpt.pt")
+            if __name__ == "__main__":
+                main()
+            """})
+    assert audit.audit_paths([root]) == [], audit.format_findings(audit.audit_paths([root]))
+    assert audit.audit_file(root / "data.py") == []  # a loader library: set_epoch is the script's business
+    assert audit.audit_file(root / "utils" / "misc.py") == []
+    unguarded = (root / "train.py").read_text().replace("if dist.get_rank() == 0:\n            ", "")
+    (root / "train.py").write_text(unguarded.replace("fix_random_seeds(0)", "pass"))
+    found = {(Path(f.path).name, f.rule, f.line) for f in audit.audit_paths([root])}
+    assert ("train.py", "no-seed", 7) in found and ("train.py", "save-on-every-rank", 15) in found, found
+    (root / "train.py").write_text(unguarded.replace("loader.sampler.set_epoch(epoch)", "pass"))
+    assert ("data.py", "set-epoch-missing", 4) in {(Path(f.path).name, f.rule, f.line)
+                                                   for f in audit.audit_paths([root])}
+
+
 def test_the_labs_own_train_script_has_no_finding():
     findings = audit.audit_file(REPO / "scripts" / "train.py")
     assert findings == [], audit.format_findings(findings, "scripts/train.py")
 
 
-def test_findings_carry_line_rule_message_and_chapter():
-    f = audit.audit_source(DDP_HEAD + "torch.manual_seed(42 + rank)\n")[0]
-    assert (f.line, f.rule, f.chapter) == (7, "seed-per-rank", "02_seeds")
-    assert f.format("x.py").startswith("x.py:7: seed-per-rank ") and "notebooks/02_seeds.ipynb" in f.format("x.py")
+def test_findings_carry_line_rule_severity_message_and_chapter():
+    f = audit.audit_source(DDP_HEAD + "torch.manual_seed(0)\nif rank == 0:\n    dist.barrier()\n")[0]
+    assert (f.line, f.rule, f.severity, f.chapter) == (9, "collective-under-rank0", "defect", "00_preflight")
+    assert f.format("x.py").startswith("x.py:9: collective-under-rank0 [defect] ")
+    assert "notebooks/00_preflight.ipynb" in f.format("x.py")
+    assert set(f.to_dict()) == {"file", "line", "rule", "severity", "message", "chapter"}
 
 
-def test_nanogpt_train_per_rank_seed_and_rank0_local_loss():
-    """karpathy/nanoGPT train.py (MIT): `torch.manual_seed(1337 + seed_offset)` with seed_offset = ddp_rank,
-    and rank 0 prints `loss.item()` of its own micro-batch (its own comment: "approximating the true total
-    loss"). It uses require_backward_grad_sync instead of no_sync, and divides only the accumulation steps:
-    neither is a finding."""
+def test_nanogpt_train_rank0_local_loss_and_no_per_rank_seed_finding():
+    """karpathy/nanoGPT train.py (MIT): rank 0 prints `loss.item()` of its own micro-batch (its own comment:
+    "approximating the true total loss") and its own eval estimate. Its `torch.manual_seed(1337 + seed_offset)`
+    is no finding: rank 0's seed is the single run's (seed_offset = 0 without DDP), and the per-rank part is what
+    gives the ranks different batches, drawn from the global RNG (truth review M3). It uses
+    require_backward_grad_sync instead of no_sync, and divides only the accumulation steps: no finding either."""
     found = audit.audit_file(OUTSIDE / "nanogpt_train.py")
-    by_rule = {f.rule: f.line for f in reversed(found)}
     src = (OUTSIDE / "nanogpt_train.py").read_text().splitlines()
-    assert set(by_rule) == {"seed-per-rank", "rank0-local-loss"}, audit.format_findings(found, "nanogpt")
-    assert "torch.manual_seed(1337 + seed_offset)" in src[by_rule["seed-per-rank"] - 1]
-    assert any("lossf" in src[f.line - 1] for f in found if f.rule == "rank0-local-loss")
+    assert {f.rule for f in found} == {"rank0-local-loss"}, audit.format_findings(found, "nanogpt")
+    assert any("lossf" in src[f.line - 1] for f in found)
+    assert any("losses['train']" in src[f.line - 1] for f in found)  # the eval estimate, rank 0's batches only
+    assert any("torch.manual_seed(1337 + seed_offset)" in line for line in src)  # still there, and no finding
 
 
 def test_pytorch_examples_multigpu_torchrun_no_seed_and_peek():
@@ -116,14 +272,22 @@ def test_pytorch_examples_multigpu_torchrun_no_seed_and_peek():
     found = audit.audit_file(OUTSIDE / "pytorch_examples_multigpu_torchrun.py")
     assert [f.rule for f in found] == ["no-seed", "peek-iterator"], audit.format_findings(found, "multigpu")
     src = (OUTSIDE / "pytorch_examples_multigpu_torchrun.py").read_text().splitlines()
+    assert "init_process_group" in src[found[0].line - 1]
     assert "next(iter(self.train_data))" in src[found[1].line - 1]
 
 
-def test_cli_exit_codes():
+def test_cli_exit_codes_json_and_sarif():
     run = lambda *a: subprocess.run([sys.executable, "-m", "lab_utils", "audit", *a], capture_output=True,  # noqa: E731
                                     text=True, cwd=REPO)
+    as_json = run("--json", str(OUTSIDE / "pytorch_examples_multigpu_torchrun.py"))
+    rows = json.loads(as_json.stdout)
+    assert as_json.returncode == 1 and [r["rule"] for r in rows] == ["no-seed", "peek-iterator"]
+    assert set(rows[0]) == {"file", "line", "rule", "severity", "message", "chapter"} and rows[0]["line"] >= 1
+    sarif = json.loads(run("--sarif", str(OUTSIDE / "nanogpt_train.py")).stdout)
+    assert sarif["version"] == "2.1.0" and {r["ruleId"] for r in sarif["runs"][0]["results"]} == {"rank0-local-loss"}
+    assert run("--json", "scripts/train.py").stdout.strip() == "[]"
     bad = run(str(OUTSIDE / "nanogpt_train.py"))
-    assert bad.returncode == 1 and "seed-per-rank" in bad.stdout
+    assert bad.returncode == 1 and "rank0-local-loss" in bad.stdout
     assert run("scripts/train.py").returncode == 0
     missing = run("no_such_script.py")
     assert missing.returncode == 2 and "no_such_script.py: no such file" in missing.stderr
