@@ -41,14 +41,16 @@ CHECKLIST = [
     Row("全局 batch size", "32", "每卡 16，全局仍 32", "right",
         "keep the global batch: micro_batch_size = global_batch_size // (world_size x grad_accum_steps); "
         "check the product before launch", "01_unchanged"),
-    Row("梯度累积步数", "8", "4（除以 world_size）", "wrong",
-        "halve the per-GPU batch OR the accumulation steps, never both: with 16 per GPU and 4 steps the global "
-        "batch is 16 x 4 x 2 = 128, not 32 x 8 = 256 (the batch trap); use no_sync on all but the last micro-batch",
-        "06_accumulation"),
-    Row("随机种子", "42", "模型 42，数据 42+rank", "wrong",
-        "one seed on every rank (model and data); the data order comes from the sampler's seed, per-sample "
-        "randomness is keyed by (seed, sample visit, site) — the article's own §4.2; `42+rank` dropout or "
-        "augmentation cannot match any single run", "04_per_sample_rng"),
+    Row("梯度累积步数", "8", "4（除以 world_size）", "incomplete",
+        "right on its own (32 per GPU x 4 steps x 2 = 256), and jointly inconsistent with the row above: halve the "
+        "per-GPU batch OR the accumulation steps, never both — 16 per GPU and 4 steps give 16 x 4 x 2 = 128, not "
+        "32 x 8 = 256 (the batch trap); use no_sync on all but the last micro-batch", "06_accumulation"),
+    Row("随机种子", "42", "模型 42，数据 42+rank", "incomplete",
+        "rank 0 builds the model from the single run's seed (DDP copies rank 0's weights at the wrap); the data order "
+        "comes from the sampler's seed, per-sample randomness keyed by (seed, sample visit, site) — the article's own "
+        "§4.2. A per-rank seed matters only where the script draws from the global RNG: there it is what gives the "
+        "ranks different draws (nanoGPT's batches), so keep it, and no single run reproduces those draws; dropout or "
+        "augmentation keyed by sample does not need it", "04_per_sample_rng"),
     Row("loss 归约", "mean", "mean（DDP 自动平均）", "incomplete",
         "mean: nothing to do; sum: x world_size before backward; padded tokens: divide by the global token count; "
         "in-batch negatives: gather with autograd; check the per-step grad norm, not the loss (AdamW hides x1/2)",
