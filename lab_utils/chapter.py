@@ -13,7 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import launcher, parity, runfiles
+from lab_utils.analysis import parity
+from lab_utils.core import runfiles
+from lab_utils.launch import launcher
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ def params(steps: int = 40, nproc: int = 2) -> Params:
             raise ValueError(f"{name}={value} must be >= 1")
         return value
 
-    from .config import KEYS
+    from lab_utils.core.config import KEYS
 
     backend = os.environ.get("LAB_BACKEND", "auto")
     if backend not in KEYS["backend"].choices:
@@ -101,7 +103,8 @@ def compare(a: str, b: str, noise: list[str] | str | None = None, **tolerances) 
 def twin(name: str, nproc: int, p: Params, quiet: bool = False, **keys) -> launcher.RunResult:
     """Launch the float twin of run `name` (the same keys; float_twin.twin_of picks two micro-batches or a one-ulp
     nudge of the initial weights) as NAME-twin-SUFFIX, where compare(..., noise="auto") finds it."""
-    from . import float_twin, twins
+    from lab_utils.core import float_twin
+    from lab_utils.launch import twins
 
     keys.setdefault("steps", p.steps)
     keys.setdefault("backend", p.backend)

@@ -8,21 +8,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import ConfigError
+from lab_utils.core.config import ConfigError
 
 
 def _cmd_preflight(args) -> int:
-    from . import preflight
+    from lab_utils.launch import preflight
 
     ok, _ = preflight.run(nproc=args.nproc, timeout=args.timeout)
     return 0 if ok else 1
 
 
 def _cmd_run(args) -> int:
-    from . import launcher
+    from lab_utils.launch import launcher
 
     if args.twin:  # refuse bad keys for the twin too, before anything is launched
-        from . import twins
+        from lab_utils.launch import twins
 
         twins.twin_keys(args.overrides, args.nproc)
     result = launcher.launch(args.name, args.nproc, args.overrides, timeout=args.timeout,
@@ -46,7 +46,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from . import parity
+    from lab_utils.analysis import parity
 
     given = {"loss_tol": args.loss_tol, "param_tol": args.param_tol, "output_tol": args.output_tol}
     try:
@@ -66,7 +66,7 @@ def _cmd_doctor(args) -> int:
     twin; 3: not calibrated — past the fixed tolerances with only float order to blame (give --noise)."""
     import json
 
-    from . import doctor
+    from lab_utils.analysis import doctor
 
     try:
         diagnosis = doctor.diagnose_runs(args.run_a, args.run_b, noise_runs=args.noise)
@@ -80,7 +80,7 @@ def _cmd_doctor(args) -> int:
 def _cmd_audit(args) -> int:
     """Exit 0: no finding; 1: findings; 2: a path that cannot be audited (missing, not Python). The paths are one
     project: imports between them (and inside their folder) are followed."""
-    from . import audit
+    from lab_utils.analysis import audit
 
     try:
         findings = audit.audit_paths(args.scripts)
@@ -97,7 +97,7 @@ def _cmd_audit(args) -> int:
 
 
 def _cmd_notebooks(args) -> int:
-    from . import nbbuild
+    from lab_utils import nbbuild
 
     ok = nbbuild.run_all(args.pattern, out_dir=args.out, timeout=args.timeout)
     return 0 if ok else 1
@@ -123,7 +123,7 @@ def _allowed(key) -> str:
 
 def keys_table() -> str:
     """Every key of config.KEYS with type, default, allowed values and help, under its group's title."""
-    from .config import KEYS, grouped
+    from lab_utils.core.config import KEYS, grouped
 
     lines = []
     width = max(map(len, KEYS))
@@ -138,13 +138,13 @@ def keys_table() -> str:
 
 
 def _cmd_keys(args) -> int:
-    print("keys for `ddp-lab run ... key=value` and scripts/train.py (lab_utils/config.py):\n")
+    print("keys for `ddp-lab run ... key=value` and scripts/train.py (lab_utils/core/config.py):\n")
     print(keys_table())
     return 0
 
 
 def _cmd_demo(args) -> int:
-    from .drivers import demo
+    from lab_utils.drivers import demo
 
     return demo.main(args.rest)
 
@@ -269,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["demo"]:  # its options are the demo's own (argparse's REMAINDER cannot start with --x)
-        from .drivers import demo
+        from lab_utils.drivers import demo
 
         return demo.main(argv[1:])
     args = parser().parse_args(argv)

@@ -3,11 +3,11 @@
     python scripts/train.py key=value ...                          # one process
     torchrun --nproc-per-node 2 scripts/train.py key=value ...     # DDP, same keys, same results
 
-Chapters change keys, never this loop (keys and defaults: lab_utils/config.py). Lines that exist only
+Chapters change keys, never this loop (keys and defaults: lab_utils/core/config.py). Lines that exist only
 because of DDP are marked `# DDP:` (`# DDP guard:` on a condition one process does not need), so chapter 00
-can show the port as a diff generated from this file (lab_utils/port.py). The mechanics live one hop
-away: lab_utils/step.py (one rank's step), emulate.py (the tier-3 reference), ddp.py (the wrap),
-checkpoint.py (what is saved). What this script writes is the run-folder contract in lab_utils/runfiles.py;
+can show the port as a diff generated from this file (lab_utils/lessons/ch00_preflight.py). The mechanics live one hop
+away: lab_utils/core/step.py (one rank's step), emulate.py (the tier-3 reference), ddp.py (the wrap),
+checkpoint.py (what is saved). What this script writes is the run-folder contract in lab_utils/core/runfiles.py;
 every rank keeps progress/rank{r}.json up to date so the launcher can name a hung rank.
 """
 
@@ -24,10 +24,10 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record  # DDP: torchrun's per-rank error file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-from lab_utils import checkpoint, ddp, distenv, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402
-from lab_utils import config as config_mod  # noqa: E402
-from lab_utils.emulate import emulated_step  # noqa: E402
-from lab_utils.step import rank_step  # noqa: E402
+from lab_utils.core import checkpoint, ddp, distenv, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402
+from lab_utils.core import config as config_mod  # noqa: E402
+from lab_utils.core.emulate import emulated_step  # noqa: E402
+from lab_utils.core.step import rank_step  # noqa: E402
 
 
 def inject_fault(cfg: dict, rank: int, step: int) -> None:

@@ -18,7 +18,8 @@ def shared_run(tmp_path_factory):
     nproc, keys), so tests that need the very same run read one (test_launcher's plain 2-rank run is
     test_multinode's standalone reference). Only for runs that tests read and never change; a test comparing
     two runs passes different keys, so it never compares a run with itself."""
-    from lab_utils import config, launcher
+    from lab_utils.core import config
+    from lab_utils.launch import launcher
 
     root = tmp_path_factory.mktemp("shared_runs")
     cache = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import audit
+from lab_utils.analysis import audit
 
 REPO = Path(__file__).resolve().parents[1]
 OUTSIDE = REPO / "tests" / "outside"
@@ -276,7 +276,7 @@ def test_pytorch_examples_multigpu_torchrun_no_seed_and_peek():
     assert "next(iter(self.train_data))" in src[found[1].line - 1]
 
 
-def test_cli_exit_codes_json_and_sarif():
+def test_cli_exit_codes_json_and_sarif(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "lab_utils", "audit", *a], capture_output=True,  # noqa: E731
                                     text=True, cwd=REPO)
     as_json = run("--json", str(OUTSIDE / "pytorch_examples_multigpu_torchrun.py"))
@@ -291,10 +291,7 @@ def test_cli_exit_codes_json_and_sarif():
     assert run("scripts/train.py").returncode == 0
     missing = run("no_such_script.py")
     assert missing.returncode == 2 and "no_such_script.py: no such file" in missing.stderr
-    broken = REPO / "runs" / "audit_not_python.py"
+    broken = tmp_path / "audit_not_python.py"  # never inside the repository (a clean clone has no runs/)
     broken.write_text("def f(:\n")
-    try:
-        r = run(str(broken))
-        assert r.returncode == 2 and "not Python" in r.stderr
-    finally:
-        broken.unlink()
+    r = run(str(broken))
+    assert r.returncode == 2 and "not Python" in r.stderr

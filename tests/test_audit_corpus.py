@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import audit
+from lab_utils.analysis import audit
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "outside" / "corpus"

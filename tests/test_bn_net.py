@@ -1,11 +1,11 @@
-"""Tests for lab_utils/workloads/bn_net.py: the digits dataset's augmentation modes and the BatchNorm CNN."""
+"""Tests for lab_utils/core/workloads/bn_net.py: the digits dataset's augmentation modes and the BatchNorm CNN."""
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lab_utils.keyed_rng import KeyedDropout
-from lab_utils.workloads.bn_net import IMAGE_SIZE, NUM_CLASSES, BNNet, DigitsDataset, loss_fn
+from lab_utils.core.keyed_rng import KeyedDropout
+from lab_utils.core.workloads.bn_net import IMAGE_SIZE, NUM_CLASSES, BNNet, DigitsDataset, loss_fn
 
 N = 64  # a subset keeps the tests fast; indexing and normalisation are those of the full set
 

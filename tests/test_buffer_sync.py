@@ -8,8 +8,9 @@ import re
 import pytest
 import torch
 
-from lab_utils import checkpoint, ddp, launcher, probes, runfiles, workloads
-from lab_utils import config as config_mod
+from lab_utils.core import checkpoint, ddp, runfiles, workloads
+from lab_utils.core import config as config_mod
+from lab_utils.launch import launcher, probes
 
 BN = ["model=bn_net", "steps=6", "global_batch_size=32", "grad_accum_steps=2", "no_sync=true"]
 
@@ -45,7 +46,7 @@ def test_two_rank_log_has_no_deprecation_warning_from_ddp(bn_runs):
     logs = [run / "output.log", *sorted((run / "logs").rglob("*.log"))]
     text = "\n".join(p.read_text(errors="replace") for p in logs if p.is_file())
     assert "[train] world_size=2" in text  # the logs are the run's, not empty files
-    ddp_words = ("parallel/distributed.py", "lab_utils/ddp.py", "DistributedDataParallel", "DDP", "buffers")
+    ddp_words = ("parallel/distributed.py", "lab_utils/core/ddp.py", "DistributedDataParallel", "DDP", "buffers")
     bad = [ln for ln in text.splitlines() if re.search(r"FutureWarning|DeprecationWarning", ln)
            and any(w in ln for w in ddp_words)]
     assert not bad, "\n".join(bad)

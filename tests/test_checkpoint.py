@@ -11,7 +11,9 @@ import json
 import pytest
 import torch
 
-from lab_utils import checkpoint, config, launcher, parity, resume, runfiles
+from lab_utils.analysis import parity
+from lab_utils.core import checkpoint, config, resume, runfiles
+from lab_utils.launch import launcher
 
 KEYS = ["steps=8", "checkpoint_every=2", "dropout=0.1"]  # dropout keyed: no RNG state to carry
 
@@ -81,7 +83,7 @@ def test_two_rank_checkpoint_resumed_by_the_emulated_reference_is_bitwise(runs_d
 def test_elastic_restart_resumes_past_a_kill_bitwise(runs_dir, full_run, sync_every):
     res = _launch("killed", 2, KEYS + ["fault=kill", "fault_rank=1", "fault_step=5", "resume=auto",
                                        f"log_sync_every={sync_every}"],
-                  max_restarts=1)  # the launcher sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (launcher._environment)
+                  max_restarts=1)  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: launch_commands.environment
     assert res.ok, str(res)
     metrics = runfiles.read_metrics(runs_dir / "killed")
     assert [m["step"] for m in metrics] == list(range(8))
@@ -118,7 +120,7 @@ def test_bad_resume_keys_fail_before_launch(runs_dir):
 
 
 def test_steplog_batches_the_copies_but_records_every_step(tmp_path):
-    from lab_utils import steplog
+    from lab_utils.core import steplog
 
     kept = [{"step": 0, "loss": 1.0, "elapsed": 5.0, "attempt": 0}]
     log = steplog.StepLog(tmp_path / "m.jsonl", sync_every=3, total_steps=5, kept=kept, attempt=1)

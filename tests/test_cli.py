@@ -49,7 +49,7 @@ def test_run_and_compare_json(tmp_path):
 
 
 def test_keys_lists_every_key_under_its_group():
-    from lab_utils.config import GROUPS, KEYS
+    from lab_utils.core.config import GROUPS, KEYS
 
     p = cli("keys")
     assert p.returncode == 0, p.stderr

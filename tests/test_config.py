@@ -1,6 +1,6 @@
 import pytest
 
-from lab_utils.config import ConfigError, parse_overrides, resolve
+from lab_utils.core.config import ConfigError, parse_overrides, resolve
 
 
 def test_defaults_derive_micro_batch_from_world_size():

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import doctor, launcher, runfiles
+from lab_utils.analysis import doctor
+from lab_utils.core import runfiles
+from lab_utils.launch import launcher
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,9 +1,9 @@
-"""lab_utils.eval_metrics: sharding and the aggregations of chapter 08 (pure; the 2-rank probe runs in the
+"""lab_utils.core.eval_metrics: sharding and the aggregations of chapter 08 (pure; the 2-rank probe runs in the
 notebook). Each test names the number a wrong aggregation would give."""
 
 import pytest
 
-from lab_utils import eval_metrics as em
+from lab_utils.core import eval_metrics as em
 
 
 def test_distributed_sampler_pads_with_the_first_ids():

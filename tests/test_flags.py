@@ -4,9 +4,10 @@ the new keys' refusals, the contrastive loss, and the readers of the flags probe
 import pytest
 import torch
 
-from lab_utils import config, flags_lessons, token_norm, workloads
-from lab_utils.emulate import emulated_step
-from lab_utils.step import rank_step
+from lab_utils.core import config, token_norm, workloads
+from lab_utils.core.emulate import emulated_step
+from lab_utils.core.step import rank_step
+from lab_utils.lessons import ch05_ddp_flags
 
 
 def cfg_for(world_size=1, **keys):
@@ -108,27 +109,27 @@ def test_probe_readers():
     records = {r: {"broadcast_buffers=True": {"before_forward": ["a", "b"], "after_step": [f"x{r}", "y"]},
                    "broadcast_buffers=False": {"before_forward": ["a", f"c{r}"], "after_step": [f"x{r}", f"y{r}"]}}
                for r in (0, 1)}
-    table = flags_lessons.buffer_table(records)
+    table = ch05_ddp_flags.buffer_table(records)
     assert table["broadcast_buffers=True"] == {"before_forward": [True, True], "after_step": [False, True]}
     assert table["broadcast_buffers=False"] == {"before_forward": [True, False], "after_step": [False, False]}
     tb = ('Traceback (most recent call last):\n  File "x.py"\nRuntimeError: Expected to have finished reduction\n'
           'Parameter indices which did not receive grad for rank 0: 4 5')
-    assert flags_lessons.first_error_line(tb) == "RuntimeError: Expected to have finished reduction"
+    assert ch05_ddp_flags.first_error_line(tb) == "RuntimeError: Expected to have finished reduction"
 
 
 def test_schedule_spread_and_grid_readers():
     sched = {"forwards": ["a", "b"], "kinds": ["no_sync", "sync"]}
     records = {r: {"schedule": {**sched, "before_forward": ["x", f"y{r}"]}} for r in (0, 1)}
-    assert [row["equal_before"] for row in flags_lessons.buffer_schedule(records)] == [True, False]
+    assert [row["equal_before"] for row in ch05_ddp_flags.buffer_schedule(records)] == [True, False]
     # paired per-step ratios, the slowest rank's step: clearly slower, then indistinguishable
     slow = {r: {"step_seconds": {"plain": [1.0] * 8, "find_unused_parameters": [1.5 + 0.01 * i for i in range(8)]}}
             for r in (0, 1)}
-    assert flags_lessons.unused_cost_spread(slow)["measured"] is True
+    assert ch05_ddp_flags.unused_cost_spread(slow)["measured"] is True
     noisy = {r: {"step_seconds": {"plain": [1.0] * 8, "find_unused_parameters": [0.8, 1.2] * 4}} for r in (0, 1)}
-    spread = flags_lessons.unused_cost_spread(noisy)
+    spread = ch05_ddp_flags.unused_cost_spread(noisy)
     assert spread["measured"] is False and "not measurable" in spread["sentence"]
     cell = {"kept_reference_changed": True, "accumulated_into_final_grads": False, "accumulated_into_storages": 4,
             "grad_storages_after_backward": 1}
     grid = {0: {"set_to_none_grid": {"True/True": cell}}}
-    row = flags_lessons.kept_reference_grid(grid)[0]
+    row = ch05_ddp_flags.kept_reference_grid(grid)[0]
     assert row["gradient_as_bucket_view"] and row["set_to_none"] and not row["written_into_bucket"]

@@ -1,4 +1,4 @@
-"""Tests for lab_utils.global_sampler (taught in notebooks/03_samplers.ipynb)."""
+"""Tests for lab_utils.core.global_sampler (taught in notebooks/03_samplers.ipynb)."""
 
 import itertools
 from collections import Counter
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from lab_utils.global_sampler import GlobalBatchSampler, GlobalOrder, dataset_index
+from lab_utils.core.global_sampler import GlobalBatchSampler, GlobalOrder, dataset_index
 
 
 class _LenOnly:

@@ -1,10 +1,10 @@
-"""Tests for lab_utils/keyed_rng.py: draws keyed by (seed, visit id, site), not by RNG streams."""
+"""Tests for lab_utils/core/keyed_rng.py: draws keyed by (seed, visit id, site), not by RNG streams."""
 
 import pytest
 import torch
 
-from lab_utils import keyed_rng
-from lab_utils.keyed_rng import KeyedDropout, dropout_keys, keyed_uniform, sample_generator
+from lab_utils.core import keyed_rng
+from lab_utils.core.keyed_rng import KeyedDropout, dropout_keys, keyed_uniform, sample_generator
 
 M64 = (1 << 64) - 1
 

@@ -9,9 +9,10 @@ import time
 import pytest
 from processes import leftovers, nothing_left_within
 
-from lab_utils import elastic_driver, launch_commands, launch_lessons, launcher
-from lab_utils.config import ConfigError
-from lab_utils.runfiles import REPO, read_heartbeats
+from lab_utils.core.config import ConfigError
+from lab_utils.core.runfiles import REPO, read_heartbeats
+from lab_utils.launch import elastic_driver, launch_commands, launcher
+from lab_utils.lessons import ch09_launching
 
 FAST = ["steps=6", "n_samples=256", "log_every=1"]
 # A run that is still training when we stop it; rank 1 ignores SIGTERM from step 2 on (rank 0 then waits for
@@ -43,7 +44,7 @@ def test_ok_run_writes_its_files(shared_run):
     assert r.command_line.startswith("torchrun --standalone --nproc-per-node=2 ") and "scripts/train.py" in \
         r.command_line and f"out_dir={r.run_dir}" in r.command_line
     launched = json.loads((r.run_dir / "launch.json").read_text())
-    assert launched["command_line"] == r.command_line and "lab_utils.elastic_driver" in launched["cmd"]
+    assert launched["command_line"] == r.command_line and "lab_utils.launch.elastic_driver" in launched["cmd"]
 
 
 def test_hang_is_named_and_stopped(runs_dir):
@@ -56,7 +57,7 @@ def test_hang_is_named_and_stopped(runs_dir):
     assert r.status == "hang" and "hang: no heartbeat from any rank for 8 s" in r.message, str(r)
     assert r.failing_rank == 1, r.message  # rank 1 is behind; rank 0 waits for it in the all-reduce
     assert "rank 1 is behind" in r.message
-    assert launch_lessons.innermost(r.stacks[1]) == "inject_fault: time.sleep(3600)", r.stacks
+    assert ch09_launching.innermost(r.stacks[1]) == "inject_fault: time.sleep(3600)", r.stacks
     assert not leftovers(r.run_dir)
 
 
@@ -273,7 +274,7 @@ def test_progress_in_a_log_is_one_line_per_run(monkeypatch):
     a "0/40" line: one line when the run ends. A terminal (or a Jupyter kernel) keeps the live bar."""
     import io
 
-    from lab_utils import supervise
+    from lab_utils.launch import supervise
 
     log = io.StringIO()
     monkeypatch.setattr(sys, "stderr", log)

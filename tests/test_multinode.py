@@ -11,9 +11,11 @@ import time
 import pytest
 from processes import nothing_left_within
 
-from lab_utils import launch_lessons, launcher, parity
-from lab_utils.config import ConfigError
-from lab_utils.runfiles import REPO, read_metrics
+from lab_utils.analysis import parity
+from lab_utils.core.config import ConfigError
+from lab_utils.core.runfiles import REPO, read_metrics
+from lab_utils.launch import launcher
+from lab_utils.lessons import ch09_launching
 
 FAST = ["steps=6", "n_samples=256", "log_every=1"]
 
@@ -58,7 +60,7 @@ def test_hang_on_a_node_is_stopped_named_and_its_stack_dumped(runs_dir):
     assert r.status == "hang" and r.failing_rank == 1, str(r)
     assert "hang: no heartbeat from any rank for 8 s" in r.message and "rank 1 is behind" in r.message, str(r)
     assert time.time() - start < 150
-    frames = launch_lessons.frames(r.stacks[1])
+    frames = ch09_launching.frames(r.stacks[1])
     assert frames and frames[0][2] == "inject_fault" and frames[0][3] == "time.sleep(3600)", r.stacks[1]
     # rank 0 waits inside a collective of torch.distributed (DDP's buffer broadcast or the gradient all-reduce)
     assert "torch/distributed" in r.stacks[0] or "torch/nn/parallel" in r.stacks[0], r.stacks[0]
@@ -125,29 +127,29 @@ def test_sbatch_script_is_valid_bash():
 
 def test_fixed_master_port_clashes_and_standalone_does_not(runs_dir):
     start = time.time()
-    out = launch_lessons.port_clash("pc", {"steps": 6, "backend": "gloo", "n_samples": 256}, timeout=300,
+    out = ch09_launching.port_clash("pc", {"steps": 6, "backend": "gloo", "n_samples": 256}, timeout=300,
                                     stall_timeout=12)
     clash, hang, standalone = out["clash"], out["hang"], out["standalone"]
-    assert clash.status == "crashed" and launch_lessons.PORT_IN_USE in clash.message, str(clash)
+    assert clash.status == "crashed" and ch09_launching.PORT_IN_USE in clash.message, str(clash)
     assert clash.seconds < 60
     assert f"--master-port={out['port']}" in clash.command_line and f"--master-port={out['port']}" in hang.command_line
     assert standalone.ok, str(standalone)
     # torchrun's own notice, from the clash (started with OMP_NUM_THREADS unset)
-    assert launch_lessons.grep(clash.run_dir / "output.log", launch_lessons.OMP_NOTICE)
+    assert ch09_launching.grep(clash.run_dir / "output.log", ch09_launching.OMP_NOTICE)
     # the port's holder hung (rank 1 at step 2): caught by the stall timeout long before the 300 s timeout
     assert hang.status == "hang" and hang.failing_rank == 1 and "no heartbeat" in hang.message, str(hang)
-    assert launch_lessons.innermost(hang.stacks[1]) == "inject_fault: time.sleep(3600)", hang.stacks
+    assert ch09_launching.innermost(hang.stacks[1]) == "inject_fault: time.sleep(3600)", hang.stacks
     assert time.time() - start < 200
     for r in (clash, hang, standalone):
         assert_nothing_left(r.run_dir)
 
 
 def test_detail_names_mismatched_collectives_and_pg_timeout_blames_the_waiter(runs_dir):
-    out = launch_lessons.mismatch_runs("mm", timeout=300, pg_timeout=8)
+    out = ch09_launching.mismatch_runs("mm", timeout=300, pg_timeout=8)
     shape = out["shape_DETAIL"]
-    assert shape.status == "crashed" and launch_lessons.MISMATCH_ERROR in shape.message, str(shape)
+    assert shape.status == "crashed" and ch09_launching.MISMATCH_ERROR in shape.message, str(shape)
     assert "TensorShape=[4]" in shape.message and "TensorShape=[5]" in shape.message
-    assert launch_lessons.MISMATCH_ERROR not in str(out["shape_OFF"])  # without DETAIL: no such check
+    assert ch09_launching.MISMATCH_ERROR not in str(out["shape_OFF"])  # without DETAIL: no such check
     assert out["shape_OFF"].status == "crashed"
     # rank 1 never reached the all_reduce; rank 0 waited in it until pg_timeout and is the one named
     stuck = out["stuck"]
@@ -175,7 +177,7 @@ def test_single_process_hang_caught_by_stall_timeout_with_its_stack(runs_dir):
                         stall_timeout=6)
     assert r.status == "hang" and r.failing_rank == 0 and "no heartbeat from any rank for 6 s" in r.message, str(r)
     assert r.seconds < 200
-    assert launch_lessons.innermost(r.stacks[0]) == "inject_fault: time.sleep(3600)", r.stacks
+    assert ch09_launching.innermost(r.stacks[0]) == "inject_fault: time.sleep(3600)", r.stacks
     with pytest.raises(ConfigError, match="stall_timeout"):
         launcher.launch("bad", 1, FAST, stall_timeout=0)
     assert_nothing_left(r.run_dir)

@@ -1,4 +1,4 @@
-"""The float-noise envelope (lab_utils/noise.py) on synthetic runs whose noise and bugs are known: tier 2 for a
+"""The float-noise envelope (lab_utils/analysis/noise.py) on synthetic runs whose noise and bugs are known: tier 2 for a
 port that drifts like its twin however far the twin drifts, below tier 2 for a bug that leaves the envelope at its
 onset, "not calibrated" without a twin, twins checked; and the rule's text kept the same everywhere it is shown."""
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab_utils import float_twin, noise, parity, runfiles
-from lab_utils.parity import classify
+from lab_utils.analysis import noise, parity
+from lab_utils.analysis.parity import classify
+from lab_utils.core import float_twin, runfiles
 
 REPO = Path(__file__).resolve().parents[1]
 N = 100

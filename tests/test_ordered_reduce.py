@@ -1,12 +1,13 @@
-"""The order-fixed gradient reduction (lab_utils/ordered_reduce.py, chapter 11): its pieces, and bad input."""
+"""The order-fixed gradient reduction (lab_utils/core/ordered_reduce.py, chapter 11): its pieces, and bad input."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lab_utils import launcher, ordered_reduce
-from lab_utils.config import ConfigError
+from lab_utils.core import ordered_reduce
+from lab_utils.core.config import ConfigError
+from lab_utils.launch import launcher
 
 
 def test_rank_order_sum_is_a_left_fold():
@@ -34,4 +35,5 @@ def test_bad_value_is_refused_before_launch(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 # The real 4-rank runs (ordered: tier 3 against emulate_ranks=4; stock: tier 2, not bitwise) are two entries of
-# the port-bug suite (lab_utils/portbugs.py, tests/test_port_bugs.py): reduction_in_backend_order, ordered_reduction.
+# the port-bug suite (lab_utils/analysis/portbugs.py, tests/test_port_bugs.py): reduction_in_backend_order,
+# ordered_reduction.

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from lab_utils.parity import CAUSES, classify, epoch_starts, tolerances_for
+from lab_utils.analysis.parity import CAUSES, classify, epoch_starts, tolerances_for
 
 
 def metrics(losses, hashes=None, grads=None):
@@ -120,7 +120,7 @@ def test_runs_without_grad_norm_cannot_reach_tier2_but_bitwise_still_tier3():
 
 
 def test_no_tolerance_is_loosened_by_analogy_and_a_measured_exception_would_apply(monkeypatch):
-    from lab_utils import parity
+    from lab_utils.analysis import parity
 
     cpu, cuda = config(), {**config(model="bn_net"), "device": "cuda:0"}
     cuda["config"]["model"] = "bn_net"

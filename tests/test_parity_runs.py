@@ -2,7 +2,8 @@
 
 The port bugs (doubled global batch and the rest) are tests/test_port_bugs.py's table.
 """
-from lab_utils import launcher, parity
+from lab_utils.analysis import parity
+from lab_utils.launch import launcher
 
 
 def test_tier2_single_vs_two_ranks_and_tier3_against_emulation(runs_dir):

@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from lab_utils import doctor, launcher, parity, portbugs
-from lab_utils.portbugs import SUITE
+from lab_utils.analysis import doctor, parity, portbugs
+from lab_utils.analysis.portbugs import SUITE
+from lab_utils.launch import launcher
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_suite_table_is_well_formed():
 def test_unused_parameter_with_the_flag_off_is_an_error_not_a_tier(runs_dir):
     """Chapter 05's bug that no tier can describe: a branch unused in a step, find_unused_parameters=false.
     DDP's reducer raises on the next step; the launcher must report it as a crash with the rank's own error."""
-    from lab_utils import probes
+    from lab_utils.launch import probes
 
     result = launcher.launch("pb_unused_off", 2, {"steps": 3, "find_unused_parameters": False}, timeout=600,
                              progress=False, script=probes.FLAGS_PROBE, extra_env={"LAB_FLAGS_PROBE": "unused"})

@@ -1,4 +1,4 @@
-"""lab_utils.record on a script the lab did not write: pytorch/examples' multigpu_torchrun.py, patched to run on
+"""lab_utils.core.record on a script the lab did not write: pytorch/examples' multigpu_torchrun.py, patched to run on
 CPU/gloo and instrumented with the recorder (tests/outside/multigpu_torchrun_recorded.py). Real runs, one
 process vs 2 ranks through the launcher (torchrun's elastic API), then compare and doctor on their folders."""
 
@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab_utils import doctor, launcher, parity, record, runfiles
+from lab_utils.analysis import doctor, parity
+from lab_utils.core import record, runfiles
+from lab_utils.launch import launcher
 
 SCRIPT = Path(__file__).resolve().parent / "outside" / "multigpu_torchrun_recorded.py"
 KEYS = {"steps": 8, "n_samples": 64, "global_batch_size": 16}  # 4 steps per epoch: boundary at step 4

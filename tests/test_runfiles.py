@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lab_utils import runfiles
+from lab_utils.core import runfiles
 
 
 def _model(seed=0):
@@ -63,7 +63,7 @@ def test_synced_span_times_only_records_taken_after_a_host_sync(tmp_path):
     with log_sync_every=10 those are steps 10, 20, ...; another record's clock can run ahead of the GPU."""
     import json
 
-    from lab_utils.runfiles import synced_span
+    from lab_utils.core.runfiles import synced_span
 
     (tmp_path / "config.json").write_text(json.dumps({"config": {"log_sync_every": 10}}))
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "elapsed": s}) + "\n" for s in range(35)))

@@ -1,14 +1,14 @@
-"""Tests for lab_utils.sampler_plots (taught in notebooks/03_samplers.ipynb)."""
+"""Tests for lab_utils.lessons.ch03_sampler_plots (taught in notebooks/03_samplers.ipynb)."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from lab_utils import sampler_lessons as sl
-from lab_utils import sampler_plots as sp
-from lab_utils.config import resolve
-from lab_utils.samplers import rank_stream
+from lab_utils.core.config import resolve
+from lab_utils.core.samplers import rank_stream
+from lab_utils.lessons import ch03_sampler_plots as sp
+from lab_utils.lessons import ch03_samplers as sl
 
 
 def visits(kind, n, world_size, steps, gbs=8, **keys):

@@ -1,8 +1,8 @@
 """The per-rank streams train.py uses: together the ranks hold the single run's batch (facts 2 and 3)."""
 import itertools
 
-from lab_utils.config import resolve
-from lab_utils.samplers import rank_stream
+from lab_utils.core.config import resolve
+from lab_utils.core.samplers import rank_stream
 
 
 def take(stream, k):

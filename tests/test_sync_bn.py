@@ -1,4 +1,4 @@
-"""LabSyncBatchNorm (lab_utils/sync_bn.py, chapter 07): the maths of one BatchNorm over the whole batch, on real
+"""LabSyncBatchNorm (lab_utils/core/sync_bn.py, chapter 07): the maths of one BatchNorm over the whole batch, on real
 gloo ranks, in the emulated reference's threads, and against nn.SyncBatchNorm where CUDA allows it."""
 
 import copy
@@ -7,9 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from lab_utils import config, launcher, parity, probes
-from lab_utils.runfiles import REPO, read_heartbeats
-from lab_utils.sync_bn import LabSyncBatchNorm, RankOrderedSum, _SyncBatchNormFn, convert
+from lab_utils.analysis import parity
+from lab_utils.core import config
+from lab_utils.core.runfiles import REPO, read_heartbeats
+from lab_utils.core.sync_bn import LabSyncBatchNorm, RankOrderedSum, _SyncBatchNormFn, convert
+from lab_utils.launch import launcher, probes
 
 PROBE = REPO / "scripts" / "probes" / "sync_bn_probe.py"
 

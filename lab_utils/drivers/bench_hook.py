@@ -4,7 +4,7 @@
     ddp-lab bench hook --ranks 2 --preset workshop --json out.json   # e.g. on two GPUs (NCCL)
 
 For each world size W: the emulated W-rank reference (one process), then W ranks with DDP's stock hook
-(`grad_reduction=allreduce`) and with `grad_reduction=ordered` (lab_utils/ordered_reduce.py). Each row gives
+(`grad_reduction=allreduce`) and with `grad_reduction=ordered` (lab_utils/core/ordered_reduce.py). Each row gives
 ms per step after the warm-up, the bytes one rank receives per step for its gradient buckets (bandwidth-optimal
 count: a ring all-reduce 2(W-1)/W·N, an all-gather (W-1)·N; N = 4 bytes x the gradient elements), and the
 parity tier against the emulated reference with its max |Δloss|. Backend `auto`: NCCL where every rank has its
@@ -20,8 +20,10 @@ from pathlib import Path
 
 import torch
 
-from .. import launcher, ordered_reduce, parity
-from ..runfiles import synced_span
+from lab_utils.analysis import parity
+from lab_utils.core import ordered_reduce
+from lab_utils.core.runfiles import synced_span
+from lab_utils.launch import launcher
 
 
 def ms_per_step(run_dir: Path, warmup: int) -> float:

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .. import launcher
+from lab_utils.launch import launcher
 
 
 def main(argv: list[str] | None = None) -> int:

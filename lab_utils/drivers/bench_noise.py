@@ -16,8 +16,8 @@ import json
 import sys
 from dataclasses import dataclass
 
-from .. import noise, parity
-from ..runfiles import REPO
+from lab_utils.analysis import noise, parity
+from lab_utils.core.runfiles import REPO
 
 MEASURED = REPO / "docs" / "measured"
 

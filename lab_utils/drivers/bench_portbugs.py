@@ -20,7 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from .. import doctor, launcher, noise, parity, portbugs, runfiles
+from lab_utils.analysis import doctor, noise, parity, portbugs
+from lab_utils.core import runfiles
+from lab_utils.launch import launcher
 
 
 def envelopes(report: parity.ParityReport, bug: portbugs.PortBug) -> float | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .. import config, distenv, workloads
+from lab_utils.core import config, distenv, workloads
 
 
 def _step_fn(wl, model, opt, batch, amp: bool):

@@ -34,7 +34,7 @@ def child(sampler_name: str, n: int, k: int) -> dict:
     from torch.utils.data import DistributedSampler
 
     sys.path.insert(0, str(REPO))
-    from lab_utils.global_sampler import GlobalBatchSampler
+    from lab_utils.core.global_sampler import GlobalBatchSampler
 
     torch.set_num_threads(1)
 

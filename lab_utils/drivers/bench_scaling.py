@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from .. import launcher, parity
-from ..runfiles import read_config, synced_span
+from lab_utils.analysis import parity
+from lab_utils.core.runfiles import read_config, synced_span
+from lab_utils.launch import launcher
 
 
 def tokens_per_s(run_dir: Path, warmup: int) -> float:

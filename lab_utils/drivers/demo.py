@@ -7,7 +7,9 @@ emulated-2-rank reference. Prints the parity table and writes runs/demo_parity.p
 import sys
 import time
 
-from .. import launcher, parity, plotting, runfiles
+from lab_utils.analysis import parity, plotting
+from lab_utils.core import runfiles
+from lab_utils.launch import launcher
 
 STEPS = 40
 RUNS = [  # (name, nproc, keys, what it is)

@@ -12,7 +12,7 @@ backend, so it counts what DDP *launched* — not what a profiler happened to re
 event name. Both copies carry the same hook, so its (microsecond) cost is in both timings.
 
 Each rank writes runs/NAME/probe/rank{r}.json: per setting and step, the all-reduce calls, the buckets,
-the step's wall time, and the size and epoch of every micro-batch it drew (read by lab_utils.accumulation).
+the step's wall time, and the size and epoch of every micro-batch it drew (read by lab_utils.lessons.ch06_accumulation).
 """
 
 import os
@@ -26,8 +26,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.elastic.multiprocessing.errors import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import config, ddp, distenv, runfiles, samplers, workloads  # noqa: E402
-from lab_utils.step import rank_step  # noqa: E402
+from lab_utils.core import config, ddp, distenv, runfiles, samplers, workloads  # noqa: E402
+from lab_utils.core.step import rank_step  # noqa: E402
 
 SETTINGS = (True, False)  # no_sync on, off
 

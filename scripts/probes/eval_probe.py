@@ -4,7 +4,7 @@
         model=bn_net ...
 
 Every rank loads the weights onto its own device (map_location), evaluates its shard of the eval set (the
-first LAB_EVAL_N digits) for each sharding of lab_utils.eval_metrics.SHARDINGS, one sample per forward (so a
+first LAB_EVAL_N digits) for each sharding of lab_utils.core.eval_metrics.SHARDINGS, one sample per forward (so a
 sample's prediction is the same bits whichever rank or shard evaluates it), then:
 - all_reduce(correct) and all_reduce(total): the article's code;
 - all_gather of each rank's (correct, total): the simple mean of per-rank accuracies;
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import checkpoint, config, distenv, eval_metrics, runfiles, workloads  # noqa: E402
+from lab_utils.core import checkpoint, config, distenv, eval_metrics, runfiles, workloads  # noqa: E402
 
 
 def correct_flags(model, dataset, indices: list[int], device) -> list[int]:

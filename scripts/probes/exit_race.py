@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import distenv  # noqa: E402
+from lab_utils.core import distenv  # noqa: E402
 
 mode = os.environ.get("LAB_PROBE_EXIT", "naive")
 dist.init_process_group("gloo")

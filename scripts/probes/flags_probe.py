@@ -1,6 +1,6 @@
 """What three DDP flags do, measured on every rank (chapter 05, article §3.1). Launched by torchrun.
 
-LAB_FLAGS_PROBE picks the question (each writes runs/NAME/probe/rank{r}.json, read by lab_utils.flags_lessons):
+LAB_FLAGS_PROBE picks the question (each writes runs/NAME/probe/rank{r}.json, read by lab_utils.lessons.ch05_ddp_flags):
 
 - `unused`: a model with a branch (`aux`) that only odd steps use. With find_unused_parameters=false it is
   trained as is: DDP waits in step 0 for a gradient `aux` never produces, and step 1's forward raises —
@@ -40,8 +40,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import config, ddp, distenv, runfiles  # noqa: E402
-from lab_utils.workloads.bn_net import IMAGE_SIZE, BNNet  # noqa: E402
+from lab_utils.core import config, ddp, distenv, runfiles  # noqa: E402
+from lab_utils.core.workloads.bn_net import IMAGE_SIZE, BNNet  # noqa: E402
 
 WIDTH = 32
 TIMED_STEPS = 42  # per copy, interleaved step by step; the first 2 are warm-up

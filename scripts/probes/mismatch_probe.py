@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import config, distenv, runfiles  # noqa: E402
+from lab_utils.core import config, distenv, runfiles  # noqa: E402
 
 MODES = ("none", "shape", "extra", "stuck")
 

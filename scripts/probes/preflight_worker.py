@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import config, distenv, runfiles  # noqa: E402
+from lab_utils.core import config, distenv, runfiles  # noqa: E402
 
 cfg = config.resolve(sys.argv[1:], int(os.environ.get("WORLD_SIZE", "1")))
 env = distenv.setup(cfg)

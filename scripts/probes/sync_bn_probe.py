@@ -1,4 +1,4 @@
-"""Synchronised BatchNorm on real ranks (chapter 07). Launched by torchrun (lab_utils.launcher, script=...).
+"""Synchronised BatchNorm on real ranks (chapter 07). Launched by torchrun (lab_utils.launch.launcher, script=...).
 
 Every rank builds the same global batch (float64, seeded alike) and keeps its own slice, as DDP ranks do.
 Reference: one nn.BatchNorm over the *whole* batch in this process. Measured on the rank's slice, written to
@@ -22,8 +22,8 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import config, distenv, runfiles  # noqa: E402
-from lab_utils.sync_bn import LabSyncBatchNorm  # noqa: E402
+from lab_utils.core import config, distenv, runfiles  # noqa: E402
+from lab_utils.core.sync_bn import LabSyncBatchNorm  # noqa: E402
 
 CASES = {"BatchNorm2d": (nn.BatchNorm2d, (8, 3, 5, 5)), "BatchNorm1d": (nn.BatchNorm1d, (8, 4))}
 

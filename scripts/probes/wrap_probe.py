@@ -5,7 +5,7 @@ batch (so its BatchNorm running statistics are its own), then wraps one copy in 
 the deprecated `broadcast_buffers=True/False` (the article's name) and, where this torch has it,
 `forward_sync_buffers=True/False` (its replacement since torch 2.13; feature-detected). Each rank writes the
 parameter and buffer fingerprints before and after each wrap, and the warnings each wrap raised, to
-runs/NAME/probe/rank{r}.json (read by lab_utils.probes.read_wrap_probe).
+runs/NAME/probe/rank{r}.json (read by lab_utils.launch.probes.read_wrap_probe).
 """
 
 import copy
@@ -19,8 +19,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from lab_utils import config, ddp, distenv, runfiles  # noqa: E402
-from lab_utils.workloads.bn_net import IMAGE_SIZE, BNNet  # noqa: E402
+from lab_utils.core import config, ddp, distenv, runfiles  # noqa: E402
+from lab_utils.core.workloads.bn_net import IMAGE_SIZE, BNNet  # noqa: E402
 
 
 def probe(cfg: dict, env) -> dict:

@@ -1,6 +1,6 @@
 # A patched copy of pytorch/examples distributed/ddp-tutorial-series/multigpu_torchrun.py (BSD-3-Clause,
 # see README.md and LICENSE-pytorch-examples in this folder), made to run on CPU with gloo as well as on
-# GPUs with NCCL, as one process or under torchrun, and instrumented with lab_utils.record.
+# GPUs with NCCL, as one process or under torchrun, and instrumented with lab_utils.core.record.
 #
 # Lines marked `# PATCH:` change the original; lines marked `# RECORD:` are the recorder (what a user adds).
 # The rest is the original's structure. Changes, and why:
@@ -11,13 +11,13 @@
 #   - F.mse_loss instead of F.cross_entropy: with one output, cross_entropy over a single class is identically
 #     0 (log_softmax of one logit is 0), so the original trains nothing and every run would trivially agree;
 #   - the loop stops after `steps` optimizer steps; the per-device batch is global_batch_size // world_size;
-#   - key=value arguments (as `ddp-lab run` / lab_utils.launcher pass them): out_dir, steps, global_batch_size,
+#   - key=value arguments (as `ddp-lab run` / lab_utils.launch.launcher pass them): out_dir, steps, global_batch_size,
 #     n_samples, set_epoch, seed, lr, micro_batches, layout (the last two also as MICRO_BATCHES and LAYOUT in
 #     the environment); others are ignored;
 #   - micro_batches=N (RECORD: what a user adds to judge a port): each batch summed as N micro-batches, each
 #     (loss / N).backward(): layout=contiguous is the float twin of the single run; layout=ranks deals the batch
 #     out as N DistributedSampler ranks would, the single-process emulation that is bitwise equal to N ranks;
-#   - exit with os._exit after the process group is destroyed (the gloo exit race, lab_utils/distenv.py).
+#   - exit with os._exit after the process group is destroyed (the gloo exit race, lab_utils/core/distenv.py).
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, DataLoader
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # RECORD: the lab's package, from a clone
-from lab_utils import record  # noqa: E402  RECORD:
+from lab_utils.core import record  # noqa: E402  RECORD:
 
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))  # PATCH: one process when not under torchrun
 RANK = int(os.environ.get("RANK", "0"))  # PATCH

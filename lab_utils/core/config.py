@@ -1,0 +1,330 @@
+"""The training script's keys: their types, defaults, allowed values, and the global-batch invariant.
+
+One schema serves three callers: `scripts/train.py` (parses its argv), the launcher (validates *before*
+anything is launched, so a typo never costs a torchrun start-up) and the notebooks (which show the
+resolved config). Taught in notebooks/00_preflight.ipynb and notebooks/01_unchanged.ipynb.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad key or value. The message names it; the CLI prints it on one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class Key:
+    type: type
+    default: Any
+    help: str
+    choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None  # exclusive upper bound where `max_open`, else inclusive
+    max_open: bool = False
+    optional: bool = False  # None allowed (derived later)
+
+
+# Names follow the glossary in README.md. Defaults are the CI/CPU size: a 2-rank run takes seconds.
+KEYS: dict[str, Key] = {
+    # --- the experiment
+    "preset": Key(str, "cpu", "cpu: seconds on 2 cores; workshop: a bigger GPT for GPUs (keys you set win)",
+                  choices=("cpu", "workshop")),
+    "steps": Key(int, 40, "optimizer steps", min=1),
+    "global_batch_size": Key(int, 16, "samples per optimizer step, summed over ranks and micro-batches", min=1),
+    "micro_batch_size": Key(int, None, "samples per forward/backward on one rank (derived if unset)",
+                            min=1, optional=True),
+    "grad_accum_steps": Key(int, None, "micro-batches per optimizer step on one rank (derived if unset)",
+                            min=1, optional=True),
+    "seed": Key(int, 1337, "model-init seed (the same on every rank)", min=0),
+    "data_seed": Key(int, 1234, "seed of the data order (samplers)", min=0),
+    "seed_mode": Key(str, "lab", "lab: one init seed everywhere, data randomness keyed by sample; "
+                     "article: set_seed(seed + rank) as the article's §2.2", choices=("lab", "article")),
+    "sampler": Key(str, "distributed", "who gets which sample", choices=("distributed", "global", "random")),
+    "sampler_mode": Key(str, "randperm", "global sampler's permutation", choices=("randperm", "feistel")),
+    "set_epoch": Key(bool, True, "distributed sampler: call set_epoch(e) each epoch (false: epoch 0's order forever)"),
+    "drop_last": Key(bool, False, "distributed sampler: drop the tail instead of padding with repeated samples"),
+    "emulate_ranks": Key(int, 1, "single process computes each global batch as R ranks would", min=1),
+    "nudge_init": Key(int, 0, "float twin: move every initial weight this many ulps up (0 = off); the same samples and "
+                      "randomness, only the last bits differ (parity --noise)", min=0),
+    "n_samples": Key(int, 0, "dataset size (0 = all the workload has)", min=0),
+    "num_workers": Key(int, 0, "DataLoader worker processes", min=0),
+    "loader_generator": Key(str, "dedicated", "dedicated: DataLoader gets its own torch.Generator; "
+                            "global: none, so creating its iterator draws from the global RNG",
+                            choices=("dedicated", "global")),
+    # --- the model
+    "model": Key(str, "gpt", "workload", choices=("gpt", "bn_net", "contrastive")),
+    "block_size": Key(int, 32, "gpt: context length", min=2),
+    "n_layer": Key(int, 2, "gpt: transformer blocks", min=1),
+    "n_head": Key(int, 2, "gpt: attention heads", min=1),
+    "n_embd": Key(int, 64, "gpt: embedding width", min=1),
+    "dropout": Key(float, 0.0, "dropout probability", min=0.0, max=1.0, max_open=True),
+    "dropout_mode": Key(str, "keyed", "keyed: masks keyed by (seed, sample); torch: nn.Dropout (global RNG)",
+                        choices=("keyed", "torch")),
+    "norm": Key(str, "batch", "bn_net: batch = BatchNorm layers, none = no normalisation", choices=("batch", "none")),
+    "augment": Key(str, "none", "bn_net: augmentation randomness", choices=("none", "keyed", "article", "global")),
+    "padding": Key(int, 0, "gpt: mask a keyed 0..padding trailing targets per sample (variable-length sequences)",
+                   min=0),
+    "contrastive_gather": Key(str, "none", "contrastive: in-batch negatives from this rank only (none), "
+                              "dist.all_gather (plain, no gradient) or torch.distributed.nn.functional.all_gather "
+                              "(autograd)", choices=("none", "plain", "autograd")),
+    # --- the optimisation
+    "loss_reduction": Key(str, "mean", "per-micro-batch loss reduction", choices=("mean", "sum")),
+    "sum_loss_fix": Key(bool, True, "with loss_reduction=sum, multiply by world_size (DDP averages grads)"),
+    "loss_normalization": Key(str, "per_rank", "gpt with padding: per_rank (each micro-batch's own token mean) or "
+                              "global_tokens (token sum / the step's token count over all ranks)",
+                              choices=("per_rank", "global_tokens")),
+    "optimizer": Key(str, "adamw", "optimizer", choices=("adamw", "adam", "sgd")),
+    "lr": Key(float, 3e-3, "learning rate", min=0.0, max_open=False),
+    "weight_decay": Key(float, 0.1, "weight decay (adamw, sgd)", min=0.0),
+    "amp": Key(str, "none", "autocast dtype for forward/loss (bf16 on GPUs; breaks fp32 tier-2 tolerances)",
+                choices=("none", "bf16")),
+    "tf32": Key(bool, False, "TF32 tensor-core matmuls and convolutions for fp32 on CUDA (faster; 10-bit mantissa "
+                "inputs, so other numbers than fp32: its tier is measured by `ddp-lab bench scaling`)"),
+    "compile": Key(bool, False, "nn.Module.compile() the model before the DDP wrap (CUDA only; the first steps "
+                   "compile; fused kernels give other numbers than eager: `ddp-lab bench scaling` measures its tier)"),
+    "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
+    "fused_optimizer": Key(bool, False, "torch.optim's fused=True: one kernel per update (GPU speed; other last bits "
+                           "than the default, the same in every run that sets it)"),
+    # --- DDP and the process group
+    "backend": Key(str, "auto", "auto: nccl when every rank has its own GPU, else gloo",
+                   choices=("auto", "gloo", "nccl")),
+    "device": Key(str, "auto", "auto: cuda when available, else cpu", choices=("auto", "cpu", "cuda")),
+    "no_sync": Key(bool, True, "skip the all-reduce on all but the last micro-batch of a step"),
+    "find_unused_parameters": Key(bool, False, "DDP(find_unused_parameters=...)"),
+    "broadcast_buffers": Key(bool, True, "rank 0's buffers copied to every rank before each synchronising "
+                             "forward: DDP(forward_sync_buffers=...) where torch has it (2.13+; the buffers are "
+                             "then copied at the wrap either way), else the older DDP(broadcast_buffers=...)"),
+    "sync_bn": Key(str, "none", "BatchNorm statistics over all ranks: none (each rank its own micro-batch), "
+                   "lab (lab_utils/core/sync_bn.py, any device), torch (nn.SyncBatchNorm, CUDA only)",
+                   choices=("none", "lab", "torch")),
+    "gradient_as_bucket_view": Key(bool, False, "DDP(gradient_as_bucket_view=...)"),
+    "bucket_cap_mb": Key(float, 25.0, "DDP(bucket_cap_mb=...): gradient bucket size in MiB", min=0.01),
+    "grad_reduction": Key(str, "allreduce", "allreduce: DDP's stock hook (the backend picks the summation order); "
+                          "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W",
+                          choices=("allreduce", "ordered")),
+    "deterministic": Key(bool, True, "torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG on CUDA)"),
+    "threads": Key(int, 1, "intra-op threads per process (the same in every run, so kernels split work alike)",
+                   min=1),
+    "pg_timeout": Key(float, 300.0, "seconds a collective may wait before the process group gives up", min=1.0),
+    # --- output and fault injection (the reliability chapters and the launcher tests)
+    "out_dir": Key(str, "runs/default", "where config.json, metrics.jsonl and model.pt go"),
+    "fingerprint": Key(bool, True, "hash all parameters after every step (off for throughput benchmarks)"),
+    "log_every": Key(int, 10, "rank 0 prints a line every N steps", min=1),
+    "log_sync_every": Key(int, 1, "rank 0 copies the logged numbers to the host every N steps (one device "
+                          "sync per N steps; every step is still recorded in metrics.jsonl)", min=1),
+    "checkpoint_every": Key(int, 0, "rank 0 saves out_dir/checkpoints/step_NNNNNN.pt every N optimizer steps "
+                            "(0 = off)", min=0),
+    "checkpoint_style": Key(str, "lab", "lab: model, optimizer, step (= data position) for exact resume; "
+                            "article: model, optimizer, epoch as the article's §5.2", choices=("lab", "article")),
+    "checkpoint_write": Key(str, "atomic", "atomic: temp file + os.replace; naive: torch.save(path) in place",
+                            choices=("atomic", "naive")),
+    "resume": Key(str, None, "unset = fresh; auto = newest checkpoint in out_dir/checkpoints (else fresh); "
+                  "or a checkpoint file / run folder", optional=True),
+    "fault": Key(str, "none", "inject a failure (kill_in_save: rank 0 dies halfway through the checkpoint "
+                 "write after step fault_step)",
+                 choices=("none", "crash", "hang", "kill", "abort", "ignore_term", "kill_in_save")),
+    "fault_rank": Key(int, 0, "rank that fails", min=0),
+    "fault_step": Key(int, 0, "step at whose start it fails", min=0),
+}
+
+# The `# --- ` groups above, by title and first key: a key belongs to the group whose first key precedes it
+# in KEYS, so a key added inside a group needs no second edit. Used by `ddp-lab keys`.
+GROUPS: dict[str, str] = {"the experiment": "preset", "the model": "model", "the optimisation": "loss_reduction",
+                          "DDP and the process group": "backend", "output and fault injection": "out_dir"}
+
+
+def grouped() -> dict[str, list[str]]:
+    """{group title: [key, ...]} in KEYS order."""
+    first = {key: title for title, key in GROUPS.items()}
+    out: dict[str, list[str]] = {}
+    title = None
+    for name in KEYS:
+        title = first.get(name, title)
+        if title is None:
+            raise ValueError(f"key {name!r} comes before the first group's first key")
+        out.setdefault(title, []).append(name)
+    return out
+
+
+# The GPU workshop size of the tiny GPT (19.2 M parameters). Applied under keys the user did not set.
+# n_embd 512 / n_head 8: on two H200s (docs/measured/h200x2/scaling_2gpu_n512*.txt) 2 GPUs ran 1.90x, 1.91x,
+# 1.91x and 1.91x the tokens/s of one (tier 2 vs 1 GPU, tier 3 vs the emulated run); the 384-wide preset
+# before it ran 1.89x and 1.90x (at a fixed global batch each GPU's matmuls are half the size and less
+# efficient; a wider model's matmuls are bigger). 768 wide ran 1.93x once but left tier 2 (max |dloss| 1.9e-6 >
+# loss_tol 1e-6), so it would break the workshop's other promise.
+# global_batch_size 256: each of 2 GPUs computes 128 samples per step. Measured on an H200 (ddp-lab bench
+# profile, docs/measured/h200/): at 16 samples per micro-batch the step is host-bound (the GPU waits for
+# Python and kernel launches) and a second GPU cannot halve it; at 128 the GPU is busy for the whole step
+# (100% at 512 wide too: docs/measured/h200x2/profile_1gpu_n512.txt).
+# n_samples 1792 = 7 x 256: the text holds 1809 blocks of 256 tokens, an odd count, so DistributedSampler pads
+# 2 ranks with a repeated sample and the epoch-boundary step's batch differs from the single run's (measured on
+# an H200: tier 1 from step 7 = the first boundary; docs/measured/h200/workshop_tiers.txt). A multiple of the
+# world size (and of the global batch) keeps every step's samples identical at 1, 2, 4 or 8 ranks.
+# log_sync_every 10: the logged numbers (and the fingerprints) reach the host in one copy per 10 steps, so the
+# host is not made to wait for the GPU at every step's end (chapter 08; cost measured by `ddp-lab bench scaling`).
+WORKSHOP = {"block_size": 256, "n_layer": 6, "n_head": 8, "n_embd": 512, "global_batch_size": 256,
+            "n_samples": 1792, "lr": 1e-3, "steps": 100, "log_every": 20, "log_sync_every": 10}
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _convert(name: str, key: Key, raw: Any) -> Any:
+    """Turn a CLI string (or a Python value from a notebook) into the key's type, or raise naming it."""
+    # "none" means "unset" only for keys that can be unset; norm=none, fault=none, amp=none are choices.
+    if raw is None or (key.optional and isinstance(raw, str) and raw.lower() in ("none", "")):
+        if key.optional:
+            return None
+        raise ConfigError(f"{name}: a value is required")
+    if isinstance(raw, str) and raw == "":
+        raise ConfigError(f"{name}: a value is required")
+    if key.type is bool:
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).lower()
+        if s in _TRUE:
+            return True
+        if s in _FALSE:
+            return False
+        raise ConfigError(f"{name}={raw!r} is not a boolean (use true/false)")
+    if key.type is int:
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+            raise ConfigError(f"{name}={raw!r} is not an integer")
+        try:
+            value = int(raw) if not isinstance(raw, str) else int(raw.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    elif key.type is float:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}={raw!r} is not a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{name}={raw!r} must be finite")
+    else:
+        value = str(raw)
+    if key.choices is not None and value not in key.choices:
+        raise ConfigError(f"{name}={value!r} is not one of: {', '.join(key.choices)}")
+    if key.min is not None and value < key.min:
+        raise ConfigError(f"{name}={value!r} must be >= {key.min}")
+    if key.max is not None and (value >= key.max if key.max_open else value > key.max):
+        raise ConfigError(f"{name}={value!r} must be {'<' if key.max_open else '<='} {key.max}")
+    return value
+
+
+def parse_overrides(items: list[str] | dict[str, Any]) -> dict[str, Any]:
+    """`["steps=40", "lr=1e-3"]` or `{"steps": 40}` -> typed dict. Unknown keys are errors (with a guess)."""
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(items, dict):
+        pairs = list(items.items())
+    else:
+        for item in items:
+            if "=" not in item:
+                raise ConfigError(f"{item!r}: expected key=value")
+            k, v = item.split("=", 1)
+            pairs.append((k.strip(), v.strip()))
+    out: dict[str, Any] = {}
+    for name, raw in pairs:
+        if name not in KEYS:
+            guess = difflib.get_close_matches(name, KEYS, n=1)
+            hint = f" (did you mean {guess[0]}?)" if guess else ""
+            raise ConfigError(f"unknown key {name!r}{hint}")
+        out[name] = _convert(name, KEYS[name], raw)
+    return out
+
+
+def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Defaults + overrides, with the batch sizes derived for `world_size` and every invariant checked.
+
+    The user sets `global_batch_size` and at most one of `micro_batch_size` / `grad_accum_steps`; the other
+    is derived, so the *same* keys describe the single run and the N-rank run. Setting all three only checks.
+    """
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"nproc/world_size={world_size!r} must be a positive integer")
+    cfg = {name: key.default for name, key in KEYS.items()}
+    given = parse_overrides(overrides)
+    if given.get("preset") == "workshop":
+        cfg.update(WORKSHOP)
+    cfg.update(given)
+    # emulate_ranks plays the role of the world size for the data layout of a single process.
+    ranks = cfg["emulate_ranks"] if world_size == 1 else world_size
+    if cfg["emulate_ranks"] > 1 and world_size > 1:
+        raise ConfigError(f"emulate_ranks={cfg['emulate_ranks']} only makes sense with one process "
+                          f"(world_size is {world_size})")
+    if cfg["compile"] and cfg["emulate_ranks"] > 1:  # the emulated ranks share one model from threads
+        raise ConfigError(f"compile=true is not supported with emulate_ranks={cfg['emulate_ranks']}: the lab "
+                          f"does not compile a model that several threads call at once")
+    gbs, mbs, acc = cfg["global_batch_size"], cfg["micro_batch_size"], cfg["grad_accum_steps"]
+    if mbs is None and acc is None:
+        acc = 1
+    if mbs is None:
+        if gbs % (acc * ranks):
+            raise ConfigError(f"global_batch_size={gbs} is not divisible by grad_accum_steps*world_size="
+                              f"{acc}*{ranks}")
+        mbs = gbs // (acc * ranks)
+    elif acc is None:
+        if gbs % (mbs * ranks):
+            raise ConfigError(f"global_batch_size={gbs} is not divisible by micro_batch_size*world_size="
+                              f"{mbs}*{ranks}")
+        acc = gbs // (mbs * ranks)
+    if mbs * acc * ranks != gbs:
+        raise ConfigError(f"global_batch_size={gbs} != micro_batch_size*grad_accum_steps*world_size="
+                          f"{mbs}*{acc}*{ranks}={mbs * acc * ranks}")
+    cfg["micro_batch_size"], cfg["grad_accum_steps"] = mbs, acc
+    if cfg["fault"] != "none" and cfg["fault_rank"] >= ranks and world_size > 1:
+        raise ConfigError(f"fault_rank={cfg['fault_rank']} but world_size is {world_size}")
+    _check_checkpoints(cfg)
+    if cfg["model"] == "gpt" and cfg["n_embd"] % cfg["n_head"]:
+        raise ConfigError(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
+    if cfg["augment"] != "none" and cfg["model"] != "bn_net":
+        raise ConfigError(f"augment={cfg['augment']!r} needs model=bn_net (gpt has no augmentation)")
+    if cfg["sync_bn"] != "none" and (cfg["model"] != "bn_net" or cfg["norm"] != "batch"):
+        raise ConfigError(f"sync_bn={cfg['sync_bn']} needs model=bn_net norm=batch (nothing else has BatchNorm)")
+    _check_chapter05(cfg)
+    if cfg["sync_bn"] == "torch" and world_size > 1 and not _on_cuda(cfg["device"]):
+        raise ConfigError("sync_bn=torch: nn.SyncBatchNorm accepts only GPU tensors and these ranks run on CPU "
+                          "(torch raises ValueError at the first forward, even with gloo); use sync_bn=lab")
+    return cfg
+
+
+def _check_chapter05(cfg: dict) -> None:
+    """padding, loss_normalization, contrastive_gather (chapter 05): only where they mean something."""
+    if cfg["padding"] and (cfg["model"] != "gpt" or cfg["padding"] >= cfg["block_size"]):
+        raise ConfigError(f"padding={cfg['padding']} needs model=gpt and padding < block_size={cfg['block_size']}")
+    if cfg["loss_normalization"] == "global_tokens" and (cfg["model"] != "gpt" or cfg["loss_reduction"] != "mean"):
+        raise ConfigError("loss_normalization=global_tokens needs model=gpt and loss_reduction=mean")
+    if cfg["contrastive_gather"] != "none" and cfg["model"] != "contrastive":
+        raise ConfigError(f"contrastive_gather={cfg['contrastive_gather']} needs model=contrastive")
+    if cfg["contrastive_gather"] != "none" and cfg["emulate_ranks"] > 1:
+        raise ConfigError(f"contrastive_gather={cfg['contrastive_gather']} gathers over a process group; "
+                          f"emulate_ranks={cfg['emulate_ranks']} has none")
+
+
+def _check_checkpoints(cfg: dict) -> None:
+    """checkpoint_every, resume, fault=kill_in_save (chapter 08)."""
+    import os
+
+    if cfg["resume"] not in (None, "auto") and not os.path.exists(cfg["resume"]):
+        raise ConfigError(f"resume={cfg['resume']!r}: no such checkpoint file or run folder (or use auto)")
+    if cfg["fault"] == "kill_in_save" and (not cfg["checkpoint_every"]
+                                           or (cfg["fault_step"] + 1) % cfg["checkpoint_every"]):
+        raise ConfigError(f"fault=kill_in_save fires in the checkpoint written after step fault_step="
+                          f"{cfg['fault_step']}: needs checkpoint_every > 0 dividing fault_step + 1")
+
+
+def _on_cuda(device: str) -> bool:
+    """Whether `device` (auto | cpu | cuda) resolves to CUDA on this machine (torch imported only when asked)."""
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def to_argv(cfg: dict[str, Any]) -> list[str]:
+    """The key=value list that reproduces `cfg` (only the keys given, in order)."""
+    return [f"{k}={'' if v is None else v}" for k, v in cfg.items()]

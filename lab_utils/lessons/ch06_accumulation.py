@@ -1,0 +1,151 @@
+"""Chapter 06's measurements, one hop from the notebook: the article's `8 // world_size`, the accumulation
+probe's files (all-reduces counted, step times, samples per window), the partial last window, and a plot.
+
+Taught in notebooks/06_accumulation.ipynb. The runs are launched by the notebook; the probe itself is
+scripts/probes/accum_probe.py (PROBE). This module reads what they wrote and computes in this process what
+needs no launch (the partial-window gradients use the real `step.micro_backward` on the real tiny GPT).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from lab_utils.core import config, runfiles, step, workloads
+
+PROBE = runfiles.REPO / "scripts" / "probes" / "accum_probe.py"
+
+
+def article_accum_steps(world_size: int, single_accum: int = 8) -> int:
+    """The article's §3.3 line, verbatim: `accum_steps = 8 // world_size`."""
+    return single_accum // world_size
+
+
+def article_table(micro_batch_size: int, single_accum: int = 8, world_sizes=(1, 2, 3, 4)) -> list[dict]:
+    """What `8 // world_size` gives per world size when the per-card micro-batch is kept, as §3.3 does."""
+    want = micro_batch_size * single_accum
+    rows = []
+    for w in world_sizes:
+        acc = article_accum_steps(w, single_accum)
+        rows.append({"world_size": w, "accum_steps": acc, "global_batch": micro_batch_size * acc * w,
+                     "intended": want, "ok": micro_batch_size * acc * w == want})
+    return rows
+
+
+def config_refusal(keys: dict, world_size: int) -> str | None:
+    """The one-line ConfigError `config.resolve` (and so the launcher and `ddp-lab run`) gives, or None."""
+    try:
+        config.resolve(keys, world_size)
+    except config.ConfigError as e:
+        return f"ConfigError: {e}"
+    return None
+
+
+# ---- the probe's files
+
+def read_probe(run_dir: str | Path) -> dict[int, dict]:
+    files = sorted(Path(run_dir, "probe").glob("rank*.json"))
+    if not files:
+        raise FileNotFoundError(f"{run_dir}: no probe/rank*.json (did accum_probe.py run?)")
+    records = [json.loads(f.read_text()) for f in files]
+    return {r["rank"]: r for r in sorted(records, key=lambda r: r["rank"])}
+
+
+def allreduce_summary(probe: dict[int, dict]) -> dict[str, dict]:
+    """Per setting: buckets, the set of all-reduce counts per step (over every step and rank), and the
+    median step time in ms of the slowest rank, skipping step 0 (DDP rebuilds its buckets after it)."""
+    out = {}
+    for setting in probe[0]["settings"]:
+        per_rank = [rec["settings"][setting] for rec in probe.values()]
+        steps = list(zip(*(s["steps"] for s in per_rank), strict=True))  # steps[i] = that step on every rank
+        out[setting] = {
+            "buckets": per_rank[0]["buckets"],
+            "calls_per_step": sorted({s["allreduce_calls"] for ranks in steps for s in ranks}),
+            "median_ms": 1000 * statistics.median(max(s["seconds"] for s in ranks) for ranks in steps[1:]),
+            "step_ms": [1000 * max(s["seconds"] for s in ranks) for ranks in steps],
+        }
+    return out
+
+
+def samples_per_step(probe: dict[int, dict], setting: str = "no_sync=true") -> list[dict]:
+    """Per optimizer step: samples drawn over all ranks and micro-batches, and the epochs the window spans."""
+    ranks = [rec["settings"][setting]["steps"] for rec in probe.values()]
+    rows = []
+    for i, per_rank in enumerate(zip(*ranks, strict=True)):
+        micro = [m for s in per_rank for m in s["micro_batches"]]
+        rows.append({"step": i, "samples": sum(m["samples"] for m in micro),
+                     "micro_batches_per_rank": len(per_rank[0]["micro_batches"]),
+                     "epochs": sorted({e for m in micro for e in m["epochs"]})})
+    return rows
+
+
+def plot_step_times(summaries: dict[str, dict[str, dict]], title: str):
+    """Step time per step, one panel per world size, no_sync on vs off (step 0 shaded: bucket rebuild)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summaries), figsize=(5.2 * len(summaries), 3.6), squeeze=False,
+                             sharey=True)
+    for ax, (label, summary) in zip(axes[0], summaries.items(), strict=True):
+        for setting, s in summary.items():
+            ax.plot(range(len(s["step_ms"])), s["step_ms"], marker="o", ms=3,
+                    label=f"{setting}: {s['calls_per_step'][-1]} all-reduce(s)/step, median {s['median_ms']:.0f} ms")
+        ax.axvspan(-0.5, 0.5, color="0.9", zorder=0)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("optimizer step (step 0 shaded: not in the median)")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+    axes[0][0].set_ylabel("wall time per step (ms, slowest rank)")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+# ---- the partial last window
+
+def article_loop_windows(micro_batches_per_epoch: int, accum_steps: int, epochs: int) -> list[int]:
+    """Run the article's §3.3 loop, as written, once per epoch; a counter stands in for `.grad`.
+    Returns how many micro-batches each `optimizer.step()` sums (the leftover of an epoch stays in .grad,
+    because zero_grad() only follows a step)."""
+    in_grad, per_step = 0, []
+    for _ in range(epochs):
+        for i, _batch in enumerate(range(micro_batches_per_epoch)):
+            in_grad += 1  # loss = model(batch) / accum_steps; loss.backward()
+            if (i + 1) % accum_steps == 0:
+                per_step.append(in_grad)  # optimizer.step()
+                in_grad = 0  # optimizer.zero_grad()
+    return per_step
+
+
+def partial_window_gradients(accum_steps: int = 4, window: int = 2, micro_batch_size: int = 2) -> dict:
+    """A window of `window` < accum_steps micro-batches, backpropagated by the lab's `step.micro_backward`
+    (which divides by grad_accum_steps), against one backward of the same samples as a single batch
+    (the mean the step should use). Returns the gradient norms and the largest |difference|."""
+    cfg = config.resolve({"grad_accum_steps": accum_steps, "micro_batch_size": micro_batch_size,
+                          "global_batch_size": accum_steps * micro_batch_size}, 1)
+    torch.manual_seed(cfg["seed"])
+    wl = workloads.build(cfg)
+    model = wl.model
+    samples = [wl.dataset[i] for i in range(window * micro_batch_size)]
+    micro = [{k: torch.stack([s[k] for s in samples[j:j + micro_batch_size]]) for k in samples[0]}
+             for j in range(0, len(samples), micro_batch_size)]
+    whole = {k: torch.stack([s[k] for s in samples]) for k in samples[0]}
+
+    def grads(batches, cfg_used):
+        model.zero_grad(set_to_none=True)
+        for b in batches:
+            step.micro_backward(wl, model, b, cfg_used, 1)
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    reference = grads([whole], dict(cfg, grad_accum_steps=1))  # the mean over the window's samples
+    scaled_by_accum = grads(micro, cfg)  # what a loop that always divides by accum_steps gives
+    scaled_by_count = grads(micro, dict(cfg, grad_accum_steps=len(micro)))  # divide by the actual count
+    norm = lambda g: g.norm().item()  # noqa: E731
+    return {"window": len(micro), "accum_steps": accum_steps,
+            "norm_reference": norm(reference), "norm_by_accum": norm(scaled_by_accum),
+            "norm_by_count": norm(scaled_by_count),
+            "ratio_by_accum": norm(scaled_by_accum) / norm(reference),
+            "max_diff_by_count": (scaled_by_count - reference).abs().max().item(),
+            "max_diff_by_accum": (scaled_by_accum - reference).abs().max().item()}
