@@ -7,7 +7,6 @@ Launch side (it starts runs through the launcher): never imported by the rank si
 from __future__ import annotations
 
 import json
-import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -73,12 +72,6 @@ def plot_rank0_vs_all(run_dir: Path, title: str = ""):
     a2.set(xlabel="step", ylabel="rank 0's loss - logged loss", title="the half batch rank 0 sees")
     fig.tight_layout()
     return fig
-
-
-def seconds_per_step(run_dir: Path) -> float:
-    """Wall time of the training loop (result.json) per step."""
-    result = json.loads((Path(run_dir) / runfiles.RESULT).read_text())
-    return result["seconds"] / result["steps"]
 
 
 def item_cost_cpu(steps: int = 2000, values_per_step: int = 3) -> tuple[float, float]:
@@ -208,7 +201,3 @@ def eval_table(two: dict, one: dict) -> str:
         lines.append(f"{how:<22} {str(r['per_rank']):<28} {r['simple_mean']:>12.6f} "
                      f"{r['article_all_reduce']:>11.6f} {dd:>12}")
     return "\n".join(lines)
-
-
-def median(values) -> float:
-    return statistics.median(values)
