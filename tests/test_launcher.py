@@ -178,7 +178,7 @@ def test_kernel_restart_mid_run_leaves_nothing(runs_dir):
     try:
         kc.start_channels()
         kc.wait_for_ready(timeout=120)
-        kc.execute(f"from lab_utils import launcher\nlauncher.launch('kernel', 2, {DEAF!r}, timeout=900, "
+        kc.execute(f"from lab_utils.launch import launcher\nlauncher.launch('kernel', 2, {DEAF!r}, timeout=900, "
                    "progress=False)")
         wait_until_rank1_is_deaf(runs_dir / "kernel")
         km.restart_kernel(now=True)

@@ -1,7 +1,7 @@
 """A recorder for YOUR training script: a few lines make it write the lab's run folder, so `ddp-lab compare`
 and `ddp-lab doctor` work on a script the lab did not write (taught in notebooks/10_workflow.ipynb).
 
-    from lab_utils import record
+    from lab_utils.core import record
     rec = record.Recorder("runs/mine_ddp", model, config={"lr": 1e-3},      # before DDP(model): records each
                           global_batch_size=32, n_samples=len(dataset))     # rank's initial weights
     model = DDP(model, ...)                                                 # (or not: one process)
