@@ -189,6 +189,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _add_noise(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--noise", action="append", metavar="TWIN",
+                   help="a float twin of RUN_A (repeatable; `auto`: the runs named RUN_A-twin-*): tier 2 is then "
+                        "judged against the twins' float-noise envelope instead of fixed tolerances")
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ddp-lab", description="DDP Parity Lab: single-GPU vs DDP, measured.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -224,9 +230,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--loss-tol", type=_positive_float, help="tier 2: max |Δloss| per step (default: per workload)")
     s.add_argument("--param-tol", type=_positive_float, help="tier 2: max |Δparam| (default: per workload)")
     s.add_argument("--output-tol", type=_positive_float, help="tier 2: max |Δoutput| (default: per workload)")
-    s.add_argument("--noise", action="append", metavar="TWIN",
-                   help="a float twin of RUN_A (repeatable; `auto`: the runs named RUN_A-twin-*): tier 2 is then "
-                        "judged against the twins' float-noise envelope instead of fixed tolerances")
+    _add_noise(s)
     s.set_defaults(func=_cmd_compare)
 
     s = sub.add_parser("doctor", help="where two runs part and why: first diverging step, causes ranked with "
@@ -234,9 +238,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("run_a")
     s.add_argument("run_b")
     s.add_argument("--json", action="store_true")
-    s.add_argument("--noise", action="append", metavar="TWIN",
-                   help="a float twin of RUN_A (repeatable; `auto`: the runs named RUN_A-twin-*): tier 2 is then "
-                        "judged against the twins' float-noise envelope instead of fixed tolerances")
+    _add_noise(s)
     s.set_defaults(func=_cmd_doctor)
 
     s = sub.add_parser("audit", help="static check of a DDP script or project (files or folders, imports "
