@@ -207,3 +207,23 @@ def draw_ddp_step(world_size: int = 2, global_batch_size: int = 16, path: str | 
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def smi_reading(smi: dict, nproc: int) -> dict:
+    """The article's nvidia-smi check (§6.3) read from `preflight.gpu_processes_during`'s result: {"text",
+    "verdict"}. The verdict is "right" only when nvidia-smi listed at least one compute process per rank. When it
+    listed none, nothing was measured: in a container nvidia-smi often lists no processes at all (or host pids),
+    so an empty list says nothing about the ranks and must not mark the article wrong. "wrong" is kept for a list
+    that shows processes but fewer than the ranks that trained (the check would point at a healthy run)."""
+    if not smi["checked"]:
+        return {"text": "not checked on this machine: there is no nvidia-smi (no NVIDIA GPU here).", "verdict": ""}
+    heartbeats = smi["result"].heartbeats if smi.get("result") is not None else {}
+    rank_pids = {b["pid"] for b in heartbeats.values()}
+    seen = smi["seen"]
+    if not seen:
+        return {"text": f"not measurable here: nvidia-smi listed no compute process while {nproc} ranks trained "
+                        f"(common inside a container, where it cannot see the container's processes); the "
+                        f"ranks' own heartbeats ({len(heartbeats)} ranks) are the evidence instead.", "verdict": ""}
+    text = (f"nvidia-smi listed {len(seen)} compute process(es) while {nproc} ranks trained; "
+            f"{len(set(seen) & rank_pids)} of them are rank pids (inside a container nvidia-smi may show host pids).")
+    return {"text": text, "verdict": "right" if len(seen) >= nproc else "wrong"}
