@@ -23,7 +23,8 @@ MEASURED = launcher.REPO / "docs" / "measured" / "h200x2"
 OMP_NOTICE = "Setting OMP_NUM_THREADS environment variable for each process to be 1"
 PORT_IN_USE = "EADDRINUSE"
 MISMATCH_ERROR = "Detected mismatch between collectives on ranks"
-# §6.3's log line. torch has no such log message (we grep for it in live logs to show it).
+# §6.3's log line. Plain torch (2.13, Python sources and libtorch) has no such log message; a framework may
+# print its own (Lightning: "Initializing distributed: GLOBAL_RANK ..."). We grep live logs for it to show it.
 ARTICLE_INIT_LINE = "Initializing process group"
 
 
