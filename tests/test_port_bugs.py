@@ -12,6 +12,7 @@ import pytest
 
 from lab_utils.analysis import doctor, parity, portbugs
 from lab_utils.analysis.portbugs import SUITE
+from lab_utils.core import float_twin
 from lab_utils.launch import launcher
 
 
@@ -90,8 +91,13 @@ def test_suite_table_is_well_formed():
     names = [b.name for b in SUITE]
     assert len(names) == len(set(names))
     assert {b.expected for b in SUITE} == set(portbugs.EXPECTED)
-    # Singles are shared: fewer runs than two per case, or the suite would cost twice the wall time.
-    assert len(portbugs.runs_needed()) < 2 * len(SUITE)
+    # Singles are shared: fewer runs than two per case, or the suite would cost twice the wall time; and one
+    # float twin per distinct single run, no more.
+    needed = portbugs.runs_needed()
+    twins = [n for n in needed if float_twin.SEPARATOR in n]
+    singles = {portbugs.run_name(1, b.single) for b in SUITE}
+    assert len(needed) - len(twins) < 2 * len(SUITE)
+    assert sorted(n.split(float_twin.SEPARATOR)[0] for n in twins) == sorted(singles)
     with pytest.raises(ValueError, match="not one of parity.CAUSES"):
         portbugs.PortBug("x", "", (), (), "catch", "no_such_cause")
     with pytest.raises(ValueError, match="names a cause"):
