@@ -145,3 +145,50 @@ def plot_reduction(runs: dict[str, str], title: str):
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     return fig
+
+
+def split_losses(world_size: int = 2, seed: int = 0) -> list[dict]:
+    """Exercise 3: which losses DDP's average of per-rank losses reproduces, and which need a global count.
+
+    One fixed batch is computed whole (the single run) and as `world_size` equal shards of samples (the ranks);
+    DDP's gradient is the mean over ranks of each rank's gradient, i.e. the gradient of the mean of the per-rank
+    losses, so comparing the loss values decides it. The shards hold the same number of samples but, as in a
+    real batch, different numbers of real tokens, weights and positives. A loss whose every term is divided by
+    a count shared by the whole batch differs; a mean over samples does not."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(seed)
+    n, t, c = 4 * world_size, 6, 5  # samples, tokens per sample, classes
+    logits = torch.randn(n, t, c, generator=g, dtype=torch.float64)
+    target = torch.randint(0, c, (n, t), generator=g)
+    lengths = torch.arange(n) % t + 1  # real tokens per sample: 1..t, so the shards hold different counts
+    tokens = target.masked_fill(torch.arange(t)[None, :] >= lengths[:, None], -100)  # padding: ignore_index
+    weight = torch.rand(n, generator=g, dtype=torch.float64) + torch.arange(n, dtype=torch.float64) / n
+    positive = (torch.arange(n) % 3 == 0) | (torch.arange(n) < world_size)  # 3 positives in shard 0, 1 in shard 1
+
+    def focal(lg, y, gamma=2.0):  # per-sample focal loss on each sample's first token
+        logp = F.log_softmax(lg[:, 0], -1).gather(1, y[:, :1]).squeeze(1)
+        return -((1 - logp.exp()) ** gamma) * logp
+
+    losses = {
+        "label-smoothed cross entropy, mean over samples":
+            lambda s: F.cross_entropy(logits[s, 0], target[s, 0], label_smoothing=0.1),
+        "per-sample weighted loss, divided by the sum of the weights":
+            lambda s: (weight[s] * F.cross_entropy(logits[s, 0], target[s, 0], reduction="none")).sum()
+            / weight[s].sum(),
+        "token-mean LM loss with padding/packing (ignore_index)":
+            lambda s: F.cross_entropy(logits[s].reshape(-1, c), tokens[s].reshape(-1), ignore_index=-100),
+        "focal loss, mean over samples":
+            lambda s: focal(logits[s], target[s]).mean(),
+        "focal loss, divided by the number of positives (RetinaNet)":
+            lambda s: (focal(logits[s], target[s]) * positive[s]).sum() / positive[s].sum(),
+    }
+    shards = [slice(r * n // world_size, (r + 1) * n // world_size) for r in range(world_size)]
+    rows = []
+    for name, fn in losses.items():
+        whole = float(fn(slice(None)))
+        ddp = sum(float(fn(s)) for s in shards) / world_size
+        rows.append({"loss": name, "single": whole, "ddp_mean": ddp, "abs_diff": abs(whole - ddp),
+                     "needs_global_count": abs(whole - ddp) > 1e-9 * max(1.0, abs(whole))})
+    return rows
