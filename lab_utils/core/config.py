@@ -104,8 +104,10 @@ KEYS: dict[str, Key] = {
     "gradient_as_bucket_view": Key(bool, False, "DDP(gradient_as_bucket_view=...)"),
     "bucket_cap_mb": Key(float, 25.0, "DDP(bucket_cap_mb=...): gradient bucket size in MiB", min=0.01),
     "grad_reduction": Key(str, "allreduce", "allreduce: DDP's stock hook (the backend picks the summation order); "
-                          "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W",
-                          choices=("allreduce", "ordered")),
+                          "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W; "
+                          "tree: each micro-batch's gradient apart, summed in one binary tree over the global "
+                          "batch's chunks, the same bits at any world size (chapter 12)",
+                          choices=("allreduce", "ordered", "tree")),
     "deterministic": Key(bool, True, "torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG on CUDA)"),
     "threads": Key(int, 1, "intra-op threads per process (the same in every run, so kernels split work alike)",
                    min=1),
@@ -259,6 +261,7 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
         raise ConfigError(f"compile=true is not supported with emulate_ranks={cfg['emulate_ranks']}: the lab "
                           f"does not compile a model that several threads call at once")
     gbs, mbs, acc = cfg["global_batch_size"], cfg["micro_batch_size"], cfg["grad_accum_steps"]
+    mbs_given = mbs is not None  # grad_reduction=tree: the chunk size must not follow the world size
     if mbs is None and acc is None:
         acc = 1
     if mbs is None:
@@ -278,6 +281,7 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
     if cfg["fault"] != "none" and cfg["fault_rank"] >= ranks and world_size > 1:
         raise ConfigError(f"fault_rank={cfg['fault_rank']} but world_size is {world_size}")
     _check_checkpoints(cfg)
+    _check_tree(cfg, world_size, mbs_given)
     if cfg["model"] == "gpt" and cfg["n_embd"] % cfg["n_head"]:
         raise ConfigError(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
     if cfg["augment"] != "none" and cfg["model"] != "bn_net":
@@ -302,6 +306,30 @@ def _check_chapter05(cfg: dict) -> None:
     if cfg["contrastive_gather"] != "none" and cfg["emulate_ranks"] > 1:
         raise ConfigError(f"contrastive_gather={cfg['contrastive_gather']} gathers over a process group; "
                           f"emulate_ranks={cfg['emulate_ranks']} has none")
+
+
+def _check_tree(cfg: dict, world_size: int, mbs_given: bool) -> None:
+    """grad_reduction=tree (chapter 12, lab_utils/core/tree_reduce.py): the tree needs a fixed chunk size and
+    C = global_batch_size / micro_batch_size chunks, a power of two that the world size divides."""
+    if cfg["grad_reduction"] != "tree":
+        return
+    gbs, mbs = cfg["global_batch_size"], cfg["micro_batch_size"]
+    if not mbs_given:
+        raise ConfigError("grad_reduction=tree needs micro_batch_size set (the chunk size): derived from the "
+                          "world size it would give another tree at every world size")
+    chunks = gbs // mbs
+    if chunks & (chunks - 1):
+        raise ConfigError(f"grad_reduction=tree: C = global_batch_size / micro_batch_size = {gbs}/{mbs} = {chunks} "
+                          f"is not a power of two (the binary tree over the chunks needs one)")
+    if chunks % world_size:
+        raise ConfigError(f"grad_reduction=tree: C = global_batch_size / micro_batch_size = {chunks} is not a "
+                          f"multiple of the world size {world_size} (each rank owns C/W whole chunks)")
+    needs = {"sampler": "global", "no_sync": True, "gradient_as_bucket_view": False, "sync_bn": "none",
+             "emulate_ranks": 1, "loss_reduction": "mean", "loss_normalization": "per_rank"}
+    for key, value in needs.items():  # the global sampler hands rank r its contiguous chunks; the others
+        if cfg[key] != value:        # would mix chunks across ranks or change a chunk's arithmetic with W
+            shown = str(value).lower() if isinstance(value, bool) else value
+            raise ConfigError(f"grad_reduction=tree needs {key}={shown} (got {key}={cfg[key]})")
 
 
 def _check_checkpoints(cfg: dict) -> None:
