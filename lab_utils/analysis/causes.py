@@ -33,6 +33,8 @@ CAUSES = {
     "float_order": "nothing but the float order of the sums differs (another batch split), amplified by training",
     "loss_normalization": "each rank averages its loss over its own tokens: the mean of means is not the global mean",
     "cross_sample": "a loss that mixes samples (in-batch negatives) sees only this rank's part of the batch",
+    "grad_clip": "the gradients are clipped at the wrong point: per rank before the all-reduce, per micro-batch, "
+                 "or still multiplied by GradScaler's loss scale",
 }
 SCALE_RTOL = 0.01  # how close grad_norm_B / grad_norm_A must be to world_size or 1/world_size
 # Evidence strength, for the doctor's ranking (the cause the report names always comes first).
@@ -294,6 +296,35 @@ def batch_norm(e: Evidence) -> list[Candidate]:
                       f"emulated reference (emulate_ranks), or use SyncBatchNorm", True)]
 
 
+CLIP_BUGS = {  # config key clip_bug (chapter 13) -> what the run did, and the fix
+    "no_sync_window": "clip_grad_norm_ inside the no_sync window: each rank clipped its own local gradients by "
+                      "their own norm before the all-reduce — clip once, after the last micro-batch's backward",
+    "micro_batch": "clip_grad_norm_ after every micro-batch: partial sums clipped, then added — clip once per "
+                   "optimizer step, after the last backward",
+    "scaled": "clip_grad_norm_ before scaler.unscale_(optimizer): the threshold met gradients x the loss scale — "
+              "unscale_ first, then clip",
+}
+
+
+def grad_clipping(e: Evidence) -> list[Candidate]:
+    """Clipping at the wrong point (chapter 13): the clip_bug key, or a step-0 grad_norm ratio that is a large
+    power of two (GradScaler's scale: the norm, and the clipping, of the still-scaled gradients)."""
+    r = e.report
+    for nm, k in ((r.run_b, e.kb), (r.run_a, e.ka)):
+        bug = k.get("clip_bug", "none")
+        if bug in CLIP_BUGS:
+            return [Candidate("grad_clip", STRONG, f"{nm} has clip_bug={bug} (grad_clip={k.get('grad_clip')}): "
+                              f"{CLIP_BUGS[bug]}", True)]
+    g0a, g0b = (e.ma[0].get("grad_norm") if e.ma else None), (e.mb[0].get("grad_norm") if e.mb else None)
+    if g0a and g0b and math.isfinite(g0a) and math.isfinite(g0b):
+        power = math.log2(max(g0a, g0b) / min(g0a, g0b))
+        if power >= 8 and abs(power - round(power)) < 1e-3:
+            return [Candidate("grad_clip", STRONG, f"grad_norm B/A at step 0 is {fmt(g0b / g0a)} = 2^"
+                              f"{round(math.log2(g0b / g0a))}, a power of two like GradScaler's loss scale: one run "
+                              f"measures (and clips) the still-scaled gradients — {CLIP_BUGS['scaled']}", True)]
+    return []
+
+
 def initial_weights(e: Evidence) -> list[Candidate]:
     r, found = e.report, []
     ha, hb = e.init_a, e.init_b
@@ -342,7 +373,7 @@ def after_the_first_update(e: Evidence) -> list[Candidate]:
 
 CHECKS: list[Callable[[Evidence], list[Candidate]]] = [
     global_batch, reduction_scale, sample_ids, epoch_boundary, rank_randomness, batch_wide_loss, batch_norm,
-    initial_weights, after_the_first_update]
+    grad_clipping, initial_weights, after_the_first_update]
 
 
 def candidates(e: Evidence) -> list[Candidate]:

@@ -229,6 +229,11 @@ def compare_weights(a: dict, b: dict) -> tuple[dict[str, float], bool, list[str]
     return per, equal, notes
 
 
+def same_value(x, y) -> bool:
+    """x == y, with NaN equal to NaN (a logged grad_norm of a step skipped for inf/NaN gradients)."""
+    return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+
+
 def grad_norm_diffs(ma: list[dict], mb: list[dict], n: int) -> tuple[list[float], list[float]] | None:
     """Per step: relative |Δgrad_norm| (|b - a| / max(|a|, |b|)) and the ratio b / a; None if a run has none."""
     ga, gb = [r.get("grad_norm") for r in ma[:n]], [r.get("grad_norm") for r in mb[:n]]
@@ -237,7 +242,8 @@ def grad_norm_diffs(ma: list[dict], mb: list[dict], n: int) -> tuple[list[float]
     rel, ratio = [], []
     for x, y in zip(ga, gb, strict=True):
         if not (math.isfinite(x) and math.isfinite(y)):
-            rel.append(math.inf)
+            # both non-finite alike: a step GradScaler skipped in both runs (amp=fp16, chapter 13) agrees
+            rel.append(0.0 if same_value(x, y) else math.inf)
             continue
         rel.append(abs(y - x) / max(abs(x), abs(y)) if (x or y) else 0.0)
         if x:
@@ -268,7 +274,7 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
     finite = all(math.isfinite(x) for x in la + lb)
     diffs = [abs(x - y) if finite else math.inf for x, y in zip(la, lb, strict=True)]
     first_diff = next((i for i in range(n) if la[i] != lb[i] or any(
-        ma[i].get(k) != mb[i].get(k) for k in ("param_hash", "grad_norm"))), None)
+        not same_value(ma[i].get(k), mb[i].get(k)) for k in ("param_hash", "grad_norm"))), None)
     bounds = (noise.envelope(ma, twins, n, param_tol, output_tol, margin) if twins
               else noise.fixed(n, loss_tol, grad_rtol, param_tol, output_tol))
     over = next((i for i, d in enumerate(diffs) if not d <= bounds.loss[i]), None)

@@ -58,6 +58,7 @@ def _keys(*extra: str) -> tuple[str, ...]:
 
 SUM, NOFIX, SGD = "loss_reduction=sum", "sum_loss_fix=false", "optimizer=sgd"
 TORCH_DROPOUT = ("seed_mode=article", "dropout=0.1", "dropout_mode=torch")
+CLIP, ACC2, FP16 = "grad_clip=0.25", "grad_accum_steps=2", "amp=fp16"
 
 SUITE: list[PortBug] = [
     # ---- bugs: the report must not call these "unchanged"
@@ -116,6 +117,18 @@ SUITE: list[PortBug] = [
     PortBug("ordered_reduction", "ch11", _keys("sampler=global", "emulate_ranks=4"),
             _keys("sampler=global", "grad_reduction=ordered"), "bitwise", nproc=4,
             lesson="grad_reduction=ordered: all-gather, sum in rank order: the reference's bits at 4 ranks"),
+    # ---- chapter 13: where clip_grad_norm_ goes under DDP and GradScaler. grad_clip=0.25 is below the toy GPT's
+    # gradient norm (~1 over these steps), and below half of it, so every step and every micro-batch clips.
+    PortBug("clip_inside_no_sync_window", "ch13", _keys(CLIP, ACC2), _keys(CLIP, ACC2, "clip_bug=no_sync_window"),
+            "catch", "grad_clip", lesson="clipped inside no_sync: each rank's local gradients, by its own norm"),
+    PortBug("clip_per_micro_batch", "ch13", _keys(CLIP, ACC2), _keys(CLIP, ACC2, "clip_bug=micro_batch"), "catch",
+            "grad_clip", lesson="clipped after every micro-batch: partial sums clipped, then added"),
+    PortBug("clip_scaled_gradients", "ch13", _keys(FP16, CLIP), _keys(FP16, CLIP, "clip_bug=scaled"), "catch",
+            "grad_clip", lesson="clipped before scaler.unscale_: the threshold met gradients x 65536"),
+    PortBug("clip_once_per_step", "ch13", _keys(CLIP, ACC2), _keys(CLIP, ACC2), "pass",
+            lesson="clip_grad_norm_ once, after the last micro-batch's all-reduce: the single run's clipping"),
+    PortBug("clip_after_unscale_fp16", "ch13", _keys(FP16, CLIP), _keys(FP16, CLIP), "pass",
+            lesson="fp16: scaler.scale(loss).backward(), scaler.unscale_, clip once, scaler.step, scaler.update"),
 ]
 
 

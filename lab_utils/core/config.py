@@ -80,13 +80,21 @@ KEYS: dict[str, Key] = {
     "optimizer": Key(str, "adamw", "optimizer", choices=("adamw", "adam", "sgd")),
     "lr": Key(float, 3e-3, "learning rate", min=0.0, max_open=False),
     "weight_decay": Key(float, 0.1, "weight decay (adamw, sgd)", min=0.0),
-    "amp": Key(str, "none", "autocast dtype for forward/loss (bf16 on GPUs; breaks fp32 tier-2 tolerances)",
-                choices=("none", "bf16")),
+    "amp": Key(str, "none", "autocast dtype for forward/loss: bf16 (GPUs of compute capability >= 8.0, or CPU), "
+               "fp16 (with torch.amp.GradScaler: any GPU, T4 included); its noise is judged by its float twin",
+               choices=("none", "bf16", "fp16")),
     "tf32": Key(bool, False, "TF32 tensor-core matmuls and convolutions for fp32 on CUDA (faster; 10-bit mantissa "
                 "inputs, so other numbers than fp32: its tier is measured by `ddp-lab bench scaling`)"),
     "compile": Key(bool, False, "nn.Module.compile() the model before the DDP wrap (CUDA only; the first steps "
                    "compile; fused kernels give other numbers than eager: `ddp-lab bench scaling` measures its tier)"),
     "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
+    "clip_bug": Key(str, "none", "chapter 13's clipping bugs: no_sync_window (clip each rank's local gradients "
+                    "inside the no_sync window, before the all-reduce), micro_batch (clip after every micro-batch), "
+                    "scaled (amp=fp16: clip before scaler.unscale_)",
+                    choices=("none", "no_sync_window", "micro_batch", "scaled")),
+    "overflow_step": Key(int, None, "amp=fp16: multiply rank overflow_rank's loss by 2**100 at this step, so its "
+                         "gradients overflow and GradScaler skips the step (chapter 13)", min=0, optional=True),
+    "overflow_rank": Key(int, 0, "the rank whose loss overflows at overflow_step", min=0),
     "fused_optimizer": Key(bool, False, "torch.optim's fused=True: one kernel per update (GPU speed; other last bits "
                            "than the default, the same in every run that sets it)"),
     # --- DDP and the process group
@@ -289,6 +297,7 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
     if cfg["sync_bn"] != "none" and (cfg["model"] != "bn_net" or cfg["norm"] != "batch"):
         raise ConfigError(f"sync_bn={cfg['sync_bn']} needs model=bn_net norm=batch (nothing else has BatchNorm)")
     _check_chapter05(cfg)
+    _check_amp(cfg, ranks)
     if cfg["sync_bn"] == "torch" and world_size > 1 and not _on_cuda(cfg["device"]):
         raise ConfigError("sync_bn=torch: nn.SyncBatchNorm accepts only GPU tensors and these ranks run on CPU "
                           "(torch raises ValueError at the first forward, even with gloo); use sync_bn=lab")
@@ -330,6 +339,45 @@ def _check_tree(cfg: dict, world_size: int, mbs_given: bool) -> None:
         if cfg[key] != value:        # would mix chunks across ranks or change a chunk's arithmetic with W
             shown = str(value).lower() if isinstance(value, bool) else value
             raise ConfigError(f"grad_reduction=tree needs {key}={shown} (got {key}={cfg[key]})")
+
+
+def _check_amp(cfg: dict, ranks: int) -> None:
+    """amp, clip_bug, overflow_step (chapter 13), and bf16 on this box's GPUs (before anything launches)."""
+    bug, clip = cfg["clip_bug"], cfg["grad_clip"]
+    if bug != "none" and not clip:
+        raise ConfigError(f"clip_bug={bug} needs grad_clip > 0 (it is a bug in where the clipping happens)")
+    if bug in ("no_sync_window", "micro_batch") and cfg["grad_accum_steps"] < 2:
+        raise ConfigError(f"clip_bug={bug} needs grad_accum_steps >= 2 (with one micro-batch there is no window)")
+    if bug == "scaled" and cfg["amp"] != "fp16":
+        raise ConfigError("clip_bug=scaled needs amp=fp16 (only GradScaler scales the gradients)")
+    if cfg["overflow_step"] is not None and cfg["amp"] != "fp16":
+        raise ConfigError("overflow_step needs amp=fp16: without GradScaler an overflowed step is not skipped")
+    if cfg["overflow_step"] is not None and cfg["overflow_rank"] >= ranks:
+        raise ConfigError(f"overflow_rank={cfg['overflow_rank']} but the run has {ranks} rank(s)")
+    if cfg["amp"] == "fp16" and cfg["grad_reduction"] == "tree":
+        raise ConfigError("amp=fp16 with grad_reduction=tree: the tree step has no GradScaler; use amp=bf16 or none")
+    if cfg["amp"] == "fp16" and cfg["checkpoint_every"]:
+        raise ConfigError("amp=fp16 with checkpoint_every: the GradScaler's scale is not checkpointed, so a resume "
+                          "would not continue the same run")
+    if cfg["amp"] == "bf16" and _on_cuda(cfg["device"]):
+        import torch
+
+        caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+        problem = bf16_refusal(caps)
+        if problem:
+            raise ConfigError(problem)
+
+
+def bf16_refusal(capabilities: list[tuple[int, int]]) -> str | None:
+    """Why amp=bf16 must not run on GPUs of these compute capabilities, or None. Native bf16 tensor cores start
+    at 8.0 (Ampere). Below it torch.cuda.is_bf16_supported() may still say True (torch emulates bf16, e.g. on a
+    T4 = 7.5), so the decision reads the capability, never that flag: emulated bf16 is slow and not what the
+    chapters measure."""
+    low = sorted({c for c in capabilities if tuple(c) < (8, 0)})
+    if not low:
+        return None
+    return (f"amp=bf16 needs native bf16 (compute capability >= 8.0); this box has GPUs of capability "
+            f"{', '.join(f'{a}.{b}' for a, b in low)}: use amp=fp16 (torch.amp.GradScaler) or amp=none")
 
 
 def _check_checkpoints(cfg: dict) -> None:

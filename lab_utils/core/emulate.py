@@ -18,7 +18,7 @@ from lab_utils.core.step import rank_step
 
 
 def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device,
-                  rank_buffers: list) -> torch.Tensor:
+                  rank_buffers: list, scaler=None, loss_factors: list | None = None) -> torch.Tensor:
     """One optimizer step's gradients (left in `p.grad`) and the loss all ranks would log.
 
     Buffers (BatchNorm running stats) follow DDP's schedule too: each rank keeps its own (`rank_buffers[r]`),
@@ -27,11 +27,15 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
     no_sync accumulation that is micro-batch 0, so rank r >= 1 ends the step with rank 0's buffers updated by
     its own micro-batches. tests/test_buffer_sync.py checks every emulated rank's final running stats against
     a real 2-rank run's, bit for bit.
+
+    scaler / loss_factors (amp=fp16, chapter 13): each rank's micro-batch losses go through the same
+    GradScaler.scale, and rank r's loss is multiplied by loss_factors[r] (overflow_step), as on real ranks.
     """
     R = len(loader_iters)
+    factors = loss_factors or [1.0] * R
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.get("sync_bn", "none") != "none":
-        grads, losses = _sync_bn_ranks(wl, model, loader_iters, cfg, device, rank_buffers)
+        grads, losses = _sync_bn_ranks(wl, model, loader_iters, cfg, device, rank_buffers, scaler, factors)
         return _reduce(params, grads, losses)
     buffers = list(model.buffers())
     rank0_at_sync: dict[int, list] = {}
@@ -59,7 +63,7 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
             p.grad = None
         load(rank_buffers[r])
         losses.append(rank_step(wl, model, it, cfg, device, world_size=R, before_forward=before_forward,
-                                token_count=token_count))
+                                token_count=token_count, scaler=scaler, loss_factor=factors[r]))
         rank_buffers[r] = [b.clone() for b in buffers]
         grads.append([p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
     load(rank_buffers[0])  # the model this process saves is rank 0's, as in DDP
@@ -81,7 +85,8 @@ def _reduce(params: list, grads: list[list], losses: list) -> torch.Tensor:
     return loss / R  # what all_reduce_mean gives: SUM over ranks, then / world_size
 
 
-def _sync_bn_ranks(wl, model, loader_iters: list, cfg: dict, device: torch.device, rank_buffers: list):
+def _sync_bn_ranks(wl, model, loader_iters: list, cfg: dict, device: torch.device, rank_buffers: list,
+                   scaler=None, factors=None):
     """Each emulated rank's gradients and loss with synchronised BatchNorm (sync_bn=lab|torch; chapter 07).
 
     Synced statistics need every rank's activations at each BatchNorm layer, in the forward and again in the
@@ -96,7 +101,8 @@ def _sync_bn_ranks(wl, model, loader_iters: list, cfg: dict, device: torch.devic
     group = sync_bn.RankOrderedSum(R)
     replicas = [sync_bn.LabSyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model), group.for_rank(r))
                 for r in range(R)]
-    losses = group.run(lambda r: rank_step(wl, replicas[r], iter(batches[r]), cfg, device, world_size=R))
+    losses = group.run(lambda r: rank_step(wl, replicas[r], iter(batches[r]), cfg, device, world_size=R,
+                                           scaler=scaler, loss_factor=factors[r]))
     grads = [[p.grad if p.grad is not None else torch.zeros_like(p)
               for p in replica.parameters() if p.requires_grad] for replica in replicas]
     for r, replica in enumerate(replicas):

@@ -1,15 +1,22 @@
-"""`ddp-lab preflight`: can this box run the series? Taught in notebooks/00_preflight.ipynb."""
+"""`ddp-lab preflight`: can this box run the series? Taught in notebooks/00_preflight.ipynb; the GPU lines
+(compute capability, native bf16, the link between GPUs, the P2P probe) in notebooks/13_mixed_precision.ipynb.
+
+The decisions are pure functions of what the box reports (`bf16_line`, `gpu_link`, `p2p_skip_reason`), so
+tests/test_preflight_gating.py checks them for boxes this one is not (a T4, two T4s on PCIe, one GPU)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import re
+import shutil
+import subprocess
 
 import torch
 import torch.distributed as dist
 
-from lab_utils.core import distenv, runfiles
+from lab_utils.core import config, distenv, runfiles
 from lab_utils.launch import launcher
 
 ENV_PREFIXES = ("NCCL_", "TORCH_", "OMP_", "MASTER_", "CUDA_VISIBLE", "GLOO_")
@@ -33,12 +40,97 @@ def facts(nproc: int = 2) -> dict:
         "bytecode": (f"torch has none compiled; ranks cache theirs in {cache}" if (cache := launcher.bytecode_cache())
                      else "torch's own (or PYTHONPYCACHEPREFIX / LAB_BYTECODE_CACHE=off)"),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+        **gpu_facts(gpus),
     }
+
+
+def capability_text(capability: tuple[int, int]) -> str:
+    return f"{capability[0]}.{capability[1]}"
+
+
+def bf16_line(capabilities: list[tuple[int, int]], torch_says: bool | None) -> str:
+    """What amp=bf16 does on GPUs of these capabilities. `torch_says`: torch.cuda.is_bf16_supported(), which
+    counts emulation (a T4, 7.5, says True), so it is reported beside the decision, never used for it."""
+    if not capabilities:
+        return "no GPU: bf16 autocast runs on the CPU (slow kernels, the lab's CPU tests use it)"
+    refusal = config.bf16_refusal(capabilities)
+    if refusal is None:
+        return f"native (capability {', '.join(sorted({capability_text(c) for c in capabilities}))})"
+    said = "" if torch_says is None else f"; torch.cuda.is_bf16_supported() says {torch_says}" + (
+        " (emulation)" if torch_says else "")
+    return f"not native{said}: amp=bf16 is refused, use amp=fp16 — {refusal}"
+
+
+_LINKS = {"PIX": "PCIe, one switch", "PXB": "PCIe, several switches", "PHB": "PCIe through the CPU's host bridge",
+          "NODE": "PCIe across host bridges in one NUMA node", "SYS": "PCIe across NUMA nodes (SMP interconnect)"}
+
+
+def gpu_link(topo: str | None, gpus: int) -> str:
+    """The link between the GPUs from `nvidia-smi topo -m`'s matrix (NV# = NVLink; PIX/PXB/PHB/NODE/SYS = PCIe)."""
+    if gpus < 2:
+        return f"{gpus} GPU(s): no link between GPUs to report"
+    if not topo:
+        return "unknown (no `nvidia-smi topo -m` on this box)"
+    text = re.sub(r"\x1b\[[0-9;]*m", "", topo)
+    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
+    header = next((ln for ln in lines if ln and ln[0].startswith("GPU")), None)
+    cols = [c for c in (header or []) if re.fullmatch(r"GPU\d+", c)]
+    pairs = {}
+    for row in lines:
+        if row and re.fullmatch(r"GPU\d+", row[0]) and len(row) > len(cols):
+            for j, col in enumerate(cols):
+                if int(col[3:]) > int(row[0][3:]):
+                    pairs[f"{row[0]}-{col}"] = row[1 + j]
+    if not pairs:
+        return "unknown (could not read the `nvidia-smi topo -m` matrix)"
+    kinds = sorted(set(pairs.values()))
+    if all(k.startswith("NV") for k in kinds):
+        return f"NVLink ({', '.join(kinds)}) between every pair"
+    pcie = {p: k for p, k in pairs.items() if not k.startswith("NV")}
+    return ("PCIe, no NVLink between " + ", ".join(f"{p} ({k}: {_LINKS.get(k, k)})" for p, k in pcie.items()))
+
+
+def p2p_skip_reason(gpus: int, nccl: bool) -> str | None:
+    """Why the P2P probe (two ranks, a NCCL send/recv between GPU 0 and GPU 1) cannot run here, or None."""
+    if gpus < 2:
+        return f"skipped: {gpus} GPU(s); a send/recv between two GPUs needs 2"
+    if not nccl:
+        return "skipped: this torch has no NCCL"
+    return None
+
+
+def gpu_facts(gpus: int) -> dict:
+    caps = [torch.cuda.get_device_capability(i) for i in range(gpus)]
+    says = torch.cuda.is_bf16_supported() if gpus else None
+    topo = None
+    smi = shutil.which("nvidia-smi")
+    if smi and gpus >= 2:
+        topo = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=30).stdout
+    return {"capability": [capability_text(c) for c in caps], "bf16": bf16_line(caps, says),
+            "gpu_link": gpu_link(topo, gpus)}
+
+
+def p2p_probe(gpus: int, timeout: float = 60) -> str:
+    """A real 2-rank NCCL send/recv (scripts/probes/p2p_probe.py) with a timeout, or why it is skipped."""
+    skip = p2p_skip_reason(gpus, dist.is_nccl_available())
+    if skip:
+        return skip
+    result = launcher.launch("preflight_p2p", 2, ["steps=1", "backend=nccl", f"pg_timeout={timeout / 2:g}"],
+                             timeout=timeout, progress=False,
+                             script=launcher.REPO / "scripts" / "probes" / "p2p_probe.py")
+    if not result.ok:
+        return (f"FAILED ({result.status} after {result.seconds:.0f} s): set NCCL_P2P_DISABLE=1 "
+                f"(docs/workshop.md)")
+    report = json.loads((result.run_dir / "p2p.json").read_text())
+    disabled = " with NCCL_P2P_DISABLE=1" if report.get("nccl_p2p_disable") == "1" else ""
+    return (f"{'works' if report['ok'] else 'WRONG DATA'}{disabled}: 1 MiB GPU0 -> GPU1 -> GPU0 in "
+            f"{report['seconds']} s")
 
 
 def run(nproc: int = 2, timeout: float = 120, progress: bool = False) -> tuple[bool, dict]:
     """Print the facts, then launch a real `nproc`-rank all-reduce through the launcher."""
     info = facts(nproc)
+    info["p2p"] = p2p_probe(len(info["gpus"]))
     for key, value in info.items():
         print(f"{key:>13}: {value}")
     result = launcher.launch("preflight", nproc, ["steps=1"], timeout=timeout, progress=progress,

@@ -5,6 +5,8 @@
 # Lines marked `# PATCH:` change the original; lines marked `# RECORD:` are the recorder (what a user adds).
 # The rest is the original's structure. Changes, and why:
 #   - device and backend: gloo on CPU, nccl on GPUs; one process when WORLD_SIZE is unset (the single run);
+#     a GPU per rank only when the node has one for every local rank (`pick_device`), else CPU and gloo (the
+#     original's cuda:LOCAL_RANK kills rank 1 on a one-GPU box: "invalid device ordinal");
 #   - MyTrainDataset (from datautils.py, same repository) built from a seeded generator, so every rank holds
 #     the same data (the original draws it from the unseeded global RNG on each rank: different data per rank);
 #   - torch.manual_seed(seed) before the model (the original never seeds: `ddp-lab audit` reports no-seed);
@@ -34,7 +36,17 @@ from lab_utils.core import record  # noqa: E402  RECORD:
 
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))  # PATCH: one process when not under torchrun
 RANK = int(os.environ.get("RANK", "0"))  # PATCH
-DEVICE = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu")  # PATCH
+
+
+def pick_device(local_rank: int, local_world_size: int, gpu_count: int) -> str:  # PATCH: a careful user's choice
+    """cuda:LOCAL_RANK only when every rank on this node has a GPU of its own (so LOCAL_RANK < device_count),
+    else CPU (and gloo): on a one-GPU box torch.cuda.set_device(1) dies with "invalid device ordinal"."""
+    return f"cuda:{local_rank}" if 0 < local_world_size <= gpu_count else "cpu"  # PATCH
+
+
+DEVICE = torch.device(pick_device(int(os.environ.get("LOCAL_RANK", "0")),  # PATCH
+                                  int(os.environ.get("LOCAL_WORLD_SIZE", "1")),  # PATCH
+                                  torch.cuda.device_count() if torch.cuda.is_available() else 0))  # PATCH
 
 
 class MyTrainDataset(Dataset):  # PATCH: from datautils.py, with a seeded generator and the index returned
