@@ -26,6 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record  # DDP: torc
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 from lab_utils.core import checkpoint, ddp, distenv, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402
 from lab_utils.core import config as config_mod  # noqa: E402
+from lab_utils.core import step as step_mod  # noqa: E402
 from lab_utils.core.emulate import emulated_step  # noqa: E402
 from lab_utils.core.step import rank_step, tree_step  # noqa: E402
 from lab_utils.core.tree_reduce import TreeAccumulator  # noqa: E402
@@ -110,6 +111,11 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     chunks = cfg["global_batch_size"] // cfg["micro_batch_size"]
     tree = TreeAccumulator(model, chunks) if cfg["grad_reduction"] == "tree" else None
 
+    # amp=fp16 (chapter 13): GradScaler multiplies the loss so that small fp16 gradients do not flush to 0, and
+    # skips a step whose gradients hold inf/NaN. It checks the all-reduced gradients, so every rank skips alike.
+    scaler = torch.amp.GradScaler(env.device.type) if cfg["amp"] == "fp16" else None
+    skipped: list[int] = []  # the steps GradScaler skipped on this rank (its heartbeat records them)
+
     # Which data this process computes: its own rank's stream, or all R emulated ranks' streams.
     R = cfg["emulate_ranks"]
     layout_ranks = [env.rank] if env.distributed else list(range(R))
@@ -139,23 +145,40 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         model.train()
         optimizer.zero_grad(set_to_none=True)
         local_loss = None
+        # overflow_step (chapter 13): one rank's loss x 2**100, so its fp16 gradients overflow before the all-reduce
+        factors = [step_mod.OVERFLOW_FACTOR if step == cfg["overflow_step"] and r == cfg["overflow_rank"] else 1.0
+                   for r in range(max(R, env.world_size))]
         if tree is not None:  # each chunk's gradient apart, one tree over all C: the same bits at any W
             loss = tree_step(wl, model, loaders[0], cfg, env.device, tree)
         elif R > 1:
-            loss = emulated_step(wl, model, loaders, cfg, env.device, rank_buffers)
+            loss = emulated_step(wl, model, loaders, cfg, env.device, rank_buffers, scaler, factors)
         else:
-            local_loss = rank_step(wl, model, loaders[0], cfg, env.device, env.world_size)
+            local_loss = rank_step(wl, model, loaders[0], cfg, env.device, env.world_size, scaler=scaler,
+                                   loss_factor=factors[env.rank])
             heart.beat(phase="all-reduce loss")
             loss = distenv.all_reduce_mean(local_loss, env)  # DDP: log the loss of ALL ranks, not rank 0's
-        # Total grad norm after the all-reduce (identical on every rank); max_norm=inf leaves grads as is.
-        max_norm = cfg["grad_clip"] if cfg["grad_clip"] > 0 else float("inf")
+        # Clip once per step, after the all-reduce (identical on every rank), on unscaled gradients: under
+        # amp=fp16 scaler.unscale_ comes first (clip_bug=scaled leaves it out). max_norm=inf only measures the
+        # norm (also for the clip_bugs that already clipped inside rank_step).
+        if scaler is not None and cfg["clip_bug"] != "scaled":
+            scaler.unscale_(optimizer)
+        clipped_inside = cfg["clip_bug"] in ("no_sync_window", "micro_batch")
+        max_norm = cfg["grad_clip"] if cfg["grad_clip"] > 0 and not clipped_inside else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        optimizer.step()
+        amp_log = {}
+        if scaler is None:
+            optimizer.step()
+        else:  # one host sync per step for the scale: amp=fp16 only
+            scale = scaler.get_scale()
+            scaler.step(optimizer)  # no optimizer.step() when the unscaled gradients hold inf/NaN
+            scaler.update()  # a skipped step halves the scale
+            amp_log = {"loss_scale": scale, "skipped": scaler.get_scale() < scale}
+            skipped += [step] if amp_log["skipped"] else []
         heart.beat(phase="step done")
         if log:  # numbers stay on the device; StepLog copies them to the host every log_sync_every steps
             log.add(step, {"loss": loss, "local_loss": local_loss, "grad_norm": grad_norm},
                     lr=optimizer.param_groups[0]["lr"], samples=(step + 1) * cfg["global_batch_size"],
-                    param_hash=runfiles.pending_fingerprint(model) if cfg["fingerprint"] else None)
+                    param_hash=runfiles.pending_fingerprint(model) if cfg["fingerprint"] else None, **amp_log)
         if cfg["checkpoint_every"] and (step + 1) % cfg["checkpoint_every"] == 0:
             if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
                 log.flush()  # the records up to the checkpoint reach the disk with it: a resume keeps them
@@ -167,7 +190,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
             if env.distributed:  # DDP: nobody starts step k+1 before checkpoint k is on disk
                 torch.distributed.barrier()
 
-    heart.beat(buffer_hash=runfiles.buffer_fingerprint(model), running_stats=sync_bn.running_stats(model))
+    heart.beat(buffer_hash=runfiles.buffer_fingerprint(model), running_stats=sync_bn.running_stats(model),
+               skipped_steps=skipped)
     if env.is_main:  # DDP guard: only rank 0 writes; .module drops the `module.` prefix (§5.2)
         log.close()
         probe = workloads.probe_outputs(ddp.unwrap(model), wl.dataset, env.device)

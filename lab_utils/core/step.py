@@ -20,8 +20,33 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int, token_count: int | None = None
-                   ) -> torch.Tensor:
+# amp (chapter 13): the autocast dtype of the forward and the loss; fp16 also needs a GradScaler (train.py).
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# overflow_step (chapter 13): the factor on one rank's loss that makes its fp16 gradients overflow to inf.
+OVERFLOW_FACTOR = 2.0 ** 100
+
+
+def autocast(cfg: dict, device: torch.device):
+    """torch.autocast for cfg["amp"] (none: disabled, so fp32)."""
+    dtype = AMP_DTYPES.get(cfg["amp"], torch.bfloat16)
+    return torch.autocast(device.type, dtype=dtype, enabled=cfg["amp"] in AMP_DTYPES)
+
+
+def backward(loss: torch.Tensor, scaler=None, loss_factor: float = 1.0) -> None:
+    """loss.backward(), through GradScaler.scale under amp=fp16 (fp16 gradients would underflow to 0 unscaled);
+    loss_factor != 1 only at overflow_step (the logged loss is not multiplied)."""
+    if scaler is not None:
+        loss = scaler.scale(loss)
+    (loss * loss_factor if loss_factor != 1.0 else loss).backward()
+
+
+def clip(model, max_norm: float) -> torch.Tensor:
+    """clip_grad_norm_ over the trainable parameters; returns the total norm before clipping."""
+    return torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_norm)
+
+
+def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int, token_count: int | None = None,
+                   scaler=None, loss_factor: float = 1.0) -> torch.Tensor:
     """Forward + backward of one micro-batch; returns its detached per-element mean loss for the log.
 
     mean: each micro-batch's mean is divided by grad_accum_steps, and DDP averages over ranks, so the
@@ -30,22 +55,27 @@ def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int, token_cou
     token_count (loss_normalization=global_tokens): the step's real tokens over all ranks (token_norm.py).
     """
     reduction = cfg["loss_reduction"] if token_count is None else "sum"
-    with torch.autocast(batch["x"].device.type, dtype=torch.bfloat16, enabled=cfg["amp"] == "bf16"):
+    with autocast(cfg, batch["x"].device):
         loss = wl.loss_fn(model, batch, reduction=reduction, seed=cfg["seed"])
     if token_count is not None:  # DDP: token sum / global count, x world_size to undo DDP's averaging
         loss = loss * (world_size / token_count)
-        loss.backward()
-        return loss.detach() * cfg["grad_accum_steps"]  # a share of the step's sum; rank_step divides by acc
-    if cfg["loss_reduction"] == "mean":
-        (loss / cfg["grad_accum_steps"]).backward()
-        return loss.detach()
-    scale = world_size if cfg["sum_loss_fix"] else 1  # DDP: undo DDP's division by world_size
-    (loss * scale).backward()
-    return loss.detach() / batch["y"].numel()
+        backward(loss, scaler, loss_factor)
+        logged = loss.detach() * cfg["grad_accum_steps"]  # a share of the step's sum; rank_step divides by acc
+    elif cfg["loss_reduction"] == "mean":
+        backward(loss / cfg["grad_accum_steps"], scaler, loss_factor)
+        logged = loss.detach()
+    else:
+        scale = world_size if cfg["sum_loss_fix"] else 1  # DDP: undo DDP's division by world_size
+        backward(loss * scale, scaler, loss_factor)
+        logged = loss.detach() / batch["y"].numel()
+    if cfg.get("clip_bug") == "micro_batch":  # BUG (chapter 13): clipped after every micro-batch, not once a step
+        clip(model, cfg["grad_clip"])
+    return logged
 
 
 def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_size: int,
-              before_forward=None, token_count: int | None = None) -> torch.Tensor:
+              before_forward=None, token_count: int | None = None, scaler=None, loss_factor: float = 1.0
+              ) -> torch.Tensor:
     """One rank's share of a step: grad_accum_steps micro-batches, gradients accumulated locally.
 
     With no_sync, DDP's all-reduce runs only in the last micro-batch's backward (article §3.3 omits this:
@@ -57,6 +87,9 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
     (the one after the last step's synchronising forward), not before the synchronising micro-batch; without
     no_sync it is before every micro-batch. (A no_grad forward through DDP also clears the flag; this loop has
     none.) Chapter 05's probe measures that schedule on real ranks.
+
+    scaler (amp=fp16): every micro-batch's loss goes through scaler.scale; train.py unscales and clips once,
+    after the last micro-batch, when the gradients are all-reduced (chapter 13).
     """
     acc = cfg["grad_accum_steps"]
     if cfg.get("loss_normalization") == "global_tokens":  # count the step's tokens on all ranks first (ch. 05)
@@ -70,7 +103,11 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
             before_forward(a, broadcast=previous_synced)
         ddp_skip = skip_sync and isinstance(model, DDP)  # the emulation only needs skip_sync's buffer schedule
         with model.no_sync() if ddp_skip else nullcontext():  # DDP: no all-reduce before the last one
-            loss_sum += micro_backward(wl, model, batch, cfg, world_size, token_count) / acc
+            loss_sum += micro_backward(wl, model, batch, cfg, world_size, token_count, scaler, loss_factor) / acc
+            if cfg.get("clip_bug") == "no_sync_window" and a == acc - 2:
+                # BUG (chapter 13): clipped inside the no_sync window, so each rank clips its *local* sum of
+                # micro-batches 0..acc-2 by its own norm, before the last micro-batch's all-reduce.
+                clip(model, cfg["grad_clip"])
         previous_synced = not skip_sync
     return loss_sum
 
