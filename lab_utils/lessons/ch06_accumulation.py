@@ -8,6 +8,7 @@ needs no launch (the partial-window gradients use the real `step.micro_backward`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from pathlib import Path
@@ -82,25 +83,99 @@ def samples_per_step(probe: dict[int, dict], setting: str = "no_sync=true") -> l
     return rows
 
 
-def plot_step_times(summaries: dict[str, dict[str, dict]], title: str):
-    """Step time per step, one panel per world size, no_sync on vs off (step 0 shaded: bucket rebuild)."""
+def plot_allreduce_traffic(summaries: dict[int, dict[str, dict]], grad_bytes: int, measured_accum: int,
+                           title: str, max_accum: int = 8):
+    """What `no_sync` saves, in quantities that do not change between runs: all-reduce calls (left) and bytes
+    all-reduced per rank (right) per optimizer step, against grad_accum_steps 1..max_accum. The lines are the
+    rule (B buckets: B per step with no_sync, B x grad_accum_steps without), drawn from the probe's bucket
+    count; the dots are the calls the probe's hook counted at `measured_accum`, at each world size of
+    `summaries` ({world_size: allreduce_summary(...)}). Bytes = calls x (gradient bytes / B), computed."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(summaries), figsize=(5.2 * len(summaries), 3.6), squeeze=False,
-                             sharey=True)
-    for ax, (label, summary) in zip(axes[0], summaries.items(), strict=True):
-        for setting, s in summary.items():
-            ax.plot(range(len(s["step_ms"])), s["step_ms"], marker="o", ms=3,
-                    label=f"{setting}: {s['calls_per_step'][-1]} all-reduce(s)/step, median {s['median_ms']:.0f} ms")
-        ax.axvspan(-0.5, 0.5, color="0.9", zorder=0)
-        ax.set_title(label, fontsize=10)
-        ax.set_xlabel("optimizer step (step 0 shaded: not in the median)")
+    accs = list(range(1, max_accum + 1))
+    first = next(iter(summaries.values()))
+    buckets = first["no_sync=true"]["buckets"]
+    per_call = grad_bytes / buckets
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    rules = {"no_sync on: B per step": [buckets] * len(accs),
+             "no_sync off: B x grad_accum_steps": [buckets * a for a in accs]}
+    for (label, calls), colour in zip(rules.items(), ("C0", "C3"), strict=True):
+        ax1.plot(accs, calls, color=colour, lw=1.5, label=f"{label} (B = {buckets})")
+        ax2.plot(accs, [c * per_call / 1e6 for c in calls], color=colour, lw=1.5, label=label)
+    for n, summary in summaries.items():
+        for setting, colour in (("no_sync=true", "C0"), ("no_sync=false", "C3")):
+            got = summary[setting]["calls_per_step"]
+            ax1.plot([measured_accum] * len(got), got, ls="none", marker="o", ms=8 + 3 * (n > 2), mfc="none",
+                     color=colour)
+    ax1.plot([], [], ls="none", marker="o", mfc="none", color="gray",
+             label=f"counted by the probe's hook at grad_accum_steps={measured_accum} "
+                   f"({' and '.join(str(n) for n in summaries)} ranks)")
+    ax1.set(xlabel="grad_accum_steps", ylabel="all-reduce calls per optimizer step", title="all-reduce calls")
+    ax2.set(xlabel="grad_accum_steps", ylabel="MB all-reduced per rank per step",
+            title=f"bytes (computed: calls x {grad_bytes / 1e6:.2f} MB of gradients / B)")
+    for ax in (ax1, ax2):
+        ax.set_xticks(accs)
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
-    axes[0][0].set_ylabel("wall time per step (ms, slowest rank)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
+
+
+# ---- exercise 4: where no_sync is read (2 real gloo ranks, started from this process)
+
+def _no_sync_rank(rank: int, world_size: int, init: str, accum_steps: int, out: str) -> None:
+    """One rank of `no_sync_forward_rule`: count the all-reduces DDP launches in one window, three ways."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(8, 2))
+    calls = [0]
+
+    def counting_hook(state, bucket):  # DDP calls this once per bucket it would all-reduce
+        calls[0] += 1
+        return default_hooks.allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, counting_hook)
+    x = torch.randn(accum_steps, 4, 8, generator=torch.Generator().manual_seed(rank))
+    counts = {}
+    for loop in ("forward and backward inside no_sync", "only backward inside no_sync", "no no_sync"):
+        calls[0] = 0
+        for i in range(accum_steps):
+            last = i == accum_steps - 1
+            ctx = model.no_sync() if not last and loop != "no no_sync" else contextlib.nullcontext()
+            if loop == "only backward inside no_sync":
+                out_ = model(x[i])  # the forward outside the context: DDP has already armed its reducer
+                with ctx:
+                    out_.sum().backward()
+            else:
+                with ctx:
+                    model(x[i]).sum().backward()
+        counts[loop] = calls[0]
+        model.zero_grad(set_to_none=True)
+    Path(out, f"rank{rank}.json").write_text(json.dumps(counts))
+    dist.destroy_process_group()
+
+
+def no_sync_forward_rule(accum_steps: int = 4, world_size: int = 2) -> dict[str, list[int]]:
+    """All-reduce calls per window of `accum_steps` micro-batches, per rank, for the right `no_sync` loop, the
+    loop that puts only `backward()` inside `no_sync()`, and no `no_sync`. Two real gloo ranks are started
+    with torch.multiprocessing (a file rendezvous in a temporary folder); returns {loop: [calls on each rank]}."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="nosync-") as tmp:
+        # fork, not spawn: the children inherit this process's imported torch instead of importing it again
+        mp.start_processes(_no_sync_rank, args=(world_size, f"file://{tmp}/rdzv", accum_steps, tmp),
+                           nprocs=world_size, start_method="fork")
+        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
+    return {loop: [r[loop] for r in ranks] for loop in ranks[0]}
 
 
 # ---- the partial last window
