@@ -269,7 +269,7 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
         raise ConfigError(f"compile=true is not supported with emulate_ranks={cfg['emulate_ranks']}: the lab "
                           f"does not compile a model that several threads call at once")
     gbs, mbs, acc = cfg["global_batch_size"], cfg["micro_batch_size"], cfg["grad_accum_steps"]
-    mbs_given = mbs is not None  # grad_reduction=tree: the chunk size must not follow the world size
+    _check_tree(cfg, world_size)  # before the sizes are derived: the tree's own words for a bad C
     if mbs is None and acc is None:
         acc = 1
     if mbs is None:
@@ -289,7 +289,6 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
     if cfg["fault"] != "none" and cfg["fault_rank"] >= ranks and world_size > 1:
         raise ConfigError(f"fault_rank={cfg['fault_rank']} but world_size is {world_size}")
     _check_checkpoints(cfg)
-    _check_tree(cfg, world_size, mbs_given)
     if cfg["model"] == "gpt" and cfg["n_embd"] % cfg["n_head"]:
         raise ConfigError(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
     if cfg["augment"] != "none" and cfg["model"] != "bn_net":
@@ -317,22 +316,27 @@ def _check_chapter05(cfg: dict) -> None:
                           f"emulate_ranks={cfg['emulate_ranks']} has none")
 
 
-def _check_tree(cfg: dict, world_size: int, mbs_given: bool) -> None:
+def _check_tree(cfg: dict, world_size: int) -> None:
     """grad_reduction=tree (chapter 12, lab_utils/core/tree_reduce.py): the tree needs a fixed chunk size and
     C = global_batch_size / micro_batch_size chunks, a power of two that the world size divides."""
     if cfg["grad_reduction"] != "tree":
         return
     gbs, mbs = cfg["global_batch_size"], cfg["micro_batch_size"]
-    if not mbs_given:
-        raise ConfigError("grad_reduction=tree needs micro_batch_size set (the chunk size): derived from the "
-                          "world size it would give another tree at every world size")
-    chunks = gbs // mbs
+    if mbs is None and world_size > 1:  # at one process a derived size is W-free (a float twin drops the key)
+        raise ConfigError(f"grad_reduction=tree at world size {world_size} needs micro_batch_size set (the chunk "
+                          f"size): derived from the world size it would give another tree at every world size")
+    if mbs is not None and gbs % mbs:
+        raise ConfigError(f"grad_reduction=tree: global_batch_size={gbs} is not a multiple of micro_batch_size="
+                          f"{mbs}, so C = global_batch_size / micro_batch_size is no whole number of chunks")
+    chunks = gbs // mbs if mbs is not None else (cfg["grad_accum_steps"] or 1)
     if chunks & (chunks - 1):
         raise ConfigError(f"grad_reduction=tree: C = global_batch_size / micro_batch_size = {gbs}/{mbs} = {chunks} "
                           f"is not a power of two (the binary tree over the chunks needs one)")
     if chunks % world_size:
         raise ConfigError(f"grad_reduction=tree: C = global_batch_size / micro_batch_size = {chunks} is not a "
                           f"multiple of the world size {world_size} (each rank owns C/W whole chunks)")
+    if cfg["amp"] == "fp16":  # the chunk step has no GradScaler (fp16 chunk gradients would underflow)
+        raise ConfigError("grad_reduction=tree supports amp=none or amp=bf16, not amp=fp16")
     needs = {"sampler": "global", "no_sync": True, "gradient_as_bucket_view": False, "sync_bn": "none",
              "emulate_ranks": 1, "loss_reduction": "mean", "loss_normalization": "per_rank"}
     for key, value in needs.items():  # the global sampler hands rank r its contiguous chunks; the others
