@@ -3,6 +3,8 @@ gloo runs at 1 and 4 ranks resumed at 2 (bn_net: BatchNorm's running stats inclu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -113,3 +115,12 @@ def test_bn_net_is_bitwise_at_1_and_4_ranks_and_across_a_4_to_2_resize(tmp_path)
     assert losses("w4stop") == losses("w1")[:2] and losses("w4to2") == losses("w1")
     weights = torch.load(tmp_path / "w4to2" / "model.pt", weights_only=True)
     assert int(weights["bn1.num_batches_tracked"]) == 4 * 8  # one count per chunk, as one process counts
+
+
+def test_a_users_own_script_is_bitwise_at_1_and_2_ranks(tmp_path):
+    """TreeAccumulator outside train.py: tests/outside/tree_outside_example.py, a few added lines."""
+    script = Path(__file__).resolve().parent / "outside" / "tree_outside_example.py"
+    launcher.launch_many({w: (f"out{w}", w, {"steps": 6}) for w in (1, 2)}, max_workers=2, runs_dir=tmp_path,
+                         timeout=300, script=script, raise_on_failure=True)
+    report = parity.compare(tmp_path / "out1", tmp_path / "out2")
+    assert report.tier == 3 and report.steps_compared == 6, report.format()

@@ -58,6 +58,8 @@ def _keys(*extra: str) -> tuple[str, ...]:
 
 SUM, NOFIX, SGD = "loss_reduction=sum", "sum_loss_fix=false", "optimizer=sgd"
 TORCH_DROPOUT = ("seed_mode=article", "dropout=0.1", "dropout_mode=torch")
+# chapter 12: C = 16 / 2 = 8 chunks, keyed dropout; the last key switches the stock reduction to the tree
+TREE = ("sampler=global", "micro_batch_size=2", "dropout=0.1", "grad_reduction=tree")
 CLIP, ACC2, FP16 = "grad_clip=0.25", "grad_accum_steps=2", "amp=fp16"
 
 SUITE: list[PortBug] = [
@@ -117,6 +119,13 @@ SUITE: list[PortBug] = [
     PortBug("ordered_reduction", "ch11", _keys("sampler=global", "emulate_ranks=4"),
             _keys("sampler=global", "grad_reduction=ordered"), "bitwise", nproc=4,
             lesson="grad_reduction=ordered: all-gather, sum in rank order: the reference's bits at 4 ranks"),
+    # ---- chapter 12: grad_reduction=tree, against the tree at ONE process (no emulation): one tree at any W
+    PortBug("tree_at_2_ranks", "ch12 (article §1.1 tier 3)", _keys(*TREE), _keys(*TREE), "bitwise",
+            lesson="grad_reduction=tree: 8 chunks in one binary tree; 2 ranks compute its top level"),
+    PortBug("tree_at_4_ranks", "ch12 (article §1.1 tier 3)", _keys(*TREE), _keys(*TREE), "bitwise", nproc=4,
+            lesson="the same tree at 4 ranks: bitwise with 1 process, hence with 2 ranks too"),
+    PortBug("stock_4_ranks_vs_tree", "ch12", _keys(*TREE), _keys(*TREE[:-1]), "not_bitwise", nproc=4,
+            lesson="DDP's stock all-reduce at 4 ranks, the same micro-batches: another float order (tier 2 only)"),
     # ---- chapter 13: where clip_grad_norm_ goes under DDP and GradScaler. grad_clip=0.25 is below the toy GPT's
     # gradient norm (~1 over these steps), and below half of it, so every step and every micro-batch clips.
     PortBug("clip_inside_no_sync_window", "ch13", _keys(CLIP, ACC2), _keys(CLIP, ACC2, "clip_bug=no_sync_window"),

@@ -1,4 +1,4 @@
-"""What the order-fixed gradient reduction costs: time per step and bytes per rank, ordered vs stock all-reduce.
+"""What the order-fixed gradient reductions cost: time per step and bytes per rank, ordered and tree vs stock.
 
     ddp-lab bench hook                          # 2, 4, 8 ranks of the tiny GPT on this box
     ddp-lab bench hook --ranks 2 --preset workshop --json out.json   # e.g. on two GPUs (NCCL)
@@ -7,8 +7,12 @@ For each world size W: the emulated W-rank reference (one process), then W ranks
 (`grad_reduction=allreduce`) and with `grad_reduction=ordered` (lab_utils/core/ordered_reduce.py). Each row gives
 ms per step after the warm-up, the bytes one rank receives per step for its gradient buckets (bandwidth-optimal
 count: a ring all-reduce 2(W-1)/W·N, an all-gather (W-1)·N; N = 4 bytes x the gradient elements), and the
-parity tier against the emulated reference with its max |Δloss|. Backend `auto`: NCCL where every rank has its
-own GPU, gloo otherwise (then ranks share the CPU cores, and time per step measures that too).
+parity tier against the emulated reference with its max |Δloss|. `grad_reduction=tree` (chapter 12,
+lab_utils/core/tree_reduce.py) runs with `sampler=global` and is judged against the tree at one process instead (its
+promise: those bits at any W); its bytes are the all-gather's (W-1)·N. `--micro-batch-size M` gives every run the
+same micro-batches (default: C = 8 chunks of global_batch_size/8 for all three, so the rows differ in the reduction
+only; stock and ordered then accumulate under no_sync). Backend `auto`: NCCL where every rank has its own GPU, gloo
+otherwise (then ranks share the CPU cores, and time per step measures that too).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pathlib import Path
 import torch
 
 from lab_utils.analysis import parity
-from lab_utils.core import ordered_reduce
+from lab_utils.core import config, ordered_reduce, tree_reduce
 from lab_utils.core.runfiles import synced_span
 from lab_utils.launch import launcher
 
@@ -39,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--preset", default="cpu", choices=("cpu", "workshop"))
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--micro-batch-size", type=int, default=None,
+                    help="samples per micro-batch in every run (default: global_batch_size / 8)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     try:
@@ -49,7 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--ranks {args.ranks!r}: every world size must be >= 2")
     if not 1 <= args.warmup < args.steps:
         ap.error(f"--warmup {args.warmup} must be >= 1 and < --steps {args.steps}")
-    base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000"]
+    gbs = config.resolve([f"preset={args.preset}"], 1)["global_batch_size"]
+    mbs = args.micro_batch_size or gbs // 8
+    base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000", "sampler=global",
+            f"micro_batch_size={mbs}"]
+    tree_ref = launcher.launch("bench_hook_tree_1", 1, base + ["grad_reduction=tree"], timeout=args.timeout,
+                               progress=False)
+    tree_ref.raise_for_status()
     rows = []
     for w in worlds:
         ref = launcher.launch(f"bench_hook_emulated_{w}", 1, base + [f"emulate_ranks={w}"], timeout=args.timeout,
@@ -57,24 +69,26 @@ def main(argv: list[str] | None = None) -> int:
         ref.raise_for_status()
         n = sum(t.numel() for t in torch.load(ref.run_dir / "model.pt", weights_only=True).values()
                 if t.is_floating_point())
-        for how in ordered_reduce.CHOICES:
+        for how in (*ordered_reduce.CHOICES, "tree"):
             r = launcher.launch(f"bench_hook_{how}_{w}", w, base + [f"grad_reduction={how}"], timeout=args.timeout,
                                 progress=False)
             if not r.ok:
                 print(f"{how} at {w} ranks: FAILED\n{r}", file=sys.stderr)
                 rows.append({"ranks": w, "reduction": how, "ms_per_step": None})
                 continue
-            rep = parity.compare(ref.run_dir, r.run_dir)
+            rep = parity.compare(tree_ref.run_dir if how == "tree" else ref.run_dir, r.run_dir)
             backend = json.loads((r.run_dir / "config.json").read_text())["backend"]
             rows.append({"ranks": w, "reduction": how, "backend": backend,
                          "ms_per_step": ms_per_step(r.run_dir, args.warmup),
-                         "bytes_per_rank": ordered_reduce.bytes_per_rank(n, 4, w, how),
+                         "bytes_per_rank": (tree_reduce.bytes_per_rank(n, 4, w) if how == "tree"
+                                            else ordered_reduce.bytes_per_rank(n, 4, w, how)),
                          "tier": rep.tier, "max_abs_loss_diff": rep.max_abs_loss_diff,
                          "max_abs_param_diff": rep.max_abs_param_diff})
             print(f"{how} at {w} ranks: {rows[-1]['ms_per_step']:.1f} ms/step, tier {rep.tier}", file=sys.stderr,
                   flush=True)
     print(f"\nbench_hook: preset={args.preset}, {args.steps} steps ({args.warmup} warm-up), "
-          f"{n:,} gradient elements, torch {torch.__version__}; tier and |Δ| against emulate_ranks=W")
+          f"micro_batch_size={mbs}, {n:,} gradient elements, torch {torch.__version__}; tier and |Δ| against "
+          f"emulate_ranks=W (tree: against the tree at 1 process)")
     print(f"{'ranks':>5} {'reduction':>10} {'backend':>8} {'ms/step':>9} {'vs stock':>9} {'MB/rank/step':>13} "
           f"{'tier':>5} {'max |Δloss|':>12} {'max |Δparam|':>13}")
     stock = {r["ranks"]: r["ms_per_step"] for r in rows if r["reduction"] == "allreduce"}
