@@ -14,7 +14,7 @@ from processes import nothing_left_within
 from lab_utils.analysis import parity
 from lab_utils.core.config import ConfigError
 from lab_utils.core.runfiles import REPO, read_metrics
-from lab_utils.launch import launcher
+from lab_utils.launch import launcher, netns
 from lab_utils.lessons import ch09_launching
 
 FAST = ["steps=6", "n_samples=256", "log_every=1"]
@@ -181,3 +181,83 @@ def test_single_process_hang_caught_by_stall_timeout_with_its_stack(runs_dir):
     with pytest.raises(ConfigError, match="stall_timeout"):
         launcher.launch("bad", 1, FAST, stall_timeout=0)
     assert_nothing_left(r.run_dir)
+
+
+# --- two real hosts (network namespaces, lab_utils/launch/netns.py); skipped where they cannot be made
+
+NETNS_REASON = netns.unavailable_reason()
+needs_netns = pytest.mark.skipif(NETNS_REASON is not None, reason=f"network namespaces unavailable: {NETNS_REASON}")
+
+
+@needs_netns
+def test_two_real_hosts_bitwise_and_wrong_interface_and_address_named_nothing_left(runs_dir, shared_run):
+    """One rank per namespace, c10d on host 0's data address, gloo: bitwise the standalone 2-rank run. Beside it,
+    GLOO_SOCKET_IFNAME naming the link that reaches no peer, and node 1 told a wrong rendezvous address: each
+    stopped within its timeout, the cause named (the rank whose connect failed; the node that could not reach
+    the rendezvous), and no process left in either namespace."""
+    one = shared_run(2, FAST)
+    start = time.time()
+    out = ch09_launching.two_hosts("hosts", {"steps": 6, "n_samples": 256, "log_every": 1}, timeout=240)
+    assert time.time() - start < 240 + 60
+    assert out["real"] and out["reference"] is None and len(out["hosts"]) == 2
+    two, wrong_if, wrong_addr = out["two_node"], out["wrong_if"], out["wrong_addr"]
+    assert two.ok and one.ok, f"{two}\n{one}"
+    assert parity.compare(one.run_dir, two.run_dir).tier == 3
+    lines = two.command_lines
+    assert all("--rdzv-endpoint=10.213.1.1:" in line for line in lines), lines
+    assert "--local-addr=10.213.1.1" in lines[0] and "--local-addr=10.213.1.2" in lines[1]
+    assert "is_host=1" in lines[0] and "is_host" not in lines[1]
+    assert [c[:4] for c, _ in two.node_commands] == [["ip", "netns", "exec", h] for h in out["hosts"]]
+    # the wrong interface: the rendezvous completed, gloo's connect to the peer's mgmt address did not
+    assert wrong_if.status == "crashed" and wrong_if.failing_rank in (0, 1), str(wrong_if)
+    assert ch09_launching.GLOO_TIMED_OUT in wrong_if.message and "No route to host" in wrong_if.message
+    assert "remote=[10.213.2." in wrong_if.message, wrong_if.message
+    assert wrong_if.seconds < 240
+    # the wrong address: node 1 could not connect, node 0 waited until its join timeout
+    assert wrong_addr.status == "crashed" and wrong_addr.failing_node == 1, str(wrong_addr)
+    assert ch09_launching.rendezvous_errors(wrong_addr) == \
+        "node 0: RendezvousTimeoutError; node 1: RendezvousConnectionError"
+    assert "node 1 (the cause)" in wrong_addr.message and "No route to host" in wrong_addr.message
+    assert wrong_addr.seconds < 240
+    assert out["left"] == {h: [] for h in out["hosts"]}  # the launcher's own clean-up, before the teardown's
+    assert out["gone"]
+    for r in (two, wrong_if, wrong_addr):
+        assert_nothing_left(r.run_dir)
+
+
+def test_wrong_rendezvous_address_named_on_simulated_nodes(runs_dir):
+    """The same wrong address on the loopback simulation (every box): node 1 told a port where no store listens."""
+    r = launcher.launch("wrong_addr", 1, FAST, timeout=240, progress=False, nnodes=2,
+                        endpoints=[None, f"127.0.0.1:{launcher.free_port()}"], rdzv_conf=ch09_launching.SHORT_RDZV)
+    assert r.status == "crashed" and r.failing_node == 1, str(r)
+    assert ch09_launching.rendezvous_errors(r) == "node 0: RendezvousTimeoutError; node 1: RendezvousConnectionError"
+    assert "--rdzv-conf=join_timeout=20,read_timeout=10" in r.command_lines[1]
+    assert r.seconds < 240
+    assert_nothing_left(r.run_dir)
+
+
+def test_bad_host_arguments_fail_before_launch(runs_dir):
+    with pytest.raises(ConfigError, match="endpoints"):
+        launcher.launch("bad", 1, FAST, nnodes=2, endpoints=["127.0.0.1:1"])
+    with pytest.raises(ConfigError, match="nnodes >= 2"):
+        launcher.launch("bad", 1, FAST, endpoints=[None])
+    with pytest.raises(ConfigError, match="rdzv_conf"):
+        launcher.launch("bad", 1, FAST, nnodes=2, rdzv_conf={"join_timeout": "1,is_host=1"})
+    assert not (runs_dir / "bad").exists()
+
+
+def test_chapter_backend_on_a_one_gpu_box_is_gloo_for_ranks_that_share_it():
+    """Issue 24, point 3: on one GPU the chapter asked backend=auto for its 2 nodes, which the launcher refuses
+    (NCCL needs a GPU per rank). The chapter's keys now come from box_backend: a function of what the box reports,
+    so this runs without a GPU."""
+    b = ch09_launching.box_backend
+    assert b("auto", "auto", ranks=2, gpus=1) == "gloo"  # the one-GPU box (was: auto, refused there)
+    assert b("auto", "cuda", ranks=2, gpus=1) == "gloo"
+    assert b("auto", "auto", ranks=2, gpus=2) == "nccl"  # a GPU per rank: NCCL, as before
+    assert b("auto", "auto", ranks=2, gpus=0) == "gloo" and b("auto", "cpu", ranks=2, gpus=8) == "gloo"
+    assert b("nccl", "auto", ranks=2, gpus=1) == "nccl"  # asked for explicitly: kept, and the launcher says why not
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks/09_launching.ipynb", 4)
+    keys_cell = next(c.source for c in nb.cells if "first_wave(" in c.source)
+    assert "backend=ch09_launching.backend_here(P.backend, ranks=2)" in keys_cell, keys_cell

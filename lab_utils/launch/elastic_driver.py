@@ -138,6 +138,36 @@ def write_failures(run_dir: Path, failures: dict, path: Path | None = None) -> d
     return doc
 
 
+def rendezvous_file(run_dir: Path, nnodes_max: int, node_rank: int) -> Path:
+    """Where a node agent records a rendezvous that never completed: RUN/rendezvous.json, or
+    RUN/rendezvous.node{k}.json when several nodes share the run folder."""
+    _, failures = node_files(run_dir, nnodes_max, node_rank)
+    return failures.with_name(failures.name.replace("failures", "rendezvous"))
+
+
+def write_rendezvous_failure(run_dir: Path, nnodes_max: int, node_rank: int, endpoint: str, error: Exception) -> dict:
+    """One node's failed rendezvous as data: which node, which endpoint, the error and its inner cause (a
+    RendezvousConnectionError wraps the socket error that says why: timed out, no route, refused)."""
+    import re
+
+    from lab_utils.core.runfiles import write_json
+
+    cause = error.__cause__ or error.__context__
+    inner = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
+    if inner:  # torch's socket error: its first sentence (which address) and the errno (why), not the C++ frames
+        errno = re.search(r"\(errno: [^)]*\)", inner)
+        inner = inner.split(". ")[0].rstrip(".") + (f" {errno.group(0)}" if errno else "")
+    kind = type(error).__name__
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if not text and kind == "RendezvousTimeoutError":  # torch raises it with no message
+        text = "not every node joined within the join timeout (--rdzv-conf join_timeout=...)"
+    reason = f"rendezvous at {endpoint} did not complete: {kind}: {text}" + (f" (cause: {inner})" if inner else "")
+    doc = {"node": node_rank, "endpoint": endpoint, "error": kind, "message": text, "cause": inner,
+           "reason": reason}
+    write_json(doc, rendezvous_file(run_dir, nnodes_max, node_rank))
+    return doc
+
+
 def failures_doc(records: list[dict]) -> dict:
     """{failures, root_cause, reason} from failure records (one node's, or every node's merged)."""
     cause = root_cause(records)
@@ -176,6 +206,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rdzv-backend", default="c10d")
     p.add_argument("--rdzv-endpoint", default="127.0.0.1:0", help="port 0: the agent picks a free one")
     p.add_argument("--rdzv-id", default=None, help="default: the run folder's name")
+    p.add_argument("--rdzv-conf", default="", help="KEY=VALUE,... as torchrun (join_timeout, read_timeout, is_host)")
+    p.add_argument("--local-addr", default=None, help="this node's address for the others, as torchrun")
     p.add_argument("--max-restarts", type=int, default=0, help="as torchrun, 0 by default")
     p.add_argument("--shutdown-grace", type=int, default=SHUTDOWN_GRACE,
                    help="seconds between SIGTERM and SIGKILL when workers are stopped")
@@ -192,6 +224,11 @@ def launch_config(args: argparse.Namespace):
     lo, _, hi = args.nnodes.partition(":")
     log_dir, _ = node_files(args.run_dir, int(hi or lo), args.node_rank)
     rdzv_configs = {"rank": args.node_rank} if args.rdzv_backend == "static" else {}
+    for item in filter(None, args.rdzv_conf.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--rdzv-conf {args.rdzv_conf!r}: each item must be KEY=VALUE (got {item!r})")
+        rdzv_configs[key] = value
     # shutdown_timeout is a LaunchConfig field only in newer torch (2.13 has it, 2.11 does not): pass it where
     # it exists; elsewhere the agent's own default grace applies and the launcher's tree kill backs it up.
     import dataclasses
@@ -202,6 +239,7 @@ def launch_config(args: argparse.Namespace):
         min_nodes=int(lo), max_nodes=int(hi or lo), nproc_per_node=args.nproc_per_node,
         run_id=args.rdzv_id or args.run_dir.name, rdzv_backend=args.rdzv_backend,
         rdzv_endpoint=args.rdzv_endpoint, rdzv_configs=rdzv_configs, max_restarts=args.max_restarts,
+        local_addr=args.local_addr,
         # torchrun --log-dir RUN/logs --redirects 3 --tee 3: per-rank files, and every line on our stdout too
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL, tee=Std.ALL),
         **{k: v for k, v in optional.items() if k in known})
@@ -217,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         die_with_parent(signal.SIGTERM, args.parent_pid)
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
     tolerate_half_written_error_files()
@@ -232,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
             tag = "root cause" if f["rank"] == doc["root_cause"] else "stopped or failed after it"
             print(f"[driver] rank {f['rank']}: {how} ({tag})", flush=True)
         print(f"[driver] {doc['reason']}", flush=True)
+        return 1
+    except RendezvousError as e:  # the agents never met: no rank started, so no failures.json
+        lo, _, hi = args.nnodes.partition(":")
+        doc = write_rendezvous_failure(args.run_dir, int(hi or lo), args.node_rank, args.rdzv_endpoint, e)
+        print(f"[driver] node {args.node_rank}: {doc['reason']}", flush=True)
         return 1
     except SignalException as e:  # the agent has already stopped the workers
         print(f"[driver] stopped by {e.sigval.name}; workers stopped", flush=True)

@@ -47,17 +47,29 @@ def free_port() -> int:
 
 
 def node_command(nnodes: int, node_rank: int, nproc: int, endpoint: str, rdzv_id: str, argv: list[str],
-                 run_dir: Path, script: Path = TRAIN, max_restarts: int = 0) -> tuple[list[str], list[str]]:
+                 run_dir: Path, script: Path = TRAIN, max_restarts: int = 0, local_addr: str | None = None,
+                 rdzv_conf: dict | None = None, prefix: list[str] | None = None) -> tuple[list[str], list[str]]:
     """(what we start, the equivalent torchrun line) for node `node_rank` of `nnodes`, c10d rendezvous at
     `endpoint` (HOST:PORT of the first node) with id `rdzv_id`. Every node runs the same line but for
     --node-rank; with c10d the ranks are handed out by the rendezvous, so --node-rank only names the node
-    (it matters to the static rendezvous alone). docs/multinode.md shows this line (tests check it runs)."""
+    (it matters to the static rendezvous alone). docs/multinode.md shows this line (tests check it runs).
+
+    On hosts whose name does not resolve to the address the others reach them on (a second NIC, or the
+    network namespaces of chapter 09, where the name resolves to 127.0.0.1): `local_addr` (torchrun's
+    --local-addr: the address this node's agent publishes, and MASTER_ADDR when it gets rank 0) and, on the
+    first host, rdzv_conf={"is_host": 1} (torch's own check matches the endpoint against the hostname's
+    addresses only, so without it no agent opens the store and all wait until read_timeout). `prefix`: put
+    before what we start (`ip netns exec HOST`); the torchrun line is what that host itself would run."""
     restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
     log_dir, _ = elastic_driver.node_files(run_dir, nnodes, node_rank)
     rdzv = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
-    started = [sys.executable, "-m", "lab_utils.launch.elastic_driver", f"--nproc-per-node={nproc}", *rdzv,
-               f"--run-dir={run_dir}", f"--parent-pid={os.getpid()}", *restarts, str(script), *argv]
+    if rdzv_conf:
+        rdzv.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in rdzv_conf.items()))
+    if local_addr:
+        rdzv.append(f"--local-addr={local_addr}")
+    started = [*(prefix or []), sys.executable, "-m", "lab_utils.launch.elastic_driver", f"--nproc-per-node={nproc}",
+               *rdzv, f"--run-dir={run_dir}", f"--parent-pid={os.getpid()}", *restarts, str(script), *argv]
     torchrun = ["torchrun", f"--nproc-per-node={nproc}", *rdzv, *restarts, f"--log-dir={log_dir}",
                 "--redirects=3", "--tee=3", str(script), *argv]
     return started, torchrun

@@ -142,6 +142,26 @@ def merge_node_failures(run_dir: Path) -> dict | None:
     return doc
 
 
+def read_rendezvous_failures(run_dir: Path) -> list[dict]:
+    """Every node's record of a rendezvous that never completed (elastic_driver.write_rendezvous_failure)."""
+    docs = []
+    for path in sorted(Path(run_dir).glob("rendezvous*.json")):
+        try:
+            docs.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return docs
+
+
+def describe_rendezvous(docs: list[dict]) -> tuple[str, int | None]:
+    """(message, the node that caused it). A node that could not reach the rendezvous (a connection error:
+    a wrong address, a firewall) is the cause; a node that only timed out waiting for the others is its victim."""
+    cause = next((d for d in docs if d["error"] != "RendezvousTimeoutError"), docs[0])
+    lines = [f"  node {d['node']}{' (the cause)' if d is cause else ''}: {d['reason']}"
+             for d in sorted(docs, key=lambda d: d["node"])]
+    return "the rendezvous never completed; no rank started.\n" + "\n".join(lines), cause["node"]
+
+
 def classify(result: RunResult, pid: int, timeout: float, signum: int | None,
              stall_timeout: float | None = None) -> None:
     """Fill in the message (and failing rank, traceback) from the run's own files."""
@@ -157,6 +177,10 @@ def classify(result: RunResult, pid: int, timeout: float, signum: int | None,
     elif result.returncode != 0:
         result.status = "crashed"
         doc = read_failures(result.run_dir)
+        rendezvous = read_rendezvous_failures(result.run_dir)
+        if doc is None and rendezvous:
+            result.message, result.failing_node = describe_rendezvous(rendezvous)
+            return
         if doc is None and result.nproc * result.nnodes == 1:
             doc = _single_process_failures(result.run_dir, pid, result.returncode)
         cause = next((f for f in (doc or {}).get("failures", []) if f["rank"] == doc.get("root_cause")), None)

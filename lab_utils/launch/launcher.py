@@ -56,7 +56,7 @@ from lab_utils.launch.launch_commands import (
     node_gpus,
 )
 from lab_utils.launch.launch_diagnose import DUMP_WAIT, classify, dump_stacks, merge_node_failures
-from lab_utils.launch.supervise import ProcessTree, progress_bar, redeliver, supervise
+from lab_utils.launch.supervise import PEER_GRACE, ProcessTree, progress_bar, redeliver, supervise
 
 # The launcher's public face: the names chapters, the CLI, drivers, tests and notebooks use as `launcher.X`.
 # The command lines live in launch_commands, supervision in supervise, diagnosis in launch_diagnose.
@@ -82,6 +82,8 @@ class RunResult:
     nnodes: int = 1
     node_commands: list[tuple[list[str], list[str]]] = field(default_factory=list)  # (started, torchrun) per node
     stacks: dict[int, str] = field(default_factory=dict)  # rank -> its Python stack at a hang (faulthandler)
+    failing_node: int | None = None  # a rendezvous that never completed: the node that caused it
+    hosts: list[str] = field(default_factory=list)  # the network namespace each node ran in (netns.Hosts)
 
     @staticmethod
     def _shell(words: list[str]) -> str:
@@ -153,6 +155,30 @@ def _validate(name: str, nproc: int, overrides, timeout: float, runs_dir: Path |
     return given, cfg, run_dir
 
 
+def _check_hosts(nnodes: int, hosts, endpoints, rdzv_conf) -> None:
+    if (hosts is not None or endpoints is not None) and nnodes < 2:
+        raise config_mod.ConfigError("hosts= and endpoints= are for nnodes >= 2")
+    if hosts is not None and len(hosts) < nnodes:
+        raise config_mod.ConfigError(f"hosts: {len(hosts)} host(s) for nnodes={nnodes}")
+    if endpoints is not None and (len(endpoints) != nnodes or
+                                  not all(e is None or re.fullmatch(r"[\w.:-]+:\d+", e) for e in endpoints)):
+        raise config_mod.ConfigError(f"endpoints={endpoints!r}: one HOST:PORT (or None) per node, {nnodes} in all")
+    if rdzv_conf is not None and not all(re.fullmatch(r"\w+", str(k)) and re.fullmatch(r"[\w.]+", str(v))
+                                         for k, v in rdzv_conf.items()):
+        raise config_mod.ConfigError(f"rdzv_conf={rdzv_conf!r}: KEY=VALUE pairs of words (join_timeout=20)")
+
+
+def _host_args(hosts, k: int, rdzv_conf: dict | None) -> dict:
+    """node_command's host arguments for node k: its namespace, its own data address, and on host 0 the
+    store (torch cannot tell that host 0's data address is its own: see node_command)."""
+    conf = dict(rdzv_conf or {})
+    if hosts is None:
+        return {"rdzv_conf": conf}
+    if k == 0:
+        conf["is_host"] = 1
+    return {"rdzv_conf": conf, "local_addr": hosts[k].data_ip, "prefix": hosts[k].prefix}
+
+
 def _prepare_folder(run_dir: Path, nproc: int) -> Path:  # nproc: 1 means one plain process
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a stale metrics.jsonl or failures.json must never be mistaken for this run's
@@ -166,14 +192,17 @@ def _write_launch_json(result: RunResult, timeout: float) -> None:
                          "nproc": result.nproc, "nnodes": result.nnodes,
                          "node_cmds": [c for c, _ in result.node_commands], "timeout": timeout, "status": result.status,
                          "returncode": result.returncode, "seconds": round(result.seconds, 3),
-                         "failing_rank": result.failing_rank, "message": result.message},
+                         "failing_rank": result.failing_rank, "failing_node": result.failing_node,
+                        "message": result.message},
                         result.run_dir / "launch.json")
 
 
 def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None, timeout: float = 600,
            progress: bool = True, echo: bool = False, runs_dir: Path | None = None,
            extra_env: dict | None = None, script: Path = TRAIN, max_restarts: int = 0, nnodes: int = 1,
-           runner: str = "driver", master_port: int | None = None, stall_timeout: float | None = None) -> RunResult:
+           runner: str = "driver", master_port: int | None = None, stall_timeout: float | None = None,
+           hosts=None, endpoints: list[str | None] | None = None, rdzv_conf: dict | None = None,
+           peer_grace: float | None = None) -> RunResult:
     """Run the training script as `name` with `nproc` processes per node; return a RunResult (never hangs).
 
     nnodes > 1: that many nodes simulated on this box (a node agent each, c10d rendezvous on 127.0.0.1).
@@ -183,23 +212,34 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
     extra_env: added to the ranks' environment; a value None removes that variable.
     stall_timeout: also call it a hang when no rank has written a heartbeat for that many seconds (after the
     first one): a hang is caught that long after it starts, however slow the start-up was.
+    hosts (nnodes > 1): a netns.Hosts; node k runs in hosts[k] (`ip netns exec`), the rendezvous on host 0's
+    data address, each agent publishing its own data address (chapter 09's two real hosts).
+    endpoints (nnodes > 1): per node, a rendezvous endpoint HOST:PORT to give that node instead of the right one
+    (None: the right one), to show what a wrong address does. rdzv_conf: torchrun's --rdzv-conf for every node
+    (join_timeout, read_timeout). peer_grace: seconds the other nodes get, once one node has failed, before the
+    launcher stops them (default supervise.PEER_GRACE; a rank stuck in its own connect never notices the peer).
 
     If this process gets SIGTERM or SIGHUP meanwhile, the run is stopped, launch.json written, a line
     printed, and then the signal does what it would have done without us (by default: end this process)."""
     if runner not in ("driver", "torchrun"):
         raise config_mod.ConfigError(f"runner={runner!r} must be 'driver' or 'torchrun'")
+    if peer_grace is not None and not peer_grace >= 0:
+        raise config_mod.ConfigError(f"peer_grace={peer_grace!r} must be >= 0 seconds")
     if stall_timeout is not None and not stall_timeout > 0:
         raise config_mod.ConfigError(f"stall_timeout={stall_timeout!r} must be > 0 seconds")
     if master_port is not None and (nnodes > 1 or not 0 < int(master_port) < 65536):
         raise config_mod.ConfigError(f"master_port={master_port!r}: one node only, a port in 1..65535")
+    _check_hosts(nnodes, hosts, endpoints, rdzv_conf)
     given, cfg, run_dir = _validate(name, nproc, overrides, timeout, runs_dir, nnodes)  # raises before any start
     log_dir = _prepare_folder(run_dir, nproc * nnodes)
     env = environment(cfg, log_dir, nproc * nnodes, extra_env, max_restarts)
     argv = config_mod.to_argv(given)
     if nnodes > 1:
-        endpoint, gpus = f"127.0.0.1:{free_port()}", node_gpus(cfg, nproc, nnodes)
-        pairs = [node_command(nnodes, k, nproc, endpoint, name, argv, run_dir, script, max_restarts)
-                 for k in range(nnodes)]
+        gpus = node_gpus(cfg, nproc, nnodes)
+        right = f"{hosts[0].data_ip}:{hosts.next_port()}" if hosts is not None else f"127.0.0.1:{free_port()}"
+        given_endpoints = [e or right for e in (endpoints or [None] * nnodes)]
+        pairs = [node_command(nnodes, k, nproc, given_endpoints[k], name, argv, run_dir, script, max_restarts,
+                              **_host_args(hosts, k, rdzv_conf)) for k in range(nnodes)]
         envs = [dict(env, **({"CUDA_VISIBLE_DEVICES": gpus[k]} if gpus else {})) for k in range(nnodes)]
     elif master_port is not None:
         pairs, envs = [master_port_command(nproc, int(master_port), argv, run_dir, script)], [env]
@@ -209,13 +249,15 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
         pairs = [(as_torchrun(eq), eq) for _, eq in pairs]
     cmd, equivalent = pairs[0]
     result = RunResult(name, run_dir, "starting", None, 0.0, nproc, command=cmd, equivalent=equivalent,
-                       nnodes=nnodes, node_commands=pairs if nnodes > 1 else [])
+                       nnodes=nnodes, node_commands=pairs if nnodes > 1 else [],
+                       hosts=[h.name for h in hosts][:nnodes] if hosts is not None else [])
     _write_launch_json(result, timeout)
 
     start = time.time()
     result.status, result.returncode, pid, signum, previous, result.stacks = supervise(
         [(c, e) for (c, _), e in zip(pairs, envs, strict=True)], run_dir, timeout,
-        progress_bar(cfg["steps"], name, progress), echo, stall_timeout)
+        progress_bar(cfg["steps"], name, progress), echo, stall_timeout,
+        PEER_GRACE if peer_grace is None else peer_grace)
     result.seconds = time.time() - start
     result.heartbeats = read_heartbeats(run_dir)
     if nnodes > 1:

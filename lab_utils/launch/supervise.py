@@ -185,9 +185,10 @@ def _echo_new(path: Path, shown: int) -> int:
 
 
 def supervise(cmds: list[tuple[list[str], dict]], run_dir: Path, timeout: float, bar, echo: bool,
-              stall_timeout: float | None = None):
+              stall_timeout: float | None = None, peer_grace: float = PEER_GRACE):
     """Start each (command, env) (one per node), follow them until all exit or the timeout; stop every process
-    they started, always. A hang first gets each rank's stack dumped (faulthandler, SIGUSR1).
+    they started, always. A hang first gets each rank's stack dumped (faulthandler, SIGUSR1). When one node has
+    failed, the others are stopped `peer_grace` s later if they have not ended by then.
     Returns (status, returncode, pid, signum, previous handlers, stacks); status is ok | hang | interrupted |
     stopped; returncode is the first non-zero one (0 when all succeeded)."""
     out_path = run_dir / "output.log"
@@ -213,7 +214,7 @@ def supervise(cmds: list[tuple[list[str], dict]], run_dir: Path, timeout: float,
                 if time.time() - start > timeout or stalled(run_dir, stall_timeout, time.time()):
                     status = "hang"
                     break
-                if first_failure is not None and time.time() - first_failure > PEER_GRACE:
+                if first_failure is not None and time.time() - first_failure > peer_grace:
                     break  # a node failed and another never noticed: stop it, report the failure
                 time.sleep(0.2)
             for tree in trees:

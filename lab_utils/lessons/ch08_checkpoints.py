@@ -201,3 +201,63 @@ def eval_table(two: dict, one: dict) -> str:
         lines.append(f"{how:<22} {str(r['per_rank']):<28} {r['simple_mean']:>12.6f} "
                      f"{r['article_all_reduce']:>11.6f} {dd:>12}")
     return "\n".join(lines)
+
+
+# ---- evaluation on rank 0 only: through the DDP wrapper or through .module (2 real gloo ranks, forked)
+
+def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: str, timeout_s: float) -> None:
+    """One rank of `rank0_eval_trap`: a BatchNorm net trains one DDP step; then rank 0 alone evaluates
+    (eval mode, no_grad) through `through` ("wrapper" or "module"), and every rank enters the next step's
+    all-reduce. Writes what each rank reached and how long its all-reduce took."""
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(rank))
+    model(x).sum().backward()
+    opt.step()
+    rec = {"rank": rank, "evaluated": rank == 0}
+    start = time.monotonic()
+    try:
+        if rank == 0:
+            model.eval()
+            with torch.no_grad():
+                (model if through == "wrapper" else model.module)(x)
+            model.train()
+        total = torch.tensor([float(rank + 1)])
+        dist.all_reduce(total)  # the next training step's first collective
+        rec.update(status="ok", all_reduce=total.item())
+    except RuntimeError as e:  # gloo's timeout: the ranks waited in collectives that never matched
+        rec.update(status="timed out", error=str(e).splitlines()[0][:160])
+    rec["seconds"] = round(time.monotonic() - start, 1)
+    Path(out, f"rank{rank}.json").write_text(json.dumps(rec))
+    if rec["status"] == "ok":
+        dist.destroy_process_group()
+
+
+def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2) -> dict[str, list[dict]]:
+    """Rank-0-only evaluation right after a training step, through the DDP wrapper and through `.module`:
+    {"wrapper" | "module": [each rank's record]}. The wrapper's forward starts DDP's buffer broadcast (the net
+    has BatchNorm buffers and the previous forward was a synchronising one), a collective only rank 0 joins,
+    so both ranks wait until the process group's `timeout_s`. Forked gloo ranks, a file rendezvous."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    out = {}
+    for through in ("module", "wrapper"):
+        with tempfile.TemporaryDirectory(prefix="evaltrap-") as tmp:
+            # fork: the children inherit this process's imported torch instead of importing it again
+            mp.start_processes(_eval_trap_rank, args=(world_size, f"file://{tmp}/rdzv", tmp, through, timeout_s),
+                               nprocs=world_size, start_method="fork")
+            out[through] = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
+    return out

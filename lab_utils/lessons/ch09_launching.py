@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lab_utils.core import runfiles
-from lab_utils.launch import launcher
+from lab_utils.launch import launcher, netns
 
 PROBES = launcher.REPO / "scripts" / "probes"
 MISMATCH_PROBE = PROBES / "mismatch_probe.py"
@@ -26,6 +26,14 @@ MISMATCH_ERROR = "Detected mismatch between collectives on ranks"
 # §6.3's log line. Plain torch (2.13, Python sources and libtorch) has no such log message; a framework may
 # print its own (Lightning: "Initializing distributed: GLOBAL_RANK ..."). We grep live logs for it to show it.
 ARTICLE_INIT_LINE = "Initializing process group"
+# Two hosts: short waits, so the failures end in seconds (the chapter runs in CI): gloo's connect waits
+# pg_timeout; a node agent waits join_timeout for the others and read_timeout for the store to answer.
+WRONG_IF_PG_TIMEOUT = 10
+SHORT_RDZV = {"join_timeout": 20, "read_timeout": 10}
+# Once gloo's connect failed on one rank, the other (stuck in its own connect, measured: it did not end within the
+# launcher's default 30 s) is stopped after this many seconds.
+WRONG_IF_PEER_GRACE = 5
+GLOO_TIMED_OUT = "Gloo connectFullMesh failed"
 
 
 def wait_for_port(port: int, within: float) -> bool:
@@ -151,18 +159,107 @@ def transports(lines: list[str]) -> dict[str, int]:
     return counts
 
 
+def box_backend(requested: str, device: str, ranks: int, gpus: int) -> str:
+    """The backend a run of `ranks` ranks can use on a box that reports `gpus` GPUs (pure: a function of what
+    the box says). `auto` is NCCL only where every rank gets a GPU of its own; ranks that would share a GPU
+    (two simulated nodes on a one-GPU box) get gloo, which the launcher accepts there (it refuses NCCL, rightly).
+    An explicit backend is kept: the launcher then says why it cannot run."""
+    if requested != "auto":
+        return requested
+    on_cuda = device == "cuda" or (device == "auto" and gpus > 0)
+    return "nccl" if on_cuda and gpus >= ranks else "gloo"
+
+
+def backend_here(requested: str, ranks: int, device: str = "auto") -> str:
+    """box_backend for this box (its CUDA GPUs, and whether this torch has NCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = box_backend(requested, device, ranks, gpus)
+    return "gloo" if backend == "nccl" and requested == "auto" and not dist.is_nccl_available() else backend
+
+
+def _two_node_runs(prefix: str, keys: dict, timeout: float, hosts: netns.Hosts | None) -> dict:
+    """The 2-node runs, all at once, on `hosts` (two namespaces) or simulated on 127.0.0.1 (hosts None):
+    - `two_node`: the right run (on hosts: GLOO_SOCKET_IFNAME=data, the interface that reaches the peer);
+    - `wrong_if` (hosts only): GLOO_SOCKET_IFNAME=mgmt, a link that reaches no other host;
+    - `wrong_addr`: node 1 told a rendezvous address where no store listens (on hosts: host 0's management
+      address, which host 1 cannot reach; simulated: a port nobody listens on), short rendezvous timeouts.
+    Between namespaces the lesson is gloo's (GLOO_SOCKET_IFNAME): where `keys` ask another backend (NCCL on a
+    box with a GPU per rank), the host runs use gloo and `reference` is a standalone 2-rank gloo run to compare
+    them with (else the chapter compares with its `standalone`)."""
+    real = hosts is not None
+    reference = None
+    if real and keys.get("backend") != "gloo":
+        keys = dict(keys, backend="gloo")
+        reference = launcher.launch(f"{prefix}_standalone_gloo", 2, keys, timeout=timeout, progress=False)
+    right_env = {"GLOO_SOCKET_IFNAME": netns.DATA_IF} if real else {}
+    wrong = f"{hosts[0].mgmt_ip}:{netns.FIRST_PORT}" if real else f"127.0.0.1:{launcher.free_port()}"
+    specs = {"two_node": (keys, right_env, None, None),
+             "wrong_addr": (keys, right_env, [None, wrong], SHORT_RDZV)}
+    if real:
+        specs["wrong_if"] = (dict(keys, pg_timeout=WRONG_IF_PG_TIMEOUT), {"GLOO_SOCKET_IFNAME": netns.MGMT_IF},
+                             None, None)
+
+    def one(key, run_keys, env, endpoints, conf):
+        return launcher.launch(f"{prefix}_{key}", 1, run_keys, timeout=timeout, progress=False, nnodes=2,
+                               hosts=hosts, extra_env=env, endpoints=endpoints, rdzv_conf=conf,
+                               peer_grace=WRONG_IF_PEER_GRACE if key == "wrong_if" else None)
+
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        futures = {k: pool.submit(one, k, *v) for k, v in specs.items()}
+    return {"reference": reference, **{k: f.result() for k, f in futures.items()}}
+
+
+def two_hosts(prefix: str, keys: dict, timeout: float) -> dict:
+    """Chapter 09's multi-node runs on two real hosts (network namespaces, lab_utils/launch/netns.py) where this
+    box can make them, else simulated on 127.0.0.1. Returns _two_node_runs' results plus
+    - "real" (bool), "reason" (why not real, or ""), "hosts" (namespace names);
+    - on real hosts: "left" ({namespace: processes in it after the launcher's own clean-up, before the teardown
+      kills anything}), "addr" (`ip -br addr` on host 0), "routes" ({peer address: `ip route get` on host 0}),
+      "gone" (namespaces and links all removed after the teardown)."""
+    reason = netns.unavailable_reason()
+    if reason:
+        return {"real": False, "reason": reason, "hosts": [], **_two_node_runs(prefix, keys, timeout, None)}
+    with netns.Hosts(2) as hosts:
+        out = {"real": True, "reason": "", "hosts": [h.name for h in hosts],
+               **_two_node_runs(prefix, keys, timeout, hosts)}
+        out["left"] = hosts.pids()
+        out["addr"] = hosts[0].run("ip", "-br", "addr").stdout
+        out["routes"] = {ip: hosts[0].run("ip", "route", "get", ip).stdout.splitlines()[0]
+                         for ip in (hosts[1].data_ip, hosts[1].mgmt_ip)}
+    out["gone"] = netns.gone(hosts)
+    return out
+
+
+def rendezvous_errors(result: launcher.RunResult) -> str:
+    """`node 0: ErrorName; node 1: ErrorName` from a run whose rendezvous never completed ("" when it did)."""
+    from lab_utils.launch.launch_diagnose import read_rendezvous_failures
+
+    docs = sorted(read_rendezvous_failures(result.run_dir), key=lambda d: d["node"])
+    return "; ".join(f"node {d['node']}: {d['error']}" for d in docs)
+
+
+def route_interface(route_line: str) -> str | None:
+    """The interface of an `ip route get PEER` line (`PEER dev IFACE src ...`): what to set *_SOCKET_IFNAME to."""
+    m = re.search(r"\bdev (\S+)", route_line)
+    return m.group(1) if m else None
+
+
 def first_wave(prefix: str, keys: dict, timeout: float, stall_timeout: float = 20, pg_timeout: float = 10) -> dict:
     """The chapter's launches but the timed ones, all at once (most of their time is waiting: the hang for its
-    stall timeout, the stuck probe for its pg_timeout): port_clash's three jobs, the two simulated nodes
-    (`two_node`, the same keys as `standalone`) and mismatch_runs (`mm`). Returns port_clash's dict plus
-    "two_node" and "mm"."""
+    stall timeout, the stuck probe for its pg_timeout, the wrong 2-node runs for their connect and rendezvous
+    timeouts): port_clash's three jobs, two_hosts (two nodes on real hosts or simulated, the same keys as
+    `standalone`) and mismatch_runs (`mm`). Returns port_clash's dict plus "two_node" (the right 2-node run),
+    "nodes" (two_hosts' dict) and "mm"."""
     with ThreadPoolExecutor(max_workers=3) as pool:
         clash = pool.submit(port_clash, prefix, keys, timeout, stall_timeout)
-        two_node = pool.submit(launcher.launch, f"{prefix}_two_node", 1, keys, timeout=timeout, progress=False,
-                               nnodes=2)
+        nodes = pool.submit(two_hosts, prefix, keys, timeout)
         mm = pool.submit(mismatch_runs, f"{prefix}_mm", timeout, pg_timeout)
         out = clash.result()
-        out["two_node"], out["mm"] = two_node.result(), mm.result()
+        out["nodes"], out["mm"] = nodes.result(), mm.result()
+    out["two_node"] = out["nodes"]["two_node"]
     for key in ("hang", "clash", "standalone", "two_node"):
         print(f"$ {out[key].command_line}   # {key}: {out[key].status}".replace("\n", f"   # {key}\n$ ", 1))
     return out
