@@ -76,6 +76,22 @@ def plot_parity(reference: str | Path, others: list[str | Path], path: str | Pat
     return fig
 
 
+def plot_delta(pairs: dict[str, tuple[str | Path, str | Path]], path: str | Path | None = None, title: str = "",
+               loss_tol: float = LOSS_TOL):
+    """One panel: |Δloss| per step of each pair {label: (run A, run B)}, log scale, with the exact-zero
+    convention of `plot_parity` (▼ on the bottom edge, no line through zeros) and the tier-2 tolerance. For
+    comparisons whose loss curves would lie on top of each other, where a loss panel shows nothing."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    series = [(label, _diffs(read_metrics(a), read_metrics(b)), f"C{i}") for i, (label, (a, b)) in
+              enumerate(pairs.items())]
+    _diff_panel(ax, series, loss_tol)
+    ax.set(ylabel="|Δloss| (log scale)", title=title or "|Δloss| per step")
+    ax.legend(**LEGEND)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig
+
+
 def _diffs(ref: list[dict], rows: list[dict]) -> list[float]:
     n = min(len(rows), len(ref))
     return [abs(rows[i]["loss"] - ref[i]["loss"]) for i in range(n)]

@@ -89,41 +89,73 @@ def delta_loss(run_a: Path, run_b: Path) -> list[float]:
     return [abs(x["loss"] - y["loss"]) for x, y in zip(ma, mb, strict=False)]
 
 
+def grad_norm_ratio(run_a: Path, run_b: Path) -> list[float]:
+    """grad_norm_B / grad_norm_A per step, over the steps both runs logged."""
+    ma, mb = runfiles.read_metrics(run_a), runfiles.read_metrics(run_b)
+    return [y["grad_norm"] / x["grad_norm"] for x, y in zip(ma, mb, strict=False)]
+
+
 def plot_divergence(pairs: dict[str, tuple[Path, Path]], first_steps: dict[str, int | None],
-                    loss_tol: float = 1e-6, boundary: int | None = None, title: str = ""):
-    """One panel: per-step |Δloss| (log scale) of each pair, its first diverging step marked with a dot, the
-    tier-2 tolerance as a line, and an epoch boundary (optional) as a dashed line. Exact zeros sit on the floor."""
+                    loss_tol: float = 1e-6, boundary: int | None = None, title: str = "",
+                    grad_panel: bool = False, grad_rtol: float = 1e-4):
+    """Per-step |Δloss| (log scale) of each pair, its first diverging step circled, the tier-2 tolerance as a
+    dashed line and an epoch boundary (optional) as a dotted one. Exact zeros follow `plotting.plot_parity`:
+    the line breaks there and a ▼ marks the step on the bottom edge. `grad_panel`: a second panel with each
+    pair's grad-norm ratio B/A, its band 1 ± grad_rtol shaded: a bug that diverges by the gradient (AdamW hides
+    a constant factor from the loss) shows there, not on the loss axis."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    floor = 1e-10
-    for label, (a, b) in pairs.items():
-        d = [max(x, floor) for x in delta_loss(a, b)]
-        (line,) = ax.plot(range(len(d)), d, marker=".", label=label)
-        s = first_steps.get(label)
-        if s is not None and s < len(d):
-            ax.plot([s], [d[s]], "o", ms=10, mfc="none", color=line.get_color())
-            ax.annotate(f"step {s}", (s, d[s]), textcoords="offset points", xytext=(6, 6), fontsize=8,
-                        color=line.get_color())
-    ax.axhline(loss_tol, color="grey", lw=1, ls=":", label=f"tier-2 tolerance {loss_tol:g}")
-    if boundary is not None:
-        ax.axvline(boundary, color="black", lw=1, ls="--", label=f"epoch 1 starts (step {boundary})")
+    from lab_utils.analysis.plotting import LEGEND
+
+    fig, axes = plt.subplots(1, 2 if grad_panel else 1, figsize=(12 if grad_panel else 8, 4.2), squeeze=False)
+    ax = axes[0][0]
+    diffs = {label: delta_loss(a, b) for label, (a, b) in pairs.items()}
+    nonzero = [d for ds in diffs.values() for d in ds if d > 0] + [loss_tol]
+    low = min(nonzero) / 100
     ax.set_yscale("log")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("|Δloss| (exact 0 drawn at 1e-10)")
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="best")
+    ax.set_ylim(low, max(nonzero) * 30)
+    for i, (label, d) in enumerate(diffs.items()):
+        colour = f"C{i}"
+        zeros = [k for k, x in enumerate(d) if x == 0]
+        ax.plot(range(len(d)), [x if x > 0 else float("nan") for x in d], marker=".", color=colour,
+                label=f"{label} ({len(zeros)} of {len(d)} steps exact 0)" if zeros else label)
+        if zeros:
+            ax.plot(zeros, [low * 1.6 * 2.2 ** i] * len(zeros), ls="none", marker="v", ms=6, color=colour,
+                    clip_on=False)
+        s = first_steps.get(label)
+        if s is not None and s < len(d) and d[s] > 0:
+            ax.plot([s], [d[s]], "o", ms=10, mfc="none", color=colour)
+            ax.annotate(f"step {s}", (s, d[s]), textcoords="offset points", xytext=(6, 6), fontsize=8, color=colour)
+    ax.axhline(loss_tol, color="grey", lw=1, ls="--", label=f"tier-2 tolerance {loss_tol:g}")
+    if boundary is not None:
+        ax.axvline(boundary, color="black", lw=1, ls=":", label=f"epoch 1 starts (step {boundary})")
+    ax.set_xlabel("optimizer step      (▼ on the bottom edge: |Δloss| exactly 0)")
+    ax.set_ylabel("|Δloss|, 2 ranks vs 1 (log scale)")
+    ax.set_title(title or "loss: where the runs part")
+    ax.legend(**LEGEND)
+    if grad_panel:
+        gx = axes[0][1]
+        for i, (label, (a, b)) in enumerate(pairs.items()):
+            gx.plot(grad_norm_ratio(a, b), marker=".", color=f"C{i}", label=label)
+        gx.axhspan(1 - grad_rtol, 1 + grad_rtol, color="0.85", label=f"tier 2: within 1 ± {grad_rtol:g}")
+        gx.axhline(1, color="grey", lw=1, ls="--")
+        gx.set(xlabel="optimizer step", ylabel="grad_norm ratio, 2 ranks / 1",
+               title="gradient norm: the bugs the loss hides")
+        gx.legend(**LEGEND)
     fig.tight_layout()
     return fig
 
 
-def recorder_lines(script: Path) -> str:
+def recorder_lines(script: Path, patches: tuple[str, ...] = ()) -> str:
     """The lines of `script` marked `# RECORD:` (and their continuation lines, while a bracket is open): what a
-    user adds to their own training script."""
+    user adds to their own training script. `patches`: also the `# PATCH:` lines whose comment contains one of
+    these words (the dataset returning its index, which `sample_ids` needs, is such a patch)."""
     keep, depth = [], 0
     for i, line in enumerate(Path(script).read_text().splitlines(), 1):
         code = line.split("#", 1)[0]
-        if ("RECORD:" in line and not line.lstrip().startswith("#")) or depth > 0:
+        comment = line.split("#", 1)[1] if "#" in line else ""
+        patched = "PATCH:" in comment and any(w in comment for w in patches)
+        if (("RECORD:" in line or patched) and not line.lstrip().startswith("#")) or depth > 0:
             keep.append(f"{i:4d}  {line}")
             depth = max(0, depth + sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}"))
     return "\n".join(keep)

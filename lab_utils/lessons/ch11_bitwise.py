@@ -84,14 +84,15 @@ def plot_cost(rows: list[dict], path=None):
     for k, how in enumerate(ordered_reduce.CHOICES):
         sel = {r["ranks"]: r for r in rows if r["reduction"] == how}
         xs = [i + (k - 0.5) * 0.38 for i in range(len(worlds))]
-        ax1.bar(xs, [sel[w]["ms_per_step"] if w in sel else 0 for w in worlds], width=0.38, label=how)
-        ax2.bar(xs, [sel[w]["mb_per_rank"] if w in sel else 0 for w in worlds], width=0.38, label=how)
+        word = {"ordered": "order-fixed hook", "allreduce": "stock all-reduce"}.get(how, how)
+        ax1.bar(xs, [sel[w]["ms_per_step"] if w in sel else 0 for w in worlds], width=0.38, label=word)
+        ax2.bar(xs, [sel[w]["mb_per_rank"] if w in sel else 0 for w in worlds], width=0.38, label=word)
     for ax, ylabel in ((ax1, "ms per step (this box)"), (ax2, "MB one rank receives per step")):
         ax.set_xticks(range(len(worlds)), [f"{w} ranks" for w in worlds])
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8, frameon=False)
-    ax1.set_title("time (ranks share this box's cores)")
-    ax2.set_title("bytes (bandwidth-optimal count)")
+    ax1.set_title("time, measured (ranks share this box's cores)")
+    ax2.set_title("bytes, computed (bandwidth-optimal count)")
     fig.tight_layout()
     _save(fig, path)
     return fig
