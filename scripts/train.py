@@ -109,7 +109,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         optimizer.load_state_dict(state["optimizer"])
     # grad_reduction=tree (chapter 12): C chunks per global batch in one binary tree (the comm hook under DDP)
     chunks = cfg["global_batch_size"] // cfg["micro_batch_size"]
-    tree = TreeAccumulator(model, chunks) if cfg["grad_reduction"] == "tree" else None
+    tree = TreeAccumulator(model, chunks, comm=cfg["tree_comm"]) if cfg["grad_reduction"] == "tree" else None
 
     # amp=fp16 (chapter 13): GradScaler multiplies the loss so that small fp16 gradients do not flush to 0, and
     # skips a step whose gradients hold inf/NaN. It checks the all-reduced gradients, so every rank skips alike.

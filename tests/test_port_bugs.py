@@ -110,6 +110,17 @@ def test_suite_table_is_well_formed():
         portbugs.PortBug("x", "", (), (), "pass", "global_batch")
 
 
+def test_tree_entries_share_one_single_run_whose_twin_is_a_tree_too():
+    """Chapter 12's three entries compare against ONE run, the tree at 1 process; its float twin (16 chunks of 1:
+    another tree) must be a configuration the tree accepts, or the suite could not launch it."""
+    from lab_utils.core import config
+
+    tree = [b for b in SUITE if b.article.startswith("ch12")]
+    assert len(tree) == 3 and len({portbugs.run_name(1, b.single) for b in tree}) == 1
+    twin_keys = config.resolve(list(portbugs.twin(tree[0].single)[1]), 1)
+    assert twin_keys["grad_reduction"] == "tree" and twin_keys["micro_batch_size"] == 1
+
+
 def test_unused_parameter_with_the_flag_off_is_an_error_not_a_tier(runs_dir):
     """Chapter 05's bug that no tier can describe: a branch unused in a step, find_unused_parameters=false.
     DDP's reducer raises on the next step; the launcher must report it as a crash with the rank's own error."""

@@ -116,6 +116,9 @@ KEYS: dict[str, Key] = {
                           "tree: each micro-batch's gradient apart, summed in one binary tree over the global "
                           "batch's chunks, the same bits at any world size (chapter 12)",
                           choices=("allreduce", "ordered", "tree")),
+    "tree_comm": Key(str, "allgather", "grad_reduction=tree's top levels over ranks: allgather (the W subtree roots, "
+                     "(W-1)x the gradient bytes) or halving (recursive-halving reduce-scatter + all-gather, the ring's "
+                     "2(W-1)/W; the same bits)", choices=("allgather", "halving")),
     "deterministic": Key(bool, True, "torch.use_deterministic_algorithms (+ CUBLAS_WORKSPACE_CONFIG on CUDA)"),
     "threads": Key(int, 1, "intra-op threads per process (the same in every run, so kernels split work alike)",
                    min=1),

@@ -46,6 +46,10 @@ import torch.distributed as dist
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+# How the ranks finish the tree's top levels: all-gather the W subtree roots ((W-1)·N bytes per rank), or
+# recursive halving then an all-gather of the pieces (2(W-1)/W·N, the ring all-reduce's bytes). Same bits.
+COMMS = ("allgather", "halving")
+
 
 def is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
@@ -148,6 +152,57 @@ def tree_hook(state: TreeHookState, bucket):  # no annotations: DDP checks them 
     return fut.then(top_levels)
 
 
+def _halving_top_levels(partial: torch.Tensor, group, world: int, rank: int) -> torch.Tensor:
+    """The tree's top log2(W) levels over the W subtree roots, as a recursive-halving reduce-scatter then an
+    all-gather: ranks pair at distance 1, 2, 4, ...; at distance d a pair splits its current segment in two,
+    each keeps one half and sends the other, and the one whose bit d is 0 is the left operand. So every element
+    is added as the tree adds it (left subtree + right subtree, level by level), and each rank sends
+    N/2 + N/4 + ... = (W-1)/W·N in each phase: the ring's 2(W-1)/W·N in all."""
+    n = partial.numel()
+    padded = -(-n // world) * world  # W equal segments (a power of two W halves them exactly)
+    work = torch.zeros(padded, dtype=partial.dtype, device=partial.device)
+    work[:n] = partial
+    lo, length, d = 0, padded, 1
+    while d < world:
+        half = length // 2
+        partner = rank ^ d
+        left = rank & d == 0  # this rank's group is the left subtree at this level
+        keep, give = (lo, lo + half) if left else (lo + half, lo)
+        received = torch.empty(half, dtype=work.dtype, device=work.device)
+        ops = [dist.P2POp(dist.isend, work[give:give + half].contiguous(), partner, group),
+               dist.P2POp(dist.irecv, received, partner, group)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        mine = work[keep:keep + half]
+        work[keep:keep + half] = mine + received if left else received + mine
+        lo, length, d = keep, half, d * 2
+    pieces = [torch.empty(length, dtype=work.dtype, device=work.device) for _ in range(world)]
+    dist.all_gather(pieces, work[lo:lo + length].contiguous(), group=group)
+    out = torch.empty_like(work)
+    for r, piece in enumerate(pieces):  # rank r's segment: where its halving steps led (from its bits)
+        start, size, bit = 0, padded, 1
+        while bit < world:
+            size //= 2
+            start += 0 if r & bit == 0 else size
+            bit *= 2
+        out[start:start + size] = piece
+    return out[:n]
+
+
+def tree_halving_hook(state: TreeHookState, bucket):  # no annotations: DDP checks them
+    """`tree_hook` with the ring's bytes: the same subtree root per rank, then the top levels by recursive
+    halving (`_halving_top_levels`) instead of an all-gather of whole roots. Blocking inside the hook (the
+    point-to-point rounds depend on each other); returns a completed Future."""
+    group = state.group if state.group is not None else dist.group.WORLD
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    buffer = bucket.buffer()
+    partial = state.counter.finish([state.index[id(p)] for p in bucket.parameters()], buffer)
+    buffer.copy_(_halving_top_levels(partial, group, world, rank).div_(state.chunks))
+    fut = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
 class _ChunkBatchNormStats:
     """BatchNorm running statistics updated in chunk order at any W (see the module docstring).
 
@@ -216,7 +271,7 @@ class TreeAccumulator:
     other hook) and the model must not use gradient_as_bucket_view (the kept gradients would be views of one
     bucket)."""
 
-    def __init__(self, model: torch.nn.Module, chunks: int, group=None):
+    def __init__(self, model: torch.nn.Module, chunks: int, group=None, comm: str = "allgather"):
         self.model = model
         self.distributed = isinstance(model, DDP)
         self.world = dist.get_world_size(group) if self.distributed else 1
@@ -229,7 +284,9 @@ class TreeAccumulator:
         if self.distributed:
             if model.gradient_as_bucket_view:
                 raise ValueError("grad_reduction=tree needs gradient_as_bucket_view=false")
-            model.register_comm_hook(self.state, tree_hook)
+            if comm not in COMMS:
+                raise ValueError(f"tree_comm={comm!r} is not one of {', '.join(COMMS)}")
+            model.register_comm_hook(self.state, tree_hook if comm == "allgather" else tree_halving_hook)
         self.bn = _ChunkBatchNormStats(model)
 
     def _take_grads(self) -> list[torch.Tensor]:
@@ -276,7 +333,8 @@ class TreeAccumulator:
         return (tree_sum(roots) / self.chunks).reshape(())
 
 
-def bytes_per_rank(n_elements: int, element_size: int, world_size: int) -> float:
-    """Bytes one rank receives for one bucket of n elements with the all-gather of subtree roots: (W-1)·N
-    (as `ordered`; the stock ring all-reduce receives 2(W-1)/W·N)."""
-    return (world_size - 1) * n_elements * element_size
+def bytes_per_rank(n_elements: int, element_size: int, world_size: int, comm: str = "allgather") -> float:
+    """Bytes one rank receives for one bucket of n elements: the all-gather of subtree roots (W-1)·N (as
+    `ordered`), recursive halving + all-gather 2(W-1)/W·N (as the stock ring all-reduce)."""
+    n = n_elements * element_size
+    return (world_size - 1) * n if comm == "allgather" else 2 * (world_size - 1) / world_size * n
