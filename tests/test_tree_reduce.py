@@ -1,5 +1,5 @@
 """grad_reduction=tree (lab_utils/core/tree_reduce.py, chapter 12): the tree's arithmetic, the refusals, and real
-gloo runs at 1 and 4 ranks resumed at 2 (bn_net: BatchNorm's running stats included)."""
+gloo runs at 1 and 4 ranks (recursive halving) resumed at 2 (bn_net: BatchNorm's running stats included)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_bn_net_is_bitwise_at_1_and_4_ranks_and_across_a_4_to_2_resize(tmp_path)
     included, which torch's own per-rank update would leave W-dependent) and the probe outputs."""
     keys = [*TREE, "model=bn_net", "dropout=0.1", "steps=4"]
     runs = launcher.launch_many({
-        "w1": ("w1", 1, keys), "w4stop": ("w4stop", 4, [*keys, "steps=2", "checkpoint_every=2"]),
+        "w1": ("w1", 1, keys), "w4stop": ("w4stop", 4, [*keys, "steps=2", "checkpoint_every=2", "tree_comm=halving"]),
     }, max_workers=2, runs_dir=tmp_path, timeout=300, raise_on_failure=True)
     assert runs["w1"].ok
     launcher.launch("w4to2", 2, [*keys, f"resume={tmp_path / 'w4stop'}"], runs_dir=tmp_path, timeout=300,

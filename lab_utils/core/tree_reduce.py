@@ -24,8 +24,10 @@ C/W chunks and `broadcast_buffers` copies rank 0's (its C/W chunks only). `TreeA
 freezes torch's update during the chunks (momentum 0), records each chunk's batch mean and variance,
 all-gathers them and applies the C updates in chunk order on every rank: the W = 1 sequence, at any W.
 
-The cross-rank part here is an all-gather of the W subtree roots (W x the gradient bytes per rank): simple,
-and the bytes are what `ddp-lab bench hook` measures against the stock all-reduce.
+The cross-rank part (`tree_comm`): `allgather` gathers the W subtree roots ((W-1)·N bytes received per rank,
+`tree_hook`); `halving` computes the same top levels by recursive halving, ranks pairing at distance 1, 2, 4,
+then all-gathers the pieces (the ring all-reduce's 2(W-1)/W·N, `tree_halving_hook`). `ddp-lab bench hook`
+measures both against the stock all-reduce.
 
 Outside scripts/train.py (a few lines; tests/outside/tree_outside_example.py):
 
