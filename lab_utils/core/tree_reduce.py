@@ -160,6 +160,9 @@ def _halving_top_levels(partial: torch.Tensor, group, world: int, rank: int) -> 
     each keeps one half and sends the other, and the one whose bit d is 0 is the left operand. So every element
     is added as the tree adds it (left subtree + right subtree, level by level), and each rank sends
     N/2 + N/4 + ... = (W-1)/W·N in each phase: the ring's 2(W-1)/W·N in all."""
+    if partial.is_cuda and dist.get_backend(group) == "gloo":
+        # gloo's send/recv take host memory; an elementwise fp32 add gives the same bits on the host
+        return _halving_top_levels(partial.cpu(), group, world, rank).to(partial.device)
     n = partial.numel()
     padded = -(-n // world) * world  # W equal segments (a power of two W halves them exactly)
     work = torch.zeros(padded, dtype=partial.dtype, device=partial.device)
