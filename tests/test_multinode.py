@@ -207,6 +207,7 @@ def test_two_real_hosts_bitwise_and_wrong_interface_and_address_named_nothing_le
     assert all("--rdzv-endpoint=10.213.1.1:" in line for line in lines), lines
     assert "--local-addr=10.213.1.1" in lines[0] and "--local-addr=10.213.1.2" in lines[1]
     assert "is_host=1" in lines[0] and "is_host" not in lines[1]
+    assert "is_host=0" in wrong_addr.command_lines[1]  # told a wrong address: a client there, never its host
     assert [c[:4] for c, _ in two.node_commands] == [["ip", "netns", "exec", h] for h in out["hosts"]]
     # the wrong interface: the rendezvous completed, gloo's connect to the peer's mgmt address did not
     assert wrong_if.status == "crashed" and wrong_if.failing_rank in (0, 1), str(wrong_if)
@@ -231,7 +232,7 @@ def test_wrong_rendezvous_address_named_on_simulated_nodes(runs_dir):
                         endpoints=[None, f"127.0.0.1:{launcher.free_port()}"], rdzv_conf=ch09_launching.SHORT_RDZV)
     assert r.status == "crashed" and r.failing_node == 1, str(r)
     assert ch09_launching.rendezvous_errors(r) == "node 0: RendezvousTimeoutError; node 1: RendezvousConnectionError"
-    assert "--rdzv-conf=join_timeout=20,read_timeout=10" in r.command_lines[1]
+    assert "--rdzv-conf=join_timeout=20,read_timeout=10,is_host=0" in r.command_lines[1]
     assert r.seconds < 240
     assert_nothing_left(r.run_dir)
 

@@ -137,6 +137,14 @@ def test_refused_clearly_without_ip(tmp_path):
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
 
 
+def test_lab_netns_off_refuses_before_anything():
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-c", REFUSE], capture_output=True, text=True,
+                         env=dict(os.environ, LAB_NETNS="off"), timeout=120)
+    assert out.stdout.splitlines() == ["LAB_NETNS=off", "refused: LAB_NETNS=off"], out.stdout + out.stderr
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
+
+
 def test_bad_host_count_is_refused_before_anything():
     with pytest.raises(ValueError, match="n=1"):
         netns.Hosts(1)

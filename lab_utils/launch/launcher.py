@@ -168,13 +168,17 @@ def _check_hosts(nnodes: int, hosts, endpoints, rdzv_conf) -> None:
         raise config_mod.ConfigError(f"rdzv_conf={rdzv_conf!r}: KEY=VALUE pairs of words (join_timeout=20)")
 
 
-def _host_args(hosts, k: int, rdzv_conf: dict | None) -> dict:
+def _host_args(hosts, k: int, rdzv_conf: dict | None, overridden: bool = False) -> dict:
     """node_command's host arguments for node k: its namespace, its own data address, and on host 0 the
-    store (torch cannot tell that host 0's data address is its own: see node_command)."""
+    store (torch cannot tell that host 0's data address is its own: see node_command). A node given a wrong
+    endpoint joins it as a client (is_host=0), as a host does whose own address it is not: on 127.0.0.1 torch
+    would otherwise open a store of its own there (every loopback address is this machine's)."""
     conf = dict(rdzv_conf or {})
+    if overridden:
+        conf["is_host"] = 0
     if hosts is None:
         return {"rdzv_conf": conf}
-    if k == 0:
+    if k == 0 and not overridden:
         conf["is_host"] = 1
     return {"rdzv_conf": conf, "local_addr": hosts[k].data_ip, "prefix": hosts[k].prefix}
 
@@ -239,7 +243,8 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
         right = f"{hosts[0].data_ip}:{hosts.next_port()}" if hosts is not None else f"127.0.0.1:{free_port()}"
         given_endpoints = [e or right for e in (endpoints or [None] * nnodes)]
         pairs = [node_command(nnodes, k, nproc, given_endpoints[k], name, argv, run_dir, script, max_restarts,
-                              **_host_args(hosts, k, rdzv_conf)) for k in range(nnodes)]
+                              **_host_args(hosts, k, rdzv_conf, overridden=bool(endpoints and endpoints[k])))
+                 for k in range(nnodes)]
         envs = [dict(env, **({"CUDA_VISIBLE_DEVICES": gpus[k]} if gpus else {})) for k in range(nnodes)]
     elif master_port is not None:
         pairs, envs = [master_port_command(nproc, int(master_port), argv, run_dir, script)], [env]

@@ -16,7 +16,8 @@ The root namespace gets no address and no route, so nothing here can reach or di
 Teardown, whatever happens (an exception, Ctrl-C, SIGTERM/SIGHUP to this process): every process still in a
 namespace is SIGKILLed, then the namespaces (and with them the veths) and the bridge are deleted. Names carry
 this process's pid, so a later Hosts() also removes what a SIGKILLed one left (its pid is gone).
-Where namespaces cannot be made (not Linux, not root, no `ip`, a kernel or sandbox without netns), Hosts()
+Where namespaces cannot be made (not Linux, not root, no `ip`, a kernel or sandbox without netns; or
+LAB_NETNS=off, for a box where nothing should touch the network setup), Hosts()
 raises NetnsUnavailable with the reason, before creating anything; `unavailable_reason()` says it without raising.
 Chapter 09 and tests/test_netns.py use it; scripts/two_hosts.sh is the same from a shell.
 """
@@ -58,6 +59,8 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def unavailable_reason() -> str | None:
     """Why network namespaces cannot be made here, or None when they can (a real probe: one is added and
     deleted, because root and `ip` are not enough in some containers)."""
+    if os.environ.get("LAB_NETNS", "auto") == "off":  # a box where nothing should touch the network setup
+        return "LAB_NETNS=off"
     if not sys.platform.startswith("linux"):
         return f"network namespaces are Linux only (this is {sys.platform})"
     if os.geteuid() != 0:

@@ -191,7 +191,7 @@ def _two_node_runs(prefix: str, keys: dict, timeout: float, hosts: netns.Hosts |
     them with (else the chapter compares with its `standalone`)."""
     real = hosts is not None
     reference = None
-    if real and keys.get("backend") != "gloo":
+    if real and backend_here(keys.get("backend", "auto"), 2, keys.get("device", "auto")) != "gloo":
         keys = dict(keys, backend="gloo")
         reference = launcher.launch(f"{prefix}_standalone_gloo", 2, keys, timeout=timeout, progress=False)
     right_env = {"GLOO_SOCKET_IFNAME": netns.DATA_IF} if real else {}
