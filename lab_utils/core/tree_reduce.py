@@ -341,5 +341,7 @@ class TreeAccumulator:
 def bytes_per_rank(n_elements: int, element_size: int, world_size: int, comm: str = "allgather") -> float:
     """Bytes one rank receives for one bucket of n elements: the all-gather of subtree roots (W-1)·N (as
     `ordered`), recursive halving + all-gather 2(W-1)/W·N (as the stock ring all-reduce)."""
+    if comm not in COMMS:
+        raise ValueError(f"comm={comm!r} is not one of {', '.join(COMMS)}")
     n = n_elements * element_size
     return (world_size - 1) * n if comm == "allgather" else 2 * (world_size - 1) / world_size * n

@@ -8,11 +8,12 @@ For each world size W: the emulated W-rank reference (one process), then W ranks
 ms per step after the warm-up, the bytes one rank receives per step for its gradient buckets (bandwidth-optimal
 count: a ring all-reduce 2(W-1)/W·N, an all-gather (W-1)·N; N = 4 bytes x the gradient elements), and the
 parity tier against the emulated reference with its max |Δloss|. `grad_reduction=tree` (chapter 12,
-lab_utils/core/tree_reduce.py) runs with `sampler=global` and is judged against the tree at one process instead (its
-promise: those bits at any W); its bytes are the all-gather's (W-1)·N. `--micro-batch-size M` gives every run the
-same micro-batches (default: C = 8 chunks of global_batch_size/8 for all three, so the rows differ in the reduction
-only; stock and ordered then accumulate under no_sync). Backend `auto`: NCCL where every rank has its own GPU, gloo
-otherwise (then ranks share the CPU cores, and time per step measures that too).
+lab_utils/core/tree_reduce.py) is judged against the tree at one process instead (its promise: those bits at any W);
+its bytes are the all-gather's (W-1)·N, `tree_halving` (`tree_comm=halving`) the ring's 2(W-1)/W·N.
+`--micro-batch-size M` gives every run the same micro-batches (default: C = 8 chunks of global_batch_size/8 for
+all, so the rows differ in the reduction only; stock and ordered then accumulate under no_sync). Backend `auto`:
+NCCL where every rank has its own GPU, gloo otherwise (then ranks share the CPU cores, and time per step
+measures that too).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from lab_utils.analysis import parity
 from lab_utils.core import config, ordered_reduce, tree_reduce
 from lab_utils.core.runfiles import synced_span
 from lab_utils.launch import launcher
+
+TREE_COMM = {"tree": "allgather", "tree_halving": "halving"}  # the bench's tree rows -> tree_comm
 
 
 def ms_per_step(run_dir: Path, warmup: int) -> float:
@@ -69,18 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         ref.raise_for_status()
         n = sum(t.numel() for t in torch.load(ref.run_dir / "model.pt", weights_only=True).values()
                 if t.is_floating_point())
-        for how in (*ordered_reduce.CHOICES, "tree"):
-            r = launcher.launch(f"bench_hook_{how}_{w}", w, base + [f"grad_reduction={how}"], timeout=args.timeout,
-                                progress=False)
+        for how in (*ordered_reduce.CHOICES, "tree", "tree_halving"):
+            keys = ["grad_reduction=tree", "tree_comm=halving"] if how == "tree_halving" else [f"grad_reduction={how}"]
+            r = launcher.launch(f"bench_hook_{how}_{w}", w, base + keys, timeout=args.timeout, progress=False)
             if not r.ok:
                 print(f"{how} at {w} ranks: FAILED\n{r}", file=sys.stderr)
                 rows.append({"ranks": w, "reduction": how, "ms_per_step": None})
                 continue
-            rep = parity.compare(tree_ref.run_dir if how == "tree" else ref.run_dir, r.run_dir)
+            rep = parity.compare(tree_ref.run_dir if how.startswith("tree") else ref.run_dir, r.run_dir)
             backend = json.loads((r.run_dir / "config.json").read_text())["backend"]
             rows.append({"ranks": w, "reduction": how, "backend": backend,
                          "ms_per_step": ms_per_step(r.run_dir, args.warmup),
-                         "bytes_per_rank": (tree_reduce.bytes_per_rank(n, 4, w) if how == "tree"
+                         "bytes_per_rank": (tree_reduce.bytes_per_rank(n, 4, w, TREE_COMM[how]) if how in TREE_COMM
                                             else ordered_reduce.bytes_per_rank(n, 4, w, how)),
                          "tier": rep.tier, "max_abs_loss_diff": rep.max_abs_loss_diff,
                          "max_abs_param_diff": rep.max_abs_param_diff})
@@ -89,15 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nbench_hook: preset={args.preset}, {args.steps} steps ({args.warmup} warm-up), "
           f"micro_batch_size={mbs}, {n:,} gradient elements, torch {torch.__version__}; tier and |Δ| against "
           f"emulate_ranks=W (tree: against the tree at 1 process)")
-    print(f"{'ranks':>5} {'reduction':>10} {'backend':>8} {'ms/step':>9} {'vs stock':>9} {'MB/rank/step':>13} "
+    print(f"{'ranks':>5} {'reduction':>12} {'backend':>8} {'ms/step':>9} {'vs stock':>9} {'MB/rank/step':>13} "
           f"{'tier':>5} {'max |Δloss|':>12} {'max |Δparam|':>13}")
     stock = {r["ranks"]: r["ms_per_step"] for r in rows if r["reduction"] == "allreduce"}
     for r in rows:
         if r["ms_per_step"] is None:
-            print(f"{r['ranks']:>5} {r['reduction']:>10} FAILED")
+            print(f"{r['ranks']:>5} {r['reduction']:>12} FAILED")
             continue
         ratio = f"{r['ms_per_step'] / stock[r['ranks']]:.2f}x" if stock.get(r["ranks"]) else "-"
-        print(f"{r['ranks']:>5} {r['reduction']:>10} {r['backend']:>8} {r['ms_per_step']:>9.1f} {ratio:>9} "
+        print(f"{r['ranks']:>5} {r['reduction']:>12} {r['backend']:>8} {r['ms_per_step']:>9.1f} {ratio:>9} "
               f"{r['bytes_per_rank'] / 1e6:>13.2f} {r['tier']:>5} {r['max_abs_loss_diff']:>12.1e} "
               f"{r['max_abs_param_diff']:>13.1e}")
     if args.json:

@@ -15,7 +15,7 @@ from lab_utils.core import runfiles
 from lab_utils.lessons.ch11_bitwise import matrix, plot_matrix, resumed_from, same_weights
 
 __all__ = ["matrix", "plot_matrix", "same_weights", "resumed_from", "resize_rows", "plot_resize", "tree_levels",
-           "plot_tree", "bench_rows", "BENCH"]
+           "plot_tree", "bench_rows", "bench_note", "BENCH"]
 
 # `ddp-lab bench hook --ranks 2,4,8 --json ...` on the 2-core CPU box: stock, ordered and tree at 2/4/8 gloo
 # ranks with the same micro-batches (a measurement committed as a file: shown, never a verdict row).
@@ -36,8 +36,9 @@ def resize_rows(run_dir: Path, first_world: int, then_world: int) -> list[dict]:
 
 
 def plot_resize(resized: Path, reference: Path, first_world: int, then_world: int, path=None):
-    """Left: the resized run's steps against wall time, coloured by the world size that computed them (the gap
-    is the stop, the new launch and the resume). Right: its loss per step on the uninterrupted 1-process run's."""
+    """Left: the resized run's steps against wall time, coloured by the world size that computed them (the gap:
+    from the checkpoint to the 2-rank run's first step, its launch and resume included, plus however long the
+    new run waited to be started). Right: its loss per step on the uninterrupted 1-process run's."""
     from lab_utils.analysis.plotting import LEGEND, _save, plt
 
     rows = resize_rows(resized, first_world, then_world)
@@ -81,7 +82,8 @@ def plot_tree(chunks: int, worlds: list[int], path=None):
     rank, after the all-gather of the subtree roots)."""
     from lab_utils.analysis.plotting import _save, plt
 
-    palette = ["#4575b4", "#d73027", "#1a9850", "#984ea3", "#ff7f00", "#a65628", "#f781bf", "#999999"]
+    # one colour per rank, none grey (grey is "every rank")
+    palette = ["#4575b4", "#d73027", "#1a9850", "#984ea3", "#ff7f00", "#a65628", "#f781bf", "#17becf"]
     fig, axes = plt.subplots(1, len(worlds), figsize=(4.2 * len(worlds), 3.0), squeeze=False)
     for ax, w in zip(axes[0], worlds, strict=True):
         levels = tree_levels(chunks, w)
@@ -95,7 +97,8 @@ def plot_tree(chunks: int, worlds: list[int], path=None):
                     for child in (2 * k, 2 * k + 1):
                         cx = (child + 0.5) * chunks / len(levels[depth - 1])
                         ax.plot([x, cx], [depth, depth - 1], color="#666666", lw=0.8, zorder=1)
-        ax.set(title=f"W = {w}: {chunks // w} chunks per rank", xticks=[k + 0.5 for k in range(chunks)],
+        per = chunks // w
+        ax.set(title=f"W = {w}: {per} chunk{'s' if per > 1 else ''} per rank", xticks=[k + 0.5 for k in range(chunks)],
                xticklabels=[str(k) for k in range(chunks)], yticks=range(len(levels)),
                xlabel="chunk (global order)", ylabel="tree level")
     fig.suptitle("one tree at every W; colour = the rank that computes the node, grey = every rank", fontsize=10)
@@ -107,3 +110,8 @@ def plot_tree(chunks: int, worlds: list[int], path=None):
 def bench_rows(path: Path = BENCH) -> list[dict]:
     """The committed `ddp-lab bench hook` rows: ranks, reduction, backend, ms_per_step, bytes_per_rank, tier."""
     return json.loads(Path(path).read_text())
+
+
+def bench_note(path: Path = BENCH) -> str:
+    """How the committed table was measured: the first line of the .txt beside the .json (command, commit, box)."""
+    return Path(path).with_suffix(".txt").read_text().splitlines()[0].lstrip("# ")
