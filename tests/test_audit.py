@@ -239,6 +239,98 @@ def test_a_project_is_judged_across_files(tmp_path):
                                                    for f in audit.audit_paths([root])}
 
 
+def test_a_rank_handed_to_a_class_guards_like_the_rank():
+    """`Trainer(model, data, opt, rank, ...)` then `if self.gpu_id == 0: save`: the parameter holds the rank."""
+    body = ("class Trainer:\n    def __init__(self, model, gpu_id):\n        self.gpu_id = gpu_id\n"
+            "        self.model = DDP(model)\n    def train(self):\n        if self.gpu_id == 0:\n"
+            "            torch.save(self.model.module.state_dict(), 'c.pt')\n")
+    assert "save-on-every-rank" not in rules(body + "Trainer(net, rank).train()\n")
+    assert "save-on-every-rank" in rules(body + "Trainer(net, 0).train()\n")  # 0 on every rank: no rank
+
+
+def test_a_save_helper_that_guards_itself_is_no_every_rank_save():
+    helper = "def save_on_master(*a):\n    if rank == 0:\n        torch.save(*a)\n"
+    call = "save_on_master({'model': net.state_dict()}, 'c.pt')\n"
+    assert "save-on-every-rank" not in rules(helper + call)
+    assert "save-on-every-rank" in rules(helper.replace("if rank == 0:", "if True:") + call)
+
+
+def test_a_wrapped_checkpoint_resumed_into_the_wrapped_model_keeps_its_prefix():
+    """Barlow Twins / VICReg: model.state_dict() of the DDP model, loaded back with model.load_state_dict after
+    the wrap; a plain model never reads that file, so module. round-trips."""
+    save = "model = DDP(net)\nif rank == 0:\n    torch.save({'model': model.state_dict()}, 'c.pt')\n"
+    assert "save-without-module" in rules(save)
+    assert "save-without-module" not in rules(save + "model.load_state_dict(torch.load('c.pt', "
+                                                     "map_location='cpu')['model'])\n")
+
+
+def test_a_seed_through_an_intermediate_name_is_judged_as_written():
+    """DETR's `seed = args.seed + utils.get_rank()`: rank 0 seeds the single run's seed; `seed + 1 + RANK` with
+    RANK = -1 in the single run does not."""
+    parsed = "parser.add_argument('--seed', default=42, type=int)\n"  # the name `seed` defaults to 42 alone
+    assert "seed-per-rank" not in rules(parsed + "seed = args.seed + dist.get_rank()\ntorch.manual_seed(seed)\n")
+    bad = "RANK = int(os.environ.get('RANK', -1))\nseed = 1234 + 1 + RANK\ntorch.manual_seed(seed)\n"
+    assert "seed-per-rank" in rules(bad)
+
+
+def test_a_fixed_port_through_a_variable_and_a_conditional_sampler():
+    url = "args.dist_url = 'tcp://localhost:58472'\ndist.init_process_group('nccl', init_method=args.dist_url)\n"
+    assert "hard-coded-master-port" in rules(url)
+    assert "hard-coded-master-port" in rules(url.replace("'tcp://localhost:58472'", "f'tcp://{host}:58472'"))
+    assert "hard-coded-master-port" not in rules(url.replace("'tcp://localhost:58472'", "'env://'"))
+    loader = ("sampler = DistributedSampler(ds) if distributed else None\n"
+              "loader = DataLoader(ds, shuffle=True, sampler=sampler)\n")
+    assert "sampler-with-shuffle" in rules(loader)
+    assert "sampler-with-shuffle" not in rules(loader.replace("shuffle=True", "shuffle=sampler is None"))
+
+
+def test_an_evaluate_function_over_a_plain_loader_counts_padding():
+    body = ("val_sampler = DistributedSampler(val_set, shuffle=False)\n"
+            "def evaluate(data_loader):\n    for x in data_loader:\n        dist.all_reduce(x)\n")
+    assert "eval-padding-duplicates" in rules(body)
+    assert "eval-padding-duplicates" not in rules(body.replace("dist.all_reduce(x)", "acc.append(x)"))
+
+
+def test_losses_logged_through_a_helper_step_a_record_or_the_models_forward():
+    """mingpt's Trainer prints a batch loss whose backward is in _run_batch; VICReg packs a local loss into
+    `stats = dict(loss=loss.item())`; Barlow Twins' loss comes from an all-reduced matrix inside forward."""
+    step = ("def run_batch(b):\n    loss = model(b)\n    loss.backward()\n    return loss.item()\n"
+            "def run_epoch(loader):\n    for b in loader:\n        batch_loss = run_batch(b)\n"
+            "        print(f'loss {batch_loss}')\n")
+    assert "every-rank-prints-loss" in rules(step)
+    assert "every-rank-prints-loss" not in rules(step.replace("print(f'loss {batch_loss}')",
+                                                              "if rank == 0: print(f'loss {batch_loss}')"))
+    net = ("class Net(torch.nn.Module):\n    def forward(self, x):\n        c = self.f(x)\n"
+           "        dist.all_reduce(c)\n        loss = (c - 1).pow(2).sum()\n        return loss\n"
+           "model = Net().cuda()\nmodel = DDP(model)\nfor x in loader:\n    loss = model.forward(x)\n"
+           "    loss.backward()\n    if rank == 0:\n        stats = dict(step=1, loss=loss.item())\n"
+           "        print(json.dumps(stats))\n")
+    assert "rank0-local-loss" not in rules(net)  # the loss is computed from the all-reduced c
+    assert "rank0-local-loss" in rules(net.replace("        dist.all_reduce(c)\n", ""))
+
+
+def test_a_sibling_scripts_set_epoch_is_not_this_scripts(tmp_path):
+    """pytorch/examples' ddp-tutorial-series: multigpu.py calls set_epoch, multigpu_torchrun.py does not; they
+    share datautils.py, but neither runs the other."""
+    script = """
+        import torch, torch.distributed as dist
+        from torch.utils.data import DataLoader, DistributedSampler
+        from datautils import MyData
+        dist.init_process_group("gloo")
+        torch.manual_seed(0)
+        loader = DataLoader(MyData(), sampler=DistributedSampler(MyData()))
+        for epoch in range(2):
+            {set_epoch}
+            for b in loader:
+                pass
+        """
+    root = _project(tmp_path, {"datautils.py": "class MyData:\n    pass\n",
+                               "a.py": script.format(set_epoch="loader.sampler.set_epoch(epoch)"),
+                               "b.py": script.format(set_epoch="pass")})
+    found = {(Path(f.path).name, f.rule) for f in audit.audit_paths([root])}
+    assert ("b.py", "set-epoch-missing") in found and ("a.py", "set-epoch-missing") not in found, found
+
+
 def test_the_labs_own_train_script_has_no_finding():
     findings = audit.audit_file(REPO / "scripts" / "train.py")
     assert findings == [], audit.format_findings(findings, "scripts/train.py")

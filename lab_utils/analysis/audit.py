@@ -46,7 +46,9 @@ Rules (severity; the defect it claims; the chapter that measures it):
 
 What it cannot see: code outside the audited folder (an installed package, a config file's values), values known
 only at run time (the dataset size, which branch a flag takes, whether a model has buffers), models built by name
-(torchvision's resnet has BatchNorm), calls through objects it cannot type (`obj.method()` on a parameter). A
+(torchvision's resnet has BatchNorm), calls through objects it cannot type (`obj.method()` on a parameter; a
+model is typed only when the script builds a project nn.Module class by name, whose forward then decides whether
+the loss it returns is reduced). Two scripts in one folder are judged apart unless one imports the other. A
 rank term inside a conditional expression (`seed + (rank if per_rank else 0)`) is taken as a deliberate switch.
 It is a checklist, not a proof: the proof is a comparison of real runs (`ddp-lab compare` / `ddp-lab doctor`).
 
@@ -179,6 +181,11 @@ def _root(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
+def _branches(v: ast.AST) -> list:
+    """The values an expression can take: both arms of `a if c else b` (`DistributedSampler(d) if ddp else None`)."""
+    return _branches(v.body) + _branches(v.orelse) if isinstance(v, ast.IfExp) else [v]
+
+
 def _kw(call: ast.Call, name: str):
     return next((k.value for k in call.keywords if k.arg == name), None)
 
@@ -269,9 +276,10 @@ class Module:
                 return True
         return False
 
-    def _taint(self) -> set[str]:
-        """Names assigned (anywhere) from an expression that involves a rank: flow-insensitive, to a fixpoint."""
-        tainted: set[str] = set()
+    def _taint(self, seed: frozenset = frozenset()) -> set[str]:
+        """Names assigned (anywhere) from an expression that involves a rank: flow-insensitive, to a fixpoint.
+        `seed`: parameters that callers pass a rank (Project._taint_parameters)."""
+        tainted: set[str] = set(seed)
         assigns = [n for n in ast.walk(self.tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
         changed = True
         while changed:
@@ -327,6 +335,31 @@ class Project:
                         queue.append(self._load(target))
         self.ddp = any(self._mentions_ddp(m) for m in self.modules.values())
         self._reach_cache: dict[tuple[str, str], set] = {}
+        self._taint_parameters()
+
+    def _taint_parameters(self):
+        """A rank handed to a project function or class (`Trainer(model, data, opt, rank, ...)`) makes the
+        parameter that receives it rank-holding (`self.gpu_id = gpu_id` ... `if self.gpu_id == 0:`)."""
+        seeds: dict[str, set[str]] = {rel: set() for rel in self.modules}
+        for _ in range(3):  # a rank passed on through two helpers
+            changed = False
+            for m in self.modules.values():
+                for c in m.calls:
+                    ranked = [i for i, a in enumerate(c.args) if involves_rank(a, m.rank_tainted)]
+                    kws = {k.arg for k in c.keywords if k.arg and involves_rank(k.value, m.rank_tainted)}
+                    if not ranked and not kws:
+                        continue
+                    for tm, tf in self.resolve(m, c, exact=True):
+                        params = [a.arg for a in tf.args.args]
+                        if params and params[0] in ("self", "cls") and tm.class_of(tf):
+                            params = params[1:]
+                        names = {params[i] for i in ranked if i < len(params)} | (kws & set(params))
+                        if names - seeds[tm.rel]:
+                            seeds[tm.rel] |= names
+                            tm.rank_tainted = tm._taint(frozenset(seeds[tm.rel]))
+                            changed = True
+            if not changed:
+                break
 
     def _rel(self, p: Path) -> str:
         try:
@@ -385,6 +418,31 @@ class Project:
             if rel in self.modules:
                 return self.modules[rel]
         return None
+
+    def imports_of(self, m: Module) -> set[str]:
+        """The project modules `m` reaches through its imports, transitively (m excluded)."""
+        if not hasattr(self, "_imports_cache"):
+            self._imports_cache = {}
+        if m.rel not in self._imports_cache:
+            seen, todo = set(), [m]
+            while todo:
+                mm = todo.pop()
+                for local in mm.imports:
+                    t = self.module_for(mm, local)
+                    if t is not None and t.rel not in seen and t is not m:
+                        seen.add(t.rel)
+                        todo.append(t)
+            self._imports_cache[m.rel] = seen
+        return self._imports_cache[m.rel]
+
+    def related(self, m: Module) -> list[Module]:
+        """The modules that run with `m`: m, what it imports, the scripts that import it and what they import.
+        Two independent scripts in one folder are not related, though they share a helper."""
+        users = [u for u in self.modules.values() if m.rel in self.imports_of(u)]
+        rels = {m.rel} | self.imports_of(m) | {u.rel for u in users}
+        for u in users:
+            rels |= self.imports_of(u)
+        return [self.modules[r] for r in sorted(rels)]
 
     @staticmethod
     def _mentions_ddp(m: Module) -> bool:
@@ -695,6 +753,9 @@ class _Audit:
         for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
             if _callee(c) in ("all_reduce", "reduce", "all_gather") and c.args:
                 red.add(_root(c.args[0]))
+        # a model is no reduced value: convert_sync_batchnorm(model) or DDP(model) does not make model(x)'s loss
+        # an average over ranks; what the model's forward returns is judged by _forward_reduced instead
+        models = self._model_names(m)
         changed = True
         nodes = list(ast.walk(scope))
         while changed:
@@ -709,7 +770,9 @@ class _Audit:
                     targets, value = [a.func.value], a.args[0]
                 if value is None:
                     continue
-                hit = any(isinstance(n, ast.Call) and (REDUCEISH.search(_callee(n)) or collective_helper(n))
+                hit = any(isinstance(n, ast.Call) and (REDUCEISH.search(_callee(n)) and "batchnorm" not in
+                                                       _callee(n).lower() or collective_helper(n)
+                                                       or self._forward_reduced(m, n))
                           for n in ast.walk(value)) or any(
                     _root(n) in red for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute)))
                 if not hit:
@@ -717,10 +780,65 @@ class _Audit:
                 for t in targets:
                     for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
                         r = _root(e)
-                        if r and r not in red:
+                        if r and r not in red and r not in models:
                             red.add(r)
                             changed = True
         return red
+
+    def _model_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
+        """The project nn.Module class a name holds: `model = BarlowTwins(args).cuda(gpu)` (DDP(model) keeps it).
+        Other project classes (an AverageMeter of reduced values) are no model."""
+        found = self._any_class(m, name)
+        if found and any(dotted(b).split(".")[-1] == "Module" for b in found[1].bases):
+            return found
+        return None
+
+    def _any_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
+        for a in ast.walk(m.tree):
+            if not (isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)):
+                continue
+            v = a.value
+            while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
+                    "to", "cuda", "train", "eval", "float", "half") and isinstance(v.func.value, ast.Call):
+                v = v.func.value
+            if not isinstance(v, ast.Call) or not isinstance(v.func, ast.Name):
+                continue
+            if v.func.id in m.classes:
+                return m, m.classes[v.func.id]
+            target = self.p.module_for(m, v.func.id)
+            cls = m.imports.get(v.func.id, ("", None, 0))[1] or v.func.id
+            if target is not None and cls in target.classes:
+                return target, target.classes[cls]
+        return None
+
+    def _model_names(self, m: Module) -> set[str]:
+        if not hasattr(self, "_models_cache"):
+            self._models_cache = {}
+        if m.rel not in self._models_cache:
+            names = set(self.ddp_wrapped.get(m.rel, {}))
+            for a in ast.walk(m.tree):
+                if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
+                        "batchnorm" in _callee(a.value).lower() or self._model_class(m, dotted(a.targets[0]))):
+                    names |= {dotted(t) for t in a.targets}
+            self._models_cache[m.rel] = names
+        return self._models_cache[m.rel]
+
+    def _forward_reduced(self, m: Module, c: ast.Call) -> bool:
+        """`loss = model(x)` or `model.forward(x)` where the model's class computes its loss from a reduced value
+        (Barlow Twins all-reduces the cross-correlation before the loss): every value forward returns is
+        reduced there."""
+        f = c.func
+        if isinstance(f, ast.Attribute) and f.attr in ("forward", "module"):
+            f = f.value  # model.forward(x), model.module(x)
+        found = self._model_class(m, dotted(f)) if isinstance(f, (ast.Name, ast.Attribute)) else None
+        fwd = found[0].functions.get(f"{found[1].name}.forward") if found else None
+        rets = [r.value for r in ast.walk(fwd) if isinstance(r, ast.Return) and r.value is not None] if fwd else []
+        if not rets:
+            return False
+        tm = found[0]
+        red = self.reduced_names(tm, fwd)
+        return all(any(_root(n) in red for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute)))
+                   for r in rets)
 
     def run(self) -> list[Finding]:
         for m in self.p.modules.values():
@@ -754,7 +872,8 @@ class _Audit:
             return
         if not any(mm.entry for mm in self.p.modules.values()):
             return  # a loader library audited alone: whether set_epoch is called is the training script's business
-        set_epochs = [(mm, c) for mm in self.p.modules.values() for c in mm.calls if _callee(c) == "set_epoch"]
+        # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's
+        set_epochs = [(mm, c) for mm in self.p.related(m) for c in mm.calls if _callee(c) == "set_epoch"]
         setters = {mm.rel for mm, _ in set_epochs}
         for c in made:
             if not set_epochs:
@@ -772,8 +891,9 @@ class _Audit:
             sampler, shuffle = _kw(c, "sampler"), _kw(c, "shuffle")
             if sampler is not None and isinstance(shuffle, ast.Constant) and shuffle.value is True and (
                     isinstance(sampler, ast.Call) and _callee(sampler) in classes or any(
-                        isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and _callee(a.value) in classes
-                        and dotted(a.targets[0]) == dotted(sampler) for a in ast.walk(m.tree))):
+                        isinstance(a, ast.Assign) and dotted(a.targets[0]) == dotted(sampler) and any(
+                            isinstance(v, ast.Call) and _callee(v) in classes for v in _branches(a.value))
+                        for a in ast.walk(m.tree))):
                 self.add(m, c, "sampler-with-shuffle", "DataLoader(sampler=DistributedSampler(...), shuffle=True): "
                          "torch raises 'sampler option is mutually exclusive with shuffle'; shuffle in the sampler")
 
@@ -956,11 +1076,23 @@ class _Audit:
         except Exception:  # noqa: BLE001 - an expression we cannot evaluate is no finding
             return None
 
+    @staticmethod
+    def _inline(m: Module, expr: ast.AST, depth: int = 3) -> ast.AST:
+        """`seed = args.seed + utils.get_rank(); torch.manual_seed(seed)`: a name that only carries a rank (it is
+        no rank itself, and has one assignment) is replaced by its expression, so the rank term is judged as
+        written, not the intermediate name taken for the rank."""
+        if depth == 0 or not isinstance(expr, (ast.Name, ast.Attribute)) or RANKISH.search(
+                dotted(expr).split(".")[-1]) or dotted(expr) not in m.rank_tainted:
+            return expr
+        defs = [a.value for a in ast.walk(m.tree) if isinstance(a, ast.Assign) and len(a.targets) == 1
+                and dotted(a.targets[0]) == dotted(expr)]
+        return _Audit._inline(m, defs[0], depth - 1) if len(defs) == 1 else expr
+
     def seed_per_rank(self, m: Module):
         for c in m.calls:
             if self.seed_kind(m, c) not in ("torch", "other") or not c.args:
                 continue
-            arg = c.args[0]
+            arg = self._inline(m, c.args[0])
             if not involves_rank(arg, m.rank_tainted, skip_conditional=True):
                 continue
             at0 = self._seed_value(m, arg, lambda name: 0)
@@ -990,8 +1122,13 @@ class _Audit:
         fn = m.enclosing(node)
         scope = [fn] if fn is not None else [s for s in m.tree.body
                                              if not isinstance(s, (ast.FunctionDef, ast.ClassDef))]
-        return any(isinstance(n, ast.Call) and _callee(n) in ("backward", "step") and (
-            _callee(n) == "backward" or "optim" in dotted(n.func)) for sc in scope for n in ast.walk(sc))
+        def steps(n):
+            return isinstance(n, ast.Call) and _callee(n) in ("backward", "step") and (
+                _callee(n) == "backward" or "optim" in dotted(n.func))
+        if any(steps(n) for sc in scope for n in ast.walk(sc)):
+            return True
+        # the step in a helper this function calls (`batch_loss = self._run_batch(...)`, then print(batch_loss))
+        return fn is not None and self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2)
 
     def logging(self, m: Module):
         if not self.p.ddp:
@@ -1005,9 +1142,10 @@ class _Audit:
             names = {_root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
             names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
             lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
+            scope = m.enclosing(c) or m.tree
+            lossy |= self._packed_losses(m, scope, names - lossy)
             if not lossy or not self._trains(m, c):
                 continue
-            scope = m.enclosing(c) or m.tree
             red = self.reduced_names(m, scope)
             if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
                 continue
@@ -1028,6 +1166,26 @@ class _Audit:
                          "world_size interleaved numbers, none of them the global batch's loss — all_reduce it, "
                          "then print on rank 0")
 
+    @staticmethod
+    def _packed_losses(m: Module, scope: ast.AST, names: set[str]) -> set[str]:
+        """Losses packed into a record that is then logged: `stats = dict(epoch=epoch, loss=loss.item())` ...
+        `print(json.dumps(stats))`; the loss values' own names."""
+        out = set()
+        for a in ast.walk(scope):
+            if not (isinstance(a, ast.Assign) and any(dotted(t) in names for t in a.targets)
+                    and isinstance(a.value, (ast.Call, ast.Dict))):
+                continue
+            v = a.value
+            if isinstance(v, ast.Dict):  # {"loss": loss.item(), ...}; a **spread has no key
+                pairs = [(_const_str(k), val) for k, val in zip(v.keys, v.values, strict=True)]
+            else:  # dict(loss=loss.item(), ...)
+                pairs = [(k.arg, k.value) for k in v.keywords] if _callee(v) == "dict" else []
+            for key, val in pairs:
+                if key and LOSSISH.search(key) and not NOT_A_LOSS.search(key):
+                    out |= {_root(n) for n in ast.walk(val) if isinstance(n, (ast.Name, ast.Attribute))
+                            and LOSSISH.search(_root(n))}
+        return out
+
     def _guard_block(self, m: Module, c: ast.AST) -> int:
         n = m.parent.get(id(c))
         while n is not None and not isinstance(n, (ast.If, ast.FunctionDef, ast.Module)):
@@ -1046,7 +1204,8 @@ class _Audit:
             if name == "state_dict" and isinstance(c.func, ast.Attribute):
                 owner = dotted(c.func.value)
                 if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
-                        self._same_scope(m, c, owner, wrapped[owner]) and not self._unwrapped_between(m, c, owner):
+                        self._same_scope(m, c, owner, wrapped[owner]) and not self._unwrapped_between(m, c, owner) \
+                        and not self._loaded_into_wrapped(m, owner, wrapped[owner]):
                     self.add(m, c, "save-without-module", f"{owner}.state_dict() after {owner} = DDP(...) (line "
                              f"{wrapped[owner]}): every key gets a 'module.' prefix and the checkpoint does not load "
                              f"into the plain model — save {owner}.module.state_dict() on rank 0")
@@ -1067,7 +1226,7 @@ class _Audit:
                 continue  # per-rank file names, or an in-memory buffer
             fn = m.enclosing(c)
             kind = self.g.effective(m, c)
-            if kind in ("rank0", "not0"):
+            if kind in ("rank0", "not0") or self._guarded_inside(m, c):
                 continue
             sites = self.p.callers(m, fn) if fn is not None else []
             if fn is not None and dotted(c.func) in ("torch.save", "th.save") and sites and re.search(
@@ -1097,6 +1256,22 @@ class _Audit:
         return any(tf.name == _callee(c) and re.search(r"save|checkpoint|serialize", tf.name.lower())
                    and self.p.function_does(tm, tf, lambda mm, cc: dotted(cc.func) in ("torch.save", "th.save"), 1)
                    for tm, tf in self.p.resolve(m, c))
+
+    def _guarded_inside(self, m: Module, c: ast.Call) -> bool:
+        """A save helper that guards itself (`def save_on_master(...): if is_main_process(): torch.save(...)`):
+        calling it on every rank writes once."""
+        if dotted(c.func) in ("torch.save", "th.save"):
+            return False
+        saves = [(tm, cc) for tm, tf in self.p.resolve(m, c) for cc in ast.walk(tf) if isinstance(cc, ast.Call)
+                 and dotted(cc.func) in ("torch.save", "th.save")]
+        return bool(saves) and all(self.g.kind(tm, cc) == "rank0" for tm, cc in saves)
+
+    @staticmethod
+    def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> bool:
+        """`model.load_state_dict(ckpt["model"])` on the DDP-wrapped name after the wrap: the script resumes its
+        own wrapped checkpoint, so the module. prefix round-trips (a plain model never reads that file here)."""
+        return any(isinstance(c, ast.Call) and _callee(c) == "load_state_dict" and isinstance(c.func, ast.Attribute)
+                   and dotted(c.func.value) == owner and c.lineno > wrap_line for c in m.calls)
 
     @staticmethod
     def _same_scope(m: Module, c: ast.AST, owner: str, line: int) -> bool:
@@ -1186,11 +1361,18 @@ class _Audit:
                 self.add(m, a, "hard-coded-master-port", f"MASTER_PORT fixed to {a.value.value!r}: a second job on "
                          "this host (or a stale one) collides on the port — torchrun --standalone, or a free port",
                          "check-by-hand")
+        urls = {dotted(_kw(c, "init_method")) for mm in self.p.modules.values() for c in mm.calls
+                if _callee(c) == "init_process_group" and isinstance(_kw(c, "init_method"), (ast.Name, ast.Attribute))}
         for c in m.calls:
             url = _kw(c, "init_method") if _callee(c) == "init_process_group" else None
             if _const_str(url) and re.search(r"tcp://[^:]+:\d+", url.value):
                 self.add(m, url, "hard-coded-master-port", f"init_method={url.value!r} fixes the rendezvous port: a "
                          "second job on this host collides — torchrun --standalone, or env://", "check-by-hand")
+        for a in ast.walk(m.tree):  # args.dist_url = 'tcp://localhost:58472' ... init_method=args.dist_url
+            if isinstance(a, ast.Assign) and any(dotted(t) in urls for t in a.targets) and self._fixed_port(a.value):
+                self.add(m, a, "hard-coded-master-port", f"{ast.unparse(a.value)} (passed as init_method) fixes the "
+                         "rendezvous port: a second job on this host collides — torchrun --standalone, or env://",
+                         "check-by-hand")
         self._accumulation(m)
         bns = [c for c in m.calls if re.fullmatch(r"BatchNorm[123]d", _callee(c))]
         all_names = {dotted(n).split(".")[-1] for mm in self.p.modules.values() for n in ast.walk(mm.tree)
@@ -1199,6 +1381,16 @@ class _Audit:
             self.add(m, bns[0], "batchnorm-without-sync", "BatchNorm under DDP without SyncBatchNorm: each rank "
                      "normalises with its own micro-batch's statistics — nn.SyncBatchNorm.convert_sync_batchnorm"
                      "(model) before DDP")
+
+    @staticmethod
+    def _fixed_port(v: ast.AST) -> bool:
+        """A tcp:// URL whose port is written in the code: 'tcp://localhost:58472' or f'tcp://{host}:58472'."""
+        if _const_str(v) is not None:
+            return bool(re.search(r"tcp://[^:]+:\d+", v.value))
+        if isinstance(v, ast.JoinedStr):
+            parts = [p.value if isinstance(p, ast.Constant) else "{}" for p in v.values]
+            return bool(re.search(r"tcp://[^:]+:\d+", "".join(map(str, parts))))
+        return False
 
     def _gather(self, m: Module, c: ast.Call):
         fn = m.enclosing(c) or m.tree
@@ -1249,7 +1441,10 @@ class _Audit:
     def _eval_loop_reduces(self) -> bool:
         for mm in self.p.modules.values():
             for f in mm.functions.values():
-                loops = [n for n in ast.walk(f) if isinstance(n, ast.For) and EVALISH.search(ast.unparse(n.iter))]
+                # an evaluation loop: over a val/test loader, or any loop of a function named so (evaluate(),
+                # validate(), whose loader parameter is a plain `data_loader`)
+                loops = [n for n in ast.walk(f) if isinstance(n, ast.For) and (
+                    EVALISH.search(ast.unparse(n.iter)) or EVALISH.search(f.name))]
                 if not loops:
                     continue
                 red = [n for n in ast.walk(f) if isinstance(n, ast.Call) and (
@@ -1334,6 +1529,7 @@ def audit_source(source: str, filename: str = "<script>") -> list[Finding]:
     project.modules = {filename: Module(Path(filename), filename, source)}
     project.ddp = Project._mentions_ddp(project.modules[filename])
     project._reach_cache = {}
+    project._taint_parameters()
     return _Audit(project).run()
 
 
