@@ -96,31 +96,41 @@ def test_refused_before_launch(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-def test_bn_net_is_bitwise_at_1_and_4_ranks_and_across_a_4_to_2_resize(tmp_path):
+SCRIPT = Path(__file__).resolve().parent / "outside" / "tree_outside_example.py"
+BN_KEYS = [*TREE, "model=bn_net", "dropout=0.1", "steps=4"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every real run of this module: the independent ones 3 at a time (mostly process start-up on 2 cores),
+    then the resize, which needs the 4-rank checkpoint."""
+    root = tmp_path_factory.mktemp("tree") / "runs"
+    launcher.launch_many({
+        "w1": ("w1", 1, BN_KEYS),
+        "w4stop": ("w4stop", 4, [*BN_KEYS, "steps=2", "checkpoint_every=2", "tree_comm=halving"]),
+        "out1": ("out1", 1, {"steps": 6}, {"script": SCRIPT}), "out2": ("out2", 2, {"steps": 6}, {"script": SCRIPT}),
+    }, max_workers=3, runs_dir=root, timeout=300, raise_on_failure=True)
+    launcher.launch("w4to2", 2, [*BN_KEYS, f"resume={root / 'w4stop'}"], runs_dir=root, timeout=300,
+                    progress=False).raise_for_status()
+    return root
+
+
+def test_bn_net_is_bitwise_at_1_and_4_ranks_and_across_a_4_to_2_resize(runs):
     """One tree, any W: losses, fingerprints, every final tensor (BatchNorm's running stats and counters
     included, which torch's own per-rank update would leave W-dependent) and the probe outputs."""
-    keys = [*TREE, "model=bn_net", "dropout=0.1", "steps=4"]
-    runs = launcher.launch_many({
-        "w1": ("w1", 1, keys), "w4stop": ("w4stop", 4, [*keys, "steps=2", "checkpoint_every=2", "tree_comm=halving"]),
-    }, max_workers=2, runs_dir=tmp_path, timeout=300, raise_on_failure=True)
-    assert runs["w1"].ok
-    launcher.launch("w4to2", 2, [*keys, f"resume={tmp_path / 'w4stop'}"], runs_dir=tmp_path, timeout=300,
-                    progress=False).raise_for_status()
-    report = parity.compare(tmp_path / "w1", tmp_path / "w4to2")  # steps 0-1 at 4 ranks, 2-3 at 2 ranks
+    report = parity.compare(runs / "w1", runs / "w4to2")  # steps 0-1 at 4 ranks (halving), 2-3 at 2 ranks
     assert report.tier == 3, report.format()
     # (the 2-rank run without a resize is the port-bug suite's tree_at_2_ranks entry)
+
     def losses(run):
-        return [(r["step"], r["loss"], r["param_hash"]) for r in runfiles.read_metrics(tmp_path / run)]
+        return [(r["step"], r["loss"], r["param_hash"]) for r in runfiles.read_metrics(runs / run)]
 
     assert losses("w4stop") == losses("w1")[:2] and losses("w4to2") == losses("w1")
-    weights = torch.load(tmp_path / "w4to2" / "model.pt", weights_only=True)
+    weights = torch.load(runs / "w4to2" / "model.pt", weights_only=True)
     assert int(weights["bn1.num_batches_tracked"]) == 4 * 8  # one count per chunk, as one process counts
 
 
-def test_a_users_own_script_is_bitwise_at_1_and_2_ranks(tmp_path):
+def test_a_users_own_script_is_bitwise_at_1_and_2_ranks(runs):
     """TreeAccumulator outside train.py: tests/outside/tree_outside_example.py, a few added lines."""
-    script = Path(__file__).resolve().parent / "outside" / "tree_outside_example.py"
-    launcher.launch_many({w: (f"out{w}", w, {"steps": 6}) for w in (1, 2)}, max_workers=2, runs_dir=tmp_path,
-                         timeout=300, script=script, raise_on_failure=True)
-    report = parity.compare(tmp_path / "out1", tmp_path / "out2")
+    report = parity.compare(runs / "out1", runs / "out2")
     assert report.tier == 3 and report.steps_compared == 6, report.format()
