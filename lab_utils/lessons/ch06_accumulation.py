@@ -171,9 +171,13 @@ def no_sync_forward_rule(accum_steps: int = 4, world_size: int = 2) -> dict[str,
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="nosync-") as tmp:
-        # fork, not spawn: the children inherit this process's imported torch instead of importing it again
+        # fork where it is safe: the children inherit this process's imported torch instead of importing it
+        # again. Not on a box with a GPU: there the first backward in this kernel (even a CPU one) starts
+        # autograd's per-device threads, which cannot cross a fork ("Unable to handle autograd's threading in
+        # combination with fork-based multiprocessing", measured on an H200 box). Then spawn.
+        method = "spawn" if torch.cuda.is_available() else "fork"
         mp.start_processes(_no_sync_rank, args=(world_size, f"file://{tmp}/rdzv", accum_steps, tmp),
-                           nprocs=world_size, start_method="fork")
+                           nprocs=world_size, start_method=method)
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
     return {loop: [r[loop] for r in ranks] for loop in ranks[0]}
 

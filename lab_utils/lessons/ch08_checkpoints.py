@@ -251,13 +251,16 @@ def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2) -> dict[str, li
     so both ranks wait until the process group's `timeout_s`. Forked gloo ranks, a file rendezvous."""
     import tempfile
 
+    import torch
     import torch.multiprocessing as mp
 
     out = {}
     for through in ("module", "wrapper"):
         with tempfile.TemporaryDirectory(prefix="evaltrap-") as tmp:
-            # fork: the children inherit this process's imported torch instead of importing it again
+            # fork: the children inherit this process's imported torch instead of importing it again; spawn on a
+            # box with a GPU (autograd's per-device threads cannot cross a fork: ch06_accumulation)
+            method = "spawn" if torch.cuda.is_available() else "fork"
             mp.start_processes(_eval_trap_rank, args=(world_size, f"file://{tmp}/rdzv", tmp, through, timeout_s),
-                               nprocs=world_size, start_method="fork")
+                               nprocs=world_size, start_method=method)
             out[through] = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
     return out
