@@ -81,7 +81,9 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     out = Path(cfg["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     heart = runfiles.Heartbeat(out, env.rank, step_beats=os.environ.get("LAB_STEP_HEARTBEATS") != "off")
-    heart.beat(step=-1, phase="setup")
+    # Where torchrun placed this rank, as its agent set it (chapter 09 draws the launch from these)
+    heart.beat(step=-1, phase="setup", torchrun={k: os.environ.get(k) for k in (
+        "RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")})
 
     # Seeds (§2.1-2.2). lab: one init seed on every rank; data order comes from data_seed via the samplers,
     # per-sample randomness is keyed by the sample. article: set_seed(42 + rank) for everything.

@@ -8,7 +8,10 @@ may import the launcher, never be imported by the rank side.
 from __future__ import annotations
 
 import re
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +37,10 @@ SHORT_RDZV = {"join_timeout": 20, "read_timeout": 10}
 # launcher's default 30 s) is stopped after this many seconds.
 WRONG_IF_PEER_GRACE = 5
 GLOO_TIMED_OUT = "Gloo connectFullMesh failed"
+# py-spy (pip install py-spy, in the lab's dev extras): on PATH, or beside this interpreter (a venv not activated)
+PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+# The variables torchrun's agent gives each worker that say where it sits; train.py records them in its heartbeat
+PLACEMENT = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")
 
 
 def wait_for_port(port: int, within: float) -> bool:
@@ -56,8 +63,9 @@ def port_clash(prefix: str, keys: dict, timeout: float, stall_timeout: float = 2
       dumps every rank's stack and stops it (section 5 of the chapter). Until then it holds the port;
     - `clash`: the article's exact command (`torchrun --master-addr 127.0.0.1 --master-port PORT ...`, real
       torchrun, OMP_NUM_THREADS unset) started while `hang` listens on PORT: it must fail at once;
-    - `standalone`: the lab's launch (`--standalone`, the agent takes a free port) at the same moment.
-    Returns {"port", "hang", "clash", "standalone": RunResult}."""
+    - `standalone`: the lab's launch (`--standalone`, the agent takes a free port) at the same moment;
+    - `spy`: spy_on_hang's py-spy dumps of `hang`'s ranks, taken while it hangs.
+    Returns {"port", "hang", "clash", "standalone": RunResult, "spy": dict}."""
     port = launcher.free_port()
     out: dict = {"port": port}
 
@@ -71,16 +79,24 @@ def port_clash(prefix: str, keys: dict, timeout: float, stall_timeout: float = 2
     try:
         if not wait_for_port(port, timeout):
             raise RuntimeError(f"the hang job never listened on port {port}")
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            # the folder was made afresh before the agent listened, so the heartbeats it reads are this run's
+            spy = pool.submit(spy_on_hang, runfiles.runs_dir() / f"{prefix}_hang", 1, 2, timeout)
             clash = pool.submit(launcher.launch, f"{prefix}_clash", 2, dict(keys, steps=2), timeout=timeout,
                                 progress=False, master_port=port, runner="torchrun",
                                 extra_env={"OMP_NUM_THREADS": None})  # unset: torchrun prints its notice
             standalone = pool.submit(launcher.launch, f"{prefix}_standalone", 2, keys, timeout=timeout,
                                      progress=False)
-            out["clash"], out["standalone"] = clash.result(), standalone.result()
+            out["clash"], out["standalone"], out["spy"] = clash.result(), standalone.result(), spy.result()
     finally:
         thread.join()
     return out
+
+
+def shell(words: list[str]) -> str:
+    """A command's words as the shell line a user types (`python` for this interpreter, paths relative to the
+    repo), as the launcher prints its runs."""
+    return launcher.RunResult._shell(words)
 
 
 def grep(path: str | Path, pattern: str, limit: int | None = None) -> list[str]:
@@ -310,3 +326,139 @@ def node_of_global_rank0(run_dir: str | Path) -> int | None:
         if any(grep(log, r"^\[train\] world_size=") for log in node_dir.rglob("stdout.log")):
             return int(node_dir.name[4:])
     return None
+
+
+# ------------------------------------------------------------------ hang tools a porter reaches for (section 5)
+
+def py_spy_dump(pid: int) -> tuple[list[str], str]:
+    """(`py-spy dump --pid PID`, what it printed): every thread's Python stack of a live process, read from outside
+    (ptrace), no code in the process. The text says why when py-spy is missing or may not attach."""
+    cmd = [PY_SPY, "dump", "--pid", str(pid)]
+    if not Path(PY_SPY).exists():
+        return cmd, "py-spy is not installed here (pip install py-spy)"
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    return cmd, (done.stdout + done.stderr).strip()
+
+
+def spy_on_hang(run_dir: str | Path, stuck_rank: int, step: int, within: float, settle: float = 2.0) -> dict:
+    """While a run hangs: once `stuck_rank`'s heartbeat sits at the start of `step`, wait `settle` s (the other
+    ranks reach the collective they will wait in), then `py-spy dump --pid` each rank. A rank's pid is the one
+    in its heartbeat: the lab forks ranks from a zygote (lab_utils/launch/zygote.py), so `ps` shows them with
+    the driver's command line. Returns {"pids": {rank: pid}, "dumps": {rank: text}, "command": a shell line,
+    "error": "" or why there are no dumps}."""
+    deadline = time.time() + within
+    while True:
+        beats = runfiles.read_heartbeats(run_dir)
+        stuck = beats.get(stuck_rank, {})
+        if len(beats) >= 2 and stuck.get("step") == step and stuck.get("phase") == "step start":
+            break
+        if time.time() > deadline:
+            return {"pids": {}, "dumps": {}, "command": "", "error": f"rank {stuck_rank} never sat at step {step} "
+                    f"within {within:.0f} s"}
+        time.sleep(0.2)
+    time.sleep(settle)
+    pids = {r: b["pid"] for r, b in sorted(beats.items())}
+    dumps = {rank: py_spy_dump(pid)[1] for rank, pid in pids.items()}
+    ok = Path(PY_SPY).exists() and "Thread" in dumps.get(stuck_rank, "")
+    return {"pids": pids, "dumps": dumps, "command": f"py-spy dump --pid {pids[stuck_rank]}",
+            "error": "" if ok else dumps.get(stuck_rank, "no dump")}
+
+
+def spy_frames(dump: str) -> list[str]:
+    """`function (file:line)` of a py-spy dump's first thread, innermost first."""
+    out = []
+    for line in dump.splitlines():
+        if line.startswith("Thread ") and out:
+            break  # the next thread
+        if line.startswith("    ") and "(" in line:
+            out.append(line.strip().replace(str(launcher.REPO) + "/", ""))
+    return out
+
+
+LOG_PREFIX = re.compile(r"^\[([^\]]+?)(\d+)\]:")
+
+
+def prefixed_lines(log: str | Path) -> list[tuple[str, str, str]]:
+    """(role, local rank, the rest) of each line torchrun's --tee prefixed: `[ROLE LOCAL_RANK]:` (the default
+    template is `[${role_name}${local_rank}]:`; the lab's driver names its role `default_role`, torchrun's
+    `--role` default is `default`)."""
+    text = Path(log).read_text(errors="replace") if Path(log).exists() else ""
+    return [(m.group(1), m.group(2), line[m.end():]) for line in text.splitlines() if (m := LOG_PREFIX.match(line))]
+
+
+# ------------------------------------------------------------------ the launch layout (section 2)
+
+def _node_of(beat: dict, run_dir: Path, nnodes: int) -> int | None:
+    """The node (`--node-rank`, the launcher's logs/nodeK) a rank ran on: from the rank's error file when the
+    heartbeat names it (logs/nodeK/...), else rank 0's from its log line (node_of_global_rank0) and, with two
+    nodes, the other one for the rest."""
+    m = re.search(r"/logs/node(\d+)/", beat.get("error_file") or "")
+    if m:
+        return int(m.group(1))
+    first = node_of_global_rank0(run_dir)
+    if first is None:
+        return None
+    if int(beat["rank"]) == 0 or int((beat.get("torchrun") or {}).get("GROUP_RANK") or -1) == 0:
+        return first
+    return 1 - first if nnodes == 2 else None
+
+
+def launch_layout(result: launcher.RunResult) -> dict:
+    """The launch as its run recorded it: {"endpoint": the c10d rendezvous endpoint (one for every node, from the
+    node command lines), "nodes": {k: {"addr": --local-addr or "127.0.0.1", "host": namespace or ""}},
+    "workers": [{"node", "pid", "MASTER": MASTER_ADDR:PORT, and PLACEMENT's variables as ints}]}, each worker's
+    variables read from its heartbeat (train.py records what torchrun's agent set). Raises ValueError naming the
+    run when a heartbeat lacks them (a run from before train.py recorded them: re-run it)."""
+    lines = result.command_lines
+    endpoints = sorted({m.group(1) for c in lines if (m := re.search(r"--rdzv-endpoint=(\S+)", c))})
+    nodes = {}
+    for k, line in enumerate(lines):
+        m = re.search(r"--local-addr=(\S+)", line)
+        nodes[k] = {"addr": m.group(1) if m else "127.0.0.1", "host": result.hosts[k] if k < len(result.hosts) else ""}
+    workers = []
+    for rank, beat in sorted(runfiles.read_heartbeats(result.run_dir).items()):
+        env = beat.get("torchrun") or {}
+        if any(env.get(k) is None for k in PLACEMENT):
+            raise ValueError(f"{result.run_dir}: rank {rank}'s heartbeat has no torchrun variables {PLACEMENT} "
+                             f"(a run from before train.py recorded them: re-run it)")
+        workers.append({"node": _node_of(beat, Path(result.run_dir), len(lines)), "pid": beat.get("pid"),
+                        "MASTER": f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}",
+                        **{k: int(env[k]) for k in PLACEMENT}})
+    return {"endpoint": " ".join(endpoints), "nodes": nodes, "workers": workers}
+
+
+def plot_launch_layout(layout: dict, title: str = ""):
+    """The launch drawn: the c10d store on top, one box per node agent (its address and GROUP_RANK), inside it
+    each worker with the variables its agent gave it. Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    nodes = layout["nodes"]
+    fig, ax = plt.subplots(figsize=(4.2 * len(nodes), 4.6))
+    ax.set_xlim(0, 4.2 * len(nodes))
+    ax.set_ylim(0, 4.6)
+    ax.axis("off")
+    mid = 2.1 * len(nodes)
+    ax.add_patch(FancyBboxPatch((mid - 2.0, 3.7), 4.0, 0.7, boxstyle="round,pad=0.05", fc="#fde8c8", ec="#b36b00"))
+    ax.text(mid, 4.05, f"c10d rendezvous store\n--rdzv-endpoint={layout['endpoint']}", ha="center", va="center",
+            fontsize=9)
+    for k, node in sorted(nodes.items()):
+        x0 = 0.2 + 4.2 * k
+        mine = [w for w in layout["workers"] if w["node"] == k]
+        groups = sorted({w["GROUP_RANK"] for w in mine})
+        ax.add_patch(FancyBboxPatch((x0, 0.2), 3.8, 2.9, boxstyle="round,pad=0.05", fc="#e8eef8", ec="#33518f"))
+        host = f" ({node['host']})" if node["host"] else ""
+        group = " ".join(map(str, groups)) or "?"
+        ax.text(x0 + 1.9, 2.8, f"node {k}: agent on {node['addr']}{host}\n--node-rank={k}, GROUP_RANK={group}",
+                ha="center", va="center", fontsize=8.5)
+        ax.annotate("", xy=(x0 + 1.9, 3.1), xytext=(mid, 3.7), arrowprops=dict(arrowstyle="<->", color="#b36b00"))
+        width = 3.6 / max(1, len(mine))
+        for i, w in enumerate(sorted(mine, key=lambda w: w["LOCAL_RANK"])):
+            wx = x0 + 0.1 + i * width
+            ax.add_patch(FancyBboxPatch((wx + 0.05, 0.35), width - 0.1, 1.9, boxstyle="round,pad=0.03", fc="white",
+                                        ec="#33518f"))
+            ax.text(wx + width / 2, 1.3, "worker (pid {pid})\nRANK={RANK}\nLOCAL_RANK={LOCAL_RANK}\n"
+                    "GROUP_RANK={GROUP_RANK}\nWORLD_SIZE={WORLD_SIZE}".format(**w), ha="center", va="center",
+                    fontsize=8.5, family="monospace")
+    ax.set_title(title or "the launch, from the run's heartbeats and command lines", fontsize=10)
+    return fig
