@@ -133,7 +133,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     if env.is_main:
         runfiles.write_json(describe(cfg, env, len(wl.dataset)), out / runfiles.CONFIG)
         log = steplog.StepLog(out / runfiles.METRICS, cfg["log_sync_every"], cfg["log_every"], cfg["steps"],
-                              kept=resume.kept_metrics(ckpt_path, start) if state else [], attempt=resume.attempt())
+                              kept=resume.kept_metrics(ckpt_path, start, redone_to=out) if state else [],
+                              attempt=resume.attempt())
         print(f"[train] world_size={env.world_size} backend={env.backend} device={env.device} "
               f"global_batch_size={cfg['global_batch_size']} micro_batch_size={cfg['micro_batch_size']} "
               f"grad_accum_steps={cfg['grad_accum_steps']} emulate_ranks={R}"

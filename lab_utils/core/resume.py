@@ -99,20 +99,43 @@ def fast_forward(loader_iters: list, n: int) -> None:
             next(it)
 
 
-def kept_metrics(checkpoint: Path, step: int) -> list[dict]:
-    """The metrics records before `step` of the run that wrote `checkpoint` (its folder's metrics.jsonl), so
-    the resumed run's metrics.jsonl is the full per-step record. Records after the checkpoint (steps the
-    interrupted attempt did but did not checkpoint) are dropped: the resumed run does them again."""
-    path = Path(checkpoint).resolve().parent.parent / runfiles.METRICS
-    if not path.exists():
-        return []
-    kept = []
+# The records an interrupted attempt wrote past its last checkpoint: the steps the resumed start does again.
+# Kept apart from metrics.jsonl (which holds each step once) so that a timeline can show the lost work.
+REDONE = "metrics_redone.jsonl"
+
+
+def _records(path: Path) -> list[dict]:
+    records = []
     for line in path.read_text().splitlines():
         if line.strip() and line.endswith("}"):
             try:
-                record = json.loads(line)
+                records.append(json.loads(line))
             except ValueError:  # a line cut short by the crash
                 continue
-            if record["step"] < step:
-                kept.append(record)
-    return kept
+    return records
+
+
+def kept_metrics(checkpoint: Path, step: int, redone_to: Path | None = None) -> list[dict]:
+    """The metrics records before `step` of the run that wrote `checkpoint` (its folder's metrics.jsonl), so
+    the resumed run's metrics.jsonl is the full per-step record. Records after the checkpoint (steps the
+    interrupted attempt did but did not checkpoint) are dropped: the resumed run does them again.
+
+    redone_to (this run's folder): when the checkpoint is this run's own (an elastic restart, resume=auto),
+    the dropped records are appended to its REDONE file first, so they survive the rewrite of metrics.jsonl
+    (chapter 11 draws them). A checkpoint of another run leaves that file alone: its steps are not redone here."""
+    run = Path(checkpoint).resolve().parent.parent
+    path = run / runfiles.METRICS
+    if not path.exists():
+        return []
+    records = _records(path)
+    if redone_to is not None and run == Path(redone_to).resolve():
+        dropped = [r for r in records if r["step"] >= step]
+        with open(run / REDONE, "a") as f:  # append: every restart adds the steps it redoes
+            f.writelines(json.dumps(r) + "\n" for r in dropped)
+    return [r for r in records if r["step"] < step]
+
+
+def redone_metrics(run_dir: Path) -> list[dict]:
+    """The records of steps an earlier attempt did past its last checkpoint (REDONE), [] when none were."""
+    path = Path(run_dir) / REDONE
+    return _records(path) if path.exists() else []
