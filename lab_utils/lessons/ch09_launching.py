@@ -41,6 +41,7 @@ GLOO_TIMED_OUT = "Gloo connectFullMesh failed"
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
 # The variables torchrun's agent gives each worker that say where it sits; train.py records them in its heartbeat
 PLACEMENT = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def wait_for_port(port: int, within: float) -> bool:
@@ -337,7 +338,8 @@ def py_spy_dump(pid: int) -> tuple[list[str], str]:
     if not Path(PY_SPY).exists():
         return cmd, "py-spy is not installed here (pip install py-spy)"
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    return cmd, (done.stdout + done.stderr).strip()
+    # py-spy colours its output when the environment asks for colour (a Jupyter kernel does): keep the text only
+    return cmd, ANSI.sub("", done.stdout + done.stderr).strip()
 
 
 def spy_on_hang(run_dir: str | Path, stuck_rank: int, step: int, within: float, settle: float = 2.0) -> dict:
@@ -462,3 +464,13 @@ def plot_launch_layout(layout: dict, title: str = ""):
                     fontsize=8.5, family="monospace")
     ax.set_title(title or "the launch, from the run's heartbeats and command lines", fontsize=10)
     return fig
+
+
+def gpu_topology() -> str:
+    """`nvidia-smi topo -m` on this box (how each GPU pair is linked: NV# = that many NVLinks, PIX/PXB/PHB/SYS =
+    PCIe paths), or a line saying it was not run and why."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "nvidia-smi not found on this box: `nvidia-smi topo -m` was not run here"
+    done = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True, timeout=60)
+    return (done.stdout + done.stderr).strip()
