@@ -67,7 +67,9 @@ class Heartbeat:
     def __init__(self, out_dir: Path, rank: int, step_beats: bool = True):
         self.path = Path(out_dir) / PROGRESS / f"rank{rank}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.state = {"rank": rank, "pid": os.getpid()}
+        # The error file names the rank's log folder. It is written here because a rank forked from the zygote
+        # (lab_utils/launch/zygote.py) shows the zygote's environment in /proc, not its own.
+        self.state = {"rank": rank, "pid": os.getpid(), "error_file": os.environ.get("TORCHELASTIC_ERROR_FILE")}
         # step_beats=False (LAB_STEP_HEARTBEATS=off, set only by `ddp-lab bench scaling`'s "lab overhead off"
         # rows) skips the file writes of the in-step phases, so a benchmark can time what they cost; a hang is
         # then reported at the last beat written. Beats that carry anything else (hashes, stats) still write.

@@ -61,8 +61,15 @@ def die_with_parent(sig: int, parent_pid: int) -> bool:
 
 
 def exec_with_parent_death(parent_pid: int, python_args: list[str]) -> None:
-    """Become `python *python_args`, killed (SIGKILL) when the parent dies. The signal survives exec."""
+    """Become `python *python_args`, killed (SIGKILL) when the parent dies. The signal survives exec.
+    Under a driver that started a zygote (LAB_ZYGOTE names its socket), have the zygote fork the rank instead
+    and stand in for it (lab_utils/launch/zygote.py); exec only if the zygote cannot be reached."""
     die_with_parent(signal.SIGKILL, parent_pid)
+    name = os.environ.get("LAB_ZYGOTE", "off")
+    if name != "off":
+        from lab_utils.launch import zygote
+
+        zygote.run_client(name, python_args)  # returns only if nothing was started
     os.execv(sys.executable, [sys.executable, *python_args])
 
 
@@ -259,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.launcher.api import elastic_launch
 
     tolerate_half_written_error_files()
+    from lab_utils.launch import zygote
+
+    if zygote.usable(args.script, os.environ):  # before elastic_launch: the agent starts threads, a fork must not
+        os.environ[zygote.ENV] = zygote.start(args.script)
     worker = ["-u", "-m", "lab_utils.launch.elastic_driver", "--exec", str(os.getpid()), "-u", args.script,
               *args.script_args]
     try:

@@ -60,17 +60,20 @@ def describe_hang(beats: dict[int, dict], nproc: int) -> tuple[str, int | None]:
     return who + "\n" + "\n".join(lines), suspect
 
 
-def _rank_log(pid: int, run_dir: Path) -> tuple[int, Path] | None:
-    """(global rank, the file its stderr goes to) of a worker, from its own environment (torch's agent sets
-    RANK and the error file inside the rank's log folder); None if it is not a rank."""
-    try:
-        environ = psutil.Process(pid).environ()
-    except psutil.Error:
-        return None
-    if "RANK" not in environ and "TORCHELASTIC_ERROR_FILE" not in environ:
-        return None
-    rank = int(environ.get("RANK", "0"))
-    error_file = environ.get("TORCHELASTIC_ERROR_FILE")
+def _rank_log(pid: int, run_dir: Path, beat: dict) -> tuple[int, Path] | None:
+    """(global rank, the file its stderr goes to) of a worker: the rank and error file its heartbeat names
+    (torch's agent puts the error file inside the rank's log folder), else its own environment (a heartbeat
+    written before the error file was recorded); None if it is not a rank."""
+    environ = {}
+    if beat.get("error_file") is None:
+        try:
+            environ = psutil.Process(pid).environ()
+        except psutil.Error:
+            return None
+        if "RANK" not in environ and "TORCHELASTIC_ERROR_FILE" not in environ:
+            return None
+    rank = int(beat.get("rank", environ.get("RANK", "0")))
+    error_file = beat.get("error_file") or environ.get("TORCHELASTIC_ERROR_FILE")
     stderr = Path(error_file).with_name("stderr.log") if error_file else None
     # One process (or a rank started without per-rank logs): its stderr is the run's output.log.
     return rank, stderr if stderr is not None and stderr.exists() else run_dir / "output.log"
@@ -85,7 +88,7 @@ def dump_stacks(run_dir: Path, trees: list[ProcessTree], wait: float = DUMP_WAIT
     targets = {}
     for b in beats.values():
         pid = b.get("pid")
-        if pid in ours and (found := _rank_log(pid, run_dir)) is not None:
+        if pid in ours and (found := _rank_log(pid, run_dir, b)) is not None:
             rank, log = found
             targets[rank] = (pid, log, log.stat().st_size if log.exists() else 0)
     for pid, _, _ in targets.values():

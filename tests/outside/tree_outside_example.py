@@ -61,3 +61,7 @@ def main(out_dir: str, steps: int) -> None:
 if __name__ == "__main__":
     keys = dict(a.split("=", 1) for a in sys.argv[1:])
     main(keys["out_dir"], int(keys.get("steps", 10)))
+    # End without interpreter finalization, as scripts/train.py does (lab_utils.core.distenv.exit_process): a gloo
+    # worker thread can race it and hang or abort the exit (seen here: rank 1 idle at this line for 300 s).
+    sys.stdout.flush()
+    os._exit(0)

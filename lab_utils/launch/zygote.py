@@ -1,0 +1,243 @@
+"""Ranks forked from a process that has already imported torch, instead of each importing it again.
+
+Why: on the 2-core CI box `import torch` costs 3.4-3.8 CPU-seconds (measured), and a 2-rank launch paid it
+three times (the driver and each rank): most of what a short chapter run costs. The driver now imports torch
+once, forks a *zygote* before the agent starts any thread, and the zygote imports the training script's
+modules (the script's top level, not its `__main__` block). Each worker torch's agent starts is then a small
+*client* (no torch import): it hands the zygote its stdin/stdout/stderr, argv, environment and working folder
+over a Unix socket, and the zygote forks the real rank with those. Measured effect: docs/results.md.
+
+What torch's agent sees is unchanged: one process per rank, with its own exit code, signal and error file.
+- The client waits for the rank and ends the same way: the same exit code, or killed by the same signal.
+- Signals the agent sends the client (SIGTERM at shutdown, SIGINT) are passed on to the rank.
+- Nothing outlives its parent:
+  - the zygote dies with the driver (parent-death SIGKILL);
+  - each rank dies with the zygote (the same), and with its client: the zygote watches each client's socket
+    and SIGKILLs the rank when its client is gone, since a SIGKILLed client cannot pass anything on.
+- A hung rank's stack dump (SIGUSR1) goes straight to the rank: its heartbeat names its real pid.
+
+What differs, and how it is handled:
+- /proc/PID/environ of a rank shows the zygote's environment, not the rank's (Linux keeps the one a process
+  was exec'd with). Heartbeats therefore carry the rank's error file (launch_diagnose reads it from there).
+- `ps` shows a rank with the driver's command line (it is a fork of it).
+- The OpenMP runtime read OMP_NUM_THREADS when torch was loaded: the rank sets its thread count again.
+- LAB_EXIT=finalize (an ordinary interpreter exit, chapter 11's crash) cannot be had in a fork: those ranks
+  are exec'd as before, as is any script but scripts/train.py, and everything when LAB_ZYGOTE=off.
+- If the zygote cannot be reached, the client execs the script itself: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+ENV = "LAB_ZYGOTE"  # the socket's name, set for the workers by the driver; "off" turns the zygote off
+_PR_SET_PDEATHSIG = 1
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+MAX_MESSAGE = 1 << 20  # argv + environment, as JSON: a few kB in practice
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the request: nobody will send it
+        os._exit(1)
+
+
+def usable(script: str, env: dict) -> bool:
+    """Can the ranks of this launch be forked from a zygote? Linux, the lab's own training script (its top level
+    is known to be safe to run ahead), and no switch asking for a real exec."""
+    from lab_utils.launch.launch_commands import TRAIN
+
+    return (sys.platform.startswith("linux") and hasattr(socket, "send_fds") and env.get(ENV) != "off"
+            and env.get("LAB_EXIT", "fast") != "finalize" and os.path.realpath(script) == os.path.realpath(TRAIN))
+
+
+def start(script: str) -> str:
+    """Fork the zygote (call before any thread exists) and return the socket name the workers are given.
+    The socket listens before the fork, so a worker that connects while the zygote still imports just waits."""
+    name = f"ddp-lab-zygote-{os.getpid()}-{os.urandom(4).hex()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind("\0" + name)  # an abstract socket: no file to clean up; private to this network namespace
+    listener.listen(64)
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() == 0:
+        try:
+            _die_with_parent(parent)
+            _serve(listener, script)
+        finally:
+            os._exit(0)
+    listener.close()
+    return name
+
+
+def _serve(listener: socket.socket, script: str) -> None:
+    """The zygote: import what the script imports, then fork one rank per request and report how it ended."""
+    import runpy
+
+    import torch  # noqa: F401  (already imported by the driver; named for the reader)
+
+    sys.argv = [script]
+    runpy.run_path(script, run_name="__lab_zygote__")  # imports and definitions; main() runs under "__main__"
+    # Imported lazily by what every rank does: torch.optim's first add_param_group imports torch._dynamo, and
+    # torch.use_deterministic_algorithms imports torch._inductor.config (which imports it too): 2.3-3.2 CPU-s
+    # per process on the CI box (measured with -X importtime), as much again as `import torch`.
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.config  # noqa: F401
+    # Deaf to the stop signals: the launcher SIGTERMs every process of the run at once, and the ranks' grace
+    # (to handle their own SIGTERM) must not be cut short by their zygote dying, which SIGKILLs them. The zygote
+    # ends with the driver, or by the SIGKILL that follows the grace.
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD writes to the wake-up pipe
+    clients: dict[int, socket.socket] = {}  # rank pid -> its client's connection
+    watched: dict[socket.socket, int] = {}  # connections whose client is still there -> rank pid
+    while True:
+        ready, _, _ = select.select([listener, wake_r, *watched], [], [], 1.0)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        for conn in [c for c in ready if c in watched]:  # a client sends nothing more: readable means gone
+            try:
+                gone = not conn.recv(64)
+            except OSError:
+                gone = True
+            if gone:  # a SIGKILLed client cannot pass anything on: its rank must not run on without it
+                _forward(watched.pop(conn), signal.SIGKILL)
+        if listener in ready:
+            conn, _ = listener.accept()
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 3)
+                request = json.loads(data)
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            zygote = os.getpid()
+            pid = os.fork()
+            if pid == 0:
+                for other in clients.values():
+                    other.close()
+                listener.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                _become_rank(conn, fds, request, zygote)  # never returns
+            for fd in fds:
+                os.close(fd)
+            clients[pid] = conn
+            watched[conn] = pid
+            conn.send(json.dumps({"pid": pid}).encode())
+        while clients:  # reap every rank that ended and tell its client how
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = clients.pop(pid, None)
+            watched.pop(conn, None)
+            if conn is not None:
+                try:
+                    conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _become_rank(conn: socket.socket, fds: list[int], request: dict, zygote: int) -> None:
+    """In the forked child: take the client's stdio, environment, folder and argv, then run the script as
+    `python -u SCRIPT ARGS` would (its `__main__` block, sys.path[0] its folder), and exit with its code."""
+    import io
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.setsid()
+        _die_with_parent(zygote)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        # -u: unbuffered, so a rank's last line reaches its log even when it is killed
+        sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True,
+                                      encoding="utf-8", errors="backslashreplace")
+        sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), write_through=True,
+                                      encoding="utf-8", errors="backslashreplace")
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        script, *args = request["argv"]
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+
+        conn.close()  # the zygote keeps its copy: it watches the client and reports the exit
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            import torch
+
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def run_client(name: str, python_args: list[str]) -> bool:
+    """In a worker the agent started: have the zygote fork the rank, pass on signals, end as it ended.
+    False (nothing started) if the zygote is not there; the caller then execs the script itself."""
+    args = python_args[1:] if python_args[:1] == ["-u"] else python_args  # python's flag: the rank is unbuffered
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        sock.connect("\0" + name)
+        request = {"argv": args, "env": dict(os.environ), "cwd": os.getcwd()}
+        socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
+    except OSError:
+        sock.close()
+        return False
+    reply = json.loads(sock.recv(4096) or b"{}")
+    pid = reply.get("pid")
+    if pid is None:
+        return False
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: _forward(pid, signum))
+    while True:
+        try:
+            message = sock.recv(4096)
+        except InterruptedError:
+            continue
+        break
+    sock.close()
+    code = json.loads(message).get("exit", 1) if message else 1
+    sys.stdout.flush()
+    if code < 0:  # killed by a signal: be killed by the same one, so the agent reports that signal
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be caught, nor need resetting
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code if code >= 0 else 128 - code)
+
+
+def _forward(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,131 @@
+"""Ranks forked from the driver's zygote (lab_utils/launch/zygote.py) against ranks exec'd as before
+(LAB_ZYGOTE=off): the same numbers, really forked, and a client that dies takes its rank with it.
+The fault paths (crash, kill, abort, a rank deaf to SIGTERM, hangs and their stack dumps) run through the
+zygote in tests/test_launcher.py."""
+
+import json
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+from processes import leftovers
+
+from lab_utils.core.runfiles import read_heartbeats
+from lab_utils.launch import launcher, zygote
+from lab_utils.launch.launch_commands import TRAIN
+
+KEYS = ["steps=4", "n_samples=256", "log_every=1", "dropout=0.1"]
+TIMING = ("elapsed", "wall")  # the only fields allowed to differ between two runs of the same keys
+
+
+def _records(run_dir):
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zygote")
+    return launcher.launch_many({
+        "forked": ("forked", 2, KEYS),
+        "execd": ("execd", 2, KEYS, {"extra_env": {"LAB_ZYGOTE": "off"}}),
+    }, max_workers=2, runs_dir=root, timeout=300, raise_on_failure=True)
+
+
+def test_forked_ranks_give_the_exec_paths_numbers_bitwise(pair):
+    assert _records(pair["forked"].run_dir) == _records(pair["execd"].run_dir)
+    a, b = (read_heartbeats(pair[k].run_dir) for k in ("forked", "execd"))
+    wrapped = {run: {r: h["param_hash_after_wrap"] for r, h in beats.items()} for run, beats in (("a", a), ("b", b))}
+    assert wrapped["a"] == wrapped["b"]
+
+
+def _while_hanging(tmp_path, extra_env=None):
+    """Start a 2-rank run whose rank 1 hangs at step 1; yield (driver pid, {rank: pid}) while it hangs."""
+    out = {}
+    keys = ["steps=50", "n_samples=256", "fault=hang", "fault_rank=1", "fault_step=1"]
+    thread = threading.Thread(target=lambda: out.setdefault("r", launcher.launch(
+        "hang", 2, keys, timeout=120, progress=False, runs_dir=tmp_path, extra_env=extra_env)))
+    thread.start()
+    run_dir = tmp_path / "hang"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        beats = read_heartbeats(run_dir) if run_dir.exists() else {}
+        if len(beats) == 2 and all(b.get("step", -1) >= 0 for b in beats.values()):
+            break
+        time.sleep(0.2)
+    launch = json.loads((run_dir / "launch.json").read_text())
+    driver = next(p for p in psutil.process_iter(["cmdline"])
+                  if p.info["cmdline"] and p.info["cmdline"][:len(launch["cmd"])] == launch["cmd"]
+                  and p.parent() is not None and "elastic_driver" not in " ".join(p.parent().cmdline()))
+    return thread, out, run_dir, driver, {r: b["pid"] for r, b in beats.items()}
+
+
+def test_ranks_are_forked_from_the_zygote_and_exec_d_when_it_is_off(tmp_path):
+    for extra_env, forked in ((None, True), ({"LAB_ZYGOTE": "off"}, False)):
+        folder = tmp_path / ("on" if forked else "off")
+        folder.mkdir()
+        thread, out, run_dir, driver, pids = _while_hanging(folder, extra_env)
+        try:
+            for pid in pids.values():
+                parent = psutil.Process(pid).parent()
+                if forked:  # rank <- zygote <- driver; the zygote is a fork of the driver (its command line)
+                    assert parent.pid != driver.pid and parent.parent().pid == driver.pid
+                    assert parent.cmdline() == driver.cmdline()
+                else:  # rank <- driver: exec'd, with the script's own command line
+                    assert parent.pid == driver.pid and str(TRAIN) in " ".join(psutil.Process(pid).cmdline())
+        finally:
+            driver.terminate()
+            thread.join(60)
+        assert not leftovers(run_dir)
+
+
+HARNESS = """
+import json, os, subprocess, sys
+from lab_utils.launch import zygote
+name = zygote.start(sys.argv[1])
+client = subprocess.Popen([sys.executable, "-m", "lab_utils.launch.elastic_driver", "--exec", str(os.getpid()),
+                           "-u", *sys.argv[1:]], env=dict(os.environ, LAB_ZYGOTE=name))
+print(json.dumps({"client": client.pid}), flush=True)
+client.wait()
+sys.stdin.read()  # keep the zygote's parent (this process) alive until the test is done
+"""
+
+
+def test_a_sigkilled_client_takes_its_rank_with_it(tmp_path):
+    """torch's agent SIGKILLs a worker that outlives its SIGTERM: with the zygote that worker is the client,
+    which cannot pass a SIGKILL on, so the zygote must end the rank itself, while it (and its driver) live on:
+    no parent-death signal can be what ends the rank here."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(TRAIN), "steps=50", "n_samples=256",
+                                "fault=hang", "fault_rank=0", "fault_step=1", f"out_dir={out}"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        client = psutil.Process(json.loads(harness.stdout.readline())["client"])
+        deadline = time.time() + 120
+        while (beat := read_heartbeats(out).get(0, {})).get("step", -1) < 1 and time.time() < deadline:
+            time.sleep(0.2)
+        rank = psutil.Process(beat["pid"])
+        zygote_proc = rank.parent()
+        assert zygote_proc.parent().pid == harness.pid and rank.pid != client.pid  # rank <- zygote <- harness
+        client.send_signal(signal.SIGKILL)
+        gone, alive = psutil.wait_procs([rank], timeout=5)
+        assert not alive, "the rank ran on 5 s after its client was SIGKILLed"
+        assert zygote_proc.is_running() and harness.poll() is None  # so it was the zygote that ended it
+    finally:
+        harness.kill()
+        harness.wait()
+
+
+@pytest.mark.parametrize("script, env, ok", [
+    (TRAIN, {}, True),
+    (TRAIN, {"LAB_ZYGOTE": "off"}, False),
+    (TRAIN, {"LAB_EXIT": "finalize"}, False),  # an ordinary interpreter exit cannot be had in a fork
+    (TRAIN.parent / "probes" / "preflight_worker.py", {}, False),  # only train.py's top level is run ahead
+])
+def test_which_launches_use_it(script, env, ok):
+    assert zygote.usable(str(script), env) is ok
