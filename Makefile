@@ -37,11 +37,13 @@ lab: setup
 # Fast checks first (ruff, then pytest, slowest tests listed), then the browser step: it opens every chapter in
 # JupyterLab in headless Chromium (Debian's /usr/bin/chromium, or $LAB_CHROMIUM), runs it from the menu, checks
 # what a learner sees and compares each verdict cell with its committed output (what nbval-lax checks), so each
-# notebook executes once. Screenshots go to build/screenshots/.
+# notebook executes once. Screenshots go to build/screenshots/. Both steps run two at a time (pytest-xdist): a
+# run's processes wait on each other (rendezvous, collectives, the hang tests' timeouts) and leave a core idle.
+# --dist loadfile keeps a file's tests on one worker, so its module fixtures launch once.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests -q --durations=25
-	$(PY) -m pytest tests/browser/check_notebooks.py -q --durations=0
+	$(PY) -m pytest tests -q -n 2 --dist loadfile --durations=25
+	$(PY) -m pytest tests/browser/check_notebooks.py -q -n 2 --dist load --durations=0
 
 # The notebooks under nbval, headless (a GPU box without Chromium): make nbval [NB=notebooks/01_unchanged.ipynb]
 nbval: setup
