@@ -202,6 +202,21 @@ def tolerate_half_written_error_files() -> None:
     api.ProcessFailure = HalfWrittenTolerant  # the name SubprocessContext builds each failure with
 
 
+def cap_shutdown_grace(grace: int) -> None:
+    """On a torch whose LaunchConfig has no shutdown_timeout (2.11; 2.13 has it), the agent gives SIGTERMed
+    workers its own default of 30 s before SIGKILL. A rank deaf to SIGTERM then outlived the stopped launcher by
+    30 s (measured on the H200 box: test_launcher's SIGKILL and kernel-restart cases found it left over), so
+    cap every close at `grace`, what the field would have set."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = api.PContext.close
+
+    def close(self, death_sig=None, timeout: int = grace) -> None:
+        return original(self, death_sig, min(timeout, grace))
+
+    api.PContext.close = close
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m lab_utils.launch.elastic_driver", description=__doc__.split("\n")[0])
     p.add_argument("--nproc-per-node", type=int, required=True)
@@ -237,7 +252,7 @@ def launch_config(args: argparse.Namespace):
             raise SystemExit(f"--rdzv-conf {args.rdzv_conf!r}: each item must be KEY=VALUE (got {item!r})")
         rdzv_configs[key] = value
     # shutdown_timeout is a LaunchConfig field only in newer torch (2.13 has it, 2.11 does not): pass it where
-    # it exists; elsewhere the agent's own default grace applies and the launcher's tree kill backs it up.
+    # it exists; elsewhere main() caps the agent's own default (cap_shutdown_grace).
     import dataclasses
 
     optional = {"shutdown_timeout": args.shutdown_grace}
@@ -266,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.launcher.api import elastic_launch
 
     tolerate_half_written_error_files()
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if "shutdown_timeout" not in {f.name for f in dataclasses.fields(LaunchConfig)}:
+        cap_shutdown_grace(args.shutdown_grace)
     from lab_utils.launch import zygote
 
     if zygote.usable(args.script, os.environ):  # before elastic_launch: the agent starts threads, a fork must not
