@@ -5,6 +5,12 @@ import time
 import psutil
 
 
+def words(cmdline: list[str] | None) -> list[str]:
+    """A command line as words. A process forked from a launch zygote (lab_utils/launch/launch_zygote.py) sets
+    its title to the command it stands for: /proc shows that as one string, which psutil returns as one item."""
+    return " ".join(cmdline or []).split()
+
+
 def leftovers(run_dir):
     """Processes whose command line mentions this run: torchrun and its workers carry out_dir=run_dir."""
     mine = []

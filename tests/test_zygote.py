@@ -4,13 +4,15 @@ The fault paths (crash, kill, abort, a rank deaf to SIGTERM, hangs and their sta
 zygote in tests/test_launcher.py."""
 
 import json
+import os
 import signal
+import sys
 import threading
 import time
 
 import psutil
 import pytest
-from processes import leftovers
+from processes import leftovers, words
 
 from lab_utils.core.runfiles import read_heartbeats
 from lab_utils.launch import launcher, zygote
@@ -57,7 +59,7 @@ def _while_hanging(tmp_path, extra_env=None):
         time.sleep(0.2)
     launch = json.loads((run_dir / "launch.json").read_text())
     driver = next(p for p in psutil.process_iter(["cmdline"])
-                  if p.info["cmdline"] and p.info["cmdline"][:len(launch["cmd"])] == launch["cmd"]
+                  if words(p.info["cmdline"])[:len(launch["cmd"])] == launch["cmd"]
                   and p.parent() is not None and "elastic_driver" not in " ".join(p.parent().cmdline()))
     return thread, out, run_dir, driver, {r: b["pid"] for r, b in beats.items()}
 
@@ -68,6 +70,16 @@ def test_ranks_are_forked_from_the_zygote_and_exec_d_when_it_is_off(tmp_path):
         folder.mkdir()
         thread, out, run_dir, driver, pids = _while_hanging(folder, extra_env)
         try:
+            # driver <- launch zygote <- this process (the zygote started once per caller and environment);
+            # with the zygote off, driver <- this process. Either way `ps` shows the command the launcher started.
+            launch = json.loads((run_dir / "launch.json").read_text())
+            assert words(driver.cmdline()) == launch["cmd"]
+            via = driver.parent()
+            if forked:
+                assert via.pid != os.getpid() and via.parent().pid == os.getpid()
+                assert "lab_utils.launch.launch_zygote" in via.cmdline()
+            else:
+                assert via.pid == os.getpid()
             for pid in pids.values():
                 parent = psutil.Process(pid).parent()
                 if forked:  # rank <- zygote <- driver; the zygote is a fork of the driver (its command line)
@@ -129,3 +141,79 @@ def test_a_sigkilled_client_takes_its_rank_with_it(tmp_path):
 ])
 def test_which_launches_use_it(script, env, ok):
     assert zygote.usable(str(script), env) is ok
+
+
+def test_a_single_process_is_forked_from_the_launch_zygote_with_its_own_command_and_environment(tmp_path):
+    """One plain process (nproc=1): forked from the caller's launch zygote, showing `python scripts/train.py ...`,
+    with the run's environment (the heartbeat records the error file the launcher set for it), and bitwise
+    the numbers of the exec'd process."""
+    runs = launcher.launch_many({
+        "forked": ("forked1", 1, KEYS),
+        "execd": ("execd1", 1, KEYS, {"extra_env": {"LAB_ZYGOTE": "off"}}),
+    }, max_workers=1, runs_dir=tmp_path, timeout=300, raise_on_failure=True)
+    assert _records(runs["forked"].run_dir) == _records(runs["execd"].run_dir)
+    beat = read_heartbeats(runs["forked"].run_dir)[0]
+    assert beat["error_file"] == str(runs["forked"].run_dir / "logs" / "0" / "error.json")
+    out, run_dir = {}, tmp_path / "hang1"
+    keys = ["steps=50", "n_samples=256", "fault=hang", "fault_rank=0", "fault_step=1"]
+    thread = threading.Thread(target=lambda: out.setdefault("r", launcher.launch(
+        "hang1", 1, keys, timeout=25, progress=False, runs_dir=tmp_path)))  # its timeout ends it
+    thread.start()
+    try:
+        deadline = time.time() + 25
+        while (beat := read_heartbeats(run_dir).get(0, {}) if run_dir.exists() else {}).get("step", -1) < 1:
+            assert time.time() < deadline, "the hanging run never reached step 1"
+            time.sleep(0.2)
+        proc = psutil.Process(beat["pid"])
+        launch = json.loads((run_dir / "launch.json").read_text())
+        assert words(proc.cmdline()) == launch["cmd"]  # what the launcher asked for, not the zygote's line
+        assert "lab_utils.launch.launch_zygote" in proc.parent().cmdline()
+        assert proc.parent().parent().pid == os.getpid()
+    finally:
+        thread.join(180)
+    assert out["r"].status == "hang" and not leftovers(run_dir)
+
+
+def test_a_launch_zygote_serves_only_its_own_environment():
+    """A variable read at import or at process start (TORCH_DISTRIBUTED_DEBUG, a malloc tunable) must reach the
+    process as if it had been exec'd: each environment gets a zygote of its own; only PER_RUN variables may differ."""
+    from lab_utils.launch import launch_zygote
+
+    base = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert launch_zygote._key(base) == launch_zygote._key(dict(base, TORCHELASTIC_ERROR_FILE="/x/error.json",
+                                                                LAB_RUNS_DIR="/y", PYTEST_CURRENT_TEST="t"))
+    assert launch_zygote._key(base) != launch_zygote._key(dict(base, TORCH_DISTRIBUTED_DEBUG="DETAIL"))
+    assert launch_zygote._key(base) != launch_zygote._key(dict(base, MALLOC_MMAP_THRESHOLD_="131072"))
+    train = [sys.executable, "-m", launch_zygote.MODULE, "--exec", "1", str(TRAIN), "steps=1"]
+    assert launch_zygote.usable(train, base)
+    assert not launch_zygote.usable(train, dict(base, LAB_ZYGOTE="off"))
+    assert not launch_zygote.usable(["ip", "netns", "exec", "h0", *train], base)  # a prefixed command execs
+    other = TRAIN.parent / "probes" / "preflight_worker.py"
+    assert not launch_zygote.usable([*train[:5], str(other)], base)
+
+
+CALLER = """
+import json, sys
+from lab_utils.launch import launch_zygote, launcher
+launcher.launch("one", 1, ["steps=1"], progress=False, runs_dir=sys.argv[1]).raise_for_status()
+print(json.dumps([z.proc.pid for z in launch_zygote._zygotes.values()]), flush=True)
+sys.stdin.read()  # alive until the test kills it
+"""
+
+
+def test_the_launch_zygote_ends_with_its_caller(tmp_path):
+    """A caller SIGKILLed (a kernel restart) runs no clean-up: its launch zygote must end by itself, since
+    no leftover check looks for it (its command line names no run)."""
+    import subprocess
+
+    caller = subprocess.Popen([sys.executable, "-c", CALLER, str(tmp_path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        zygotes = [psutil.Process(pid) for pid in json.loads(caller.stdout.readline())]
+        assert zygotes, "the run was not forked from a launch zygote"
+        assert all(z.parent().pid == caller.pid for z in zygotes)
+    finally:
+        caller.kill()
+        caller.wait()
+    gone, alive = psutil.wait_procs(zygotes, timeout=10)
+    assert not alive, f"launch zygote(s) {[p.pid for p in alive]} outlived their SIGKILLed caller by 10 s"

@@ -18,7 +18,7 @@ import psutil
 
 from lab_utils.core import runfiles
 from lab_utils.core.runfiles import REPO
-from lab_utils.launch import elastic_driver
+from lab_utils.launch import elastic_driver, launch_zygote
 from lab_utils.launch.launch_diagnose import dump_stacks, stalled
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # what `timeout`, CI job limits and a closing terminal send
@@ -29,11 +29,16 @@ LOG_EVERY = 30.0  # seconds between progress lines when the progress goes to a l
 class ProcessTree:
     """Every process started under `root`, remembered as seen, so they can all be stopped later."""
 
-    def __init__(self, root: subprocess.Popen):
-        self.root = psutil.Process(root.pid)
-        self.seen: dict[int, psutil.Process] = {root.pid: self.root}
+    def __init__(self, root):  # a subprocess.Popen, or a launch_zygote.Forked
+        try:
+            self.root = psutil.Process(root.pid)
+        except psutil.NoSuchProcess:  # a forked process is reaped by its zygote: it may be gone already
+            self.root = None
+        self.seen: dict[int, psutil.Process] = {root.pid: self.root} if self.root else {}
 
     def snapshot(self) -> None:
+        if self.root is None:
+            return
         try:
             for child in self.root.children(recursive=True):
                 self.seen.setdefault(child.pid, child)
@@ -199,8 +204,9 @@ def supervise(cmds: list[tuple[list[str], dict]], run_dir: Path, timeout: float,
     with open(out_path, "w") as out, stop_signals_raise() as previous:
         try:
             for cmd, env in cmds:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-                                        start_new_session=True)
+                # Forked from this caller's launch zygote where it can be (torch already imported), else started
+                proc = launch_zygote.start(cmd, env, out, REPO) or subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
                 procs.append(proc)
                 trees.append(ProcessTree(proc))
             first_failure = None

@@ -41,11 +41,11 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 MAX_MESSAGE = 1 << 20  # argv + environment, as JSON: a few kB in practice
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the request: nobody will send it
         os._exit(1)
 
@@ -81,39 +81,60 @@ def start(script: str) -> str:
 
 def _serve(listener: socket.socket, script: str) -> None:
     """The zygote: import what the script imports, then fork one rank per request and report how it ended."""
-    import runpy
-
     import torch  # noqa: F401  (already imported by the driver; named for the reader)
 
-    sys.argv = [script]
-    runpy.run_path(script, run_name="__lab_zygote__")  # imports and definitions; main() runs under "__main__"
-    # Imported lazily by what every rank does: torch.optim's first add_param_group imports torch._dynamo, and
-    # torch.use_deterministic_algorithms imports torch._inductor.config (which imports it too): 2.3-3.2 CPU-s
-    # per process on the CI box (measured with -X importtime), as much again as `import torch`.
-    import torch._dynamo  # noqa: F401
-    import torch._inductor.config  # noqa: F401
+    preload(script)
     # Deaf to the stop signals: the launcher SIGTERMs every process of the run at once, and the ranks' grace
     # (to handle their own SIGTERM) must not be cut short by their zygote dying, which SIGKILLs them. The zygote
     # ends with the driver, or by the SIGKILL that follows the grace.
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    serve(listener, _become_rank, lambda request: signal.SIGKILL)
+
+
+def preload(script: str) -> None:
+    """Run the script's top level (its imports and definitions; main() runs under "__main__" only) and import
+    what every rank imports later anyway."""
+    import runpy
+
+    sys.argv = [script]
+    runpy.run_path(script, run_name="__lab_zygote__")
+    # Imported lazily by what every rank does: torch.optim's first add_param_group imports torch._dynamo, and
+    # torch.use_deterministic_algorithms imports torch._inductor.config (which imports it too): 2.3-3.2 CPU-s
+    # per process on the CI box (measured with -X importtime), as much again as `import torch`.
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.config  # noqa: F401
+
+
+def serve(listener: socket.socket, become, on_gone, control: socket.socket | None = None) -> None:
+    """Fork one child per request and report how it ended, until `control` (if given) closes.
+
+    become(conn, fds, request, server_pid): run in the child, never returns. on_gone(request): the signal a
+    child gets when its client goes away without a word (a SIGKILLed client cannot pass anything on)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD writes to the wake-up pipe
-    clients: dict[int, socket.socket] = {}  # rank pid -> its client's connection
-    watched: dict[socket.socket, int] = {}  # connections whose client is still there -> rank pid
+    clients: dict[int, socket.socket] = {}  # child pid -> its client's connection
+    watched: dict[socket.socket, tuple[int, int]] = {}  # connections whose client is still there -> (pid, signal)
+    extra = [control] if control is not None else []
     while True:
-        ready, _, _ = select.select([listener, wake_r, *watched], [], [], 1.0)
+        ready, _, _ = select.select([listener, wake_r, *extra, *watched], [], [], 1.0)
         if wake_r in ready:
             os.read(wake_r, 4096)
+        if control is not None and control in ready:
+            try:
+                if not control.recv(64):
+                    return  # the caller is gone: so are we (each child has its parent-death signal)
+            except OSError:
+                return
         for conn in [c for c in ready if c in watched]:  # a client sends nothing more: readable means gone
             try:
                 gone = not conn.recv(64)
             except OSError:
                 gone = True
-            if gone:  # a SIGKILLed client cannot pass anything on: its rank must not run on without it
-                _forward(watched.pop(conn), signal.SIGKILL)
+            if gone:
+                _forward(*watched.pop(conn))
         if listener in ready:
             conn, _ = listener.accept()
             try:
@@ -122,21 +143,24 @@ def _serve(listener: socket.socket, script: str) -> None:
             except (OSError, ValueError):
                 conn.close()
                 continue
-            zygote = os.getpid()
+            server = os.getpid()
+            sys.stdout.flush()
+            sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
                 for other in clients.values():
                     other.close()
-                listener.close()
+                for own in (listener, *extra):
+                    own.close()
                 os.close(wake_r)
                 os.close(wake_w)
-                _become_rank(conn, fds, request, zygote)  # never returns
+                become(conn, fds, request, server)  # never returns
             for fd in fds:
                 os.close(fd)
             clients[pid] = conn
-            watched[conn] = pid
+            watched[conn] = (pid, on_gone(request))
             conn.send(json.dumps({"pid": pid}).encode())
-        while clients:  # reap every rank that ended and tell its client how
+        while clients:  # reap every child that ended and tell its client how
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -153,11 +177,10 @@ def _serve(listener: socket.socket, script: str) -> None:
                 conn.close()
 
 
-def _become_rank(conn: socket.socket, fds: list[int], request: dict, zygote: int) -> None:
-    """In the forked child: take the client's stdio, environment, folder and argv, then run the script as
-    `python -u SCRIPT ARGS` would (its `__main__` block, sys.path[0] its folder), and exit with its code."""
+def become(conn: socket.socket, fds: list[int], request: dict, parent: int, death_signal: int, run) -> None:
+    """In a forked child: take the client's stdio, environment and folder, die with `parent` (by
+    `death_signal`), then exit with what `run()` returns (a SystemExit's code; 1 and the traceback on an error)."""
     import io
-    import runpy
     import traceback
 
     code = 1
@@ -167,11 +190,11 @@ def _become_rank(conn: socket.socket, fds: list[int], request: dict, zygote: int
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()
-        _die_with_parent(zygote)
+        _die_with_parent(parent, death_signal)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
-        # -u: unbuffered, so a rank's last line reaches its log even when it is killed
+        # -u: unbuffered, so a process's last line reaches its log even when it is killed
         sys.stdout = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True,
                                       encoding="utf-8", errors="backslashreplace")
         sys.stderr = io.TextIOWrapper(open(2, "wb", buffering=0, closefd=False), write_through=True,
@@ -179,17 +202,12 @@ def _become_rank(conn: socket.socket, fds: list[int], request: dict, zygote: int
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        script, *args = request["argv"]
-        sys.argv = [script, *args]
-        sys.path[0] = os.path.dirname(os.path.abspath(script))
-
-        conn.close()  # the zygote keeps its copy: it watches the client and reports the exit
+        conn.close()  # the server keeps its copy: it watches the client and reports the exit
         if os.environ.get("OMP_NUM_THREADS", "").isdigit():
             import torch
 
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        runpy.run_path(script, run_name="__main__")
-        code = 0
+        code = run()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:
@@ -200,6 +218,22 @@ def _become_rank(conn: socket.socket, fds: list[int], request: dict, zygote: int
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def run_script(argv: list[str]) -> int:
+    """Run `python -u SCRIPT ARGS` in this process: the script's `__main__` block, sys.path[0] its folder."""
+    import runpy
+
+    script, *args = argv
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+def _become_rank(conn: socket.socket, fds: list[int], request: dict, zygote: int) -> None:
+    """A rank: as `python -u SCRIPT ARGS` would run, killed with the zygote."""
+    become(conn, fds, request, zygote, signal.SIGKILL, lambda: run_script(request["argv"]))
 
 
 def run_client(name: str, python_args: list[str]) -> bool:

@@ -7,6 +7,7 @@ Launch side (it starts runs through the launcher): never imported by the rank si
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -242,6 +243,12 @@ def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: st
     Path(out, f"rank{rank}.json").write_text(json.dumps(rec))
     if rec["status"] == "ok":
         dist.destroy_process_group()
+        return
+    # After a timed-out collective the process group cannot be torn down: its work thread still holds the
+    # unmatched all-reduce's tensors and needs the GIL to free them, while the destructor (run with the GIL when
+    # the wrapper is freed at exit) joins that thread. Seen once as a deadlock (py-spy: ~ProcessGroupGloo in
+    # std::thread::join, the work thread in gil_scoped_acquire). The record is written: end here.
+    os._exit(0)
 
 
 def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2) -> dict[str, list[dict]]:
