@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole series under nbval on a one-GPU box (the device machine: one H200, torch 2.11+cu130, no Jupyter).
-# Jupyter/nbval travel as wheels in .whl/ (git-ignored; docs/measured/h200/one_gpu_series/README.md says which).
+# Jupyter/nbval and setproctitle travel as wheels in .whl/ (git-ignored), fetched here with
+# `pip download -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 nbval ipykernel
+# nbformat nbclient setproctitle` (their dependencies are on the device or in that folder).
 # One notebook per pytest-xdist worker (--dist loadfile: a notebook's cells share one kernel), 4 at a time;
 # every multi-rank run shares the one GPU, so backend auto must pick gloo. Writes $OUT/nbval_1gpu.txt (the log)
 # and $OUT/chapter_times.txt (each chapter's summed cell time, from pytest's junit XML).
