@@ -150,17 +150,17 @@ def test_a_single_process_is_forked_from_the_launch_zygote_with_its_own_command_
     runs = launcher.launch_many({
         "forked": ("forked1", 1, KEYS),
         "execd": ("execd1", 1, KEYS, {"extra_env": {"LAB_ZYGOTE": "off"}}),
-    }, max_workers=1, runs_dir=tmp_path, timeout=300, raise_on_failure=True)
+    }, max_workers=2, runs_dir=tmp_path, timeout=300, raise_on_failure=True)
     assert _records(runs["forked"].run_dir) == _records(runs["execd"].run_dir)
     beat = read_heartbeats(runs["forked"].run_dir)[0]
     assert beat["error_file"] == str(runs["forked"].run_dir / "logs" / "0" / "error.json")
     out, run_dir = {}, tmp_path / "hang1"
     keys = ["steps=50", "n_samples=256", "fault=hang", "fault_rank=0", "fault_step=1"]
     thread = threading.Thread(target=lambda: out.setdefault("r", launcher.launch(
-        "hang1", 1, keys, timeout=25, progress=False, runs_dir=tmp_path)))  # its timeout ends it
+        "hang1", 1, keys, timeout=15, progress=False, runs_dir=tmp_path)))  # its timeout ends it
     thread.start()
     try:
-        deadline = time.time() + 25
+        deadline = time.time() + 15
         while (beat := read_heartbeats(run_dir).get(0, {}) if run_dir.exists() else {}).get("step", -1) < 1:
             assert time.time() < deadline, "the hanging run never reached step 1"
             time.sleep(0.2)
