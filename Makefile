@@ -39,10 +39,12 @@ lab: setup
 # what a learner sees and compares each verdict cell with its committed output (what nbval-lax checks), so each
 # notebook executes once. Screenshots go to build/screenshots/. Both steps run two at a time (pytest-xdist): a
 # run's processes wait on each other (rendezvous, collectives, the hang tests' timeouts) and leave a core idle.
-# --dist loadfile keeps a file's tests on one worker, so its module fixtures launch once.
+# --dist loadfile keeps a file's tests on one worker, so its module fixtures launch once. --timeout: a test stuck
+# for 15 minutes fails with its stack (pytest-timeout) rather than holding CI until its limit; the slowest test
+# takes about 1 minute here.
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests -q -n 2 --dist loadfile --durations=25
+	$(PY) -m pytest tests -q -n 2 --dist loadfile --durations=25 --timeout=900
 	$(PY) -m pytest tests/browser/check_notebooks.py -q -n 2 --dist load --durations=0
 
 # The notebooks under nbval, headless (a GPU box without Chromium): make nbval [NB=notebooks/01_unchanged.ipynb]
