@@ -206,7 +206,8 @@ def eval_table(two: dict, one: dict) -> str:
 
 # ---- evaluation on rank 0 only: through the DDP wrapper or through .module (2 real gloo ranks, forked)
 
-def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: str, timeout_s: float) -> None:
+def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: str, timeout_s: float,
+                    late_s: float) -> None:
     """One rank of `rank0_eval_trap`: a BatchNorm net trains one DDP step; then rank 0 alone evaluates
     (eval mode, no_grad) through `through` ("wrapper" or "module"), and every rank enters the next step's
     all-reduce. Writes what each rank reached and how long its all-reduce took."""
@@ -218,14 +219,23 @@ def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: st
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
+    # Only the trap may time out. The default group waits long (the ranks reach DDP's construction seconds apart
+    # on a loaded box: CI once saw its broadcast time out at 3 s); the DDP group has the short timeout, and each
+    # of its phases starts right after a barrier of the default group, so the ranks enter it together.
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=datetime.timedelta(seconds=max(120.0, timeout_s)))
+    if rank == 0:
+        time.sleep(late_s)  # a rank slowed by a loaded box (the test's)
+    dist.barrier()
+    group = dist.new_group(timeout=datetime.timedelta(seconds=timeout_s))
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)),
+                process_group=group)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(rank))
     model(x).sum().backward()
     opt.step()
+    dist.barrier()
     rec = {"rank": rank, "evaluated": rank == 0}
     start = time.monotonic()
     try:
@@ -235,7 +245,7 @@ def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: st
                 (model if through == "wrapper" else model.module)(x)
             model.train()
         total = torch.tensor([float(rank + 1)])
-        dist.all_reduce(total)  # the next training step's first collective
+        dist.all_reduce(total, group=group)  # the next training step's first collective
         rec.update(status="ok", all_reduce=total.item())
     except RuntimeError as e:  # gloo's timeout: the ranks waited in collectives that never matched
         rec.update(status="timed out", error=str(e).splitlines()[0][:160])
@@ -251,11 +261,12 @@ def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: st
     os._exit(0)
 
 
-def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2) -> dict[str, list[dict]]:
+def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2, late_s: float = 0.0) -> dict[str, list[dict]]:
     """Rank-0-only evaluation right after a training step, through the DDP wrapper and through `.module`:
     {"wrapper" | "module": [each rank's record]}. The wrapper's forward starts DDP's buffer broadcast (the net
     has BatchNorm buffers and the previous forward was a synchronising one), a collective only rank 0 joins,
-    so both ranks wait until the process group's `timeout_s`. Forked gloo ranks, a file rendezvous."""
+    so both ranks wait until the process group's `timeout_s`. Forked gloo ranks, a file rendezvous; rank 0 starts
+    `late_s` after the others."""
     import tempfile
 
     import torch
@@ -267,7 +278,7 @@ def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2) -> dict[str, li
             # fork: the children inherit this process's imported torch instead of importing it again; spawn on a
             # box with a GPU (autograd's per-device threads cannot cross a fork: ch06_accumulation)
             method = "spawn" if torch.cuda.is_available() else "fork"
-            mp.start_processes(_eval_trap_rank, args=(world_size, f"file://{tmp}/rdzv", tmp, through, timeout_s),
-                               nprocs=world_size, start_method=method)
+            mp.start_processes(_eval_trap_rank, nprocs=world_size, start_method=method,
+                               args=(world_size, f"file://{tmp}/rdzv", tmp, through, timeout_s, late_s))
             out[through] = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
     return out
