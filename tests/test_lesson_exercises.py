@@ -43,6 +43,22 @@ def test_rank0_eval_through_the_wrapper_hangs_and_through_module_does_not():
     assert all(r["seconds"] >= 1.5 for r in trap["wrapper"])  # they waited for the timeout, not a quick error
 
 
+def _stuck_rank(rank, *args):
+    import time
+
+    time.sleep(600)
+
+
+def test_rank0_eval_trap_kills_stuck_ranks_and_names_them(monkeypatch):
+    import psutil
+
+    monkeypatch.setattr(ch08_checkpoints, "_eval_trap_rank", _stuck_rank)
+    monkeypatch.setattr(ch08_checkpoints, "TRAP_GRACE_S", 1.0)
+    with pytest.raises(TimeoutError, match=r"\(module\): rank\(s\) \[0, 1\] still running 2 s after the start"):
+        ch08_checkpoints.rank0_eval_trap(timeout_s=1)
+    assert not [c for c in psutil.Process().children(recursive=True) if "launch_zygote" not in " ".join(c.cmdline())]
+
+
 def _metrics(d, losses, grad_norms):
     d.mkdir(parents=True)
     with open(d / runfiles.METRICS, "w") as f:

@@ -251,14 +251,15 @@ def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: st
         rec.update(status="timed out", error=str(e).splitlines()[0][:160])
     rec["seconds"] = round(time.monotonic() - start, 1)
     Path(out, f"rank{rank}.json").write_text(json.dumps(rec))
-    if rec["status"] == "ok":
-        dist.destroy_process_group()
-        return
-    # After a timed-out collective the process group cannot be torn down: its work thread still holds the
-    # unmatched all-reduce's tensors and needs the GIL to free them, while the destructor (run with the GIL when
-    # the wrapper is freed at exit) joins that thread. Seen once as a deadlock (py-spy: ~ProcessGroupGloo in
-    # std::thread::join, the work thread in gil_scoped_acquire). The record is written: end here.
+    # The record is written: end here, without tearing the process groups down. Either teardown can deadlock: the
+    # group's destructor (run with the GIL when DDP's reducer is freed at return) joins gloo's work thread, and that
+    # thread waits for the GIL to drop a finished work's Python state (distenv.exit_process) or, after a timeout,
+    # the unmatched all-reduce's tensors. py-spy showed both: ~ProcessGroupGloo in std::thread::join, the work
+    # thread in gil_scoped_acquire; the ok path hung in 2 of 13 trap runs on a loaded box.
     os._exit(0)
+
+
+TRAP_GRACE_S = 120.0  # what a loaded 2-core box may add to the trap's own timeout before its ranks count as stuck
 
 
 def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2, late_s: float = 0.0) -> dict[str, list[dict]]:
@@ -268,6 +269,7 @@ def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2, late_s: float =
     so both ranks wait until the process group's `timeout_s`. Forked gloo ranks, a file rendezvous; rank 0 starts
     `late_s` after the others."""
     import tempfile
+    import time
 
     import torch
     import torch.multiprocessing as mp
@@ -278,7 +280,17 @@ def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2, late_s: float =
             # fork: the children inherit this process's imported torch instead of importing it again; spawn on a
             # box with a GPU (autograd's per-device threads cannot cross a fork: ch06_accumulation)
             method = "spawn" if torch.cuda.is_available() else "fork"
-            mp.start_processes(_eval_trap_rank, nprocs=world_size, start_method=method,
-                               args=(world_size, f"file://{tmp}/rdzv", tmp, through, timeout_s, late_s))
+            ranks = mp.start_processes(_eval_trap_rank, nprocs=world_size, start_method=method, join=False,
+                                       args=(world_size, f"file://{tmp}/rdzv", tmp, through, timeout_s, late_s))
+            # A stuck rank must not hold the kernel: the trap takes timeout_s + late_s; give it TRAP_GRACE_S more.
+            deadline = time.monotonic() + timeout_s + late_s + TRAP_GRACE_S
+            while not ranks.join(timeout=1):
+                if time.monotonic() > deadline:
+                    stuck = [r for r, p in enumerate(ranks.processes) if p.is_alive()]
+                    for p in ranks.processes:
+                        p.kill()
+                        p.join()
+                    raise TimeoutError(f"rank0_eval_trap ({through}): rank(s) {stuck} still running "
+                                       f"{timeout_s + late_s + TRAP_GRACE_S:g} s after the start; killed")
             out[through] = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
     return out
