@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from lab_utils.core import config, runfiles, step, workloads
+from lab_utils.launch import forked_ranks
 
 PROBE = runfiles.REPO / "scripts" / "probes" / "accum_probe.py"
 
@@ -125,7 +126,7 @@ def plot_allreduce_traffic(summaries: dict[int, dict[str, dict]], grad_bytes: in
 
 # ---- exercise 4: where no_sync is read (2 real gloo ranks, started from this process)
 
-def _no_sync_rank(rank: int, world_size: int, init: str, accum_steps: int, out: str) -> None:
+def _no_sync_rank(rank: int, world_size: int, init: str, out: str, accum_steps: int) -> None:
     """One rank of `no_sync_forward_rule`: count the all-reduces DDP launches in one window, three ways."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -158,27 +159,15 @@ def _no_sync_rank(rank: int, world_size: int, init: str, accum_steps: int, out: 
                     model(x[i]).sum().backward()
         counts[loop] = calls[0]
         model.zero_grad(set_to_none=True)
-    Path(out, f"rank{rank}.json").write_text(json.dumps(counts))
-    dist.destroy_process_group()
+    forked_ranks.finish(out, rank, counts)  # ends the process: a returning rank can hang in gloo's teardown
 
 
 def no_sync_forward_rule(accum_steps: int = 4, world_size: int = 2) -> dict[str, list[int]]:
     """All-reduce calls per window of `accum_steps` micro-batches, per rank, for the right `no_sync` loop, the
-    loop that puts only `backward()` inside `no_sync()`, and no `no_sync`. Two real gloo ranks are started
-    with torch.multiprocessing (a file rendezvous in a temporary folder); returns {loop: [calls on each rank]}."""
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory(prefix="nosync-") as tmp:
-        # fork where it is safe: the children inherit this process's imported torch instead of importing it
-        # again. Not on a box with a GPU: there the first backward in this kernel (even a CPU one) starts
-        # autograd's per-device threads, which cannot cross a fork ("Unable to handle autograd's threading in
-        # combination with fork-based multiprocessing", measured on an H200 box). Then spawn.
-        method = "spawn" if torch.cuda.is_available() else "fork"
-        mp.start_processes(_no_sync_rank, args=(world_size, f"file://{tmp}/rdzv", accum_steps, tmp),
-                           nprocs=world_size, start_method=method)
-        ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
+    loop that puts only `backward()` inside `no_sync()`, and no `no_sync`. Two real gloo ranks started from this
+    process (launch/forked_ranks: a file rendezvous, killed and named if still running after 120 s, a few
+    seconds' work); returns {loop: [calls on each rank]}."""
+    ranks = forked_ranks.run(_no_sync_rank, world_size, (accum_steps,), deadline_s=120, what="no_sync_forward_rule")
     return {loop: [r[loop] for r in ranks] for loop in ranks[0]}
 
 

@@ -7,14 +7,13 @@ Launch side (it starts runs through the launcher): never imported by the rank si
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lab_utils import chapter
 from lab_utils.core import checkpoint, resume, runfiles
 from lab_utils.core.runfiles import REPO
-from lab_utils.launch import launcher
+from lab_utils.launch import forked_ranks, launcher
 
 PROBES = REPO / "scripts" / "probes"
 
@@ -250,13 +249,7 @@ def _eval_trap_rank(rank: int, world_size: int, init: str, out: str, through: st
     except RuntimeError as e:  # gloo's timeout: the ranks waited in collectives that never matched
         rec.update(status="timed out", error=str(e).splitlines()[0][:160])
     rec["seconds"] = round(time.monotonic() - start, 1)
-    Path(out, f"rank{rank}.json").write_text(json.dumps(rec))
-    # The record is written: end here, without tearing the process groups down. Either teardown can deadlock: the
-    # group's destructor (run with the GIL when DDP's reducer is freed at return) joins gloo's work thread, and that
-    # thread waits for the GIL to drop a finished work's Python state (distenv.exit_process) or, after a timeout,
-    # the unmatched all-reduce's tensors. py-spy showed both: ~ProcessGroupGloo in std::thread::join, the work
-    # thread in gil_scoped_acquire; the ok path hung in 2 of 13 trap runs on a loaded box.
-    os._exit(0)
+    forked_ranks.finish(out, rank, rec)  # ends the process: a returning rank can hang in gloo's teardown
 
 
 TRAP_GRACE_S = 120.0  # what a loaded 2-core box may add to the trap's own timeout before its ranks count as stuck
@@ -268,29 +261,8 @@ def rank0_eval_trap(timeout_s: float = 3.0, world_size: int = 2, late_s: float =
     has BatchNorm buffers and the previous forward was a synchronising one), a collective only rank 0 joins,
     so both ranks wait until the process group's `timeout_s`. Forked gloo ranks, a file rendezvous; rank 0 starts
     `late_s` after the others."""
-    import tempfile
-    import time
-
-    import torch
-    import torch.multiprocessing as mp
-
-    out = {}
-    for through in ("module", "wrapper"):
-        with tempfile.TemporaryDirectory(prefix="evaltrap-") as tmp:
-            # fork: the children inherit this process's imported torch instead of importing it again; spawn on a
-            # box with a GPU (autograd's per-device threads cannot cross a fork: ch06_accumulation)
-            method = "spawn" if torch.cuda.is_available() else "fork"
-            ranks = mp.start_processes(_eval_trap_rank, nprocs=world_size, start_method=method, join=False,
-                                       args=(world_size, f"file://{tmp}/rdzv", tmp, through, timeout_s, late_s))
-            # A stuck rank must not hold the kernel: the trap takes timeout_s + late_s; give it TRAP_GRACE_S more.
-            deadline = time.monotonic() + timeout_s + late_s + TRAP_GRACE_S
-            while not ranks.join(timeout=1):
-                if time.monotonic() > deadline:
-                    stuck = [r for r, p in enumerate(ranks.processes) if p.is_alive()]
-                    for p in ranks.processes:
-                        p.kill()
-                        p.join()
-                    raise TimeoutError(f"rank0_eval_trap ({through}): rank(s) {stuck} still running "
-                                       f"{timeout_s + late_s + TRAP_GRACE_S:g} s after the start; killed")
-            out[through] = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
-    return out
+    # A stuck rank must not hold the kernel: the trap takes timeout_s + late_s; give it TRAP_GRACE_S more.
+    return {through: forked_ranks.run(_eval_trap_rank, world_size, (through, timeout_s, late_s),
+                                      deadline_s=timeout_s + late_s + TRAP_GRACE_S,
+                                      what=f"rank0_eval_trap ({through})")
+            for through in ("module", "wrapper")}
