@@ -25,21 +25,33 @@ from pathlib import Path
 
 def finish(out: str, rank: int, record: dict) -> None:
     """Write this rank's record and end the process without tearing down its process groups (module docstring)."""
-    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    _write(Path(out, f"rank{rank}.json"), record)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _write(path: Path, obj: dict) -> None:
+    # whole or absent: a peer may be killed mid-write once another rank has failed
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
 
 
 def _rank_main(rank: int, fn: Callable, world_size: int, init: str, out: str, args: tuple) -> None:
     try:
         fn(rank, world_size, init, out, *args)
     except BaseException:  # noqa: BLE001 -- the parent shows this rank's own traceback
-        Path(out, f"rank{rank}.error").write_text(traceback.format_exc())
-        sys.stderr.flush()
-        os._exit(1)
-    Path(out, f"rank{rank}.error").write_text(f"{getattr(fn, '__name__', fn)} returned without calling "
-                                              "forked_ranks.finish (a returning rank can deadlock in teardown)\n")
+        _fail(out, rank, traceback.format_exc())
+    _fail(out, rank, f"{getattr(fn, '__name__', fn)} returned without calling forked_ranks.finish (a returning "
+                     "rank can deadlock in gloo's teardown)\n")
+
+
+def _fail(out: str, rank: int, text: str) -> None:
+    # when it failed, on the clock every process shares: a peer waiting in a collective fails right after
+    # ("Connection reset by peer"), and the caller must see the rank that failed first, not the lowest one
+    _write(Path(out, f"rank{rank}.error"), {"monotonic": time.monotonic(), "traceback": text})
+    sys.stderr.flush()
     os._exit(1)
 
 
@@ -79,10 +91,13 @@ def run(fn: Callable, world_size: int, args: tuple = (), *, deadline_s: float, w
                 if p.is_alive():
                     p.kill()
                 p.join()
-        for r in range(world_size):  # the rank that failed, not one killed while it waited for it
-            err = Path(out, f"rank{r}.error")
-            if err.exists():
-                raise RuntimeError(f"{what}: rank {r} failed:\n{err.read_text()}")
+        errors = {r: json.loads(Path(out, f"rank{r}.error").read_text()) for r in range(world_size)
+                  if Path(out, f"rank{r}.error").exists()}
+        if errors:
+            first = min(errors, key=lambda r: errors[r]["monotonic"])
+            after = sorted(set(errors) - {first})
+            also = f" (then rank(s) {after}, which were waiting for it)" if after else ""
+            raise RuntimeError(f"{what}: rank {first} failed first{also}:\n{errors[first]['traceback']}")
         for r, p in enumerate(ctx.processes):
             if p.exitcode != 0:
                 raise RuntimeError(f"{what}: rank {r} ended with exit code {p.exitcode} and no traceback")
