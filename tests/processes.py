@@ -36,3 +36,11 @@ def nothing_left_within(run_dir, seconds: float) -> list[str]:
         except psutil.Error:
             pass
     return names
+
+
+def stray_children() -> list[psutil.Process]:
+    """This process's children that are neither its launch zygote (kept for the next launch) nor multiprocessing's
+    resource tracker (started once by a spawn context, on a box with a GPU, and kept until this process ends)."""
+    keep = ("launch_zygote", "resource_tracker")
+    return [c for c in psutil.Process().children(recursive=True)
+            if not any(k in " ".join(words(c.cmdline())) for k in keep)]

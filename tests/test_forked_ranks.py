@@ -5,14 +5,10 @@ nothing outlives a call."""
 
 import time
 
-import psutil
 import pytest
+from processes import stray_children
 
 from lab_utils.launch import forked_ranks
-
-
-def _children():
-    return [c for c in psutil.Process().children(recursive=True) if "launch_zygote" not in " ".join(c.cmdline())]
 
 
 def _allreduce_rank(rank, world_size, init, out, fail_rank):
@@ -38,7 +34,7 @@ def _sleeping_rank(rank, world_size, init, out):
 def test_records_come_back_in_rank_order():
     assert forked_ranks.run(_allreduce_rank, 2, (-1,), deadline_s=120, what="sum") == [
         {"rank": 0, "sum": 3.0}, {"rank": 1, "sum": 3.0}]
-    assert _children() == []
+    assert stray_children() == []
 
 
 @pytest.mark.parametrize("fail_rank", [0, 1])
@@ -50,13 +46,13 @@ def test_the_failed_ranks_own_traceback_and_the_waiting_rank_stopped_long_before
     with pytest.raises(RuntimeError, match=want):
         forked_ranks.run(_allreduce_rank, 2, (fail_rank,), deadline_s=300, what="sum")
     assert time.monotonic() - start < 60  # rank 0 waited in all_reduce: killed once rank 1 failed
-    assert _children() == []
+    assert stray_children() == []
 
 
 def test_a_returning_rank_is_refused():
     with pytest.raises(RuntimeError, match="returned without calling forked_ranks.finish"):
         forked_ranks.run(_returning_rank, 2, deadline_s=60, what="ret")
-    assert _children() == []
+    assert stray_children() == []
 
 
 def test_stuck_ranks_are_killed_and_named_at_the_deadline():
@@ -64,4 +60,4 @@ def test_stuck_ranks_are_killed_and_named_at_the_deadline():
     with pytest.raises(TimeoutError, match=r"stuck: rank\(s\) \[0, 1\] still running 2 s after the start; killed"):
         forked_ranks.run(_sleeping_rank, 2, deadline_s=2, what="stuck")
     assert time.monotonic() - start < 30
-    assert _children() == []
+    assert stray_children() == []

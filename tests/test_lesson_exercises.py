@@ -6,6 +6,7 @@ import json
 
 import matplotlib
 import pytest
+from processes import stray_children
 
 matplotlib.use("Agg")
 
@@ -50,13 +51,11 @@ def _stuck_rank(rank, *args):
 
 
 def test_rank0_eval_trap_kills_stuck_ranks_and_names_them(monkeypatch):
-    import psutil
-
     monkeypatch.setattr(ch08_checkpoints, "_eval_trap_rank", _stuck_rank)
     monkeypatch.setattr(ch08_checkpoints, "TRAP_GRACE_S", 1.0)
     with pytest.raises(TimeoutError, match=r"\(module\): rank\(s\) \[0, 1\] still running 2 s after the start"):
         ch08_checkpoints.rank0_eval_trap(timeout_s=1)
-    assert not [c for c in psutil.Process().children(recursive=True) if "launch_zygote" not in " ".join(c.cmdline())]
+    assert stray_children() == []
 
 
 def _metrics(d, losses, grad_norms):
