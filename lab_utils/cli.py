@@ -45,12 +45,28 @@ def _cmd_run(args) -> int:
     return 0 if result.ok else 1
 
 
+def _replay(args):
+    """(replay, twin) of A's program from B's window states, or None (--windows off, or why not, on stderr)."""
+    if args.windows == "off":
+        return None
+    from lab_utils.analysis import parity
+    from lab_utils.launch import replay
+
+    try:
+        return replay.ensure(parity.resolve_run(args.run_a), parity.resolve_run(args.run_b), progress=not args.json)
+    except FileNotFoundError:
+        return None  # the command itself names the missing folder
+    except replay.NoReplay as e:
+        print(f"windows: not replayed: {e}", file=sys.stderr)
+        return None
+
+
 def _cmd_compare(args) -> int:
     from lab_utils.analysis import parity
 
     given = {"loss_tol": args.loss_tol, "param_tol": args.param_tol, "output_tol": args.output_tol}
     try:
-        report = parity.compare(args.run_a, args.run_b, noise_runs=args.noise,
+        report = parity.compare(args.run_a, args.run_b, noise_runs=args.noise, replay=_replay(args),
                                 **{k: v for k, v in given.items() if v is not None})
     except (FileNotFoundError, ValueError) as e:
         print(f"ddp-lab compare: error: {e}", file=sys.stderr)
@@ -69,7 +85,7 @@ def _cmd_doctor(args) -> int:
     from lab_utils.analysis import doctor
 
     try:
-        diagnosis = doctor.diagnose_runs(args.run_a, args.run_b, noise_runs=args.noise)
+        diagnosis = doctor.diagnose_runs(args.run_a, args.run_b, noise_runs=args.noise, replay=_replay(args))
     except (doctor.RunFolderError, ValueError, FileNotFoundError) as e:
         print(f"ddp-lab doctor: error: {e}", file=sys.stderr)
         return 2
@@ -153,7 +169,8 @@ BENCHES = {"launch": "launch reliability and overhead", "samplers": "Distributed
            "scaling": "tokens/s, 1 vs 2 GPUs", "profile": "host vs device time per step, launches, top ops",
            "hook": "order-fixed gradient reduction vs stock all-reduce: time, bytes, tier",
            "portbugs": "the port-bug suite at GPT 4x256 x 150 steps, judged against float twins",
-           "noise": "where the float-noise margin comes from: the committed measurements, in envelopes"}
+           "noise": "where the float-noise margin comes from: the committed measurements, in envelopes",
+           "late": "bugs that start late: the whole-run envelope vs the windows, and the replay's cost"}
 
 
 def _cmd_bench(args) -> int:
@@ -193,6 +210,11 @@ def _add_noise(s: argparse.ArgumentParser) -> None:
     s.add_argument("--noise", action="append", metavar="TWIN",
                    help="a float twin of RUN_A (repeatable; `auto`: the runs named RUN_A-twin-*): tier 2 is then "
                         "judged against the twins' float-noise envelope instead of fixed tolerances")
+    s.add_argument("--windows", choices=("auto", "off"), default="auto",
+                   help="auto (default): when RUN_B holds window states (window_every), replay RUN_A's program from "
+                        "each of them with a float twin (cached in RUN_B/replays/) and judge every window against "
+                        "it, so a bug that starts late is caught; off: the whole-run envelope only (steps past its "
+                        "blind step are then 'not judged')")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -234,7 +256,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_compare)
 
     s = sub.add_parser("doctor", help="where two runs part and why: first diverging step, causes ranked with "
-                                      "evidence (exit 0 no bug, 1 bug, 2 bad folder, 3 not calibrated)")
+                                      "evidence (exit 0 no bug, 1 bug, 2 bad folder, 3 not calibrated or not judged)")
     s.add_argument("run_a")
     s.add_argument("run_b")
     s.add_argument("--json", action="store_true")

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 from lab_utils.core import checkpoint, ddp, distenv, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402
 from lab_utils.core import config as config_mod  # noqa: E402
 from lab_utils.core import step as step_mod  # noqa: E402
+from lab_utils.core import windows as window_states  # noqa: E402
 from lab_utils.core.emulate import emulated_step  # noqa: E402
 from lab_utils.core.step import rank_step, tree_step  # noqa: E402
 from lab_utils.core.tree_reduce import TreeAccumulator  # noqa: E402
@@ -117,6 +118,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     # skips a step whose gradients hold inf/NaN. It checks the all-reduced gradients, so every rank skips alike.
     scaler = torch.amp.GradScaler(env.device.type) if cfg["amp"] == "fp16" else None
     skipped: list[int] = []  # the steps GradScaler skipped on this rank (its heartbeat records them)
+    # replay_from=B (compare/doctor): this program, set to B's window state at each window start (core/windows.py)
+    replay = cfg["replay_from"] and window_states.Replay(cfg["replay_from"], out, env.device, cfg["nudge_init"])
 
     # Which data this process computes: its own rank's stream, or all R emulated ranks' streams.
     R = cfg["emulate_ranks"]
@@ -144,6 +147,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     for step in range(start, cfg["steps"]):
         heart.beat(step=step, phase="step start")
         inject_fault(cfg, env.rank, step)
+        if replay:
+            replay.snap(step, model, optimizer, scaler, rank_buffers)
         heart.beat(phase="forward/backward")  # under DDP the gradient all-reduce runs inside backward
         model.train()
         optimizer.zero_grad(set_to_none=True)
@@ -192,6 +197,9 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
                                             and resume.attempt() == 0)
             if env.distributed:  # DDP: nobody starts step k+1 before checkpoint k is on disk
                 torch.distributed.barrier()
+        if window_states.due(cfg, step + 1):  # compare/doctor judge a port window by window from these
+            if env.is_main:  # DDP guard: one writer; every rank holds the same state
+                window_states.save(out, step + 1, model, optimizer, cfg, len(wl.dataset), rank_buffers, scaler)
 
     heart.beat(buffer_hash=runfiles.buffer_fingerprint(model), running_stats=sync_bn.running_stats(model),
                skipped_steps=skipped)

@@ -33,6 +33,8 @@ CAUSES = {
     "float_order": "nothing but the float order of the sums differs (another batch split), amplified by training",
     "loss_normalization": "each rank averages its loss over its own tokens: the mean of means is not the global mean",
     "cross_sample": "a loss that mixes samples (in-batch negatives) sees only this rank's part of the batch",
+    "resume": "the run resumed from a checkpoint that did not hold its whole state: the data position, the "
+              "optimizer, the learning-rate schedule or the loss scale",
     "grad_clip": "the gradients are clipped at the wrong point: per rank before the all-reduce, per micro-batch, "
                  "or still multiplied by GradScaler's loss scale",
 }
@@ -145,14 +147,27 @@ def randomness(c: dict) -> str | None:
 
 
 # Keys whose difference says nothing about the first batch or the initial weights.
-BOOKKEEPING = {"out_dir", "log_every", "fingerprint", "backend", "device", "threads", "pg_timeout",
-               "emulate_ranks", "micro_batch_size", "grad_accum_steps", "no_sync", "steps", "nudge_init"}
+# Keys that cannot change what is trained, only how it is run, logged or saved (a lab resume is exact, chapter 08;
+# a lossy one shows as checkpoint_style), or only the float order of its sums (the float twins measure that).
+# Every other key that differs changes training: the doctor never says "no bug" while one does.
+BOOKKEEPING = {"out_dir", "log_every", "log_sync_every", "fingerprint", "backend", "device", "threads", "pg_timeout",
+               "emulate_ranks", "micro_batch_size", "grad_accum_steps", "no_sync", "steps", "nudge_init",
+               "window_every", "replay_from", "checkpoint_every", "checkpoint_write", "resume", "fault",
+               "fault_rank", "fault_step", "grad_reduction", "tree_comm", "bucket_cap_mb",
+               "gradient_as_bucket_view", "find_unused_parameters"}
 
 
 def config_differences(ca: dict, cb: dict) -> list[str]:
     """"key=A vs B" for every key both config.json have that can change the results (bookkeeping left out)."""
     ka, kb = _keys(ca), _keys(cb)
     return [f"{k}={ka[k]} vs {kb[k]}" for k in sorted(set(ka) & set(kb)) if ka[k] != kb[k] and k not in BOOKKEEPING]
+
+
+def neutral_differences(ca: dict, cb: dict) -> list[str]:
+    """"key=A vs B" for the keys that differ but change only the float order, or nothing (BOOKKEEPING)."""
+    ka, kb = _keys(ca), _keys(cb)
+    return [f"{k}={ka[k]} vs {kb[k]}" for k in sorted(set(ka) & set(kb))
+            if ka[k] != kb[k] and k in BOOKKEEPING - {"out_dir", "replay_from"}]
 
 
 def init_hashes(run: Path, config: dict) -> dict[int, str]:
@@ -248,6 +263,19 @@ def epoch_boundary(e: Evidence) -> list[Candidate]:
                       f"global_batch_size={ga}: {n / ga:g} steps per epoch): the data order of later epochs differs "
                       f"— sampler.set_epoch(epoch) forgotten, a RandomSampler, or padding"
                       + (f" ({', '.join(hint)})" if hint else ""), True)]
+
+
+def resumed(e: Evidence) -> list[Candidate]:
+    """B resumed at step k (its result.json) and leaves A's program at k or later: the checkpoint lost state."""
+    at, first = e.cb.get("resumed_from"), e.first_out
+    if at is None or first is None or first < at:
+        return []
+    style = e.kb.get("checkpoint_style")
+    return [Candidate("resume", STRONG, f"{e.report.run_b} resumed at step {at} from a checkpoint"
+                      + (f" written with checkpoint_style={style}" if style else "")
+                      + f", and leaves A's program from step {first}"
+                      + (" (the article's checkpoint keeps the epoch only: the data restarts at the epoch's start)"
+                         if style == "article" else ""), True)]
 
 
 def rank_randomness(e: Evidence) -> list[Candidate]:
@@ -372,7 +400,7 @@ def after_the_first_update(e: Evidence) -> list[Candidate]:
 
 
 CHECKS: list[Callable[[Evidence], list[Candidate]]] = [
-    global_batch, reduction_scale, sample_ids, epoch_boundary, rank_randomness, batch_wide_loss, batch_norm,
+    global_batch, reduction_scale, sample_ids, resumed, epoch_boundary, rank_randomness, batch_wide_loss, batch_norm,
     grad_clipping, initial_weights, after_the_first_update]
 
 

@@ -58,7 +58,15 @@ class Diagnosis:
 
     @property
     def ok(self) -> bool:
-        return self.report.tier >= 2
+        """No bug: bitwise, or tier 2 at every step with no key that changes training differing."""
+        r = self.report
+        return r.tier == 3 or (r.certified and not r.config_diffs)
+
+    @property
+    def not_judged(self) -> bool:
+        """Tier 2 as far as any check could see, but steps past that were judged by none."""
+        r = self.report
+        return r.tier == 2 and not r.certified and not r.config_diffs
 
     @property
     def top(self) -> Candidate | None:
@@ -66,14 +74,16 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.ok else 3 if self.report.needs_twin else 1
+        return 0 if self.ok else 3 if self.report.needs_twin or self.not_judged else 1
 
     def to_dict(self) -> dict:
         return {"run_a": self.run_a, "run_b": self.run_b, "tier": self.report.tier,
                 "tier_name": self.report.tier_name, "verdict": self.verdict, "first_diff_step": self.first_diff_step,
                 "first_diverging_step": self.first_diverging_step, "worst_tensors": self.worst_tensors,
                 "causes": [{"code": c.code, "strength": c.strength, "evidence": c.evidence} for c in self.causes],
-                "notes": self.notes}
+                "notes": self.notes, "not_judged_from": self.report.not_judged_from,
+                "blind_from_step": self.report.blind_from_step, "config_diffs": self.report.config_diffs,
+                "windows": self.report.windows.to_dict() if self.report.windows else None}
 
     def format(self) -> str:
         step = lambda s: "none" if s is None else f"step {s}"  # noqa: E731
@@ -82,10 +92,19 @@ class Diagnosis:
         over = ("outside the float twins' envelope" if r.calibrated else
                 f"|dloss| > {r.loss_tol:.0e} or rel |dgrad_norm| > {r.grad_rtol:.0e}")
         lines = [f"doctor {self.run_a} vs {self.run_b}: {self.verdict}",
-                 f"  tier                {r.tier} ({r.tier_name}); {r.steps_compared} steps compared",
+                 f"  tier                {r.tier_text()}; {r.steps_compared} steps compared",
                  f"  judged by           {judged}",
                  f"  first differing     {step(self.first_diff_step)}   (loss, grad_norm or fingerprint not identical)",
                  f"  first diverging     {step(self.first_diverging_step)}   ({over})"]
+        if r.blind_from_step is not None:
+            lines.append(f"  blind from          step {r.blind_from_step}   (the whole-run envelope's bound reaches "
+                         f"its cap: later steps are judged by windows only)")
+        if r.windows is not None:
+            lines.append(f"  windows             {len(r.windows.windows)} of {r.windows.every} steps, each against A's "
+                         f"program replayed from B's own state:")
+            lines += [f"    {row}" for row in r.windows.table().splitlines()]
+        if r.config_diffs:
+            lines.append(f"  config differs      {', '.join(r.config_diffs)}   (keys that change training)")
         if self.worst_tensors:
             lines.append("  tensors that moved most: " + ", ".join(f"{n} {v:.2e}" for n, v in self.worst_tensors))
         if self.causes:
@@ -138,14 +157,15 @@ def check_run_folder(path: str | Path) -> Path:
     return run
 
 
-def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs=None, **tolerances) -> Diagnosis:
+def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs=None, replay=None,
+                  **tolerances) -> Diagnosis:
     """The doctor's diagnosis of two run folders (run names or paths); RunFolderError on a bad folder.
     `noise_runs`: float twins of A (or "auto"), as for parity.compare; ValueError names a run that is no twin."""
     a, b = check_run_folder(run_a), check_run_folder(run_b)
     if noise_runs and noise_runs != "auto" and list(noise_runs) != ["auto"]:
         for t in noise_runs:
             check_run_folder(t)
-    report = parity.compare(a, b, noise_runs=noise_runs, **tolerances)
+    report = parity.compare(a, b, noise_runs=noise_runs, replay=replay, **tolerances)
     ma, mb = runfiles.read_metrics(a), runfiles.read_metrics(b)
     ca, cb = parity._read_config(a), parity._read_config(b)
     evidence = parity.evidence(report, ma, mb, ca, cb, runfiles.load_tensors(a),
@@ -159,6 +179,16 @@ def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs
         first = min(len(ma), len(mb)) if first is None else first
     if report.tier == 3:
         verdict, found = "unchanged: bitwise", []
+    elif report.tier == 2 and report.config_diffs:
+        verdict = (f"configs differ in a key that changes training ({', '.join(report.config_diffs)}): within float "
+                   f"noise over the steps compared, but not the same program")
+        found = causes.ranked(evidence, report.cause)
+    elif report.tier == 2 and report.not_judged:
+        n0 = report.not_judged_from
+        verdict = (f"not judged past step {n0 - 1}: tier 2 up to there; steps {n0}..{report.not_judged[-1]} lie past "
+                   f"the float twins' blind step and in no window — run B with window_every=10 (the default of "
+                   f"lab runs; `record(..., window_every=10)` for your own script) and run the doctor again")
+        found = []
     elif report.tier == 2:
         verdict = "no bug: float order"
         within = (f"within {report.margin:g}x the float-noise envelope of {', '.join(report.twins)} at every step"

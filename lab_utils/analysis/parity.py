@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 
 from lab_utils.analysis import causes, noise
+from lab_utils.analysis import windows as windows_mod
 from lab_utils.analysis.causes import BOOKKEEPING, CAUSES, Cause, config_differences, epoch_starts  # noqa: F401 (the report's names)
 from lab_utils.core import float_twin, runfiles
 from lab_utils.core.runfiles import read_metrics
@@ -118,13 +119,34 @@ class ParityReport:
     grad_bounds: list[float] = field(default_factory=list)  # per step: the largest rel |dgrad_norm|
     twin_loss: list[float] = field(default_factory=list)  # per step: the twins' running-max |dloss| against A
     twin_grad: list[float] = field(default_factory=list)
-    blind_from_step: int | None = None  # calibrated: from here on the bound is >= conv_rtol of the loss
+    blind_from_step: int | None = None  # calibrated: from here on the whole-run bound reaches a cap (noise.py)
+    # Steps no check could judge: past the whole-run blind step and not covered by a window (analysis/windows.py).
+    # Tier 2 with steps here is "tier 2 up to the first of them", never a certificate for the rest.
+    not_judged: list[int] = field(default_factory=list)
+    windows: windows_mod.WindowJudgement | None = None
+    config_diffs: list[str] = field(default_factory=list)  # keys that change training: "key=A vs B"
+    order_diffs: list[str] = field(default_factory=list)   # keys that change the float order or nothing
     # Not calibrated, past the fixed tolerances and nothing but float order to blame: not a verdict on the port.
     needs_twin: bool = False
 
     @property
     def tier_name(self) -> str:
         return TIER_NAMES[self.tier]
+
+    @property
+    def not_judged_from(self) -> int | None:
+        return self.not_judged[0] if self.not_judged else None
+
+    @property
+    def certified(self) -> bool:
+        """Tier 2 or 3 over every step: what "no bug" may be said of (a tier 2 with unjudged steps is not)."""
+        return self.tier == 3 or (self.tier == 2 and not self.not_judged)
+
+    def tier_text(self) -> str:
+        if self.tier == 2 and self.not_judged:
+            return (f"tier 2 ({self.tier_name}) up to step {self.not_judged[0] - 1}; steps {self.not_judged[0]}.."
+                    f"{self.not_judged[-1]} not judged")
+        return f"tier {self.tier} ({self.tier_name})"
 
     def loss_bound(self, step: int) -> float:
         return self.loss_bounds[step] if self.loss_bounds else self.loss_tol
@@ -135,9 +157,14 @@ class ParityReport:
         if self.loss_bounds:
             d["envelope_first"] = {"loss": self.loss_bounds[0], "grad": self.grad_bounds[0]}
             d["envelope_last"] = {"loss": self.loss_bounds[-1], "grad": self.grad_bounds[-1]}
+        d["not_judged_from"] = self.not_judged_from
+        d["certified"] = self.certified
+        if self.windows is not None:
+            d["windows"] = self.windows.to_dict()
         if not full:
             for k in ("loss_diffs", "grad_rel_diffs", "loss_bounds", "grad_bounds", "twin_loss", "twin_grad"):
                 d.pop(k)
+            d["not_judged"] = len(self.not_judged)
         return d
 
     def to_json(self) -> str:
@@ -154,7 +181,7 @@ class ParityReport:
             rule = "fixed tolerances (not calibrated: `--noise TWIN` judges against measured float noise)"
             loss_need, grad_need = f"tier 2 needs <= {self.loss_tol:.0e}", f"tier 2 needs <= {self.grad_rtol:.0e}"
         lines = [
-            f"parity {self.run_a} vs {self.run_b}: tier {self.tier} ({self.tier_name})",
+            f"parity {self.run_a} vs {self.run_b}: {self.tier_text()}",
             f"  rule                {rule}",
             f"  steps compared      {self.steps_compared}",
             f"  bitwise             {self.bitwise}",
@@ -167,8 +194,23 @@ class ParityReport:
                       f"{step(self.first_step_over_grad_rtol)}",
                       f"  grad_norm B/A       {self.grad_norm_ratio_median:.4g}   (median over steps)"]
         if self.blind_from_step is not None:
-            lines.append(f"  blind from          step {self.blind_from_step}   (the bound reaches {CONV_RTOL:.0%} of "
-                         f"the loss: a difference that starts later hides in the noise)")
+            lines.append(f"  blind from          step {self.blind_from_step}   (the whole-run bound reaches "
+                         f"{noise.LOSS_CAP:.0%} of the loss or {noise.GRAD_CAP:.0%} of the grad norm: a difference "
+                         f"that starts later hides in the noise)")
+        if self.windows is not None:
+            w = self.windows
+            lines.append(f"  windows             {len(w.windows)} window(s) of {w.every} steps, each judged against "
+                         f"A's program replayed from B's state ({w.replay}) and its twin ({w.twin})")
+            lines += [f"    {row}" for row in w.table().splitlines()]
+        if self.not_judged:
+            lines.append(f"  not judged          steps {self.not_judged[0]}..{self.not_judged[-1]} "
+                         f"({len(self.not_judged)} steps): past the blind step and in no window — record window "
+                         f"states (window_every=10, the default) and compare again")
+        if self.config_diffs:
+            lines.append(f"  config differs      {', '.join(self.config_diffs)}   (keys that change training)")
+        if self.order_diffs:
+            lines.append(f"  config differs      {', '.join(self.order_diffs)}   (keys that change the float order "
+                         f"or nothing)")
         lines.append(f"  final loss          {self.final_loss_a:.6f} vs {self.final_loss_b:.6f}")
         if self.max_abs_param_diff is not None:
             need = (f"tier 2: each tensor within {self.margin:g}x the twins' (or {self.param_tol:.0e})"
@@ -256,12 +298,16 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
              output_diff: float | None = None, output_tol: float = OUTPUT_TOL, grad_rtol: float = GRAD_RTOL,
              config_a: dict | None = None, config_b: dict | None = None,
              twins: list[noise.Twin] | None = None, margin: float = noise.MARGIN,
-             init_hashes: tuple[dict, dict] = ({}, {})) -> ParityReport:
+             init_hashes: tuple[dict, dict] = ({}, {}),
+             windows: windows_mod.WindowJudgement | None = None) -> ParityReport:
     """The tier of two runs' metrics (+ final weights when both have them), and the likely cause below tier 2.
 
     Pure: tests feed it synthetic runs. `config_a`/`config_b`: the runs' config.json (for the cause only).
     `twins`: float twins of A (lab_utils/analysis/noise.py); with them tier 2 is judged against their envelope, without
     them against the fixed tolerances. `init_hashes`: each run's {rank: initial fingerprint}, for the cause.
+    `windows`: B judged window by window against a replay from its own states (analysis/windows.py); a step out of
+    its window bound counts as out (first_step_over_tol), and only steps that neither the whole-run bounds nor a
+    window could judge are left "not judged".
     """
     notes = []
     n = min(len(ma), len(mb))
@@ -278,6 +324,10 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
     bounds = (noise.envelope(ma, twins, n, param_tol, output_tol, margin) if twins
               else noise.fixed(n, loss_tol, grad_rtol, param_tol, output_tol))
     over = next((i for i, d in enumerate(diffs) if not d <= bounds.loss[i]), None)
+    if windows is not None and windows.first_over is not None and (over is None or windows.first_over < over):
+        over = windows.first_over  # out of its window's bound: B's step leaves A's program from the same state
+    blind = noise.unjudged(bounds, la)
+    not_judged = sorted(set(blind) & set(windows.unjudged)) if windows else blind
     grads = grad_norm_diffs(ma, mb, n)
     if grads is None:
         missing = " and ".join(nm for nm, m in zip(names, (ma, mb), strict=True)
@@ -328,12 +378,11 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
         loss_diffs=diffs, grad_rel_diffs=rel, notes=notes, loss_tol=loss_tol, param_tol=param_tol,
         output_tol=output_tol, grad_rtol=grad_rtol, calibrated=bounds.calibrated, twins=bounds.twins,
         margin=bounds.margin, loss_bounds=bounds.loss, grad_bounds=bounds.grad, twin_loss=bounds.twin_loss,
-        twin_grad=bounds.twin_grad, blind_from_step=noise.blind_from(bounds, la, conv_rtol))
+        twin_grad=bounds.twin_grad, blind_from_step=blind[0] if blind else None, not_judged=not_judged,
+        windows=windows, config_diffs=config_differences(config_a or {}, config_b or {}),
+        order_diffs=causes.neutral_differences(config_a or {}, config_b or {}))
     if tier < 2:
         report.cause = causes.first(evidence(report, ma, mb, config_a or {}, config_b or {}, wa, init_hashes))
-        differ = config_differences(config_a or {}, config_b or {})
-        if report.cause is None and differ:
-            notes.append(f"config.json differs in {', '.join(differ)}")
         if not bounds.calibrated and tier >= 1 and (report.cause is None or report.cause.code == "float_order"):
             # Past a fixed tolerance, float noise alone and a small bug look alike: only a twin can tell them apart.
             report.needs_twin = True
@@ -347,21 +396,45 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
 STRUCTURE_KEYS = ("model", "block_size", "n_layer", "n_head", "n_embd", "norm", "n_samples")
 
 
-def compare(run_a: str | Path, run_b: str | Path, noise_runs=None, **tolerances) -> ParityReport:
+def window_judgement(run_b: Path, mb: list[dict], replay: tuple[Path, Path], n: int) -> windows_mod.WindowJudgement:
+    """B judged against a replay of A from B's window states and the replay's twin (launch/replay.py makes them:
+    B/replays/A and B/replays/A-twin). ValueError when they do not fit B (another B, cut short)."""
+    r, t = (Path(p) for p in replay)
+    starts = [int(line["step"]) for line in _jsonl(r / runfiles.WINDOW_ENDS)]
+    held = sorted(int(p.stem.split("_")[1]) for p in (run_b / runfiles.WINDOWS).glob("step_*.pt"))
+    missing = [s for s in held if 0 < s < n and s not in starts]
+    if missing:
+        raise ValueError(f"{r}: the replay did not take B's state at step(s) {missing[:5]} (a replay of another "
+                         f"run? delete {r.parent} and compare again)")
+    ends = {int(line["step"]): line["max_abs_param_diff"] for line in _jsonl(r / runfiles.WINDOW_ENDS)}
+    return windows_mod.judge(mb, read_metrics(r), read_metrics(t), starts, n, names=(r.name, t.name), ends=ends)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def compare(run_a: str | Path, run_b: str | Path, noise_runs=None, replay: tuple[Path, Path] | None = None,
+            **tolerances) -> ParityReport:
     """Compare two run folders: a run name (under $LAB_RUNS_DIR or ./runs) or any path to a run folder.
 
     Reads files only (runfiles.py's contract): metrics.jsonl, model.pt, probe.pt, config.json. Tolerances
     not given come from `tolerances_for` (per workload and device). `noise_runs`: float twins of A (names or
     paths, or "auto": the runs named A-twin-*); with them tier 2 means "within their float-noise envelope".
+    `replay`: (replay, its twin) folders of A's program replayed from B's window states (launch/replay.py), so
+    that every step is judged against noise that never grows (analysis/windows.py).
     """
     a, b = resolve_run(run_a), resolve_run(run_b)
     ca, cb = _read_config(a), _read_config(b)
     tolerances = {**tolerances_for(ca, cb), **tolerances}
     wa, wb = runfiles.load_tensors(a), runfiles.load_tensors(b)
     twins = load_twins(a, b, ca, wa, noise_runs) if noise_runs else None
-    return classify(read_metrics(a), read_metrics(b), wa, wb, names=(a.name, b.name),
+    ma, mb = read_metrics(a), read_metrics(b)
+    judged = window_judgement(b, mb, replay, min(len(ma), len(mb))) if replay else None
+    return classify(ma, mb, wa, wb, names=(a.name, b.name),
                     output_diff=_output_diff(a, b, ca, cb), config_a=ca, config_b=cb, twins=twins,
-                    init_hashes=(causes.init_hashes(a, ca), causes.init_hashes(b, cb)), **tolerances)
+                    init_hashes=(causes.init_hashes(a, ca), causes.init_hashes(b, cb)), windows=judged,
+                    **tolerances)
 
 
 
@@ -405,10 +478,16 @@ def load_twins(a: Path, b: Path, ca: dict, wa: dict | None, noise_runs) -> list[
 
 
 def _read_config(run: Path) -> dict:
+    """config.json, with the step a resumed run continued from (result.json's resumed_from) when it has one."""
     try:
-        return runfiles.read_config(run)
+        found = runfiles.read_config(run)
     except (OSError, ValueError):
         return {}
+    try:
+        resumed = json.loads((run / runfiles.RESULT).read_text()).get("resumed_from")
+    except (OSError, ValueError, AttributeError):
+        resumed = None
+    return {**found, "resumed_from": resumed} if resumed is not None else found
 
 
 def _output_diff(a: Path, b: Path, ca: dict, cb: dict) -> float | None:

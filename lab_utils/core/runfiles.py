@@ -30,6 +30,8 @@ import torch
 FORMAT_VERSION = 2  # 2: probe.pt added, grad_norm compared by the parity report
 
 CONFIG, METRICS, MODEL, PROBE, RESULT = "config.json", "metrics.jsonl", "model.pt", "probe.pt", "result.json"
+# Window states (core/windows.py) and what a replay of them writes (analysis/windows.py reads both).
+WINDOWS, WINDOW_ENDS, REPLAYS = "windows", "window_ends.jsonl", "replays"
 PROGRESS = "progress"
 REPO = Path(__file__).resolve().parents[2]  # lab_utils/core/runfiles.py
 
