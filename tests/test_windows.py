@@ -25,7 +25,8 @@ def rows(loss, grad=G):
 
 
 def drifted(sign=1, bug_at=None, bug=0.0, noise_at=growth):
-    return rows([x + sign * noise_at(i) + (bug if bug_at is not None and i >= bug_at else 0.0) for i, x in enumerate(A)],
+    step_bug = [bug if bug_at is not None and i >= bug_at else 0.0 for i in range(N)]
+    return rows([x + sign * noise_at(i) + step_bug[i] for i, x in enumerate(A)],
                 [g * (1 + sign * noise_at(i)) for i, g in enumerate(G)])
 
 
