@@ -29,6 +29,7 @@ from lab_utils.core import config as config_mod  # noqa: E402
 from lab_utils.core import step as step_mod  # noqa: E402
 from lab_utils.core import windows as window_states  # noqa: E402
 from lab_utils.core.emulate import emulated_step  # noqa: E402
+from lab_utils.core.schedule import lr_at  # noqa: E402
 from lab_utils.core.step import rank_step, tree_step  # noqa: E402
 from lab_utils.core.tree_reduce import TreeAccumulator  # noqa: E402
 
@@ -149,6 +150,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         inject_fault(cfg, env.rank, step)
         if replay:
             replay.snap(step, model, optimizer, scaler, rank_buffers)
+        for group in optimizer.param_groups:  # the schedule is a function of the step (core/schedule.py)
+            group["lr"] = lr_at(cfg, step, start if state else None)
         heart.beat(phase="forward/backward")  # under DDP the gradient all-reduce runs inside backward
         model.train()
         optimizer.zero_grad(set_to_none=True)

@@ -187,7 +187,7 @@ def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs
         n0 = report.not_judged_from
         verdict = (f"not judged past step {n0 - 1}: tier 2 up to there; steps {n0}..{report.not_judged[-1]} lie past "
                    f"the float twins' blind step and in no window — run B with window_every=10 (the default of "
-                   f"lab runs; `record(..., window_every=10)` for your own script) and run the doctor again")
+                   f"lab runs; `record.Recorder(..., window_every=10)` in your own script) and run the doctor again")
         found = []
     elif report.tier == 2:
         verdict = "no bug: float order"

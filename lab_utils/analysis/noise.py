@@ -53,11 +53,13 @@ import numpy as np
 MARGIN = 100.0
 FLOOR_ULPS = 4
 GRAD_FLOOR = FLOOR_ULPS * 2.0 ** -23
-# Past these a bound no longer separates a bug from noise: the step is "not judged". A loss bound of 1% of the
-# loss is 5x tighter than tier 1's convergence test (CONV_RTOL, 5% over the last tenth); a relative grad-norm
-# bound of 5% keeps the check able to fail (a relative difference of grad norms is at most 1).
-LOSS_CAP = 0.01
-GRAD_CAP = 0.05
+# Past these a bound no longer separates a bug from noise: the step is "not judged". A loss bound of 5% of the
+# loss is as loose as tier 1's convergence test (parity.CONV_RTOL): past it tier 2 would say no more than tier 1.
+# A relative grad-norm difference is at most 1, so a bound of 0.5 can still fail. (1% and 5% were tried first:
+# in bf16 on an H200 at the workshop preset the float twin of a window's first step is already 100 x 1e-4 of
+# the loss away, so every bf16 window read "not judged"; docs/results.md.)
+LOSS_CAP = 0.05
+GRAD_CAP = 0.5
 
 # The tier-2 rule in words: the one text README.md, docs/design.md and chapter 01 show (tests/test_noise.py
 # keeps them equal).

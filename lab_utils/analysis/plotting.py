@@ -157,3 +157,46 @@ def plot_envelope(reports: dict, path: str | Path | None = None, title: str = ""
     fig.tight_layout()
     _save(fig, path)
     return fig
+
+
+def plot_windows(reports: dict, path: str | Path | None = None, title: str = ""):
+    """Two ways to judge the same ports, on a log axis. Left: the whole-run envelope (|Δloss| of B vs A, the
+    bound from the float twins' running max), its blind zone shaded from `blind_from_step` (the bound past its
+    cap: "not judged"). Right: each window judged from B's own state (|Δloss| of B vs A's program replayed from
+    it, and the window's bound, which starts again from the last bit at every window; grey lines: window starts).
+    `reports`: {label: ParityReport with windows (analysis/windows.py)}; a window out of bound is circled."""
+    first = next(iter(reports.values()))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    n = first.steps_compared
+    for ax in (left, right):
+        ax.set_yscale("log")
+    left.plot(range(n), first.loss_bounds, color="gray", ls="--", lw=1.2, label="tier-2 bound (whole run)")
+    if first.blind_from_step is not None:
+        left.axvspan(first.blind_from_step, n - 1, color="#f6d5d5", label=f"blind from step {first.blind_from_step}:"
+                     f" bound past its cap (not judged)")
+    judged = first.windows
+    if judged is not None:
+        right.plot(range(n), judged.loss_bounds, color="gray", ls="--", lw=1.2, label="tier-2 bound (per window)")
+        for w in judged.windows[1:]:
+            right.axvline(w.start, color="#cccccc", lw=0.8)
+    for i, (label, rep) in enumerate(reports.items()):
+        left.plot(range(n), [d if d > 0 else float("nan") for d in rep.loss_diffs], lw=1.2, color=f"C{i}",
+                  label=f"{label}: B vs A")
+        if rep.windows is None:
+            continue
+        diffs = rep.windows.loss_diffs
+        right.plot(range(n), [d if d > 0 else float("nan") for d in diffs], lw=1.2, color=f"C{i}",
+                   label=f"{label}: " + ("out from step " + str(rep.windows.first_over)
+                                         if rep.windows.first_over is not None else "every window within"))
+        if rep.windows.first_over is not None:
+            s = rep.windows.first_over
+            right.plot([s], [diffs[s]], marker="o", ms=10, mfc="none", color=f"C{i}")
+    left.set(title="whole run: B vs A from step 0", xlabel="step", ylabel="|Δloss|")
+    right.set(title="windows: B vs A's program from B's own state", xlabel="step   (grey: window starts)")
+    for ax in (left, right):
+        ax.legend(**LEGEND)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig

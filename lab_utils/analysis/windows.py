@@ -11,11 +11,14 @@ so each window's noise is measured afresh from the last bit, at any step of the 
     |loss_B(s) - loss_R(s)|  <=  MARGIN * max( max_{w<=t<=s} |loss_T(t) - loss_R(t)|,  FLOOR_ULPS * ulp32(loss_R(s)) )
 
 and the same for the relative grad-norm difference (floor FLOOR_ULPS * 2**-23): noise.py's rule, restarted at
-each window. A step over its bound is out:
-B's step does not follow A's program from the same state, by more than float order can explain. A step whose
-bound reaches the cap (noise.LOSS_CAP of the loss, noise.GRAD_CAP relative) is "not judged": the window's twin
-itself went blind there, and the report says so instead of certifying it. Window 0 starts from A's own initial
-weights, so it is the whole-run rule over its first k steps.
+each window. Where one step's grad bound passes its cap (a jitter spike of the twin's grad norm, as in bf16),
+the gradient scale is judged by the window's median relative difference against MARGIN x the twin's median: a
+gradient-scale bug changes every step's norm. The logged learning rate is part of A's program: a step where
+B's differs from the replay's is out. A step over its bound is out: B's step does not follow A's program from
+the same state, by more than float order can explain. A step whose bound reaches the cap (noise.LOSS_CAP of the
+loss, noise.GRAD_CAP relative) is "not judged": the window's twin itself went blind there, and the report says
+so instead of certifying it. Window 0 starts from A's own initial weights, so it is the whole-run rule over its
+first k steps.
 
 Analysis side: pure functions of metrics lists; reads no files (parity.py reads the replay's folders).
 """
@@ -23,6 +26,7 @@ Analysis side: pure functions of metrics lists; reads no files (parity.py reads 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from lab_utils.analysis import noise
@@ -98,14 +102,20 @@ def judge(mb: list[dict], mr: list[dict], mt: list[dict], starts: list[int], n: 
     for w, stop in zip(bounds[:-1], bounds[1:], strict=True):
         e_loss = e_grad = 0.0
         row = Window(w, stop, 0.0, 0.0, None, 0.0, None, end_param_diff=(ends or {}).get(stop))
-        for s in range(w, stop):
+        steps = range(w, stop)
+        dgs = [_rel(mr[s].get("grad_norm"), mb[s].get("grad_norm")) for s in steps]
+        # A gradient-scale bug changes every step's norm: where one step's grad bound passes the cap (a jitter
+        # spike of the twin, bf16), the window's median relative difference judges the gradient scale instead.
+        med_bound = margin * max(statistics.median(_rel(mr[s].get("grad_norm"), mt[s].get("grad_norm"))
+                                                   for s in steps), noise.GRAD_FLOOR)
+        med_ok = statistics.median(dgs) <= med_bound
+        for s, dg in zip(steps, dgs, strict=True):
             lr_, lb_, lt_ = mr[s]["loss"], mb[s]["loss"], mt[s]["loss"]
             e_loss = max(e_loss, abs(lt_ - lr_) if math.isfinite(lt_ - lr_) else math.inf)
             e_grad = max(e_grad, _rel(mr[s].get("grad_norm"), mt[s].get("grad_norm")))
             bl = margin * max(e_loss, noise.FLOOR_ULPS * noise.ulp32(lr_))
             bg = margin * max(e_grad, noise.GRAD_FLOOR)
             dl = abs(lb_ - lr_) if math.isfinite(lb_) and math.isfinite(lr_) else math.inf
-            dg = _rel(mr[s].get("grad_norm"), mb[s].get("grad_norm"))
             lb.append(bl)
             gb.append(bg)
             ld.append(dl)
@@ -114,11 +124,16 @@ def judge(mb: list[dict], mr: list[dict], mt: list[dict], starts: list[int], n: 
             row.max_twin_loss = max(row.max_twin_loss, e_loss)
             if mb[s].get("grad_norm") is not None:
                 row.max_rel_grad_diff = max(row.max_rel_grad_diff or 0.0, dg)
-            ratio = max(dl / bl if bl else math.inf, dg / bg)
+            by_median = bg > noise.GRAD_CAP and med_bound <= noise.GRAD_CAP
+            ratio = max(dl / bl if bl else math.inf, dg / med_bound if by_median and not med_ok else
+                        0.0 if by_median else dg / bg)
+            lr_b, lr_r = mb[s].get("lr"), mr[s].get("lr")
+            if lr_b is not None and lr_r is not None and not math.isclose(lr_b, lr_r, rel_tol=1e-6):
+                ratio = math.inf  # the learning rate is A's program, exactly: another one at this step is out
             row.worst_ratio = max(row.worst_ratio, ratio)
             if ratio > 1 and row.first_over is None:
                 row.first_over = s
-            elif ratio <= 1 and not noise.judgeable(bl, bg, lr_):
+            elif ratio <= 1 and not noise.judgeable(bl, med_bound if by_median else bg, lr_):
                 row.unjudged.append(s)
         unjudged += row.unjudged
         windows.append(row)

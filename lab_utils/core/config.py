@@ -79,6 +79,12 @@ KEYS: dict[str, Key] = {
                               choices=("per_rank", "global_tokens")),
     "optimizer": Key(str, "adamw", "optimizer", choices=("adamw", "adam", "sgd")),
     "lr": Key(float, 3e-3, "learning rate", min=0.0, max_open=False),
+    "lr_schedule": Key(str, "none", "none: lr at every step; warmup_cosine: linear warm-up over warmup_steps, then a "
+                       "cosine to 10% of lr (a function of the step: core/schedule.py)",
+                       choices=("none", "warmup_cosine")),
+    "warmup_steps": Key(int, 10, "lr_schedule=warmup_cosine: warm-up steps", min=1),
+    "lr_bug": Key(str, "none", "restart_on_resume: the schedule restarts at a resume (its state not in the checkpoint)",
+                  choices=("none", "restart_on_resume")),
     "weight_decay": Key(float, 0.1, "weight decay (adamw, sgd)", min=0.0),
     "amp": Key(str, "none", "autocast dtype for forward/loss: bf16 (GPUs of compute capability >= 8.0, or CPU), "
                "fp16 (with torch.amp.GradScaler: any GPU, T4 included); its noise is judged by its float twin",

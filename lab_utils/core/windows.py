@@ -81,7 +81,10 @@ class Replay:
         unwrap(model).load_state_dict(state["model"])
         if self.nudge:  # a float twin by nudged weights: nudged again at every window start, as at step 0
             workloads.nudge(unwrap(model), self.nudge)
+        own_lr = [g["lr"] for g in optimizer.param_groups]  # the schedule is A's program, not B's state
         optimizer.load_state_dict(state["optimizer"])
+        for g, lr in zip(optimizer.param_groups, own_lr, strict=True):
+            g["lr"] = lr
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         if rank_buffers is not None and state.get("rank_buffers") and len(state["rank_buffers"]) == len(rank_buffers):

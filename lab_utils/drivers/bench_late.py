@@ -10,6 +10,8 @@ the whole-run envelope has gone blind (its bound past noise.LOSS_CAP of the loss
 - late_set_epoch: `set_epoch=false`, the first epoch boundary placed past the blind step (toy: step 80);
 - lossy_resume: rank 1 killed after an article-style checkpoint, the elastic restart resumes from it (the epoch
   restarts from its first sample: a real bug from the resumed step);
+- lr_restart: killed and resumed from a lab checkpoint, but the learning-rate schedule restarts its warm-up at
+  the resume (its state was not saved: `lr_bug=restart_on_resume`);
 - correct and exact_resume: the correct port, and the same killed and resumed from a lab checkpoint (exact).
 A row is right when the windows give exit 0 to a correct port and exit 1 with the expected cause to a bug. The
 table also prints the cost: the single run's time, the replay's (replay + twin), and the window states' disk.
@@ -31,10 +33,12 @@ from lab_utils.launch import launcher, replay, twins
 # Per size: the keys of every run, and where the resume cases checkpoint and die (the fault step, after the
 # checkpoint step; the restart resumes from the checkpoint). The toy's lr=0.03 makes the tiny GPT's float twins
 # go blind by step ~26 (0.003, the default, keeps them at ulp level for hundreds of steps).
+SCHEDULE = ("lr_schedule=warmup_cosine", "warmup_steps=10")  # as people train: every run of the suite has one
 SIZES = {
-    "toy": (("lr=0.03", "dropout=0", "steps=100", "n_samples=1280"), 90, 95),
-    "4x256": (("n_layer=4", "n_embd=256", "n_head=4", "dropout=0", "steps=150", "n_samples=1920"), 130, 135),
-    "workshop": (("preset=workshop", "steps=160"), 150, 155),
+    "toy": (("lr=0.03", "dropout=0", "steps=100", "n_samples=1280", *SCHEDULE), 90, 95),
+    "4x256": (("n_layer=4", "n_embd=256", "n_head=4", "dropout=0", "steps=150", "n_samples=1920", *SCHEDULE),
+              130, 135),
+    "workshop": (("preset=workshop", "steps=160", *SCHEDULE), 150, 155),
 }
 
 
@@ -52,6 +56,7 @@ CASES = (
     Case("late_set_epoch", ("set_epoch=false",), None, "sampler_epoch", ("toy", "4x256")),  # workshop: step 7
     Case("exact_resume", (), "lab", None),
     Case("lossy_resume", (), "article", "resume"),
+    Case("lr_restart", ("lr_bug=restart_on_resume",), "lab", "resume"),
 )
 
 

@@ -5,9 +5,11 @@
 - `CHECKLIST`: the article's §7.2 table, line by line, with the corrected line and the chapter that measures it;
 - `delta_loss`, `plot_divergence`: per-step |Δloss| of run pairs with the first diverging step marked;
 - `recorder_lines`: the lines a user adds to their own script (lab_utils.core.record), read from the patched
-  public script, so the notebook never copies them by hand.
+  public script, so the notebook never copies them by hand;
+- `late_specs`: the runs of a bug that starts after the whole-run envelope has gone blind (lesson 5).
 
-Reads run folders through runfiles only; launches nothing (the notebook does, through lab_utils.chapter).
+Reads run folders through runfiles only; launches nothing (the notebook does, through lab_utils.chapter and
+the launcher).
 """
 
 from __future__ import annotations
@@ -159,3 +161,17 @@ def recorder_lines(script: Path, patches: tuple[str, ...] = ()) -> str:
             keep.append(f"{i:4d}  {line}")
             depth = max(0, depth + sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}"))
     return "\n".join(keep)
+
+
+# ------------------------------------------------------------------ a bug that starts late (lesson 5)
+LATE_CASES = ("A", "twin", "correct", "late_set_epoch")
+
+
+def late_specs(prefix: str = "ch10_late_") -> dict:
+    """launch_many specs of lesson 5: `ddp-lab bench late --size toy`'s single run A with its float twin, the
+    correct 2-rank port and the port with set_epoch=false. lr=0.03 with a warm-up and cosine: the tiny GPT's
+    twins go blind (their bound past 1% of the loss) by step ~35, and 1280 samples at global batch 16 put the
+    first epoch boundary at step 80, well inside that blind zone."""
+    from lab_utils.drivers import bench_late
+
+    return {k: (prefix + s[0], *s[1:]) for k, s in bench_late.specs("toy").items() if k in LATE_CASES}
