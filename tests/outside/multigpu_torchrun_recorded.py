@@ -184,6 +184,8 @@ def prepare_dataloader(dataset: Dataset, batch_size: int, seed: int):
 
 
 def replay(keys: dict):  # RECORD: this single-GPU program from B's window states (one process)
+    if WORLD_SIZE > 1:  # RECORD:
+        raise SystemExit("replay_from=B runs the single-GPU program: start it as one process, not under torchrun")
     steps, gbs = int(keys.get("steps", 8)), int(keys.get("global_batch_size", 16))
     n_samples, seed = int(keys.get("n_samples", 0) or 64), int(keys.get("seed", 0))
     dataset, model, optimizer = load_train_objs(n_samples, float(keys.get("lr", 0.05)), seed)
