@@ -46,10 +46,20 @@ def _cmd_run(args) -> int:
 
 
 def _replay(args):
-    """(replay, twin) of A's program from B's window states, or None (--windows off, or why not, on stderr)."""
+    """(replay, twin) of A's program from B's window states, or None (--windows off, or why not, on stderr).
+    `--replay R T`: the two folders given (record.replay made them for your own script); FileNotFoundError
+    names one that is not a run folder."""
+    from lab_utils.analysis import parity
+
+    if args.replay:
+        if args.windows == "off":
+            raise ValueError("--replay judges RUN_B's windows, --windows off judges none: give one of them")
+        try:
+            return tuple(parity.resolve_run(p) for p in args.replay)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"--replay: {e}") from None
     if args.windows == "off":
         return None
-    from lab_utils.analysis import parity
     from lab_utils.launch import replay
 
     try:
@@ -215,6 +225,10 @@ def _add_noise(s: argparse.ArgumentParser) -> None:
                         "each of them with a float twin (cached in RUN_B/replays/) and judge every window against "
                         "it, so a bug that starts late is caught; off: the whole-run envelope only (steps past its "
                         "blind step are then 'not judged')")
+    s.add_argument("--replay", nargs=2, metavar=("REPLAY", "TWIN"),
+                   help="judge RUN_B's windows against these two run folders instead of launching replays: RUN_A's "
+                        "program replayed from RUN_B's window states and its float twin (record.replay, micro=1 "
+                        "and micro=2, for a script of your own)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ def cli(*args):
     (["run", "--name", "x", "sampler=shuffle"], "sampler='shuffle' is not one of"),
     (["run", "--name", "x", "--nproc", "0"], "--nproc: 0 must be >= 1"),
     (["compare", "runs/nope_a", "runs/nope_b"], "no run folder with metrics.jsonl"),
+    (["doctor", "runs/nope_a", "runs/nope_b", "--replay", "runs/nope_r", "runs/nope_t"], "--replay: run 'runs/nope_r'"),
 ])
 def test_bad_input_one_line(args, fragment):
     p = cli(*args)

@@ -41,14 +41,14 @@ def checkpoint_path(out_dir: str | Path, step: int) -> Path:
     return Path(out_dir) / CHECKPOINTS / f"step_{step:06d}.pt"
 
 
-def _cpu(obj):
+def cpu_copy(obj):
     """Every tensor in a nest of dicts/lists/tuples copied to the CPU (plain containers only)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu().clone()
     if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
+        return {k: cpu_copy(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu(v) for v in obj)
+        return type(obj)(cpu_copy(v) for v in obj)
     return obj
 
 
@@ -73,11 +73,11 @@ def training_state(model, optimizer, step: int, cfg: dict, n_data: int, rank_buf
     """
     if style == "article":
         epoch = step * cfg["global_batch_size"] // n_data  # the epoch it is in; where in it is lost
-        return {"model": cpu_state(model), "optimizer": _cpu(optimizer.state_dict()), "epoch": epoch}
+        return {"model": cpu_state(model), "optimizer": cpu_copy(optimizer.state_dict()), "epoch": epoch}
     return {"format": CKPT_FORMAT, "step": step, "samples": step * cfg["global_batch_size"],
             "global_batch_size": cfg["global_batch_size"], "data_seed": cfg["data_seed"],
-            "sampler": cfg["sampler"], "model": cpu_state(model), "optimizer": _cpu(optimizer.state_dict()),
-            "rank_buffers": _cpu(rank_buffers) if rank_buffers and len(rank_buffers) > 1 else []}
+            "sampler": cfg["sampler"], "model": cpu_state(model), "optimizer": cpu_copy(optimizer.state_dict()),
+            "rank_buffers": cpu_copy(rank_buffers) if rank_buffers and len(rank_buffers) > 1 else []}
 
 
 def write_checkpoint(state: dict, path: str | Path, how: str = "atomic", die_midway: bool = False) -> None:

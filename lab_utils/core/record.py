@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lab_utils.core import runfiles
+from lab_utils.core import checkpoint, runfiles, windows
 
 
 def micro_batches(batch, n: int) -> list:
@@ -95,13 +95,16 @@ class Recorder:
     """Writes a run folder from any training loop; see the module docstring for the three calls."""
 
     def __init__(self, out_dir: str | Path, model: torch.nn.Module, config: dict | None = None, *,
-                 global_batch_size: int | None = None, n_samples: int | None = None):
+                 global_batch_size: int | None = None, n_samples: int | None = None, window_every: int = 0):
         if config is not None and not isinstance(config, dict):
             raise TypeError(f"config must be a dict of your settings, not {type(config).__name__}")
         for name, value in (("global_batch_size", global_batch_size), ("n_samples", n_samples)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}={value!r} must be a positive integer (or None)")
+        if not isinstance(window_every, int) or isinstance(window_every, bool) or window_every < 0:
+            raise ValueError(f"window_every={window_every!r} must be an integer >= 0 (0: no window states)")
         self.out = Path(out_dir)
+        self.window_every = window_every
         self.rank, self.world_size, backend = _dist()
         self.is_main = self.rank == 0
         self._t0 = time.time()
@@ -118,10 +121,14 @@ class Recorder:
             keys["global_batch_size"] = global_batch_size
         if n_samples is not None:
             keys["n_samples"] = n_samples
+        if window_every:
+            keys["window_every"] = window_every  # bookkeeping for the doctor: it changes no result
         self._writer = None
         self._config: dict = {}
         if self.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
+            for stale in windows.steps(self.out):  # an earlier recording's states: a replay would take them
+                windows.state_path(self.out, stale).unlink()
             self._config = {
                 "format_version": runfiles.FORMAT_VERSION, "config": keys, "world_size": self.world_size,
                 "backend": backend, "device": str(self._grad_device), "torch": torch.__version__,
@@ -139,8 +146,15 @@ class Recorder:
         return out
 
     def step(self, step: int, loss: torch.Tensor | float, model: torch.nn.Module, sample_ids=None,
-             lr: float | None = None) -> None:
-        """Record one optimizer step. Every rank calls it, after optimizer.step() and before zero_grad()."""
+             lr: float | None = None, optimizer: torch.optim.Optimizer | None = None,
+             extra_state: dict | None = None) -> None:
+        """Record one optimizer step. Every rank calls it, after optimizer.step() and before zero_grad().
+
+        With `window_every=k`, rank 0 also saves the window state after every k-th step (`optimizer` is then
+        required; `extra_state`: whatever else your step depends on, e.g. {"scheduler": sched.state_dict()})."""
+        if self.window_every and optimizer is None:
+            raise ValueError(f"Recorder(window_every={self.window_every}) saves the optimizer's state every "
+                             f"{self.window_every} steps: pass rec.step(..., optimizer=optimizer)")
         value = loss.detach().float().reshape(()).clone() if isinstance(loss, torch.Tensor) else torch.tensor(
             float(loss))
         if self.world_size > 1:  # the loss of ALL ranks, not rank 0's (article §7.2's logging line, corrected)
@@ -165,6 +179,16 @@ class Recorder:
                                 "samples": self._samples if ids else None, "param_hash": runfiles.fingerprint(model),
                                 "sample_ids": sorted(ids) if ids else None,
                                 "elapsed": round(time.time() - self._t0, 4)})
+            if self.window_every and self._steps % self.window_every == 0:
+                self._save_window(model, optimizer, extra_state)
+
+    def _save_window(self, model, optimizer, extra_state: dict | None) -> None:
+        """The state after `self._steps` steps, as core/windows.py's replay reads it: the unwrapped model's state
+        dict, the optimizer's, the step (your data position) and `extra_state`, CPU copies, written atomically."""
+        windows.write(self.out, self._steps, {
+            "step": self._steps, "model": checkpoint.cpu_state(model),
+            "optimizer": checkpoint.cpu_copy(optimizer.state_dict()),
+            "extra_state": checkpoint.cpu_copy(dict(extra_state or {}))})
 
     def close(self, model: torch.nn.Module, probe_inputs: torch.Tensor | None = None) -> None:
         """Rank 0 writes model.pt (no `module.` prefix), result.json and, given `probe_inputs`, probe.pt (the final
@@ -185,3 +209,59 @@ class Recorder:
             self._writer.close()
         if self.world_size > 1:
             dist.barrier()
+
+
+def replay(source_run: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_step,
+           out_dir: str | Path, steps: int, *, extra_load=None, micro: int = 1, config: dict | None = None) -> Path:
+    """Your single-process program replayed from a recorded run's window states: the folder that `ddp-lab
+    compare/doctor A B --replay REPLAY TWIN` judges B against window by window (lab_utils/analysis/windows.py), so
+    a bug that starts late is caught in its first window instead of hiding in the run's grown float noise.
+
+    `train_step(step, micro)` is your single-GPU step. It draws step `step`'s batch itself (the helper calls it
+    for steps 0, 1, ..., steps - 1 in order, so an iterator over your single run's batches is its data
+    position), zeroes the gradients, runs forward and backward — with micro > 1 as `micro` micro-batches,
+    `micro_batches(batch, micro)`, each `(loss_i / micro).backward()` — and optimizer.step(), and returns the
+    step's loss (the mean over its micro-batches) or (loss, sample_ids). It leaves the gradients in place: the
+    recorder logs their norm, then the helper zeroes them.
+
+    Before each step s > 0 for which `source_run/windows/` holds a state (B recorded with
+    `Recorder(..., window_every=k)` and `rec.step(..., optimizer=optimizer)`), it appends to
+    out_dir/window_ends.jsonl how far the replay's own weights came from B's, then loads B's weights and optimizer
+    state and calls `extra_load(extra_state)` with the dict B passed as rec.step's `extra_state` (a scheduler's
+    or GradScaler's state_dict). Step 0 starts from `model`'s own initial weights. Every step is recorded, so
+    out_dir becomes a run folder (metrics.jsonl, window_ends.jsonl, model.pt, result.json).
+
+    Make two from the same B: the replay (`micro=1`) and its **float twin** (`micro=2`: the same samples summed
+    as two micro-batches, another float order from the same states; its distance from the replay is each
+    window's noise). Randomness: B's states hold no generator state, so a step that draws random numbers
+    (dropout) must draw them keyed by its samples, or restore its generators through extra_state/extra_load.
+    Run it as one process (no process group).
+    """
+    source, out = Path(source_run), Path(out_dir)
+    if not isinstance(micro, int) or micro < 1:
+        raise ValueError(f"micro={micro!r} must be a positive integer (2 for the float twin)")
+    held = [s for s in windows.steps(source) if 0 < s < steps]
+    if not held:
+        raise ValueError(f"{source} holds no window states in steps 1..{steps - 1} ({windows.WINDOWS}/: record it "
+                         f"with Recorder(..., window_every=k) and rec.step(..., optimizer=optimizer))")
+    if _dist()[1] > 1:
+        raise ValueError("record.replay runs your single-GPU step in one process: call it without DDP's ranks")
+    extra = checkpoint.load_checkpoint(windows.state_path(source, held[0])).get("extra_state") or {}
+    if extra and extra_load is None:
+        raise ValueError(f"{source}'s window states hold extra_state ({', '.join(map(str, extra))}): pass "
+                         f"extra_load=... to restore it at each window start")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    rec = Recorder(out, model, config={**(config or {}), "replay_from": str(source.resolve()), "micro": micro})
+    ends = out / windows.ENDS
+    ends.unlink(missing_ok=True)
+    for step in range(steps):
+        if step in held:
+            state = windows.take(source, step, ends, model, optimizer, device)
+            if extra_load is not None:
+                extra_load(state.get("extra_state") or {})
+        out_step = train_step(step, micro)
+        loss, ids = out_step if isinstance(out_step, tuple) else (out_step, None)
+        rec.step(step, loss, model, sample_ids=ids, lr=optimizer.param_groups[0]["lr"])
+        optimizer.zero_grad(set_to_none=True)
+    rec.close(model)
+    return out

@@ -46,6 +46,11 @@ def save(out_dir, steps_done: int, model, optimizer, cfg: dict, n_data: int, ran
     state = checkpoint.training_state(model, optimizer, steps_done, cfg, n_data, rank_buffers, style="lab")
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
+    write(out_dir, steps_done, state)
+
+
+def write(out_dir, steps_done: int, state: dict) -> None:
+    """Save a window state (CPU tensors and plain containers) atomically where `steps`/`take` find it."""
     path = state_path(out_dir, steps_done)
     path.parent.mkdir(parents=True, exist_ok=True)
     runfiles.save_atomic(state, path)
@@ -56,6 +61,24 @@ def steps(run_dir: str | Path) -> list[int]:
     folder = Path(run_dir) / WINDOWS
     found = [int(m.group(1)) for p in folder.glob("step_*.pt") if (m := _NAME.fullmatch(p.name))]
     return sorted(found)
+
+
+def take(source: str | Path, step: int, ends: str | Path, model, optimizer, device) -> dict:
+    """Append to `ends` how far `model`'s weights came from `source`'s window state at `step` (the largest |Δ|
+    and its tensor: a replay's window end), then load that state's weights and optimizer; returns the state."""
+    state = checkpoint.load_checkpoint(state_path(source, step), device)
+    own = unwrap(model).state_dict()
+    diffs = {k: float((own[k].double() - v.double()).abs().max()) for k, v in state["model"].items()
+             if v.is_floating_point() and v.numel()}
+    worst = max(diffs, key=diffs.get) if diffs else None
+    with open(ends, "a") as f:
+        f.write(json.dumps({"step": step, "max_abs_param_diff": diffs.get(worst, 0.0), "worst": worst}) + "\n")
+    unwrap(model).load_state_dict(state["model"])
+    own_lr = [g["lr"] for g in optimizer.param_groups]  # the learning rate is the replay's program, not B's state
+    optimizer.load_state_dict(state["optimizer"])
+    for g, lr in zip(optimizer.param_groups, own_lr, strict=True):
+        g["lr"] = lr
+    return state
 
 
 class Replay:
@@ -71,20 +94,9 @@ class Replay:
         """At a window start: note how far this replay's weights came from B's, then take B's state."""
         if step not in self.steps:
             return False
-        state = checkpoint.load_checkpoint(state_path(self.source, step), self.device)
-        own = unwrap(model).state_dict()
-        diffs = {k: float((own[k].double() - v.double()).abs().max()) for k, v in state["model"].items()
-                 if v.is_floating_point() and v.numel()}
-        worst = max(diffs, key=diffs.get) if diffs else None
-        with open(self.ends, "a") as f:
-            f.write(json.dumps({"step": step, "max_abs_param_diff": diffs.get(worst, 0.0), "worst": worst}) + "\n")
-        unwrap(model).load_state_dict(state["model"])
+        state = take(self.source, step, self.ends, model, optimizer, self.device)
         if self.nudge:  # a float twin by nudged weights: nudged again at every window start, as at step 0
             workloads.nudge(unwrap(model), self.nudge)
-        own_lr = [g["lr"] for g in optimizer.param_groups]  # the schedule is A's program, not B's state
-        optimizer.load_state_dict(state["optimizer"])
-        for g, lr in zip(optimizer.param_groups, own_lr, strict=True):
-            g["lr"] = lr
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         if rank_buffers is not None and state.get("rank_buffers") and len(state["rank_buffers"]) == len(rank_buffers):
