@@ -137,3 +137,13 @@ def test_a_grad_jitter_spike_is_judged_by_the_window_median_and_a_scale_bug_is_s
     halved = [dict(x, grad_norm=x["grad_norm"] * (0.5 if 50 <= i < 60 else 1)) for i, x in enumerate(b)]
     bad = windows.judge(halved, r, t, list(range(10, N, 10)), N)
     assert bad.first_over == 50, bad.table()
+
+
+def test_a_run_keeps_a_bounded_number_of_window_states():
+    from lab_utils.core import windows as states
+
+    assert states.period({"window_every": 10, "steps": 100}) == 10
+    assert states.period({"window_every": 10, "steps": 100_000}) == -(-100_000 // states.MAX_STATES)
+    saved = [s for s in range(1, 100_001) if states.due({"window_every": 10, "steps": 100_000}, s)]
+    assert len(saved) <= states.MAX_STATES
+    assert states.period({"window_every": 0, "steps": 100}) == 0

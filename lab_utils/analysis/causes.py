@@ -157,17 +157,29 @@ BOOKKEEPING = {"out_dir", "log_every", "log_sync_every", "fingerprint", "backend
                "gradient_as_bucket_view", "find_unused_parameters"}
 
 
+# Keys that change nothing in a one-rank layout (one process, emulate_ranks=1): the fixes a port needs on its
+# DDP side only (a synced BatchNorm, a global token count, an autograd all-gather, the sum loss's x world_size).
+# Where either run is one rank, a difference in one of them is not a difference in what that run computes.
+WORLD_ONLY = {"sync_bn", "loss_normalization", "contrastive_gather", "sum_loss_fix", "broadcast_buffers"}
+
+
+def _neutral(ca: dict, cb: dict) -> set[str]:
+    single = 1 in (ranks(ca), ranks(cb))
+    return BOOKKEEPING | (WORLD_ONLY if single else set())
+
+
 def config_differences(ca: dict, cb: dict) -> list[str]:
     """"key=A vs B" for every key both config.json have that can change the results (bookkeeping left out)."""
-    ka, kb = _keys(ca), _keys(cb)
-    return [f"{k}={ka[k]} vs {kb[k]}" for k in sorted(set(ka) & set(kb)) if ka[k] != kb[k] and k not in BOOKKEEPING]
+    ka, kb, neutral = _keys(ca), _keys(cb), _neutral(ca, cb)
+    return [f"{k}={ka[k]} vs {kb[k]}" for k in sorted(set(ka) & set(kb)) if ka[k] != kb[k] and k not in neutral]
 
 
 def neutral_differences(ca: dict, cb: dict) -> list[str]:
-    """"key=A vs B" for the keys that differ but change only the float order, or nothing (BOOKKEEPING)."""
-    ka, kb = _keys(ca), _keys(cb)
+    """"key=A vs B" for the keys that differ but change only the float order, or nothing (BOOKKEEPING, and the
+    DDP-side fixes where one run is one rank)."""
+    ka, kb, neutral = _keys(ca), _keys(cb), _neutral(ca, cb)
     return [f"{k}={ka[k]} vs {kb[k]}" for k in sorted(set(ka) & set(kb))
-            if ka[k] != kb[k] and k in BOOKKEEPING - {"out_dir", "replay_from"}]
+            if ka[k] != kb[k] and k in neutral - {"out_dir", "replay_from"}]
 
 
 def init_hashes(run: Path, config: dict) -> dict[int, str]:

@@ -139,7 +139,8 @@ KEYS: dict[str, Key] = {
                             "(0 = off)", min=0),
     "window_every": Key(int, 10, "rank 0 saves the full state to out_dir/windows/ every N optimizer steps, so "
                         "compare/doctor judge a port window by window from a shared state, where float noise never "
-                        "grows (0 = off: past the float twins' blind step the report says 'not judged')", min=0),
+                        "grows (0 = off: past the float twins' blind step the report says 'not judged'); at most 64 "
+                        "states a run (longer runs get longer windows: core/windows.py)", min=0),
     "replay_from": Key(str, None, "a run folder with windows/: run this program from that run's window states, one "
                        "window at a time (what compare/doctor launch; lab_utils/core/windows.py)", optional=True),
     "checkpoint_style": Key(str, "lab", "lab: model, optimizer, step (= data position) for exact resume; "

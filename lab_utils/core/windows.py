@@ -36,9 +36,24 @@ def state_path(out_dir: str | Path, step: int) -> Path:
     return Path(out_dir) / WINDOWS / f"step_{step:06d}.pt"
 
 
+# At most this many window states per run: past MAX_STATES x window_every steps the windows grow instead (a
+# state of the workshop preset is 219 MB: 64 of them are 14 GB). A window that grows past its twin's blind
+# step reports the steps it cannot judge as "not judged" (analysis/windows.py), so a longer window is never a
+# silent loss of judgement, only of reach.
+MAX_STATES = 64
+
+
+def period(cfg: dict) -> int:
+    """Steps per window: window_every, or longer so that a run keeps at most MAX_STATES states (0: off)."""
+    if not cfg["window_every"]:
+        return 0
+    return max(cfg["window_every"], -(-cfg["steps"] // MAX_STATES))
+
+
 def due(cfg: dict, steps_done: int) -> bool:
     """Whether the state after `steps_done` optimizer steps is a window state."""
-    return bool(cfg["window_every"]) and steps_done % cfg["window_every"] == 0
+    k = period(cfg)
+    return bool(k) and steps_done % k == 0
 
 
 def save(out_dir, steps_done: int, model, optimizer, cfg: dict, n_data: int, rank_buffers=None, scaler=None) -> None:
