@@ -150,6 +150,11 @@ def plot_envelope(reports: dict, path: str | Path | None = None, title: str = ""
         ax.set_xlabel("step      (○: where a run leaves the envelope; a gap: exactly 0)")
     axes[0].set(ylabel="|Δloss| vs A", title="loss: distance from the single run (log scale)")
     axes[1].set(ylabel="relative |Δgrad_norm| vs A", title="gradient norm: relative distance (log scale)")
+    return _finish(fig, axes, title, path)
+
+
+def _finish(fig, axes, title: str, path):
+    """Legends under each panel, the title, and the file when a path is given."""
     for ax in axes:
         ax.legend(**LEGEND)
     if title:
@@ -193,10 +198,4 @@ def plot_windows(reports: dict, path: str | Path | None = None, title: str = "")
             right.plot([s], [diffs[s]], marker="o", ms=10, mfc="none", color=f"C{i}")
     left.set(title="whole run: B vs A from step 0", xlabel="step", ylabel="|Δloss|")
     right.set(title="windows: B vs A's program from B's own state", xlabel="step   (grey: window starts)")
-    for ax in (left, right):
-        ax.legend(**LEGEND)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    _save(fig, path)
-    return fig
+    return _finish(fig, (left, right), title, path)

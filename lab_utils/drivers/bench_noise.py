@@ -6,7 +6,9 @@ judged with one float twin at a time, in envelopes (B's distance from A over the
 A correct pair's worst step must sit well below the margin, a bug's first step outside far above it. The files:
 docs/measured/cpu2/noise_envelope_4x256/ (GPT 4x256, 150 steps, 2-core CPU, gloo) and
 docs/measured/h200/noise_growth/ (the workshop preset, 150 steps, one H200, fp32 and bf16); each folder's README
-says how each run was made. tests/test_noise.py asserts the margin against this table.
+says how each run was made. tests/test_noise.py asserts the margin against this table. Below it, per scale, the
+windows' side from the committed `ddp-lab bench late` rows (docs/measured/**/late_*.json): the correct ports'
+worst window and the bugs' first window out, in envelopes; then the floor and the caps.
 """
 
 from __future__ import annotations
@@ -68,7 +70,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nworst correct pair: {max(correct):.3g} envelopes; smallest bug at its onset: {min(bugs):.3g}; "
           f"MARGIN = {noise.MARGIN:g} ({noise.MARGIN / max(correct):.1f}x the worst correct pair, "
           f"{min(bugs) / noise.MARGIN:.0f}x below the smallest bug)")
+    print(windows_table())
+    print(f"floor: {noise.FLOOR_ULPS} fp32 ulps, inside the margin (a bound is never below MARGIN x "
+          f"{noise.FLOOR_ULPS} ulps = {noise.MARGIN * noise.FLOOR_ULPS:g} ulps); caps: {noise.LOSS_CAP:.0%} of the "
+          f"loss, {noise.GRAD_CAP:g} relative grad norm (past them a step is 'not judged')")
     return 0
+
+
+def windows_table() -> str:
+    """Per scale, from the committed `ddp-lab bench late` rows (docs/measured/*/late_*.json): the correct ports'
+    worst window and the bugs' first window out, in envelopes (|Δ| / (bound / MARGIN)) — the margin's other
+    side, measured where the windows judge: from B's own state, at any step."""
+    out = [f"\n{'windows (bench late)':34} {'worst correct window':>21} {'smallest bug window':>19}  right"]
+    for path in sorted(MEASURED.rglob("late_*.json")):
+        rows = json.loads(path.read_text())
+        ok = [r["worst_correct_window"] * noise.MARGIN for r in rows if r["expected"] == "no bug"
+              and r["worst_correct_window"] is not None]
+        bad = [r["bug_window"] * noise.MARGIN for r in rows if r["expected"] != "no bug" and r["bug_window"]]
+        out.append(f"{str(path.relative_to(MEASURED)):34} {max(ok, default=float('nan')):21.3g} "
+                   f"{min(bad, default=float('nan')):19.3g}  {sum(r['right'] for r in rows)}/{len(rows)}")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
