@@ -165,11 +165,10 @@ def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs
     if noise_runs and noise_runs != "auto" and list(noise_runs) != ["auto"]:
         for t in noise_runs:
             check_run_folder(t)
-    report = parity.compare(a, b, noise_runs=noise_runs, replay=replay, **tolerances)
-    ma, mb = runfiles.read_metrics(a), runfiles.read_metrics(b)
-    ca, cb = parity._read_config(a), parity._read_config(b)
-    evidence = parity.evidence(report, ma, mb, ca, cb, runfiles.load_tensors(a),
-                               (causes.init_hashes(a, ca), causes.init_hashes(b, cb)))
+    ra, rb = parity.load_run(a), parity.load_run(b)  # each folder read once, for the report and the causes
+    report = parity.compare(ra, rb, noise_runs=noise_runs, replay=replay, **tolerances)
+    ma, mb, ca, cb = ra.metrics, rb.metrics, ra.config, rb.config
+    evidence = parity.evidence(report, ma, mb, ca, cb, ra.tensors, (ra.init_hashes, rb.init_hashes))
     notes = [f"{nm}: no config.json — the causes read from the keys (batch, seeds, sampler) cannot be checked"
              for nm, path in (("A", a), ("B", b)) if not (path / runfiles.CONFIG).exists()]
     worst = sorted(report.per_tensor.items(), key=lambda kv: -kv[1])[:top]

@@ -414,29 +414,49 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def compare(run_a: str | Path, run_b: str | Path, noise_runs=None, replay: tuple[Path, Path] | None = None,
-            **tolerances) -> ParityReport:
-    """Compare two run folders: a run name (under $LAB_RUNS_DIR or ./runs) or any path to a run folder.
+@dataclass
+class Run:
+    """A run folder read once: what the verdict engine needs of it (parity, noise, causes, the doctor)."""
+    path: Path
+    config: dict      # config.json (+ result.json's resumed_from), {} when missing or unreadable
+    metrics: list[dict]
+    tensors: dict | None  # model.pt
+    probe: dict | None    # probe.pt
+    init_hashes: dict[int, str]
 
-    Reads files only (runfiles.py's contract): metrics.jsonl, model.pt, probe.pt, config.json. Tolerances
-    not given come from `tolerances_for` (per workload and device). `noise_runs`: float twins of A (names or
-    paths, or "auto": the runs named A-twin-*); with them tier 2 means "within their float-noise envelope".
-    `replay`: (replay, its twin) folders of A's program replayed from B's window states (launch/replay.py), so
-    that every step is judged against noise that never grows (analysis/windows.py).
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def load_run(run: str | Path | Run) -> Run:
+    """A run by name or path (resolve_run), every file read once; a Run is returned as it is."""
+    if isinstance(run, Run):
+        return run
+    path = resolve_run(run)
+    config = _read_config(path)
+    return Run(path, config, read_metrics(path), runfiles.load_tensors(path),
+               runfiles.load_tensors(path, runfiles.PROBE), causes.init_hashes(path, config))
+
+
+def compare(run_a: str | Path | Run, run_b: str | Path | Run, noise_runs=None,
+            replay: tuple[Path, Path] | None = None, **tolerances) -> ParityReport:
+    """Compare two run folders: a run name (under $LAB_RUNS_DIR or ./runs), any path to a run folder, or a Run.
+
+    Reads files only (runfiles.py's contract): metrics.jsonl, model.pt, probe.pt, config.json, each once
+    (load_run). Tolerances not given come from `tolerances_for` (per workload and device). `noise_runs`: float
+    twins of A (names or paths, or "auto": the runs named A-twin-*); with them tier 2 means "within their
+    float-noise envelope". `replay`: (replay, its twin) folders of A's program replayed from B's window states
+    (launch/replay.py), so that every step is judged against noise that never grows (analysis/windows.py).
     """
-    a, b = resolve_run(run_a), resolve_run(run_b)
-    ca, cb = _read_config(a), _read_config(b)
-    tolerances = {**tolerances_for(ca, cb), **tolerances}
-    wa, wb = runfiles.load_tensors(a), runfiles.load_tensors(b)
-    twins = load_twins(a, b, ca, wa, noise_runs) if noise_runs else None
-    ma, mb = read_metrics(a), read_metrics(b)
-    judged = window_judgement(b, mb, replay, min(len(ma), len(mb))) if replay else None
-    return classify(ma, mb, wa, wb, names=(a.name, b.name),
-                    output_diff=_output_diff(a, b, ca, cb), config_a=ca, config_b=cb, twins=twins,
-                    init_hashes=(causes.init_hashes(a, ca), causes.init_hashes(b, cb)), windows=judged,
-                    **tolerances)
-
-
+    a, b = load_run(run_a), load_run(run_b)
+    tolerances = {**tolerances_for(a.config, b.config), **tolerances}
+    twins = load_twins(a, b, noise_runs) if noise_runs else None
+    n = min(len(a.metrics), len(b.metrics))
+    judged = window_judgement(b.path, b.metrics, replay, n) if replay else None
+    return classify(a.metrics, b.metrics, a.tensors, b.tensors, names=(a.name, b.name),
+                    output_diff=_output_diff(a, b), config_a=a.config, config_b=b.config, twins=twins,
+                    init_hashes=(a.init_hashes, b.init_hashes), windows=judged, **tolerances)
 
 
 def find_twins(a: Path) -> list[Path]:
@@ -456,24 +476,24 @@ def check_twin(a: Path, t: Path, ca: dict, ct: dict) -> None:
                          f"change only {', '.join(sorted(float_twin.KEYS))})")
 
 
-def load_twins(a: Path, b: Path, ca: dict, wa: dict | None, noise_runs) -> list[noise.Twin]:
+def load_twins(a: Run, b: Run, noise_runs) -> list[noise.Twin]:
     """The float twins of A as the envelope needs them; errors name a run that is missing or not a twin."""
     if noise_runs == "auto" or list(noise_runs) == ["auto"]:
-        paths = find_twins(a)
+        paths = find_twins(a.path)
         if not paths:
-            raise FileNotFoundError(f"--noise auto: no run named {a.name}{float_twin.SEPARATOR}* beside {a} "
+            raise FileNotFoundError(f"--noise auto: no run named {a.name}{float_twin.SEPARATOR}* beside {a.path} "
                                     f"(make one with `ddp-lab run --name {a.name} ... --twin`)")
     else:
         paths = [resolve_run(t) for t in noise_runs]
     twins = []
-    for t in paths:
-        if t in (a, b):
-            raise ValueError(f"{t.name} is {'A' if t == a else 'B'} itself: a float twin is another run of A")
-        ct = _read_config(t)
-        check_twin(a, t, ca, ct)
-        wt = runfiles.load_tensors(t)
-        per = compare_weights(wa, wt)[0] if wa is not None and wt is not None else {}
-        twins.append(noise.Twin(t.name, read_metrics(t), per, _output_diff(a, t, ca, ct)))
+    for path in paths:
+        if path in (a.path, b.path):
+            raise ValueError(f"{path.name} is {'A' if path == a.path else 'B'} itself: a float twin is another run "
+                             f"of A")
+        t = load_run(path)
+        check_twin(a.path, t.path, a.config, t.config)
+        per = compare_weights(a.tensors, t.tensors)[0] if a.tensors is not None and t.tensors is not None else {}
+        twins.append(noise.Twin(t.name, t.metrics, per, _output_diff(a, t)))
     return twins
 
 
@@ -490,9 +510,9 @@ def _read_config(run: Path) -> dict:
     return {**found, "resumed_from": resumed} if resumed is not None else found
 
 
-def _output_diff(a: Path, b: Path, ca: dict, cb: dict) -> float | None:
+def _output_diff(a: Run, b: Run) -> float | None:
     """max |Δ| of the two final models' probe outputs (probe.pt), or None when they are not comparable."""
-    pa, pb = runfiles.load_tensors(a, runfiles.PROBE), runfiles.load_tensors(b, runfiles.PROBE)
+    pa, pb, ca, cb = a.probe, b.probe, a.config, b.config
     if pa is None or pb is None or not ca or not cb:
         return None
     if any(ca.get("config", {}).get(k) != cb.get("config", {}).get(k) for k in STRUCTURE_KEYS):
