@@ -60,15 +60,14 @@ CASES = (
 )
 
 
-def specs(size: str, amp: str = "none") -> dict:
-    """launch_many specs of every run a size needs: A, its twin, one port per case."""
+def specs(size: str, amp: str = "none", constant_lr: bool = False) -> dict:
+    """launch_many specs of every run a size needs: A, its twin, one port per case. constant_lr: no warm-up and
+    cosine (the float twins then drift faster and the whole run goes blind sooner; no lr_restart case)."""
     common, ckpt, fault = SIZES[size]
-    common = (*common, f"amp={amp}")
+    common = (*(k for k in common if not (constant_lr and k in SCHEDULE)), f"amp={amp}")
     suffix, twin_keys = twins.twin_keys(list(common), 1)
     out = {"A": ("A", 1, list(common)), "twin": (f"A-twin-{suffix}", 1, twin_keys)}
-    for c in CASES:
-        if size not in c.sizes:
-            continue
+    for c in cases(size, constant_lr):
         keys = [*common, *c.keys]
         kwargs = {}
         if c.resume:
@@ -79,14 +78,16 @@ def specs(size: str, amp: str = "none") -> dict:
     return out
 
 
-def judge(root: Path, size: str, progress: bool = False) -> list[dict]:
+def cases(size: str, constant_lr: bool = False) -> list[Case]:
+    return [c for c in CASES if size in c.sizes and not (constant_lr and c.name == "lr_restart")]
+
+
+def judge(root: Path, size: str, progress: bool = False, constant_lr: bool = False) -> list[dict]:
     """One row per case: the doctor without and with windows, the cost of the replay."""
     rows = []
     a, twin = root / "A", next(p for p in root.glob("A-twin-*") if (p / runfiles.METRICS).exists())
     single_s = json.loads((a / runfiles.RESULT).read_text())["seconds"]
-    for c in CASES:
-        if size not in c.sizes:
-            continue
+    for c in cases(size, constant_lr):
         b = root / c.name
         whole = doctor.diagnose_runs(a, b, noise_runs=[twin])
         t0 = time.time()
@@ -129,15 +130,18 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="toy", choices=sorted(SIZES))
     ap.add_argument("--amp", default="none", choices=("none", "bf16"))
+    ap.add_argument("--constant-lr", action="store_true", help="no warm-up and cosine: the learning rate of "
+                    "main at fc2f780's measurements (the whole run goes blind sooner)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
     root = runfiles.runs_dir()
-    todo = {k: s for k, s in specs(args.size, args.amp).items() if not (root / s[0] / runfiles.RESULT).exists()}
+    todo = {k: s for k, s in specs(args.size, args.amp, args.constant_lr).items()
+            if not (root / s[0] / runfiles.RESULT).exists()}
     if todo:
         print(f"launching {len(todo)} run(s) into {root}/: {', '.join(s[0] for s in todo.values())}", flush=True)
         launcher.launch_many(todo, max_workers=2, raise_on_failure=True, timeout=args.timeout)
-    rows = judge(root, args.size, progress=True)
+    rows = judge(root, args.size, progress=True, constant_lr=args.constant_lr)
     print(table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
