@@ -237,5 +237,6 @@ class Verdicts:
         print(self.table())
         failed = [r for r in self.rows if not r[3]]
         if failed:
-            raise AssertionError("lesson no longer holds: " + "; ".join(
-                f"{c}: expected {e}, measured {m}" for c, e, m, _ in failed))
+            # One claim a line, in the table's words: what nbval's report shows first (lab_utils/nbval_plugin.py).
+            raise AssertionError(f"lesson no longer holds ({self.title}):\n" + "\n".join(
+                f"  - {c}: expected {e}, measured {m}" for c, e, m, _ in failed))

@@ -112,6 +112,69 @@ def verdict_text(nb) -> str:
                    if o.get("output_type") == "stream" and o.get("name") == "stdout")
 
 
+def verdict_tables(text: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """Read back what `chapter.Verdicts.table` prints: [(title, [(claim, expected, measured), ...]), ...].
+
+    The dashed line under the header gives each column's width, so a claim may hold any character."""
+    lines = text.splitlines()
+    tables, i = [], 0
+    while i < len(lines):
+        ruler = lines[i]
+        if i >= 2 and ruler.count("-+-") == 2 and set(ruler) <= {"-", "+"}:
+            w0, w1, _ = (len(part) for part in ruler.split("-+-"))
+            rows, i = [], i + 1
+            while i < len(lines) and lines[i][w0:w0 + 3] == " | " and lines[i][w0 + w1 + 3:w0 + w1 + 6] in (
+                    " | ", " |"):
+                ln = lines[i]
+                rows.append((ln[:w0].rstrip(), ln[w0 + 3:w0 + 3 + w1].rstrip(), ln[w0 + w1 + 6:].rstrip()))
+                i += 1
+            tables.append((lines[i - len(rows) - 3] if i - len(rows) - 3 >= 0 else "", rows))
+            continue
+        i += 1
+    return tables
+
+
+def claims_report(committed: str, measured: str) -> list[str]:
+    """The claims of a committed verdict table that this run's table changed, each with both values."""
+    def rows(text):
+        return {(title, claim): (exp, got) for title, table in verdict_tables(text) for claim, exp, got in table}
+
+    want, got = rows(committed), rows(measured)
+    out = []
+    for (title, claim), (exp, meas) in want.items():
+        now = got.get((title, claim))
+        if now is None:
+            out.append(f"✗ {title}: {claim!r} is missing from this run's table (committed: expected {exp}, "
+                       f"measured {meas})")
+        elif now != (exp, meas):
+            out.append(f"✗ {title}: {claim}: expected {now[0]}, this run measured {now[1]} (the committed run: "
+                       f"expected {exp}, measured {meas})")
+    out += [f"+ {title}: {claim}: new in this run: expected {e}, measured {m}"
+            for (title, claim), (e, m) in got.items() if (title, claim) not in want]
+    if out:
+        return out
+    import difflib
+
+    diff = [ln.rstrip("\n") for ln in difflib.unified_diff(committed.splitlines(True), measured.splitlines(True),
+                                                           "committed", "this run", n=0)]
+    if not want or not got:
+        return ["the output is not a verdict table (chapter.Verdicts); the lines that differ:", *diff]
+    return ["every claim reads as committed; the table's other lines differ:", *diff]
+
+
+def sanitize(text: str, patterns) -> str:
+    """nbval's sanitizing (`--nbval-sanitize-with`): each (regex, replacement) in turn."""
+    for regex, replace in patterns:
+        text = re.sub(regex, replace, text)
+    return text
+
+
+def sanitize_patterns(path: str | Path) -> list[tuple[str, str]]:
+    from nbval.plugin import get_sanitize_patterns
+
+    return list(get_sanitize_patterns(Path(path).read_text()))
+
+
 def first_png(nb) -> bytes | None:
     for c in nb.cells:
         for o in c.get("outputs", []) if c.cell_type == "code" else []:

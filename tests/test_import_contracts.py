@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "lab_utils"
 LAYERS = ("core", "launch", "analysis", "lessons", "drivers")
-FACE = {"cli", "chapter", "nbbuild", "checklist", "__main__", "__init__"}  # the notebook face and the CLI, on top
+FACE = {"cli", "chapter", "nbbuild", "nbval_plugin", "checklist", "__main__", "__init__"}  # the notebook face, the CLI
 ANALYSIS_MAY_READ = {"runfiles", "mix64", "config", "float_twin"}
 
 

@@ -105,9 +105,22 @@ class Lab:
                     "JUPYTERLAB_SETTINGS_DIR": str(jdirs["settings"]),
                     "JUPYTERLAB_WORKSPACES_DIR": str(jdirs["workspaces"]),
                     "JUPYTER_RUNTIME_DIR": str(jdirs["runtime"]),
+                    # where the server's notary keeps its secret and signatures (trust_saved_outputs)
+                    "JUPYTER_DATA_DIR": str(jdirs["data"]),
                     "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
         self.log_path = self.workdir / "jupyterlab.log"
         self.proc: subprocess.Popen | None = None
+
+    def trust_saved_outputs(self, name: str) -> None:
+        """Sign the copy of `name` as the server's notary would (`jupyter trust`): JupyterLab renders the stored
+        outputs of an unsigned notebook only in "safe" types, so widgets would show as their text repr. Used for
+        notebooks whose outputs this test run produced (nbval's executed copies), never for anything else."""
+        from nbformat.sign import NotebookNotary
+
+        path = self.root / name
+        nb = nbformat.read(path, as_version=4)
+        NotebookNotary(data_dir=self.env["JUPYTER_DATA_DIR"]).sign(nb)
+        nbformat.write(nb, path)
 
     def command(self) -> list[str]:
         # Flags checked against jupyterlab 4 (labapp.py): extension_manager "readonly" has no install
@@ -208,8 +221,12 @@ def _menu(page, top: str, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}$")).click()
 
 
-def run_notebook(context, lab: Lab, name: str, timeout: float, shots: Path | None = None) -> Result:
-    """Open `name` in the lab, wait for an idle kernel, Run All Cells from the menu, wait, check, screenshot."""
+def run_notebook(context, lab: Lab, name: str, timeout: float, shots: Path | None = None,
+                 execute: bool = True) -> Result:
+    """Open `name` in the lab, wait for an idle kernel, Run All Cells from the menu, wait, check, screenshot.
+
+    execute=False: check what the notebook's stored outputs render to, as a learner sees an executed notebook
+    they open (nbval's executed copies; sign them first with Lab.trust_saved_outputs), and leave it unsaved."""
     res = Result(name)
     start = time.time()
     page = context.new_page()
@@ -231,27 +248,14 @@ def run_notebook(context, lab: Lab, name: str, timeout: float, shots: Path | Non
 
         _wait(page, ready, 180, "kernel idle", poll=1.0)
         page.keyboard.press("Control+b")  # hide the file browser: the screenshot is the notebook
-        _menu(page, "Run", "Run All Cells")
-        # Every code cell is queued at once ("[*]"). The run has started once some prompt shows "*" or a
-        # count; it is over when no "[*]" is left and the kernel is idle twice in a row (1 s apart), which
-        # also covers a cell that raised (JupyterLab then aborts the queued cells: their prompts go "[ ]").
-        _wait(page, lambda s: any(p not in ("[ ]:", "[ ]") for p in s.get("prompts", [])), 60,
-              "Run All Cells started")
-        settled["n"] = 0
-
-        def done(s):
-            idle = s.get("status") == "idle" and not any("*" in p for p in s.get("prompts", []))
-            idle = idle and lab.kernel_state(name) == "idle"
-            settled["n"] = settled["n"] + 1 if idle else 0
-            return settled["n"] >= 2
-
-        _wait(page, done, timeout, "all cells finished", poll=1.0)
+        if execute:
+            _run_all(page, lab, name, timeout)
         # Widgets render asynchronously after the kernel is idle; give pending views a moment.
         page.wait_for_function("() => !document.body.innerText.includes('Loading widget...')", timeout=30_000)
         page.wait_for_timeout(1000)
         res.seconds = time.time() - start
         _check_dom(page, res)
-        _save_and_check_file(page, lab, name, res)
+        _check_file(page, lab, name, res, save=execute)
         if shots is not None:
             res.screenshot = _screenshot(page, shots / (Path(name).stem + ".png"))
     except Exception as e:  # the failure names the notebook (the caller reports res), never a bare timeout
@@ -266,6 +270,24 @@ def run_notebook(context, lab: Lab, name: str, timeout: float, shots: Path | Non
         res.problems += page_errors
         page.close()
     return res
+
+
+def _run_all(page, lab: Lab, name: str, timeout: float) -> None:
+    _menu(page, "Run", "Run All Cells")
+    # Every code cell is queued at once ("[*]"). The run has started once some prompt shows "*" or a
+    # count; it is over when no "[*]" is left and the kernel is idle twice in a row (1 s apart), which
+    # also covers a cell that raised (JupyterLab then aborts the queued cells: their prompts go "[ ]").
+    _wait(page, lambda s: any(p not in ("[ ]:", "[ ]") for p in s.get("prompts", [])), 60,
+          "Run All Cells started")
+    settled = {"n": 0}
+
+    def done(s):
+        idle = s.get("status") == "idle" and not any("*" in p for p in s.get("prompts", []))
+        idle = idle and lab.kernel_state(name) == "idle"
+        settled["n"] = settled["n"] + 1 if idle else 0
+        return settled["n"] >= 2
+
+    _wait(page, done, timeout, "all cells finished", poll=1.0)
 
 
 def _check_dom(page, res: Result) -> None:
@@ -313,15 +335,17 @@ def _first_error_line(text: str) -> str:
     return (lines[-1] if lines else text.strip().splitlines()[0])[:300]
 
 
-def _save_and_check_file(page, lab: Lab, name: str, res: Result) -> None:
-    """Save (File → Save Notebook) into the copy and cross-check the DOM against the stored outputs."""
-    _menu(page, "File", "Save Notebook")
+def _check_file(page, lab: Lab, name: str, res: Result, save: bool = True) -> None:
+    """Save (File → Save Notebook) into the copy unless told not to, and cross-check the DOM against the
+    stored outputs."""
     path = lab.root / name
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        page.wait_for_timeout(500)
-        if page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-mod-dirty").count() == 0:
-            break
+    if save:
+        _menu(page, "File", "Save Notebook")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            page.wait_for_timeout(500)
+            if page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-mod-dirty").count() == 0:
+                break
     nb = nbformat.read(path, as_version=4)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
