@@ -97,13 +97,14 @@ def compare(a: str, b: str, noise: list[str] | str | None = None, windows: bool 
     """The parity report of two runs by name; `noise`: float twins of `a` by name (or "auto": the runs named
     a-twin-*, which `run(..., twin=True)` makes); `tolerances`: loss_tol, param_tol, output_tol, conv_rtol.
 
-    windows: when the whole-run envelope leaves steps not judged (past its blind step) and `b` holds window
-    states, replay `a`'s program from them (launch/replay.py, cached in b/replays/) and judge every window, as
-    `ddp-lab compare` does. Only then: a chapter's short runs rarely need it, and a replay costs two runs."""
+    windows: when the whole-run envelope leaves steps of a tier-2 report not judged (past its blind step) and `b`
+    holds window states, replay `a`'s program from them (launch/replay.py, cached in b/replays/) and judge every
+    window, as `ddp-lab compare` does. Only then, where the windows can change the verdict (certify those steps,
+    or find a bug in them): a replay costs two runs, and a chapter's runs below tier 2 are already judged."""
     if noise and noise != "auto":
         noise = [run_dir(t) for t in ([noise] if isinstance(noise, str) else noise)]
     report = parity.compare(run_dir(a), run_dir(b), noise_runs=noise, **tolerances)
-    if windows and report.not_judged:
+    if windows and report.tier == 2 and report.not_judged:
         from lab_utils.launch import replay
 
         try:
