@@ -61,6 +61,22 @@ def test_hang_is_named_and_stopped(runs_dir):
     assert not leftovers(r.run_dir)
 
 
+def test_a_held_stall_counts_from_the_release(tmp_path):
+    """chapter 09's hang holds its port until the clash has tried it: while the hold is on no stall is called,
+    however old the last heartbeat; after the release the stall counts from the later of the two."""
+    from lab_utils.core.runfiles import PROGRESS
+    from lab_utils.launch.launch_diagnose import stalled
+
+    (tmp_path / PROGRESS).mkdir(parents=True)
+    (tmp_path / PROGRESS / "rank0.json").write_text(json.dumps({"rank": 0, "step": 2, "phase": "step start",
+                                                                "time": 100.0}))
+    assert stalled(tmp_path, 10, now=200.0)                      # no hold: 100 s without a heartbeat
+    assert not stalled(tmp_path, 10, now=200.0, held_until=None)  # held
+    assert not stalled(tmp_path, 10, now=195.0, held_until=190.0)  # released 5 s ago
+    assert stalled(tmp_path, 10, now=201.0, held_until=190.0)
+    assert not stalled(tmp_path, None, now=1e9)
+
+
 def test_crash_shows_the_failing_ranks_traceback(runs_dir):
     r = launcher.launch("crash", 2, FAST + ["fault=crash", "fault_rank=1", "fault_step=2"], timeout=300,
                         progress=False)

@@ -27,16 +27,17 @@ if TYPE_CHECKING:
 DUMP_WAIT = 1.5  # seconds for a SIGUSR1 stack dump to reach the rank's log before the rank is stopped
 
 
-def stalled(run_dir: Path, stall_timeout: float | None, now: float) -> bool:
+def stalled(run_dir: Path, stall_timeout: float | None, now: float, held_until: float | None = 0.0) -> bool:
     """True when some rank has written a heartbeat and no rank has written one for `stall_timeout` s: every rank
     is waiting (a hang), whatever the total run time. Before the first heartbeat (start-up on a busy box) only
-    the overall timeout applies."""
-    if not stall_timeout:
+    the overall timeout applies. held_until: the time a caller's hold was released (the stall counts from the
+    later of it and the last heartbeat); None while the hold is on (never stalled then)."""
+    if not stall_timeout or held_until is None:
         return False
     beats = read_heartbeats(run_dir)
     latest = max((b.get("time", 0) for b in beats.values()), default=None)
     done = beats and all(b.get("phase") == "finished" for b in beats.values())
-    return latest is not None and not done and now - latest > stall_timeout
+    return latest is not None and not done and now - max(latest, held_until) > stall_timeout
 
 
 def describe_hang(beats: dict[int, dict], nproc: int) -> tuple[str, int | None]:

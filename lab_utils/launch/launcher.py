@@ -206,7 +206,7 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
            extra_env: dict | None = None, script: Path = TRAIN, max_restarts: int = 0, nnodes: int = 1,
            runner: str = "driver", master_port: int | None = None, stall_timeout: float | None = None,
            hosts=None, endpoints: list[str | None] | None = None, rdzv_conf: dict | None = None,
-           peer_grace: float | None = None) -> RunResult:
+           peer_grace: float | None = None, hold=None) -> RunResult:
     """Run the training script as `name` with `nproc` processes per node; return a RunResult (never hangs).
 
     nnodes > 1: that many nodes simulated on this box (a node agent each, c10d rendezvous on 127.0.0.1).
@@ -222,6 +222,9 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
     (None: the right one), to show what a wrong address does. rdzv_conf: torchrun's --rdzv-conf for every node
     (join_timeout, read_timeout). peer_grace: seconds the other nodes get, once one node has failed, before the
     launcher stops them (default supervise.PEER_GRACE; a rank stuck in its own connect never notices the peer).
+    hold (a threading.Event): with stall_timeout, the hang is not called before the event is set, and the stall
+    counts from then (chapter 09's hang keeps its port until the clashing job has tried it, however slow that
+    job's start on a busy box); the overall timeout still applies.
 
     If this process gets SIGTERM or SIGHUP meanwhile, the run is stopped, launch.json written, a line
     printed, and then the signal does what it would have done without us (by default: end this process)."""
@@ -262,7 +265,7 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
     result.status, result.returncode, pid, signum, previous, result.stacks = supervise(
         [(c, e) for (c, _), e in zip(pairs, envs, strict=True)], run_dir, timeout,
         progress_bar(cfg["steps"], name, progress), echo, stall_timeout,
-        PEER_GRACE if peer_grace is None else peer_grace)
+        PEER_GRACE if peer_grace is None else peer_grace, hold)
     result.seconds = time.time() - start
     result.heartbeats = read_heartbeats(run_dir)
     if nnodes > 1:

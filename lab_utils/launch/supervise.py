@@ -190,10 +190,11 @@ def _echo_new(path: Path, shown: int) -> int:
 
 
 def supervise(cmds: list[tuple[list[str], dict]], run_dir: Path, timeout: float, bar, echo: bool,
-              stall_timeout: float | None = None, peer_grace: float = PEER_GRACE):
+              stall_timeout: float | None = None, peer_grace: float = PEER_GRACE, hold=None):
     """Start each (command, env) (one per node), follow them until all exit or the timeout; stop every process
     they started, always. A hang first gets each rank's stack dumped (faulthandler, SIGUSR1). When one node has
-    failed, the others are stopped `peer_grace` s later if they have not ended by then.
+    failed, the others are stopped `peer_grace` s later if they have not ended by then. hold (a threading.Event
+    or None): no stall is called before it is set; the stall timeout then counts from the moment it was seen set.
     Returns (status, returncode, pid, signum, previous handlers, stacks); status is ok | hang | interrupted |
     stopped; returncode is the first non-zero one (0 when all succeeded)."""
     out_path = run_dir / "output.log"
@@ -209,15 +210,17 @@ def supervise(cmds: list[tuple[list[str], dict]], run_dir: Path, timeout: float,
                     cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
                 procs.append(proc)
                 trees.append(ProcessTree(proc))
-            first_failure = None
+            first_failure, held_until = None, (0.0 if hold is None else None)
             while None in (codes := [p.poll() for p in procs]):
+                if held_until is None and hold.is_set():
+                    held_until = time.time()
                 for tree in trees:
                     tree.snapshot()
                 shown = _echo_new(out_path, shown) if echo else shown
                 _update_bar(bar, run_dir)
                 if any(c not in (None, 0) for c in codes) and first_failure is None:
                     first_failure = time.time()  # one node failed: the others should notice within PEER_GRACE
-                if time.time() - start > timeout or stalled(run_dir, stall_timeout, time.time()):
+                if time.time() - start > timeout or stalled(run_dir, stall_timeout, time.time(), held_until):
                     status = "hang"
                     break
                 if first_failure is not None and time.time() - first_failure > peer_grace:

@@ -69,11 +69,14 @@ def port_clash(prefix: str, keys: dict, timeout: float, stall_timeout: float = 2
     Returns {"port", "hang", "clash", "standalone": RunResult, "spy": dict}."""
     port = launcher.free_port()
     out: dict = {"port": port}
+    # The hang must hold the port until the clash has tried it: on a busy 2-core box torchrun's start-up alone
+    # can outlast stall_timeout (the clash then found the port free and ran: CI, stop 41). The watchdog waits.
+    clash_done = threading.Event()
 
     def holder():
         out["hang"] = launcher.launch(f"{prefix}_hang", 2, dict(keys, fault="hang", fault_rank=1, fault_step=2),
                                       timeout=timeout, progress=False, master_port=port,
-                                      stall_timeout=stall_timeout)
+                                      stall_timeout=stall_timeout, hold=clash_done)
 
     thread = threading.Thread(target=holder)
     thread.start()
@@ -88,8 +91,11 @@ def port_clash(prefix: str, keys: dict, timeout: float, stall_timeout: float = 2
                                 extra_env={"OMP_NUM_THREADS": None})  # unset: torchrun prints its notice
             standalone = pool.submit(launcher.launch, f"{prefix}_standalone", 2, keys, timeout=timeout,
                                      progress=False)
-            out["clash"], out["standalone"], out["spy"] = clash.result(), standalone.result(), spy.result()
+            out["clash"] = clash.result()
+            clash_done.set()
+            out["standalone"], out["spy"] = standalone.result(), spy.result()
     finally:
+        clash_done.set()
         thread.join()
     return out
 
