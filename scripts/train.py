@@ -24,7 +24,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record  # DDP: torchrun's per-rank error file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-from lab_utils.core import checkpoint, ddp, distenv, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402
+from lab_utils.core import checkpoint, ddp, distenv, fsdp2, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402  # noqa: E402
 from lab_utils.core import config as config_mod  # noqa: E402
 from lab_utils.core import step as step_mod  # noqa: E402
 from lab_utils.core import windows as window_states  # noqa: E402
@@ -106,7 +106,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     if cfg["compile"]:  # in place: the module keeps its type and state_dict keys; DDP then calls the compiled one
         model.compile()
     if env.distributed:  # DDP: wrapping broadcasts rank 0's parameters and buffers to every rank
-        model = ddp.wrap(model, cfg, env.device)
+        # (wrap=fsdp2, core/fsdp2.py: each rank keeps a shard of every weight instead, and nothing is broadcast)
+        model = ddp.wrap(model, cfg, env.device) if cfg["wrap"] == "ddp" else fsdp2.wrap(model, cfg)
         heart.beat(param_hash_after_wrap=runfiles.fingerprint(model))
     optimizer = build_optimizer(model, cfg)
     if state:
@@ -175,7 +176,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
             scaler.unscale_(optimizer)
         clipped_inside = cfg["clip_bug"] in ("no_sync_window", "micro_batch")
         max_norm = cfg["grad_clip"] if cfg["grad_clip"] > 0 and not clipped_inside else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = fsdp2.clip_grad_norm_(params, max_norm, ordered=cfg["grad_reduction"] == "ordered",
+                                          local_bug=cfg["clip_bug"] == "local_shards")
         amp_log = {}
         if scaler is None:
             optimizer.step()
@@ -186,10 +188,12 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
             amp_log = {"loss_scale": scale, "skipped": scaler.get_scale() < scale}
             skipped += [step] if amp_log["skipped"] else []
         heart.beat(phase="step done")
+        # env.sharded (FSDP2): the fingerprint reads the full weights, a collective every rank joins
+        param_hash = runfiles.pending_fingerprint(model) if cfg["fingerprint"] and (log or env.sharded) else None
         if log:  # numbers stay on the device; StepLog copies them to the host every log_sync_every steps
             log.add(step, {"loss": loss, "local_loss": local_loss, "grad_norm": grad_norm},
                     lr=optimizer.param_groups[0]["lr"], samples=(step + 1) * cfg["global_batch_size"],
-                    param_hash=runfiles.pending_fingerprint(model) if cfg["fingerprint"] else None, **amp_log)
+                    param_hash=param_hash, **amp_log)
         if cfg["checkpoint_every"] and (step + 1) % cfg["checkpoint_every"] == 0:
             if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
                 log.flush()  # the records up to the checkpoint reach the disk with it: a resume keeps them
@@ -201,15 +205,19 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
             if env.distributed:  # DDP: nobody starts step k+1 before checkpoint k is on disk
                 torch.distributed.barrier()
         if window_states.due(cfg, step + 1):  # compare/doctor judge a port window by window from these
-            if env.is_main:  # DDP guard: one writer; every rank holds the same state
-                window_states.save(out, step + 1, model, optimizer, cfg, len(wl.dataset), rank_buffers, scaler)
+            if env.is_main or env.sharded:  # DDP guard: one writer (FSDP2: every rank gathers, rank 0 writes)
+                window_states.save(out, step + 1, model, optimizer, cfg, len(wl.dataset), rank_buffers, scaler,
+                                   writer=env.is_main)
 
     heart.beat(buffer_hash=runfiles.buffer_fingerprint(model), running_stats=sync_bn.running_stats(model),
                skipped_steps=skipped)
+    # env.sharded (FSDP2): gathering the full weights and the probe's forward are collectives every rank joins
+    final = checkpoint.cpu_state(model) if env.sharded else None
+    probe = workloads.probe_outputs(ddp.unwrap(model), wl.dataset, env.device) if env.is_main or env.sharded \
+        else None
     if env.is_main:  # DDP guard: only rank 0 writes; .module drops the `module.` prefix (§5.2)
         log.close()
-        probe = workloads.probe_outputs(ddp.unwrap(model), wl.dataset, env.device)
-        checkpoint.save_final(model, out, probe)
+        checkpoint.save_final(model, out, probe, state=final)
         runfiles.write_json({"steps": cfg["steps"], "final_loss": log.last["loss"] if log.last else None,
                              "seconds": time.time() - t0, "resumed_from": start if state else None,
                              "attempt": resume.attempt()}, out / runfiles.RESULT)

@@ -42,7 +42,7 @@ def test_single_gpu_side_has_no_distributed_call_and_parses(rel):
 def test_single_gpu_script_is_valid_python_and_keeps_rank0_work():
     single = ch00_preflight.single_gpu_source("scripts/train.py")
     ast.parse(single)
-    assert "\n    checkpoint.save_final(model, out, probe)" in single  # the guard's body, moved left
+    assert "\n    checkpoint.save_final(model, out, probe, state=final)" in single  # the guard's body, moved left
     assert "if env.is_main:  # DDP guard" not in single
 
 

@@ -154,7 +154,8 @@ BOOKKEEPING = {"out_dir", "log_every", "log_sync_every", "fingerprint", "backend
                "emulate_ranks", "micro_batch_size", "grad_accum_steps", "no_sync", "steps", "nudge_init",
                "window_every", "replay_from", "checkpoint_every", "checkpoint_write", "resume", "fault",
                "fault_rank", "fault_step", "grad_reduction", "tree_comm", "bucket_cap_mb",
-               "gradient_as_bucket_view", "find_unused_parameters"}
+               "gradient_as_bucket_view", "find_unused_parameters",
+               "wrap"}  # ddp or fsdp2: the same mean of the same gradients, in another float order
 
 
 # Keys that change nothing in a one-rank layout (one process, emulate_ranks=1): the fixes a port needs on its
@@ -341,6 +342,9 @@ CLIP_BUGS = {  # config key clip_bug (chapter 13) -> what the run did, and the f
                       "their own norm before the all-reduce — clip once, after the last micro-batch's backward",
     "micro_batch": "clip_grad_norm_ after every micro-batch: partial sums clipped, then added — clip once per "
                    "optimizer step, after the last backward",
+    "local_shards": "FSDP2: each rank clipped its own gradient shards by their own norm (the norm of "
+                    "p.grad.to_local()) — call torch.nn.utils.clip_grad_norm_ on the DTensor parameters, which "
+                    "reduces the norm over every rank's shards",
     "scaled": "clip_grad_norm_ before scaler.unscale_(optimizer): the threshold met gradients x the loss scale — "
               "unscale_ first, then clip",
 }

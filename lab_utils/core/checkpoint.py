@@ -12,18 +12,31 @@ from pathlib import Path
 
 import torch
 
-from lab_utils.core import runfiles
+from lab_utils.core import fsdp2, runfiles
 from lab_utils.core.ddp import unwrap
 
 
 def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's full state dict on the CPU, no `module.` prefix. Under FSDP2 a collective (every rank)."""
+    if fsdp2.is_sharded(model):
+        return fsdp2.full_state(model)
     return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
 
 
-def save_final(model: torch.nn.Module, out_dir: str | Path, probe_outputs: torch.Tensor) -> None:
-    """model.pt (final weights) and probe.pt (eval outputs on the probe batch), each written atomically."""
+def optimizer_state(model: torch.nn.Module, optimizer) -> dict:
+    """The optimizer's state dict on the CPU, as a plain optimizer over model.parameters() holds it. Under
+    FSDP2 a collective (every rank): the shards' moments gathered, keyed by parameter index."""
+    if fsdp2.is_sharded(model):
+        return fsdp2.full_optimizer_state(model, optimizer)
+    return cpu_copy(optimizer.state_dict())
+
+
+def save_final(model: torch.nn.Module, out_dir: str | Path, probe_outputs: torch.Tensor,
+               state: dict | None = None) -> None:
+    """model.pt (final weights; `state` when the caller gathered them already, as FSDP2 must on every rank)
+    and probe.pt (eval outputs on the probe batch), each written atomically."""
     out = Path(out_dir)
-    runfiles.save_atomic(cpu_state(model), out / runfiles.MODEL)
+    runfiles.save_atomic(state if state is not None else cpu_state(model), out / runfiles.MODEL)
     runfiles.save_atomic({"outputs": probe_outputs.detach().cpu().double()}, out / runfiles.PROBE)
 
 
@@ -73,10 +86,10 @@ def training_state(model, optimizer, step: int, cfg: dict, n_data: int, rank_buf
     """
     if style == "article":
         epoch = step * cfg["global_batch_size"] // n_data  # the epoch it is in; where in it is lost
-        return {"model": cpu_state(model), "optimizer": cpu_copy(optimizer.state_dict()), "epoch": epoch}
+        return {"model": cpu_state(model), "optimizer": optimizer_state(model, optimizer), "epoch": epoch}
     return {"format": CKPT_FORMAT, "step": step, "samples": step * cfg["global_batch_size"],
             "global_batch_size": cfg["global_batch_size"], "data_seed": cfg["data_seed"],
-            "sampler": cfg["sampler"], "model": cpu_state(model), "optimizer": cpu_copy(optimizer.state_dict()),
+            "sampler": cfg["sampler"], "model": cpu_state(model), "optimizer": optimizer_state(model, optimizer),
             "rank_buffers": cpu_copy(rank_buffers) if rank_buffers and len(rank_buffers) > 1 else []}
 
 

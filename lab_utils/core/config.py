@@ -96,8 +96,9 @@ KEYS: dict[str, Key] = {
     "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
     "clip_bug": Key(str, "none", "chapter 13's clipping bugs: no_sync_window (clip each rank's local gradients "
                     "inside the no_sync window, before the all-reduce), micro_batch (clip after every micro-batch), "
-                    "scaled (amp=fp16: clip before scaler.unscale_)",
-                    choices=("none", "no_sync_window", "micro_batch", "scaled")),
+                    "scaled (amp=fp16: clip before scaler.unscale_), local_shards (wrap=fsdp2: each rank clips its "
+                    "own shards by their own norm, not the global norm)",
+                    choices=("none", "no_sync_window", "micro_batch", "scaled", "local_shards")),
     "overflow_step": Key(int, None, "amp=fp16: multiply rank overflow_rank's loss by 2**100 at this step, so its "
                          "gradients overflow and GradScaler skips the step (chapter 13)", min=0, optional=True),
     "overflow_rank": Key(int, 0, "the rank whose loss overflows at overflow_step", min=0),
@@ -117,6 +118,9 @@ KEYS: dict[str, Key] = {
                    choices=("none", "lab", "torch")),
     "gradient_as_bucket_view": Key(bool, False, "DDP(gradient_as_bucket_view=...)"),
     "bucket_cap_mb": Key(float, 25.0, "DDP(bucket_cap_mb=...): gradient bucket size in MiB", min=0.01),
+    "wrap": Key(str, "ddp", "how the ranks share the model: ddp (a full copy each, gradients all-reduced) or "
+                "fsdp2 (torch's fully_shard: each rank keeps 1/W of every weight, gradients reduce-scattered; "
+                "lab_utils/core/fsdp2.py)", choices=("ddp", "fsdp2")),
     "grad_reduction": Key(str, "allreduce", "allreduce: DDP's stock hook (the backend picks the summation order); "
                           "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W; "
                           "tree: each micro-batch's gradient apart, summed in one binary tree over the global "
@@ -314,10 +318,29 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
         raise ConfigError(f"sync_bn={cfg['sync_bn']} needs model=bn_net norm=batch (nothing else has BatchNorm)")
     _check_chapter05(cfg)
     _check_amp(cfg, ranks)
+    _check_fsdp2(cfg)
     if cfg["sync_bn"] == "torch" and world_size > 1 and not _on_cuda(cfg["device"]):
         raise ConfigError("sync_bn=torch: nn.SyncBatchNorm accepts only GPU tensors and these ranks run on CPU "
                           "(torch raises ValueError at the first forward, even with gloo); use sync_bn=lab")
     return cfg
+
+
+def _check_fsdp2(cfg: dict) -> None:
+    """wrap=fsdp2 (lab_utils/core/fsdp2.py): what the lab has built and measured for it so far. Each refusal
+    names the key, before anything launches."""
+    if cfg["wrap"] != "fsdp2":
+        return
+    refused = {"model": (cfg["model"] != "gpt", "the blocks it shards are the GPT's (model=gpt)"),
+               "grad_reduction": (cfg["grad_reduction"] == "tree", "allreduce (stock) or ordered"),
+               "amp": (cfg["amp"] == "fp16", "none or bf16 (no sharded GradScaler here)"),
+               "checkpoint_every": (bool(cfg["checkpoint_every"]), "0 (sharded checkpoints are not built yet)"),
+               "resume": (cfg["resume"] is not None, "unset (sharded checkpoints are not built yet)"),
+               "compile": (cfg["compile"], "false"),
+               "seed_mode": (cfg["seed_mode"] != "lab", "lab: fully_shard does not broadcast rank 0's weights, "
+                             "so every rank must build the same initial model")}
+    for key, (bad, wanted) in refused.items():
+        if bad:
+            raise ConfigError(f"wrap=fsdp2 with {key}={cfg[key]!r}: needs {wanted}")
 
 
 def _check_chapter05(cfg: dict) -> None:
@@ -369,6 +392,8 @@ def _check_amp(cfg: dict, ranks: int) -> None:
         raise ConfigError(f"clip_bug={bug} needs grad_clip > 0 (it is a bug in where the clipping happens)")
     if bug in ("no_sync_window", "micro_batch") and cfg["grad_accum_steps"] < 2:
         raise ConfigError(f"clip_bug={bug} needs grad_accum_steps >= 2 (with one micro-batch there is no window)")
+    if bug == "local_shards" and cfg["wrap"] != "fsdp2":
+        raise ConfigError("clip_bug=local_shards needs wrap=fsdp2 (only FSDP2 ranks hold shards of the gradients)")
     if bug == "scaled" and cfg["amp"] != "fp16":
         raise ConfigError("clip_bug=scaled needs amp=fp16 (only GradScaler scales the gradients)")
     if cfg["overflow_step"] is not None and cfg["amp"] != "fp16":

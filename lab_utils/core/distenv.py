@@ -30,6 +30,8 @@ class DistEnv:
     backend: str | None  # None: a single process, no process group
     device: torch.device
     ordered: bool = False  # grad_reduction=ordered: means over ranks are summed in rank order (chapter 11)
+    # wrap=fsdp2 on several ranks: the full weights live on no rank, so reading them is a collective (core/fsdp2.py)
+    sharded: bool = False
 
     @property
     def distributed(self) -> bool:
@@ -134,7 +136,8 @@ def setup(cfg: dict) -> DistEnv:
             device_id=device if backend == "nccl" else None,
         )
     return DistEnv(rank, local_rank, world_size, local_world_size, backend, device,
-                   ordered=cfg.get("grad_reduction") == "ordered")
+                   ordered=cfg.get("grad_reduction") == "ordered",
+                   sharded=world_size > 1 and cfg.get("wrap") == "fsdp2")
 
 
 def teardown(env: DistEnv) -> None:  # DDP:

@@ -158,8 +158,10 @@ def pending_fingerprint(model: torch.nn.Module) -> PendingFingerprint | None:
     named = sorted((getattr(model, "module", model)).named_parameters())
     if not named:
         return None
+    # An FSDP2 parameter is a DTensor shard: its full value is an all-gather (every rank must call this then)
+    full = [(n, p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in named]
     bits = torch.cat([p.detach().reshape(-1).view(_INT_OF_SIZE[p.element_size()]).to(torch.int64)
-                      for _, p in named])
+                      for _, p in full])
     total = (bits * _multipliers(bits.numel(), bits.device)).sum()
     return PendingFingerprint(total, "".join(f"{name}:{tuple(p.shape)}:{p.dtype};" for name, p in named))
 

@@ -13,7 +13,7 @@ from contextlib import nullcontext
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils.core import token_norm
+from lab_utils.core import fsdp2, token_norm
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -40,9 +40,9 @@ def backward(loss: torch.Tensor, scaler=None, loss_factor: float = 1.0) -> None:
     (loss * loss_factor if loss_factor != 1.0 else loss).backward()
 
 
-def clip(model, max_norm: float) -> torch.Tensor:
+def clip(model, max_norm: float, ordered: bool = False) -> torch.Tensor:
     """clip_grad_norm_ over the trainable parameters; returns the total norm before clipping."""
-    return torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_norm)
+    return fsdp2.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_norm, ordered)
 
 
 def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int, token_count: int | None = None,
@@ -102,6 +102,8 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
         if before_forward is not None:
             before_forward(a, broadcast=previous_synced)
         ddp_skip = skip_sync and isinstance(model, DDP)  # the emulation only needs skip_sync's buffer schedule
+        if fsdp2.is_sharded(model):  # FSDP2's no_sync: reduce-scatter only in the last micro-batch's backward
+            fsdp2.set_gradient_sync(model, not skip_sync)
         with model.no_sync() if ddp_skip else nullcontext():  # DDP: no all-reduce before the last one
             loss_sum += micro_backward(wl, model, batch, cfg, world_size, token_count, scaler, loss_factor) / acc
             if cfg.get("clip_bug") == "no_sync_window" and a == acc - 2:

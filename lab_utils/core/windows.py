@@ -56,12 +56,15 @@ def due(cfg: dict, steps_done: int) -> bool:
     return bool(k) and steps_done % k == 0
 
 
-def save(out_dir, steps_done: int, model, optimizer, cfg: dict, n_data: int, rank_buffers=None, scaler=None) -> None:
-    """Write the window state after `steps_done` steps (rank 0 only; CPU copies, atomic)."""
+def save(out_dir, steps_done: int, model, optimizer, cfg: dict, n_data: int, rank_buffers=None, scaler=None,
+         writer: bool = True) -> None:
+    """Write the window state after `steps_done` steps (CPU copies, atomic). Called by rank 0 only, except
+    under FSDP2, where gathering the full state is a collective: every rank calls, only the writer writes."""
     state = checkpoint.training_state(model, optimizer, steps_done, cfg, n_data, rank_buffers, style="lab")
     if scaler is not None:
         state["scaler"] = scaler.state_dict()
-    write(out_dir, steps_done, state)
+    if writer:
+        write(out_dir, steps_done, state)
 
 
 def write(out_dir, steps_done: int, state: dict) -> None:

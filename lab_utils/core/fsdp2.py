@@ -1,0 +1,147 @@
+"""FSDP2 (`wrap=fsdp2`): torch's `fully_shard` instead of DDP, with the same results where DDP has them.
+
+DDP keeps a full copy of the weights on every rank and all-reduces the gradients; FSDP2 keeps 1/W of each
+parameter (a DTensor shard) on each rank, all-gathers a block's weights before its forward and backward, and
+reduce-scatters its gradients, so each rank's optimizer updates its own shard. The arithmetic a port must keep
+is the same as DDP's: the mean of the ranks' gradients.
+
+- grad_reduction=allreduce: stock FSDP2. The backend's reduce-scatter picks the order in which the W
+  gradients are added, as DDP's all-reduce does: the same bits as DDP at 2 ranks, other last bits at 4
+  (a prototype measured 6e-8 on CPU gloo: shared/reviews/fsdp2_ordered_proto.out). Judged by the float twins.
+- grad_reduction=ordered: `OrderedReduceScatter` divides by W, all-gathers every rank's gradient and adds
+  them as ((g0 + g1) + g2) + ..., exactly as chapter 11's DDP hook and the emulated reference do, so the run
+  has the same bits as `emulate_ranks=W` and as ordered DDP.
+
+What differs from DDP and matters here: fully_shard does NOT broadcast rank 0's weights (every rank must
+build the same initial model: seed_mode=lab does; the article's seed + rank would shard four different
+models into one), and the full weights exist on no rank, so reading them (fingerprints, model.pt, window
+states, the probe's forward) is a collective every rank joins: `full_state` and friends below.
+
+This module is core (the training side imports it): it imports torch only.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from lab_utils.core.ordered_reduce import rank_order_sum
+
+# torch's interface for a custom reduce-scatter (FSDPModule.set_custom_reduce_scatter takes an instance). It is
+# not exported under a public name in torch 2.13; the method that takes it is public.
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # noqa: E402  isort: skip
+
+CHOICES = ("ddp", "fsdp2")
+
+
+class OrderedReduceScatter(ReduceScatter):
+    """A reduce-scatter whose sum does not depend on the backend: every rank's (divided) gradient is
+    all-gathered and this rank's shard summed in rank order. It moves (W-1)x a rank's gradient bytes where a
+    ring reduce-scatter moves (W-1)/W x: the price of the same bits as the emulated reference."""
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        world = dist.get_world_size(group)
+        # FSDP2 asks for AVG in fp32/bf16 (divide, then sum: DDP's default hook divides first too)
+        if op == dist.ReduceOp.AVG:
+            input_tensor = input_tensor / world
+        elif op != dist.ReduceOp.SUM:
+            raise ValueError(f"grad_reduction=ordered: FSDP2 asked for reduce op {op}; only AVG and SUM are "
+                             f"ordered here (amp=fp16 is refused for wrap=fsdp2)")
+        gathered = [torch.empty_like(input_tensor) for _ in range(world)]
+        dist.all_gather(gathered, input_tensor, group=group)
+        rank, n = dist.get_rank(group), output_tensor.numel()
+        output_tensor.view(-1).copy_(rank_order_sum([g.view(-1)[rank * n:(rank + 1) * n] for g in gathered]))
+        return None
+
+
+def wrap(model: torch.nn.Module, cfg: dict) -> torch.nn.Module:  # FSDP2:
+    """fully_shard each transformer block, then the root (torchtitan's layout: a block's weights are gathered
+    just before it runs and freed after). In place: the model becomes an FSDPModule with DTensor parameters.
+    Build the optimizer after this (it must hold the sharded parameters)."""
+    # The GPT's logits come out of nn.Linear on a 3-D input, a view, and FSDP2 warns on every forward that an
+    # in-place op on it would skip its hook. No code here writes to the logits in place (loss_fn reads them
+    # into cross_entropy), so the warning says nothing about these runs: it is silenced for this message only.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPTinyGPT\) returned a view tensor")
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    if cfg["grad_reduction"] == "ordered":
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(OrderedReduceScatter())
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
+    """FSDP2's no_sync: with sync=False the backward keeps this rank's full gradient and reduce-scatters
+    nothing; the next backward with sync=True reduce-scatters the accumulated sum (as DDP's no_sync)."""
+    model.set_requires_gradient_sync(sync)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (an all-gather: every rank must call it); any other tensor as it is."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, ordered: bool, local_bug: bool = False
+                    ) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_; returns the total norm as a plain tensor.
+
+    local_bug (clip_bug=local_shards, an FSDP2 port bug): the norm of this rank's own shards only, and those
+    shards clipped by it, as a script does that clips `p.grad.to_local()` (or `p._local_tensor`) by hand:
+    every rank scales its part of the gradient by another factor.
+
+    On FSDP2 shards torch computes each rank's partial norm and all-reduces them: the right norm, in another
+    float order than the single run (3e-7 apart at 4 ranks on the toy). ordered=True (grad_reduction=ordered,
+    which promises the single run's bits): the full gradients are gathered and the norm and the clipping
+    computed as one process computes them (get_total_norm, then x min(1, max_norm / (norm + 1e-6)))."""
+    if local_bug:  # BUG: no reduction over ranks, so the norm is this rank's shards' alone
+        local = [p.grad.to_local() for p in params if p.grad is not None]  # views of the shards: scaled in place
+        return _clip(local, torch.nn.utils.get_total_norm(local), max_norm)
+    if not ordered or not any(isinstance(p, DTensor) for p in params):
+        return full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    grads = [p.grad for p in params if p.grad is not None]
+    return _clip(grads, torch.nn.utils.get_total_norm([full_tensor(g) for g in grads]), max_norm)
+
+
+def _clip(grads: list[torch.Tensor], total: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale `grads` by min(1, max_norm / (total + 1e-6)), torch's clipping factor; returns `total`."""
+    if not math.isinf(max_norm):
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.item())  # a DTensor times the same fp32 value: each shard scaled as the full tensor is
+    return total
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on the CPU, the same keys as the single run's (no prefix). A collective:
+    every rank calls it; every rank gets the full dict (the toy and workshop models are small)."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().cpu() for k, v in state.items()}
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state as a plain (unsharded) optimizer over model.parameters() would hold it: keys are
+    parameter indices, not names, so the single run's program loads it (window replays). A collective."""
+    full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    index: dict[str, int] = {}
+    groups = []
+    for group in full["param_groups"]:
+        ids = [index.setdefault(name, len(index)) for name in group["params"]]
+        groups.append(dict(group, params=ids))
+    state = {index[name]: {k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in s.items()}
+             for name, s in full["state"].items()}
+    return {"state": state, "param_groups": groups}
