@@ -105,11 +105,13 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     heart.beat(init_param_hash=runfiles.fingerprint(model))
     if cfg["compile"]:  # in place: the module keeps its type and state_dict keys; DDP then calls the compiled one
         model.compile()
+    # BUG (fsdp2_bug=optimizer_before_wrap): an optimizer over the parameters fully_shard is about to replace
+    early = build_optimizer(model, cfg) if cfg["fsdp2_bug"] == "optimizer_before_wrap" else None
     if env.distributed:  # DDP: wrapping broadcasts rank 0's parameters and buffers to every rank
         # (wrap=fsdp2, core/fsdp2.py: each rank keeps a shard of every weight instead, and nothing is broadcast)
         model = ddp.wrap(model, cfg, env.device) if cfg["wrap"] == "ddp" else fsdp2.wrap(model, cfg)
         heart.beat(param_hash_after_wrap=runfiles.fingerprint(model))
-    optimizer = build_optimizer(model, cfg)
+    optimizer = early or build_optimizer(model, cfg)
     if state:
         optimizer.load_state_dict(state["optimizer"])
     # grad_reduction=tree (chapter 12): C chunks per global batch in one binary tree (the comm hook under DDP)

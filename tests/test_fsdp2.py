@@ -18,6 +18,9 @@ pytestmark = pytest.mark.timeout(600)
 # two micro-batches a step (FSDP2's no_sync) and clipping on
 KEYS = {"steps": 12, "n_samples": 128, "log_every": 4, "window_every": 4, "grad_accum_steps": 2, "grad_clip": 0.25}
 
+# FSDP2's own port bugs (fsdp2_bug) and the cause the doctor must name first
+SETUP_BUGS = {"optimizer_before_wrap": "no_update", "root_not_wrapped": "fsdp2_setup", "sync_left_off": "no_update"}
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -32,6 +35,7 @@ def runs(tmp_path_factory):
         "stock4": ("stock4", 4, {**KEYS, "wrap": "fsdp2"}),
         "no_set_epoch": ("no_set_epoch", 2, {**KEYS, "wrap": "fsdp2", "set_epoch": False}),
         "clip_local": ("clip_local", 2, {**KEYS, "wrap": "fsdp2", "clip_bug": "local_shards"}),
+        **{bug: (bug, 2, {**KEYS, "wrap": "fsdp2", "fsdp2_bug": bug}) for bug in SETUP_BUGS},
     }
     launcher.launch_many(specs, max_workers=2, raise_on_failure=True, runs_dir=root, timeout=300)
     return root
@@ -75,12 +79,23 @@ def test_clipping_each_ranks_own_shards_is_caught_from_the_data(runs):
     assert d.causes[0].code == "grad_clip", [c.code for c in d.causes]
 
 
+@pytest.mark.parametrize("bug", SETUP_BUGS)
+def test_fsdp2_setup_bugs_are_caught_from_the_data_with_their_cause(runs, bug):
+    """The optimizer built before fully_shard and the gradient sync left off leave the weights where they were
+    (the doctor reads it from the fingerprints); the root left unsharded trains each rank's root apart."""
+    d = doctor.diagnose_runs(runs / "single", runs / bug, noise_runs="auto")
+    assert d.report.tier < 2 and d.exit_code == 1, d.report.format()
+    assert d.causes[0].code == SETUP_BUGS[bug], [(c.code, c.evidence[:80]) for c in d.causes]
+    assert any(c.code == "fsdp2_setup" for c in d.causes)  # the key's own fix is listed too
+
+
 @pytest.mark.parametrize("keys, named", [
     ({"model": "bn_net"}, "model"),
     ({"grad_reduction": "tree", "micro_batch_size": 8, "sampler": "global"}, "grad_reduction"),
     ({"checkpoint_every": 4}, "checkpoint_every"),
     ({"seed_mode": "article"}, "seed_mode"),
     ({"amp": "fp16"}, "amp"),
+    ({"fsdp2_bug": "sync_left_off", "grad_accum_steps": 1}, "fsdp2_bug"),
 ])
 def test_unsupported_combinations_are_refused_before_launch(keys, named):
     with pytest.raises(config_mod.ConfigError, match=f"wrap=fsdp2 with {named}="):

@@ -37,6 +37,10 @@ CAUSES = {
               "optimizer, the learning-rate schedule or the loss scale",
     "grad_clip": "the gradients are clipped at the wrong point: per rank before the all-reduce, per micro-batch, "
                  "or still multiplied by GradScaler's loss scale",
+    "no_update": "the optimizer never changed the weights: it holds other tensors than the model's parameters, "
+                 "or no gradient reached them",
+    "fsdp2_setup": "FSDP2 set up wrong: the optimizer built before fully_shard, the root module not sharded, or "
+                   "the gradient sync left off",
 }
 SCALE_RTOL = 0.01  # how close grad_norm_B / grad_norm_A must be to world_size or 1/world_size
 # Evidence strength, for the doctor's ranking (the cause the report names always comes first).
@@ -369,6 +373,45 @@ def grad_clipping(e: Evidence) -> list[Candidate]:
     return []
 
 
+def frozen_weights(e: Evidence) -> list[Candidate]:
+    """One run's parameter fingerprint is the same after every step while the other run's moves: nothing
+    updated its weights (read from the metrics, whatever the keys say)."""
+    r = e.report
+
+    def frozen(m: list[dict]) -> bool:
+        hashes = [x.get("param_hash") for x in m]
+        return len(hashes) >= 2 and None not in hashes and len(set(hashes)) == 1
+
+    for nm, mine, other in ((r.run_b, e.mb, e.ma), (r.run_a, e.ma, e.mb)):
+        if frozen(mine) and not frozen(other):
+            return [Candidate("no_update", STRONG, f"{nm}'s weights never changed in {len(mine)} steps (one parameter "
+                              f"fingerprint throughout) while the other run's did: its optimizer holds other tensors "
+                              f"than the model's parameters (built before a wrap that replaces them, as FSDP2's "
+                              f"fully_shard does: build it after), or no gradient reached them (FSDP2's gradient "
+                              f"sync left off)", True)]
+    return []
+
+
+FSDP2_BUGS = {  # config key fsdp2_bug -> what the run did, and the fix
+    "optimizer_before_wrap": "the optimizer was built before fully_shard, which replaces every parameter with a "
+                             "sharded one: it steps tensors the model no longer uses — build it after fully_shard",
+    "root_not_wrapped": "fully_shard on the blocks only: the root's own parameters (embeddings, final norm, head) "
+                        "stay plain tensors whose gradients no rank reduces — call fully_shard(model) last",
+    "sync_left_off": "set_requires_gradient_sync(False) for accumulation, never set back to True before the last "
+                     "micro-batch: no gradient is ever reduce-scattered — turn it on for the last backward",
+}
+
+
+def fsdp2_setup(e: Evidence) -> list[Candidate]:
+    """The fsdp2_bug key (lab_utils/core/fsdp2.py's port bugs), with the fix."""
+    r = e.report
+    for nm, k in ((r.run_b, e.kb), (r.run_a, e.ka)):
+        bug = k.get("fsdp2_bug", "none")
+        if bug in FSDP2_BUGS:
+            return [Candidate("fsdp2_setup", STRONG, f"{nm} has fsdp2_bug={bug}: {FSDP2_BUGS[bug]}", True)]
+    return []
+
+
 def initial_weights(e: Evidence) -> list[Candidate]:
     r, found = e.report, []
     ha, hb = e.init_a, e.init_b
@@ -417,7 +460,7 @@ def after_the_first_update(e: Evidence) -> list[Candidate]:
 
 CHECKS: list[Callable[[Evidence], list[Candidate]]] = [
     global_batch, reduction_scale, sample_ids, resumed, epoch_boundary, rank_randomness, batch_wide_loss, batch_norm,
-    grad_clipping, initial_weights, after_the_first_update]
+    grad_clipping, frozen_weights, fsdp2_setup, initial_weights, after_the_first_update]
 
 
 def candidates(e: Evidence) -> list[Candidate]:

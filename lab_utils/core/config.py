@@ -121,6 +121,10 @@ KEYS: dict[str, Key] = {
     "wrap": Key(str, "ddp", "how the ranks share the model: ddp (a full copy each, gradients all-reduced) or "
                 "fsdp2 (torch's fully_shard: each rank keeps 1/W of every weight, gradients reduce-scattered; "
                 "lab_utils/core/fsdp2.py)", choices=("ddp", "fsdp2")),
+    "fsdp2_bug": Key(str, "none", "wrap=fsdp2's port bugs: optimizer_before_wrap (the optimizer built on the "
+                     "parameters fully_shard replaces), root_not_wrapped (fully_shard on the blocks only), "
+                     "sync_left_off (set_requires_gradient_sync(False) never turned back on)",
+                     choices=("none", "optimizer_before_wrap", "root_not_wrapped", "sync_left_off")),
     "grad_reduction": Key(str, "allreduce", "allreduce: DDP's stock hook (the backend picks the summation order); "
                           "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W; "
                           "tree: each micro-batch's gradient apart, summed in one binary tree over the global "
@@ -329,7 +333,12 @@ def _check_fsdp2(cfg: dict) -> None:
     """wrap=fsdp2 (lab_utils/core/fsdp2.py): what the lab has built and measured for it so far. Each refusal
     names the key, before anything launches."""
     if cfg["wrap"] != "fsdp2":
+        if cfg["fsdp2_bug"] != "none":
+            raise ConfigError(f"fsdp2_bug={cfg['fsdp2_bug']} needs wrap=fsdp2")
         return
+    if cfg["fsdp2_bug"] == "sync_left_off" and cfg["grad_accum_steps"] < 2:
+        raise ConfigError("wrap=fsdp2 with fsdp2_bug=sync_left_off: needs grad_accum_steps >= 2 (the sync is "
+                          "turned off for all but the last micro-batch, and this bug never turns it back on)")
     refused = {"model": (cfg["model"] != "gpt", "the blocks it shards are the GPT's (model=gpt)"),
                "grad_reduction": (cfg["grad_reduction"] == "tree", "allreduce (stock) or ordered"),
                "amp": (cfg["amp"] == "fp16", "none or bf16 (no sharded GradScaler here)"),

@@ -73,7 +73,8 @@ def wrap(model: torch.nn.Module, cfg: dict) -> torch.nn.Module:  # FSDP2:
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPTinyGPT\) returned a view tensor")
     for block in model.blocks:
         fully_shard(block)
-    fully_shard(model)
+    if cfg.get("fsdp2_bug") != "root_not_wrapped":  # BUG when skipped: the embeddings, final norm and head stay
+        fully_shard(model)                          # plain tensors, their gradients never reduced over ranks
     if cfg["grad_reduction"] == "ordered":
         for module in model.modules():
             if isinstance(module, FSDPModule):
@@ -82,13 +83,19 @@ def wrap(model: torch.nn.Module, cfg: dict) -> torch.nn.Module:  # FSDP2:
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    """Whether fully_shard holds any part of the model (the root, or only its blocks)."""
+    return isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in model.modules())
 
 
-def set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
+def set_gradient_sync(model: torch.nn.Module, sync: bool, cfg: dict) -> None:
     """FSDP2's no_sync: with sync=False the backward keeps this rank's full gradient and reduce-scatters
-    nothing; the next backward with sync=True reduce-scatters the accumulated sum (as DDP's no_sync)."""
-    model.set_requires_gradient_sync(sync)
+    nothing; the next backward with sync=True reduce-scatters the accumulated sum (as DDP's no_sync).
+    fsdp2_bug=sync_left_off: turned off and never back on."""
+    if sync and cfg.get("fsdp2_bug") == "sync_left_off":
+        return  # BUG: the last micro-batch's backward reduce-scatters nothing either
+    for module in model.modules():  # every sharded module (the root too, unless fsdp2_bug=root_not_wrapped)
+        if isinstance(module, FSDPModule):
+            module.set_requires_gradient_sync(sync, recurse=False)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -111,7 +118,9 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, ordered: bool, 
     if local_bug:  # BUG: no reduction over ranks, so the norm is this rank's shards' alone
         local = [p.grad.to_local() for p in params if p.grad is not None]  # views of the shards: scaled in place
         return _clip(local, torch.nn.utils.get_total_norm(local), max_norm)
-    if not ordered or not any(isinstance(p, DTensor) for p in params):
+    kinds = {isinstance(p, DTensor) for p in params}
+    # torch refuses a mix of DTensor and plain parameters (fsdp2_bug=root_not_wrapped): gathered below, it measures
+    if not ordered and kinds != {True, False} or kinds == {False}:
         return full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm))
     grads = [p.grad for p in params if p.grad is not None]
     return _clip(grads, torch.nn.utils.get_total_norm([full_tensor(g) for g in grads]), max_norm)
@@ -130,18 +139,27 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on the CPU, the same keys as the single run's (no prefix). A collective:
     every rank calls it; every rank gets the full dict (the toy and workshop models are small)."""
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {k: v.detach().cpu() for k, v in state.items()}
+    # torch gathers what a sharded root holds; with the root left plain (fsdp2_bug=root_not_wrapped) the blocks
+    # come back as DTensors, so every value is gathered here too (same order on every rank: a collective)
+    return {k: full_tensor(v).detach().cpu() for k, v in state.items()}
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer's state as a plain (unsharded) optimizer over model.parameters() would hold it: keys are
-    parameter indices, not names, so the single run's program loads it (window replays). A collective."""
+    parameter indices, not names, so the single run's program loads it (window replays). A collective.
+    An optimizer over other parameters than the model's (fsdp2_bug=optimizer_before_wrap: built before
+    fully_shard replaced them) has no sharded state to gather: its own state dict is what it holds."""
+    mine = {id(p) for p in model.parameters()}
+    if any(id(p) not in mine for group in optimizer.param_groups for p in group["params"]):
+        return {"state": {k: {n: (v.detach().cpu() if torch.is_tensor(v) else v) for n, v in s.items()}
+                          for k, s in optimizer.state_dict()["state"].items()},
+                "param_groups": optimizer.state_dict()["param_groups"]}
     full = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
     index: dict[str, int] = {}
     groups = []
     for group in full["param_groups"]:
         ids = [index.setdefault(name, len(index)) for name in group["params"]]
         groups.append(dict(group, params=ids))
-    state = {index[name]: {k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in s.items()}
+    state = {index[name]: {k: (full_tensor(v).detach().cpu() if torch.is_tensor(v) else v) for k, v in s.items()}
              for name, s in full["state"].items()}
     return {"state": state, "param_groups": groups}

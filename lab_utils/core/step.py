@@ -103,7 +103,7 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
             before_forward(a, broadcast=previous_synced)
         ddp_skip = skip_sync and isinstance(model, DDP)  # the emulation only needs skip_sync's buffer schedule
         if fsdp2.is_sharded(model):  # FSDP2's no_sync: reduce-scatter only in the last micro-batch's backward
-            fsdp2.set_gradient_sync(model, not skip_sync)
+            fsdp2.set_gradient_sync(model, not skip_sync, cfg)
         with model.no_sync() if ddp_skip else nullcontext():  # DDP: no all-reduce before the last one
             loss_sum += micro_backward(wl, model, batch, cfg, world_size, token_count, scaler, loss_factor) / acc
             if cfg.get("clip_bug") == "no_sync_window" and a == acc - 2:
