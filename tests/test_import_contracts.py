@@ -8,6 +8,10 @@
 - nothing imports the CLI but `__main__`.
 A file's layer is its folder, so a new file cannot fall into a leftover bucket, and a violation names the file, the
 line and the rule. docs/design.md's layout lists every module (the last test), so the picture cannot drift either.
+
+Two more rules about shape: lab_utils' import graph has no circle (every import counts: module level, inside a
+function, under `if TYPE_CHECKING:`; a lazy import still makes the two modules one knot to read), and no module is
+over MAX_LINES lines.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ PKG = REPO / "lab_utils"
 LAYERS = ("core", "launch", "analysis", "lessons", "drivers")
 FACE = {"cli", "chapter", "nbbuild", "nbval_plugin", "checklist", "__main__", "__init__"}  # the notebook face, the CLI
 ANALYSIS_MAY_READ = {"runfiles", "mix64", "config", "float_twin"}
+MAX_LINES = 600
+OVER_MAX_LINES_FOR_NOW = {
+    "lab_utils/analysis/audit.py",  # split by issue 35 (the audit package); remove this entry when it lands
+}
 
 
 def lab_imports(path: Path, root: Path = REPO) -> list[tuple[int, tuple[str, ...]]]:
@@ -102,6 +110,110 @@ def test_only_notebooks_tests_and_the_face_import_lessons():
 def test_nothing_but_main_imports_the_cli():
     files = [p for p in PKG.rglob("*.py") if p.name != "__main__.py"]
     assert violations(files, lambda d: d[:1] != ("cli",), "the CLI is the top") == []
+
+
+def modules_of(root: Path = REPO) -> dict[tuple[str, ...], Path]:
+    """Every module of lab_utils under `root` by its dotted path under lab_utils: ("launch", "launcher"); a
+    package's __init__.py is the package itself: ("core", "workloads")."""
+    found = {}
+    for path in (root / "lab_utils").rglob("*.py"):
+        parts = path.relative_to(root / "lab_utils").with_suffix("").parts
+        found[parts[:-1] if parts[-1] == "__init__" else parts] = path
+    return found
+
+
+def import_graph(root: Path = REPO) -> dict[tuple[str, ...], dict[tuple[str, ...], int]]:
+    """{module: {module it imports: the first line that does}} over lab_utils under `root`. An import names the
+    longest module prefix of its dotted path (`from lab_utils.launch.launcher import RunResult` -> launcher;
+    `from lab_utils.launch import launcher` -> launcher). Every form counts, wherever it stands in the file."""
+    modules = modules_of(root)
+    graph: dict[tuple[str, ...], dict[tuple[str, ...], int]] = {}
+    for name, path in modules.items():
+        edges = graph.setdefault(name, {})
+        for line, dotted in lab_imports(path, root):
+            target = next((dotted[:k] for k in range(len(dotted), 0, -1) if dotted[:k] in modules), None)
+            if target is not None and target != name:
+                edges.setdefault(target, line)
+    return graph
+
+
+def cycles(graph: dict[tuple[str, ...], dict[tuple[str, ...], int]]) -> list[list[tuple[str, ...]]]:
+    """One shortest circle through each knot (strongly connected component of more than one module) of `graph`,
+    as [a, b, ..., a]."""
+    index: dict = {}
+    low: dict = {}
+    stack: list = []
+    knots: list[set] = []
+
+    def visit(v) -> None:  # Tarjan; the graph is ~80 modules, so recursion is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            knot = set()
+            while True:
+                w = stack.pop()
+                knot.add(w)
+                if w == v:
+                    break
+            if len(knot) > 1:
+                knots.append(knot)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    found = []
+    for knot in knots:
+        start = min(knot)
+        paths, seen = [[start]], {start}
+        while paths:  # breadth first, inside the knot: the shortest way back to start
+            path = paths.pop(0)
+            if start in graph[path[-1]] and len(path) > 1:
+                found.append([*path, start])
+                break
+            for w in sorted(graph[path[-1]]):
+                if w in knot and w not in seen:
+                    seen.add(w)
+                    paths.append([*path, w])
+    return found
+
+
+def describe(circle: list[tuple[str, ...]], graph) -> str:
+    return " -> ".join(f"{'/'.join(a)}.py:{graph[a][b]}" for a, b in zip(circle, circle[1:], strict=False)) \
+        + f" -> {'/'.join(circle[-1])}.py"
+
+
+def test_lab_utils_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 50 and graph[("launch", "launcher")], "the graph must see lab_utils' modules and imports"
+    found = [describe(c, graph) for c in cycles(graph)]
+    assert found == [], "import circles (move the shared code down to where both can import it):\n" + \
+        "\n".join(found)
+
+
+def test_a_planted_import_circle_is_named(tmp_path):
+    files = {"lab_utils/launch/a.py": "from lab_utils.launch import b\n",
+             "lab_utils/launch/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import C\n",
+             "lab_utils/launch/c.py": "def f():\n    from lab_utils.launch.a import g\n",
+             "lab_utils/launch/d.py": "from lab_utils.launch import a\n"}
+    for where, source in files.items():
+        (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / where).write_text(source)
+    graph = import_graph(tmp_path)
+    assert cycles(graph) == [[("launch", "a"), ("launch", "b"), ("launch", "c"), ("launch", "a")]]
+    assert describe(cycles(graph)[0], graph) == "launch/a.py:1 -> launch/b.py:3 -> launch/c.py:2 -> launch/a.py"
+
+
+def test_no_module_is_over_max_lines():
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in PKG.rglob("*.py")}
+    over = {path: n for path, n in sizes.items() if n > MAX_LINES and path not in OVER_MAX_LINES_FOR_NOW}
+    assert over == {}, f"modules over {MAX_LINES} lines (split each by job): {over}"
+    assert set(OVER_MAX_LINES_FOR_NOW) <= set(sizes), "an allowed path is gone: drop it from OVER_MAX_LINES_FOR_NOW"
 
 
 def test_design_md_lists_every_module():

@@ -34,6 +34,8 @@ CONFIG, METRICS, MODEL, PROBE, RESULT = "config.json", "metrics.jsonl", "model.p
 WINDOWS, WINDOW_ENDS, REPLAYS = "windows", "window_ends.jsonl", "replays"
 PROGRESS = "progress"
 REPO = Path(__file__).resolve().parents[2]  # lab_utils/core/runfiles.py
+TRAIN = REPO / "scripts" / "train.py"  # the one training script: what a launch runs by default, and the only
+# script whose top level the rank zygote runs ahead (lab_utils/launch/zygote.py)
 
 
 def runs_dir() -> Path:
