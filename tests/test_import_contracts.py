@@ -7,7 +7,8 @@
 - `lab_utils/lessons/` holds one module per chapter: only the notebooks, the tests and the notebook face import it;
 - nothing imports the CLI but `__main__`.
 A file's layer is its folder, so a new file cannot fall into a leftover bucket, and a violation names the file, the
-line and the rule. docs/design.md's layout lists every module (the last test), so the picture cannot drift either.
+line and the rule. docs/design.md's module table lists every module in its folder with its job, and every file or
+name design.md points to exists (the design.md tests), so the picture cannot drift either.
 
 Two more rules about shape: lab_utils' import graph has no circle (every import counts: module level, inside a
 function, under `if TYPE_CHECKING:`; a lazy import still makes the two modules one knot to read), and no module is
@@ -17,6 +18,7 @@ over MAX_LINES lines.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -216,12 +218,96 @@ def test_no_module_is_over_max_lines():
     assert set(OVER_MAX_LINES_FOR_NOW) <= set(sizes), "an allowed path is gone: drop it from OVER_MAX_LINES_FOR_NOW"
 
 
-def test_design_md_lists_every_module():
-    design = (REPO / "docs" / "design.md").read_text()
-    missing = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
-               if p.name != "__init__.py" and p.name not in design and p.stem not in design
-               and p.stem.removeprefix("bench_") not in design]
-    assert missing == [], f"docs/design.md's layout does not mention: {missing}"
+DESIGN = REPO / "docs" / "design.md"
+
+
+def design_modules(text: str) -> list[tuple[str, str, str]]:
+    """(folder, module, job) for each row of design.md's module table (the `| folder | module | job |` table
+    under "### Modules")."""
+    section = text.split("\n### Modules\n", 1)[1].split("\n#", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip().strip("`").strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) == 3 and cells[0] not in ("folder", "---"):
+            rows.append((cells[0], cells[1], cells[2]))
+    return rows
+
+
+def real_modules(root: Path = REPO) -> set[tuple[str, str]]:
+    """(folder, module) for every Python module of scripts/ and lab_utils/ under `root`; an empty __init__.py
+    (a folder marker) is not a module with a job."""
+    found = set()
+    for path in [*(root / "scripts").rglob("*.py"), *(root / "lab_utils").rglob("*.py")]:
+        if path.name == "__init__.py" and not path.read_text().strip():
+            continue
+        found.add((path.parent.relative_to(root).as_posix() + "/", path.name))
+    return found
+
+
+def table_drift(rows: list[tuple[str, str, str]], real: set[tuple[str, str]]) -> list[str]:
+    """What design.md's module table gets wrong against the files, one line each."""
+    listed = [(folder, module) for folder, module, _ in rows]
+    problems = [f"{f}{m}: listed twice" for f, m in sorted(set(listed)) if listed.count((f, m)) > 1]
+    problems += [f"{f}{m}: no job given" for f, m, job in rows if not job]
+    gone, missing = set(listed) - real, real - set(listed)
+    for folder, module in sorted(missing):
+        elsewhere = [f for f, m in gone if m == module]
+        problems.append(f"{folder}{module}: listed in {elsewhere[0]}, but it lives in {folder}" if elsewhere
+                        else f"{folder}{module}: missing from the table")
+    problems += [f"{f}{m}: listed, but there is no such file" for f, m in sorted(gone)
+                 if not any(m == module for _, module in missing)]
+    return problems
+
+
+def test_design_md_module_table_matches_the_files():
+    rows = design_modules(DESIGN.read_text())
+    assert len(rows) > 60, "design.md's module table was not found under '### Modules'"
+    problems = table_drift(rows, real_modules())
+    assert problems == [], "docs/design.md's module table has drifted:\n" + "\n".join(problems)
+
+
+def test_the_table_check_can_fail():
+    real = {("lab_utils/core/", "a.py"), ("lab_utils/launch/", "b.py"), ("lab_utils/launch/", "c.py")}
+    rows = [("lab_utils/core/", "a.py", "job"), ("lab_utils/core/", "b.py", "job"), ("lab_utils/core/", "a.py", ""),
+            ("lab_utils/analysis/", "gone.py", "job")]
+    assert table_drift(rows, real) == [
+        "lab_utils/core/a.py: listed twice",
+        "lab_utils/core/a.py: no job given",
+        "lab_utils/launch/b.py: listed in lab_utils/core/, but it lives in lab_utils/launch/",
+        "lab_utils/launch/c.py: missing from the table",
+        "lab_utils/analysis/gone.py: listed, but there is no such file",
+    ]
+
+
+def top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names |= {t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def test_every_file_and_name_design_md_points_to_exists():
+    """Anywhere in design.md (the chapter table, the decisions): `core/step.py`, `scripts/probes/x.py`,
+    `tests/outside/x.py` must be files, and `core/distenv.pick_backend` a name defined in that module."""
+    text = DESIGN.read_text()
+    problems = []
+    for token in re.findall(r"`([^`\s]+)`", text):
+        if token.endswith((".py", ".md", ".sh", ".sbatch")) and "/" in token and "{" not in token:
+            if not ((REPO / token).exists() or (PKG / token).exists()):
+                problems.append(f"{token}: no such file")
+        elif m := re.fullmatch(r"(?:lab_utils/)?((?:" + "|".join(LAYERS) + r")(?:/\w+)+)\.(\w+)\W?.*", token):
+            module = PKG / f"{m[1]}.py"
+            if not module.exists():
+                problems.append(f"{token}: no module {m[1]}.py")
+            elif m[2] not in top_level_names(module):
+                problems.append(f"{token}: {m[1]}.py defines no {m[2]}")
+    assert problems == [], "docs/design.md points to what is not there:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("where, source, expected", [
