@@ -103,6 +103,13 @@ def synced_span(run_dir: Path, warmup: int) -> tuple[dict, dict]:
     return synced[0], synced[-1]
 
 
+def ms_per_step(run_dir: Path, warmup: int = 1) -> float:
+    """Mean wall milliseconds per step between the synced records of `synced_span` (the first `warmup` steps,
+    start-up and first iterations, left out): chapter 11's cost table and `ddp-lab bench hook`."""
+    first, last = synced_span(run_dir, warmup)
+    return 1000 * (last["elapsed"] - first["elapsed"]) / (last["step"] - first["step"])
+
+
 class MetricsWriter:
     """Appends one line per step and flushes it, so the launcher's progress bar and a reader of a crashed
     run see every step that finished."""
