@@ -82,9 +82,9 @@ def test_buffer_fingerprint_sees_buffers_not_parameters():
     assert runfiles.buffer_fingerprint(m) != h0
 
 
-def test_read_wrap_probe_without_a_run_names_the_folder(tmp_path):
+def test_read_probe_without_a_run_names_the_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="probe"):
-        probes.read_wrap_probe(tmp_path)
+        probes.read_probe(tmp_path)
 
 
 # ------------------------------------------------------------------ the 2-rank wrap probe (real torchrun)

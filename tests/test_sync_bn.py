@@ -127,7 +127,7 @@ def _probe(runs_dir, name, device="cpu", mode=""):
 
 
 def _probe_records(run_dir):
-    return list(probes.read_wrap_probe(run_dir).values())  # any probe's probe/rank*.json, in rank order
+    return list(probes.read_probe(run_dir).values())  # any probe's probe/rank*.json, in rank order
 
 
 def test_two_gloo_ranks_match_batchnorm_over_the_whole_batch_and_torch_refuses_cpu(runs_dir):

@@ -14,9 +14,8 @@ import psutil
 import pytest
 from processes import leftovers, words
 
-from lab_utils.core.runfiles import read_heartbeats
+from lab_utils.core.runfiles import TRAIN, read_heartbeats
 from lab_utils.launch import launcher, zygote
-from lab_utils.launch.launch_commands import TRAIN
 
 KEYS = ["steps=4", "n_samples=256", "log_every=1", "dropout=0.1"]
 TIMING = ("elapsed", "wall")  # the only fields allowed to differ between two runs of the same keys

@@ -18,7 +18,7 @@ loss, or the relative grad-norm difference as `parity` computes it). Final state
 max(param_tol, MARGIN * the largest twin's |dparam| of that tensor), or the probe outputs within
 max(output_tol, MARGIN * the largest twin's |doutput|).
 
-Why these numbers (measured; the files are in ../shared/measured/, named in docs/results.md):
+Why these numbers (measured; the files are in docs/measured/, named in docs/results.md):
 - **running maximum**: a twin's distance from A jitters by up to ~100x from one step to the next in the growth
   phase (4x256 GPT on CPU: |C-A| at step 146 is 28x below a correct port's), while its running maximum tracks
   the growth. Pointwise, one twin needs a margin of 100-400; with the running maximum the worst correct pair seen

@@ -17,15 +17,9 @@ import math
 
 from torch.utils.data import DistributedSampler
 
+from lab_utils.core.samplers import Sized
+
 SHARDINGS = ("distributed", "distributed_drop_last", "strided")
-
-
-class _Sized:
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
 
 
 def shard(n: int, rank: int, world_size: int, how: str = "distributed") -> list[int]:
@@ -38,7 +32,7 @@ def shard(n: int, rank: int, world_size: int, how: str = "distributed") -> list[
         raise ValueError(f"sharding {how!r} is not one of {', '.join(SHARDINGS)}")
     if how == "strided":
         return list(range(rank, n, world_size))
-    return list(DistributedSampler(_Sized(n), num_replicas=world_size, rank=rank, shuffle=False,
+    return list(DistributedSampler(Sized(n), num_replicas=world_size, rank=rank, shuffle=False,
                                    drop_last=how == "distributed_drop_last"))
 
 

@@ -34,6 +34,8 @@ CONFIG, METRICS, MODEL, PROBE, RESULT = "config.json", "metrics.jsonl", "model.p
 WINDOWS, WINDOW_ENDS, REPLAYS = "windows", "window_ends.jsonl", "replays"
 PROGRESS = "progress"
 REPO = Path(__file__).resolve().parents[2]  # lab_utils/core/runfiles.py
+TRAIN = REPO / "scripts" / "train.py"  # the one training script: what a launch runs by default, and the only
+# script whose top level the rank zygote runs ahead (lab_utils/launch/zygote.py)
 
 
 def runs_dir() -> Path:
@@ -99,6 +101,13 @@ def synced_span(run_dir: Path, warmup: int) -> tuple[dict, dict]:
         raise ValueError(f"{run_dir}: fewer than 2 synced records after {warmup} warm-up steps "
                          f"(log_sync_every={every}): run more steps")
     return synced[0], synced[-1]
+
+
+def ms_per_step(run_dir: Path, warmup: int = 1) -> float:
+    """Mean wall milliseconds per step between the synced records of `synced_span` (the first `warmup` steps,
+    start-up and first iterations, left out): chapter 11's cost table and `ddp-lab bench hook`."""
+    first, last = synced_span(run_dir, warmup)
+    return 1000 * (last["elapsed"] - first["elapsed"]) / (last["step"] - first["step"])
 
 
 class MetricsWriter:

@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Samp
 from lab_utils.core.global_sampler import GlobalBatchSampler
 
 
-class _Sized:
-    """The samplers only need len(dataset)."""
+class Sized:
+    """A stand-in dataset that has only a length: torch's samplers need nothing but len(dataset)."""
 
     def __init__(self, n: int):
         self.n = n
@@ -41,7 +41,7 @@ class DistributedStream(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         # drop_last=False pads an uneven dataset with repeated samples so every rank gets the same count.
-        sampler = DistributedSampler(_Sized(self.n), num_replicas=self.world_size, rank=self.rank,
+        sampler = DistributedSampler(Sized(self.n), num_replicas=self.world_size, rank=self.rank,
                                      shuffle=True, seed=self.seed, drop_last=self.drop_last)
         for epoch in itertools.count():
             if self.set_epoch:  # forgetting this repeats epoch 0's order forever
@@ -55,7 +55,7 @@ class RandomStream(Sampler[int]):
         self.n, self.rank, self.world_size, self.seed = n, rank, world_size, seed
 
     def __iter__(self) -> Iterator[int]:
-        sampler = RandomSampler(_Sized(self.n), generator=torch.Generator().manual_seed(self.seed))
+        sampler = RandomSampler(Sized(self.n), generator=torch.Generator().manual_seed(self.seed))
         position = 0
         for epoch in itertools.count():
             for idx in sampler:  # the generator carries on: epoch 1 is the *next* draw, not seed + 1

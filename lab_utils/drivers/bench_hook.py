@@ -27,15 +27,10 @@ import torch
 
 from lab_utils.analysis import parity
 from lab_utils.core import config, ordered_reduce, tree_reduce
-from lab_utils.core.runfiles import synced_span
+from lab_utils.core.runfiles import ms_per_step
 from lab_utils.launch import launcher
 
 TREE_COMM = {"tree": "allgather", "tree_halving": "halving"}  # the bench's tree rows -> tree_comm
-
-
-def ms_per_step(run_dir: Path, warmup: int) -> float:
-    first, last = synced_span(run_dir, warmup)
-    return 1000 * (last["elapsed"] - first["elapsed"]) / (last["step"] - first["step"])
 
 
 def main(argv: list[str] | None = None) -> int:

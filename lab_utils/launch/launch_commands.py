@@ -15,10 +15,9 @@ from pathlib import Path
 
 from lab_utils.core import config as config_mod
 from lab_utils.core import distenv
-from lab_utils.core.runfiles import REPO
+from lab_utils.core.runfiles import TRAIN
 from lab_utils.launch import elastic_driver
 
-TRAIN = REPO / "scripts" / "train.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")  # the venv's own torchrun (runner="torchrun")
 
 

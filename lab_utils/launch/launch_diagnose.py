@@ -21,8 +21,8 @@ from lab_utils.core.runfiles import read_heartbeats
 from lab_utils.launch import elastic_driver
 
 if TYPE_CHECKING:
-    from lab_utils.launch.launcher import RunResult
-    from lab_utils.launch.supervise import ProcessTree
+    from lab_utils.launch.process_tree import ProcessTree
+    from lab_utils.launch.run_result import RunResult
 
 DUMP_WAIT = 1.5  # seconds for a SIGUSR1 stack dump to reach the rank's log before the rank is stopped
 

@@ -203,8 +203,8 @@ def _serve(listener_fd: int, control_fd: int) -> None:
     import torch  # noqa: F401
     from torch.distributed.launcher import api  # noqa: F401  (what the driver imports: the agent, rendezvous)
 
+    from lab_utils.core.runfiles import TRAIN
     from lab_utils.launch import elastic_driver  # noqa: F401
-    from lab_utils.launch.launch_commands import TRAIN
 
     zygote.preload(str(TRAIN))
     if len(os.listdir("/proc/self/task")) != 1:  # a fork copies one thread: another's locks would stay held

@@ -24,20 +24,18 @@ runs); `RunResult.command_line` is the equivalent `torchrun ...` line, to copy. 
   as on N hosts; the same timeout, clean-up and root-cause guarantees hold across all of them.
 
 This module is the public face (RunResult, launch, launch_many); the parts, one job each:
-launch_commands.py (the command lines and the ranks' environment), supervise.py (the process tree, stop
-signals, the poll loop, progress), launch_diagnose.py (hang naming, stack dumps, failures and the root cause).
+run_result.py (RunResult, RunFailed), launch_commands.py (the command lines and the ranks' environment),
+process_tree.py (every process started, to stop them all), supervise.py (stop signals, the poll loop,
+progress), launch_diagnose.py (hang naming, stack dumps, failures and the root cause).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 import shutil
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_utils.core import config as config_mod
@@ -56,77 +54,15 @@ from lab_utils.launch.launch_commands import (
     node_gpus,
 )
 from lab_utils.launch.launch_diagnose import DUMP_WAIT, classify, dump_stacks, merge_node_failures
-from lab_utils.launch.supervise import PEER_GRACE, ProcessTree, progress_bar, redeliver, supervise
+from lab_utils.launch.process_tree import ProcessTree
+from lab_utils.launch.run_result import RunFailed, RunResult
+from lab_utils.launch.supervise import PEER_GRACE, progress_bar, redeliver, supervise
 
 # The launcher's public face: the names chapters, the CLI, drivers, tests and notebooks use as `launcher.X`.
 # The command lines live in launch_commands, supervision in supervise, diagnosis in launch_diagnose.
 __all__ = ["DUMP_WAIT", "REPO", "TORCHRUN", "TRAIN", "ProcessTree", "RunFailed", "RunResult", "build_command",
            "bytecode_cache", "dump_stacks", "free_port", "launch", "launch_many", "master_port_command",
            "node_command"]
-
-
-@dataclass
-class RunResult:
-    name: str
-    run_dir: Path
-    status: str  # ok | crashed | hang | interrupted | stopped
-    returncode: int | None
-    seconds: float
-    nproc: int
-    message: str = ""
-    failing_rank: int | None = None
-    traceback: str = ""
-    heartbeats: dict = field(default_factory=dict)
-    command: list[str] = field(default_factory=list)  # exactly what was started (python or the driver)
-    equivalent: list[str] = field(default_factory=list)  # the same run as `python ...` or `torchrun ...`
-    nnodes: int = 1
-    node_commands: list[tuple[list[str], list[str]]] = field(default_factory=list)  # (started, torchrun) per node
-    stacks: dict[int, str] = field(default_factory=dict)  # rank -> its Python stack at a hang (faulthandler)
-    failing_node: int | None = None  # a rendezvous that never completed: the node that caused it
-    hosts: list[str] = field(default_factory=list)  # the network namespace each node ran in (netns.Hosts)
-
-    @staticmethod
-    def _shell(words: list[str]) -> str:
-        words = ["python" if c == sys.executable else c for c in words]
-        return shlex.join(c.replace(str(REPO) + os.sep, "") for c in words)
-
-    @property
-    def command_line(self) -> str:
-        """The run as a shell line a user can copy: `torchrun ...` (or `python ...`), paths relative to the repo.
-        Several nodes: one line per node (each is what that node's host would run)."""
-        if self.nnodes > 1:
-            return "\n".join(self.command_lines)
-        return self._shell(self.equivalent or self.command)
-
-    @property
-    def command_lines(self) -> list[str]:
-        """One `torchrun ...` line per node."""
-        if self.nnodes > 1:
-            return [self._shell(eq or cmd) for cmd, eq in self.node_commands]
-        return [self.command_line]
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def __str__(self) -> str:
-        head = f"run {self.name!r}: {self.status} in {self.seconds:.1f} s (nproc={self.nproc})"
-        parts = [head] + ([self.message] if self.message else [])
-        if self.traceback:
-            parts.append(f"--- rank {self.failing_rank} traceback ---\n{self.traceback.rstrip()}")
-        if self.status == "hang" and self.stacks.get(self.failing_rank):
-            parts.append(f"--- rank {self.failing_rank} stack at the timeout (faulthandler) ---\n"
-                         f"{self.stacks[self.failing_rank].rstrip()}")
-        return "\n".join(parts)
-
-    def raise_for_status(self) -> RunResult:
-        if not self.ok:
-            raise RunFailed(str(self))
-        return self
-
-
-class RunFailed(RuntimeError):
-    pass
 
 
 # --- the jobs of launch(), in order: validate, prepare the folder, build the commands, supervise, diagnose

@@ -20,13 +20,14 @@ def launch_wrap_probe(name: str, nproc: int = 2, seed: int = 42, backend: str = 
     result = launcher.launch(name, nproc, {"seed": seed, "backend": backend, "steps": 1}, timeout=timeout,
                              progress=False, script=PROBES / "wrap_probe.py")
     result.raise_for_status()
-    return read_wrap_probe(result.run_dir)
+    return read_probe(result.run_dir)
 
 
-def read_wrap_probe(run_dir: str | Path) -> dict[int, dict]:
+def read_probe(run_dir: str | Path) -> dict[int, dict]:
+    """{rank: record} from what any probe wrote: RUN/probe/rank{r}.json (wrap, accumulation, sync BN ...)."""
     files = sorted(Path(run_dir, "probe").glob("rank*.json"))
     if not files:
-        raise FileNotFoundError(f"{run_dir}: no probe/rank*.json (did the wrap probe run?)")
+        raise FileNotFoundError(f"{run_dir}: no probe/rank*.json (did the probe run?)")
     records = [json.loads(f.read_text()) for f in files]
     return {r["rank"]: r for r in sorted(records, key=lambda r: r["rank"])}
 
@@ -48,7 +49,7 @@ def launch_flags_probes(specs: dict[str, tuple[str, str, dict]], nproc: int = 2,
                                  # a fixed mmap threshold: big blocks go back to the OS when freed, so RSS
                                  # deltas in the bucket_view probe count live tensors, not allocator history
                                  extra_env={"LAB_FLAGS_PROBE": mode, "MALLOC_MMAP_THRESHOLD_": "131072"})
-        return result, (read_wrap_probe(result.run_dir) if result.ok else None)
+        return result, (read_probe(result.run_dir) if result.ok else None)
 
     with ThreadPoolExecutor(max_workers=len(specs)) as pool:
         futures = {k: pool.submit(one, *spec) for k, spec in specs.items()}

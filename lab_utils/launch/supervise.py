@@ -1,6 +1,7 @@
-"""Following a run's processes from start to exit, and stopping every one of them, always: the process tree,
-this process's stop signals (SIGTERM/SIGHUP), the poll loop with its timeouts, the progress display and the
-echo of the run's output. Part of the launcher (lab_utils/launch/launcher.py, whose docstring lists the guarantees).
+"""Following a run's processes from start to exit, and stopping every one of them, always (through
+process_tree.ProcessTree): this process's stop signals (SIGTERM/SIGHUP), the poll loop with its timeouts, the
+progress display and the echo of the run's output. Part of the launcher (lab_utils/launch/launcher.py, whose
+docstring lists the guarantees).
 """
 
 from __future__ import annotations
@@ -14,56 +15,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import psutil
-
 from lab_utils.core import runfiles
 from lab_utils.core.runfiles import REPO
-from lab_utils.launch import elastic_driver, launch_zygote
+from lab_utils.launch import launch_zygote
 from lab_utils.launch.launch_diagnose import dump_stacks, stalled
+from lab_utils.launch.process_tree import ProcessTree
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # what `timeout`, CI job limits and a closing terminal send
 PEER_GRACE = 30  # seconds the other nodes get to notice a failed node (gloo: at once) before being stopped
 LOG_EVERY = 30.0  # seconds between progress lines when the progress goes to a log, not a terminal
-
-
-class ProcessTree:
-    """Every process started under `root`, remembered as seen, so they can all be stopped later."""
-
-    def __init__(self, root):  # a subprocess.Popen, or a launch_zygote.Forked
-        try:
-            self.root = psutil.Process(root.pid)
-        except psutil.NoSuchProcess:  # a forked process is reaped by its zygote: it may be gone already
-            self.root = None
-        self.seen: dict[int, psutil.Process] = {root.pid: self.root} if self.root else {}
-
-    def snapshot(self) -> None:
-        if self.root is None:
-            return
-        try:
-            for child in self.root.children(recursive=True):
-                self.seen.setdefault(child.pid, child)
-        except psutil.NoSuchProcess:
-            pass
-
-    def alive(self) -> list[psutil.Process]:
-        # psutil.Process remembers the creation time, so a recycled pid is never mistaken for ours.
-        return [p for p in self.seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-
-    def stop(self, grace: float = elastic_driver.SHUTDOWN_GRACE) -> None:
-        self.snapshot()
-        procs = self.alive()
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, still = psutil.wait_procs(procs, timeout=grace)
-        for p in still:  # e.g. a rank that ignores SIGTERM
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(still, timeout=grace)
 
 
 class Stopped(Exception):

@@ -11,11 +11,6 @@ from lab_utils.core import config, float_twin
 from lab_utils.launch import launcher
 
 
-def twin_name(name: str, overrides) -> str:
-    """The run name of `name`'s float twin (what `--noise auto` looks for)."""
-    return f"{name}{float_twin.SEPARATOR}{twin_keys(overrides, 1)[0]}"
-
-
 def twin_keys(overrides, nproc: int) -> tuple[str, dict]:
     """(suffix, keys) of the twin of a run with these key=value overrides on `nproc` processes."""
     given = config.parse_overrides(overrides)

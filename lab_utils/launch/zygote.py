@@ -53,7 +53,7 @@ def _die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
 def usable(script: str, env: dict) -> bool:
     """Can the ranks of this launch be forked from a zygote? Linux, the lab's own training script (its top level
     is known to be safe to run ahead), and no switch asking for a real exec."""
-    from lab_utils.launch.launch_commands import TRAIN
+    from lab_utils.core.runfiles import TRAIN  # here, not at the top: a client never imports torch
 
     return (sys.platform.startswith("linux") and hasattr(socket, "send_fds") and env.get(ENV) != "off"
             and env.get("LAB_EXIT", "fast") != "finalize" and os.path.realpath(script) == os.path.realpath(TRAIN))

@@ -9,9 +9,7 @@ needs no launch (the partial-window gradients use the real `step.micro_backward`
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
-from pathlib import Path
 
 import torch
 
@@ -47,14 +45,6 @@ def config_refusal(keys: dict, world_size: int) -> str | None:
 
 
 # ---- the probe's files
-
-def read_probe(run_dir: str | Path) -> dict[int, dict]:
-    files = sorted(Path(run_dir, "probe").glob("rank*.json"))
-    if not files:
-        raise FileNotFoundError(f"{run_dir}: no probe/rank*.json (did accum_probe.py run?)")
-    records = [json.loads(f.read_text()) for f in files]
-    return {r["rank"]: r for r in sorted(records, key=lambda r: r["rank"])}
-
 
 def allreduce_summary(probe: dict[int, dict]) -> dict[str, dict]:
     """Per setting: buckets, the set of all-reduce counts per step (over every step and rank), and the

@@ -77,20 +77,13 @@ def answer(text: str):
                 "</details>")
 
 
-def ms_per_step(run_dir: Path, skip: int = 1) -> float:
-    """Mean wall time per step after the first `skip` steps (start-up and first-iteration costs)."""
-    rows = runfiles.read_metrics(run_dir)
-    first, last = rows[skip - 1], rows[-1]
-    return 1000 * (last["elapsed"] - first["elapsed"]) / (last["step"] - first["step"])
-
-
 def cost_rows(runs: dict[tuple[int, str], Path]) -> list[dict]:
     """{(world_size, "allreduce"|"ordered"): run} -> rows of ms/step (measured), the MB one rank receives per
     step and the MB the all-gather holds on each rank (both computed from the parameter count)."""
     rows = []
     for (w, how), run in sorted(runs.items()):
         n = sum(t.numel() for t in runfiles.load_tensors(run).values() if t.is_floating_point())
-        rows.append({"ranks": w, "reduction": how, "ms_per_step": ms_per_step(run), "elements": n,
+        rows.append({"ranks": w, "reduction": how, "ms_per_step": runfiles.ms_per_step(run), "elements": n,
                      "mb_per_rank": ordered_reduce.bytes_per_rank(n, 4, w, how) / 1e6,
                      # the hook's `gathered` list: W fp32 copies of the bucket (at most all N elements) on every
                      # rank until they are added; the stock hook reduces the bucket in place

@@ -5,7 +5,7 @@ batch (so its BatchNorm running statistics are its own), then wraps one copy in 
 the deprecated `broadcast_buffers=True/False` (the article's name) and, where this torch has it,
 `forward_sync_buffers=True/False` (its replacement since torch 2.13; feature-detected). Each rank writes the
 parameter and buffer fingerprints before and after each wrap, and the warnings each wrap raised, to
-runs/NAME/probe/rank{r}.json (read by lab_utils.launch.probes.read_wrap_probe).
+runs/NAME/probe/rank{r}.json (read by lab_utils.launch.probes.read_probe).
 """
 
 import copy
