@@ -112,8 +112,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         model = ddp.wrap(model, cfg, env.device) if cfg["wrap"] == "ddp" else fsdp2.wrap(model, cfg)
         heart.beat(param_hash_after_wrap=runfiles.fingerprint(model))
     optimizer = early or build_optimizer(model, cfg)
-    if state:
-        optimizer.load_state_dict(state["optimizer"])
+    if state:  # (FSDP2: the full state is sharded into this rank's part: core/fsdp2.py)
+        checkpoint.load_optimizer_state(model, optimizer, state["optimizer"])
     # grad_reduction=tree (chapter 12): C chunks per global batch in one binary tree (the comm hook under DDP)
     chunks = cfg["global_batch_size"] // cfg["micro_batch_size"]
     tree = TreeAccumulator(model, chunks, comm=cfg["tree_comm"]) if cfg["grad_reduction"] == "tree" else None
@@ -197,10 +197,11 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
                     lr=optimizer.param_groups[0]["lr"], samples=(step + 1) * cfg["global_batch_size"],
                     param_hash=param_hash, **amp_log)
         if cfg["checkpoint_every"] and (step + 1) % cfg["checkpoint_every"] == 0:
+            # env.sharded (FSDP2): every rank gathers the full state (a collective), rank 0 writes it
+            ckpt = checkpoint.training_state(model, optimizer, step + 1, cfg, len(wl.dataset), rank_buffers,
+                                             style=cfg["checkpoint_style"]) if env.is_main or env.sharded else None
             if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
                 log.flush()  # the records up to the checkpoint reach the disk with it: a resume keeps them
-                ckpt = checkpoint.training_state(model, optimizer, step + 1, cfg, len(wl.dataset), rank_buffers,
-                                                 style=cfg["checkpoint_style"])
                 checkpoint.write_checkpoint(ckpt, checkpoint.checkpoint_path(out, step + 1), cfg["checkpoint_write"],
                                             die_midway=cfg["fault"] == "kill_in_save" and step == cfg["fault_step"]
                                             and resume.attempt() == 0)

@@ -89,10 +89,37 @@ def test_fsdp2_setup_bugs_are_caught_from_the_data_with_their_cause(runs, bug):
     assert any(c.code == "fsdp2_setup" for c in d.causes)  # the key's own fix is listed too
 
 
+@pytest.fixture(scope="module")
+def resumed(runs):
+    """Stopped at step 6 (a checkpoint: the full state gathered from the shards) and resumed to 12: at the same
+    world size, and from 4 ranks to 2 (its reference: the emulated 4 ranks resumed as emulated 2)."""
+    ordered = {**KEYS, "wrap": "fsdp2", "grad_reduction": "ordered"}
+    half = {"steps": 6, "checkpoint_every": 6}
+    launcher.launch_many({
+        "half2": ("half2", 2, {**ordered, **half}),
+        "half4": ("half4", 4, {**ordered, **half}),
+        "ehalf4": ("ehalf4", 1, {**KEYS, **half, "emulate_ranks": 4, "grad_reduction": "ordered"}),
+    }, max_workers=2, raise_on_failure=True, runs_dir=runs, timeout=300)
+    ckpt = "checkpoints/step_000006.pt"
+    launcher.launch_many({
+        "res2": ("res2", 2, {**ordered, "resume": str(runs / "half2" / ckpt)}),
+        "res4to2": ("res4to2", 2, {**ordered, "resume": str(runs / "half4" / ckpt)}),
+        "eres4to2": ("eres4to2", 1, {**KEYS, "emulate_ranks": 2, "grad_reduction": "ordered",
+                                     "resume": str(runs / "ehalf4" / ckpt)}),
+    }, max_workers=2, raise_on_failure=True, runs_dir=runs, timeout=300)
+    return runs
+
+
+@pytest.mark.parametrize("a, b", [("ordered2", "res2"), ("eres4to2", "res4to2")])
+def test_resume_is_bitwise_at_the_same_and_at_another_world_size(resumed, a, b):
+    wa, wb = torch.load(resumed / a / "model.pt"), torch.load(resumed / b / "model.pt")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert parity.compare(resumed / a, resumed / b).tier == 3
+
+
 @pytest.mark.parametrize("keys, named", [
     ({"model": "bn_net"}, "model"),
     ({"grad_reduction": "tree", "micro_batch_size": 8, "sampler": "global"}, "grad_reduction"),
-    ({"checkpoint_every": 4}, "checkpoint_every"),
     ({"seed_mode": "article"}, "seed_mode"),
     ({"amp": "fp16"}, "amp"),
     ({"fsdp2_bug": "sync_left_off", "grad_accum_steps": 1}, "fsdp2_bug"),

@@ -23,6 +23,15 @@ def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
 
 
+def load_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None:
+    """optimizer.load_state_dict(state); under FSDP2 the full (index-keyed) state is sharded into this rank's
+    part, whichever world size or wrap wrote it."""
+    if fsdp2.is_sharded(model):
+        fsdp2.load_full_optimizer_state(model, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
+
+
 def optimizer_state(model: torch.nn.Module, optimizer) -> dict:
     """The optimizer's state dict on the CPU, as a plain optimizer over model.parameters() holds it. Under
     FSDP2 a collective (every rank): the shards' moments gathered, keyed by parameter index."""

@@ -342,8 +342,6 @@ def _check_fsdp2(cfg: dict) -> None:
     refused = {"model": (cfg["model"] != "gpt", "the blocks it shards are the GPT's (model=gpt)"),
                "grad_reduction": (cfg["grad_reduction"] == "tree", "allreduce (stock) or ordered"),
                "amp": (cfg["amp"] == "fp16", "none or bf16 (no sharded GradScaler here)"),
-               "checkpoint_every": (bool(cfg["checkpoint_every"]), "0 (sharded checkpoints are not built yet)"),
-               "resume": (cfg["resume"] is not None, "unset (sharded checkpoints are not built yet)"),
                "compile": (cfg["compile"], "false"),
                "seed_mode": (cfg["seed_mode"] != "lab", "lab: fully_shard does not broadcast rank 0's weights, "
                              "so every rank must build the same initial model")}

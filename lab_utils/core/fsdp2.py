@@ -27,7 +27,12 @@ import warnings
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -142,6 +147,16 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     # torch gathers what a sharded root holds; with the root left plain (fsdp2_bug=root_not_wrapped) the blocks
     # come back as DTensors, so every value is gathered here too (same order on every rank: a collective)
     return {k: full_tensor(v).detach().cpu() for k, v in state.items()}
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """The inverse of full_optimizer_state: a plain optimizer's state (keys = indices into model.parameters(),
+    as a single run, a DDP run or this module writes it) sharded into this rank's optimizer. Every rank calls
+    it with the same full state; torch keeps each rank's slice (set_optimizer_state_dict)."""
+    names = [name for name, _ in model.named_parameters()]
+    full = {"state": {names[i]: s for i, s in state["state"].items()},
+            "param_groups": [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
 
 
 def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
