@@ -172,6 +172,7 @@ def _cmd_keys(args) -> int:
 BENCHES = {"launch": "launch reliability and overhead", "samplers": "DistributedSampler vs GlobalBatchSampler",
            "scaling": "tokens/s, 1 vs 2 GPUs", "profile": "host vs device time per step, launches, top ops",
            "hook": "order-fixed gradient reduction vs stock all-reduce: time, bytes, tier",
+           "fsdp2": "FSDP2 vs DDP, stock and ordered: time, bytes received, state held per rank, tier",
            "portbugs": "the port-bug suite at GPT 4x256 x 150 steps, judged against float twins",
            "noise": "where the float-noise margin comes from: the committed measurements, in envelopes",
            "late": "bugs that start late: the whole-run envelope vs the windows, and the replay's cost"}

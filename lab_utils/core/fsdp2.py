@@ -46,9 +46,9 @@ CHOICES = ("ddp", "fsdp2")
 
 
 class OrderedReduceScatter(ReduceScatter):
-    """A reduce-scatter whose sum does not depend on the backend: every rank's (divided) gradient is
-    all-gathered and this rank's shard summed in rank order. It moves (W-1)x a rank's gradient bytes where a
-    ring reduce-scatter moves (W-1)/W x: the price of the same bits as the emulated reference."""
+    """A reduce-scatter whose sum does not depend on the backend: every rank's (divided) shard for this rank
+    arrives by all-to-all and is summed in rank order. The same bytes as a ring reduce-scatter; the W-1
+    additions run here instead of in the backend."""
 
     def allocate(self, size, *, dtype, device):
         return torch.empty(*size, dtype=dtype, device=device)
@@ -61,10 +61,12 @@ class OrderedReduceScatter(ReduceScatter):
         elif op != dist.ReduceOp.SUM:
             raise ValueError(f"grad_reduction=ordered: FSDP2 asked for reduce op {op}; only AVG and SUM are "
                              f"ordered here (amp=fp16 is refused for wrap=fsdp2)")
-        gathered = [torch.empty_like(input_tensor) for _ in range(world)]
-        dist.all_gather(gathered, input_tensor, group=group)
-        rank, n = dist.get_rank(group), output_tensor.numel()
-        output_tensor.view(-1).copy_(rank_order_sum([g.view(-1)[rank * n:(rank + 1) * n] for g in gathered]))
+        # Each rank needs only its own shard of every rank's gradient: an all-to-all sends shard j to rank j,
+        # (W-1)/W of the gradient bytes, as a ring reduce-scatter moves; the sum is then formed here, in rank order.
+        received = torch.empty_like(input_tensor)
+        dist.all_to_all_single(received, input_tensor.contiguous(), group=group)
+        n = output_tensor.numel()
+        output_tensor.view(-1).copy_(rank_order_sum(list(received.view(-1)[: world * n].view(world, n))))
         return None
 
 
@@ -101,6 +103,20 @@ def set_gradient_sync(model: torch.nn.Module, sync: bool, cfg: dict) -> None:
     for module in model.modules():  # every sharded module (the root too, unless fsdp2_bug=root_not_wrapped)
         if isinstance(module, FSDPModule):
             module.set_requires_gradient_sync(sync, recurse=False)
+
+
+def local_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes this rank holds between steps: {"params", "grads", "optimizer"} (a DTensor counts its local shard).
+    DDP keeps all of each on every rank; FSDP2 about 1/W (ddp-lab bench fsdp2 prints both)."""
+    def size(t):
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    params = list(model.parameters())
+    moments = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    return {"params": sum(size(p) for p in params),
+            "grads": sum(size(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(size(v) for v in moments)}
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
