@@ -8,9 +8,9 @@ For each world size W: the emulated W-rank reference (one process), then W ranks
 - ms per step after the warm-up (on one box the ranks share its cores: time measures that too);
 - MB one rank receives per step, counted for bandwidth-optimal algorithms (N = 4 bytes x the parameters): DDP
   stock a ring all-reduce 2(W-1)/W·N, DDP ordered an all-gather (W-1)·N; FSDP2 all-gathers the weights for the
-  forward and again for the backward, 2(W-1)/W·N, plus its reduce-scatter, (W-1)/W·N stock or (W-1)·N ordered
-  (the ordered one all-gathers every rank's gradient), plus, ordered, the full gradients for the clipping norm
-  when grad_clip > 0, (W-1)/W·N;
+  forward and again for the backward, 2(W-1)/W·N, plus its reduce-scatter, (W-1)/W·N (the ordered one as an
+  all-to-all of the shards, the same bytes), plus, ordered, the full gradients gathered for the grad norm
+  (logged every step, and clipped by), (W-1)/W·N;
 - the bytes of parameters, gradients and optimizer state rank 0 holds after the last step (measured in the run:
   its heartbeat's state_bytes; a DTensor counts its shard);
 - the tier against the emulated reference and max |Δparam|.
@@ -27,21 +27,19 @@ from pathlib import Path
 import torch
 
 from lab_utils.analysis import parity
-from lab_utils.core import config, runfiles
+from lab_utils.core import runfiles
 from lab_utils.launch import launcher
 
 ROWS = (("ddp", "allreduce"), ("ddp", "ordered"), ("fsdp2", "allreduce"), ("fsdp2", "ordered"))
 
 
-def bytes_received(n_bytes: float, world: int, wrap: str, reduction: str, clips: bool) -> float:
+def bytes_received(n_bytes: float, world: int, wrap: str, reduction: str) -> float:
     """Bytes one rank receives per step (bandwidth-optimal counts; see the module's docstring)."""
     share = (world - 1) / world * n_bytes
     if wrap == "ddp":
         return 2 * share if reduction == "allreduce" else (world - 1) * n_bytes
     gathers = 2 * share  # the weights, for the forward and for the backward (resharded after the forward)
-    if reduction == "allreduce":
-        return gathers + share
-    return gathers + (world - 1) * n_bytes + (share if clips else 0.0)
+    return gathers + share + (share if reduction == "ordered" else 0.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.warmup < args.steps:
         ap.error(f"--warmup {args.warmup} must be >= 1 and < --steps {args.steps}")
     base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000", "window_every=0"]
-    cfg = config.resolve(base, 1)
     rows = []
     for w in worlds:
         ref = launcher.launch(f"bench_fsdp2_emulated_{w}", 1, base + [f"emulate_ranks={w}"], timeout=args.timeout,
@@ -83,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"ranks": w, "wrap": wrap, "reduction": how,
                          "backend": json.loads((r.run_dir / runfiles.CONFIG).read_text())["backend"],
                          "ms_per_step": runfiles.ms_per_step(r.run_dir, args.warmup),
-                         "bytes_received": bytes_received(n_bytes, w, wrap, how, cfg["grad_clip"] > 0),
+                         "bytes_received": bytes_received(n_bytes, w, wrap, how),
                          "state_bytes": sum(held.values()), "held": held,
                          "tier": rep.tier, "max_abs_param_diff": rep.max_abs_param_diff})
             print(f"{wrap} {how} at {w} ranks: {rows[-1]['ms_per_step']:.1f} ms/step, tier {rep.tier}",
