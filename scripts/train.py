@@ -213,7 +213,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
                                    writer=env.is_main)
 
     heart.beat(buffer_hash=runfiles.buffer_fingerprint(model), running_stats=sync_bn.running_stats(model),
-               skipped_steps=skipped, state_bytes=fsdp2.local_state_bytes(model, optimizer))
+               skipped_steps=skipped, state_bytes=fsdp2.local_state_bytes(model, optimizer),
+               replica_hash=runfiles.replica_fingerprint(model))
     # env.sharded (FSDP2): gathering the full weights and the probe's forward are collectives every rank joins
     final = checkpoint.cpu_state(model) if env.sharded else None
     probe = workloads.probe_outputs(ddp.unwrap(model), wl.dataset, env.device) if env.is_main or env.sharded \

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(600)
 KEYS = {"steps": 12, "n_samples": 128, "log_every": 4, "window_every": 4, "grad_accum_steps": 2, "grad_clip": 0.25}
 
 # FSDP2's own port bugs (fsdp2_bug) and the cause the doctor must name first
-SETUP_BUGS = {"optimizer_before_wrap": "no_update", "root_not_wrapped": "fsdp2_setup", "sync_left_off": "no_update"}
+SETUP_BUGS = {"optimizer_before_wrap": "no_update", "root_not_wrapped": "replicas", "sync_left_off": "no_update"}
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,8 @@ CAUSES = {
                  "or still multiplied by GradScaler's loss scale",
     "no_update": "the optimizer never changed the weights: it holds other tensors than the model's parameters, "
                  "or no gradient reached them",
+    "replicas": "the ranks' copies of the weights parted: a parameter updated from each rank's own gradient, "
+                "never reduced over ranks",
     "fsdp2_setup": "FSDP2 set up wrong: the optimizer built before fully_shard, the root module not sharded, or "
                    "the gradient sync left off",
 }
@@ -80,6 +82,8 @@ class Evidence:
     weights_a: dict | None = None
     init_a: dict[int, str] = field(default_factory=dict)  # rank -> fingerprint of its weights before the wrap
     init_b: dict[int, str] = field(default_factory=dict)
+    replica_a: dict[int, str] = field(default_factory=dict)  # rank -> fingerprint of the weights it holds whole,
+    replica_b: dict[int, str] = field(default_factory=dict)  # at the end (train.py's last heartbeat)
 
     @property
     def ka(self) -> dict:
@@ -194,6 +198,11 @@ def init_hashes(run: Path, config: dict) -> dict[int, str]:
     if by_rank:
         return {int(r): h for r, h in enumerate(by_rank)}
     return {r: b["init_param_hash"] for r, b in runfiles.read_heartbeats(run).items() if b.get("init_param_hash")}
+
+
+def replica_hashes(run: Path) -> dict[int, str]:
+    """{rank: fingerprint of the parameters it held whole at the end}: train.py's last heartbeat."""
+    return {r: b["replica_hash"] for r, b in runfiles.read_heartbeats(run).items() if b.get("replica_hash")}
 
 
 def _step0_out(e: Evidence) -> bool:
@@ -373,6 +382,20 @@ def grad_clipping(e: Evidence) -> list[Candidate]:
     return []
 
 
+def replicas_parted(e: Evidence) -> list[Candidate]:
+    """A run whose ranks ended holding different copies of the weights each holds whole (their heartbeats'
+    replica fingerprints): some parameter's gradient was never reduced over ranks."""
+    r = e.report
+    for nm, hashes in ((r.run_b, e.replica_b), (r.run_a, e.replica_a)):
+        if len(set(hashes.values())) > 1:
+            shown = ", ".join(f"rank {k} {v}" for k, v in sorted(hashes.items()))
+            return [Candidate("replicas", STRONG, f"{nm}'s ranks ended with different copies of the weights each "
+                              f"holds whole ({shown}): a parameter was updated from each rank's own gradient, never "
+                              f"reduced over ranks — under FSDP2 one outside every fully_shard (shard the root "
+                              f"module last); under DDP one updated outside the wrap", True)]
+    return []
+
+
 def frozen_weights(e: Evidence) -> list[Candidate]:
     """One run's parameter fingerprint is the same after every step while the other run's moves: nothing
     updated its weights (read from the metrics, whatever the keys say)."""
@@ -460,7 +483,7 @@ def after_the_first_update(e: Evidence) -> list[Candidate]:
 
 CHECKS: list[Callable[[Evidence], list[Candidate]]] = [
     global_batch, reduction_scale, sample_ids, resumed, epoch_boundary, rank_randomness, batch_wide_loss, batch_norm,
-    grad_clipping, frozen_weights, fsdp2_setup, initial_weights, after_the_first_update]
+    grad_clipping, frozen_weights, replicas_parted, fsdp2_setup, initial_weights, after_the_first_update]
 
 
 def candidates(e: Evidence) -> list[Candidate]:

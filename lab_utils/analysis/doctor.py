@@ -168,7 +168,8 @@ def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs
     ra, rb = parity.load_run(a), parity.load_run(b)  # each folder read once, for the report and the causes
     report = parity.compare(ra, rb, noise_runs=noise_runs, replay=replay, **tolerances)
     ma, mb, ca, cb = ra.metrics, rb.metrics, ra.config, rb.config
-    evidence = parity.evidence(report, ma, mb, ca, cb, ra.tensors, (ra.init_hashes, rb.init_hashes))
+    evidence = parity.evidence(report, ma, mb, ca, cb, ra.tensors, (ra.init_hashes, rb.init_hashes),
+                               (ra.replica_hashes, rb.replica_hashes))
     notes = [f"{nm}: no config.json — the causes read from the keys (batch, seeds, sampler) cannot be checked"
              for nm, path in (("A", a), ("B", b)) if not (path / runfiles.CONFIG).exists()]
     worst = sorted(report.per_tensor.items(), key=lambda kv: -kv[1])[:top]

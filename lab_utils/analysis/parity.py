@@ -245,9 +245,9 @@ class ParityReport:
 
 
 def evidence(report: ParityReport, ma, mb, ca: dict, cb: dict, wa: dict | None,
-             init_hashes: tuple[dict, dict] = ({}, {})) -> causes.Evidence:
+             init_hashes: tuple[dict, dict] = ({}, {}), replicas: tuple[dict, dict] = ({}, {})) -> causes.Evidence:
     """What the cause engine reads about two runs (lab_utils/analysis/causes.py)."""
-    return causes.Evidence(report, ma, mb, ca, cb, wa, *init_hashes)
+    return causes.Evidence(report, ma, mb, ca, cb, wa, *init_hashes, *replicas)
 
 
 def compare_weights(a: dict, b: dict) -> tuple[dict[str, float], bool, list[str]]:
@@ -299,12 +299,14 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
              config_a: dict | None = None, config_b: dict | None = None,
              twins: list[noise.Twin] | None = None, margin: float = noise.MARGIN,
              init_hashes: tuple[dict, dict] = ({}, {}),
-             windows: windows_mod.WindowJudgement | None = None) -> ParityReport:
+             windows: windows_mod.WindowJudgement | None = None,
+             replicas: tuple[dict, dict] = ({}, {})) -> ParityReport:
     """The tier of two runs' metrics (+ final weights when both have them), and the likely cause below tier 2.
 
     Pure: tests feed it synthetic runs. `config_a`/`config_b`: the runs' config.json (for the cause only).
     `twins`: float twins of A (lab_utils/analysis/noise.py); with them tier 2 is judged against their envelope, without
-    them against the fixed tolerances. `init_hashes`: each run's {rank: initial fingerprint}, for the cause.
+    them against the fixed tolerances. `init_hashes`: each run's {rank: initial fingerprint}, for the cause;
+    `replicas`: each run's {rank: final fingerprint of the weights that rank held whole}, for the cause.
     `windows`: B judged window by window against a replay from its own states (analysis/windows.py); a step out of
     its window bound counts as out (first_step_over_tol), and only steps that neither the whole-run bounds nor a
     window could judge are left "not judged".
@@ -382,7 +384,8 @@ def classify(ma: list[dict], mb: list[dict], wa: dict | None, wb: dict | None, n
         windows=windows, config_diffs=config_differences(config_a or {}, config_b or {}),
         order_diffs=causes.neutral_differences(config_a or {}, config_b or {}))
     if tier < 2:
-        report.cause = causes.first(evidence(report, ma, mb, config_a or {}, config_b or {}, wa, init_hashes))
+        report.cause = causes.first(evidence(report, ma, mb, config_a or {}, config_b or {}, wa, init_hashes,
+                                              replicas))
         if not bounds.calibrated and tier >= 1 and (report.cause is None or report.cause.code == "float_order"):
             # Past a fixed tolerance, float noise alone and a small bug look alike: only a twin can tell them apart.
             report.needs_twin = True
@@ -423,6 +426,7 @@ class Run:
     tensors: dict | None  # model.pt
     probe: dict | None    # probe.pt
     init_hashes: dict[int, str]
+    replica_hashes: dict[int, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -436,7 +440,8 @@ def load_run(run: str | Path | Run) -> Run:
     path = resolve_run(run)
     config = _read_config(path)
     return Run(path, config, read_metrics(path), runfiles.load_tensors(path),
-               runfiles.load_tensors(path, runfiles.PROBE), causes.init_hashes(path, config))
+               runfiles.load_tensors(path, runfiles.PROBE), causes.init_hashes(path, config),
+               causes.replica_hashes(path))
 
 
 def compare(run_a: str | Path | Run, run_b: str | Path | Run, noise_runs=None,
@@ -456,7 +461,8 @@ def compare(run_a: str | Path | Run, run_b: str | Path | Run, noise_runs=None,
     judged = window_judgement(b.path, b.metrics, replay, n) if replay else None
     return classify(a.metrics, b.metrics, a.tensors, b.tensors, names=(a.name, b.name),
                     output_diff=_output_diff(a, b), config_a=a.config, config_b=b.config, twins=twins,
-                    init_hashes=(a.init_hashes, b.init_hashes), windows=judged, **tolerances)
+                    init_hashes=(a.init_hashes, b.init_hashes), windows=judged,
+                    replicas=(a.replica_hashes, b.replica_hashes), **tolerances)
 
 
 def find_twins(a: Path) -> list[Path]:

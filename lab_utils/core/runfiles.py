@@ -161,10 +161,13 @@ class PendingFingerprint:
         return h.hexdigest()[:16]
 
 
-def pending_fingerprint(model: torch.nn.Module) -> PendingFingerprint | None:
+def pending_fingerprint(model: torch.nn.Module, whole_only: bool = False) -> PendingFingerprint | None:
     """`fingerprint`'s device half: the position-weighted int64 sum of every parameter's bits, left on the
-    device (None for a model without parameters)."""
+    device (None for a model without parameters). whole_only: only the parameters this rank holds whole (not
+    FSDP2's DTensor shards): what every rank's copy must agree on (`replica_fingerprint`)."""
     named = sorted((getattr(model, "module", model)).named_parameters())
+    if whole_only:
+        named = [(n, p) for n, p in named if not hasattr(p, "full_tensor")]
     if not named:
         return None
     # An FSDP2 parameter is a DTensor shard: its full value is an all-gather (every rank must call this then)
@@ -188,6 +191,14 @@ def fingerprint(model: torch.nn.Module) -> str:
     """
     pending = pending_fingerprint(model)
     return pending.hex() if pending else hashlib.sha256(b"").hexdigest()[:16]
+
+
+def replica_fingerprint(model: torch.nn.Module) -> str | None:
+    """The fingerprint of the parameters this rank holds whole, with no collective (None when it holds none).
+    Every rank's must be equal at the end of a correct run: DDP's ranks hold the same copy; under FSDP2 only a
+    parameter outside every fully_shard is whole, and it is updated from this rank's own gradient."""
+    pending = pending_fingerprint(model, whole_only=True)
+    return pending.hex() if pending else None
 
 
 def buffer_fingerprint(model: torch.nn.Module) -> str:
