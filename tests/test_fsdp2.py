@@ -1,9 +1,11 @@
 """wrap=fsdp2 (lab_utils/core/fsdp2.py): torch's fully_shard in place of DDP, with real 2- and 4-rank gloo runs of
-scripts/train.py at the toy size. grad_reduction=ordered must give the emulated reference's bits (tier 3, every
-logged step and the final weights), with gradient accumulation and clipping on; stock FSDP2 at 4 ranks must
-differ in the last bits and still pass as tier 2 against the single run's float twin, window by window, with
-the doctor saying "no bug"; a forgotten set_epoch under FSDP2 is caught with its cause. Bad combinations are
-refused before anything launches, naming the key."""
+scripts/train.py at the toy size (chapter 14's verdicts hold the 2-rank rows and two of the port bugs).
+grad_reduction=ordered must give the emulated reference's bits (tier 3, every logged step and the final
+weights) at 4 ranks and after a resume from 4 ranks to 2, with gradient accumulation and clipping on; stock
+FSDP2 at 4 ranks must differ in the last bits and still pass as tier 2 against the single run's float twin,
+window by window, with the doctor saying "no bug"; a forgotten set_epoch, clipping each rank's own shards and
+the gradient sync left off are caught with their causes. Bad combinations are refused before anything
+launches, naming the key."""
 
 import pytest
 import torch
@@ -19,16 +21,15 @@ pytestmark = pytest.mark.timeout(600)
 KEYS = {"steps": 12, "n_samples": 128, "log_every": 4, "window_every": 4, "grad_accum_steps": 2, "grad_clip": 0.25}
 
 # FSDP2's own port bugs (fsdp2_bug) and the cause the doctor must name first
-SETUP_BUGS = {"optimizer_before_wrap": "no_update", "root_not_wrapped": "replicas", "sync_left_off": "no_update"}
+# (chapter 14 runs the other two, optimizer_before_wrap and root_not_wrapped, and its verdict table checks them)
+SETUP_BUGS = {"sync_left_off": "no_update"}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp2")
     specs = {
-        "emul2": ("emul2", 1, {**KEYS, "emulate_ranks": 2}),
         "emul4": ("emul4", 1, {**KEYS, "emulate_ranks": 4}),
-        "ordered2": ("ordered2", 2, {**KEYS, "wrap": "fsdp2", "grad_reduction": "ordered"}),
         "ordered4": ("ordered4", 4, {**KEYS, "wrap": "fsdp2", "grad_reduction": "ordered"}),
         "single": ("single", 1, KEYS),
         "twin": ("single-twin-accum2", 1, {**KEYS, "grad_accum_steps": 4}),  # float_twin.twin_of's twin
@@ -41,7 +42,7 @@ def runs(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [4])  # 2 ranks: chapter 14's verdict table
 def test_ordered_fsdp2_is_bitwise_the_emulated_reference(runs, world):
     report = parity.compare(runs / f"emul{world}", runs / f"ordered{world}")
     assert report.tier == 3 and report.bitwise, report.format()
@@ -91,18 +92,16 @@ def test_fsdp2_setup_bugs_are_caught_from_the_data_with_their_cause(runs, bug):
 
 @pytest.fixture(scope="module")
 def resumed(runs):
-    """Stopped at step 6 (a checkpoint: the full state gathered from the shards) and resumed to 12: at the same
-    world size, and from 4 ranks to 2 (its reference: the emulated 4 ranks resumed as emulated 2)."""
+    """Stopped at step 6 (a checkpoint: the full state gathered from the shards) and resumed to 12 at another
+    world size, 4 ranks to 2 (its reference: the emulated 4 ranks resumed as emulated 2)."""
     ordered = {**KEYS, "wrap": "fsdp2", "grad_reduction": "ordered"}
     half = {"steps": 6, "checkpoint_every": 6}
     launcher.launch_many({
-        "half2": ("half2", 2, {**ordered, **half}),
         "half4": ("half4", 4, {**ordered, **half}),
         "ehalf4": ("ehalf4", 1, {**KEYS, **half, "emulate_ranks": 4, "grad_reduction": "ordered"}),
     }, max_workers=2, raise_on_failure=True, runs_dir=runs, timeout=300)
     ckpt = "checkpoints/step_000006.pt"
     launcher.launch_many({
-        "res2": ("res2", 2, {**ordered, "resume": str(runs / "half2" / ckpt)}),
         "res4to2": ("res4to2", 2, {**ordered, "resume": str(runs / "half4" / ckpt)}),
         "eres4to2": ("eres4to2", 1, {**KEYS, "emulate_ranks": 2, "grad_reduction": "ordered",
                                      "resume": str(runs / "ehalf4" / ckpt)}),
@@ -110,8 +109,8 @@ def resumed(runs):
     return runs
 
 
-@pytest.mark.parametrize("a, b", [("ordered2", "res2"), ("eres4to2", "res4to2")])
-def test_resume_is_bitwise_at_the_same_and_at_another_world_size(resumed, a, b):
+@pytest.mark.parametrize("a, b", [("eres4to2", "res4to2")])
+def test_resume_is_bitwise_at_another_world_size(resumed, a, b):
     wa, wb = torch.load(resumed / a / "model.pt"), torch.load(resumed / b / "model.pt")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert parity.compare(resumed / a, resumed / b).tier == 3
