@@ -119,19 +119,105 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("rule,bad,good", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_each_rule_fires_on_the_bug_and_not_on_its_fix(rule, bad, good):
-    assert rule in rules(bad), rules(bad)
-    assert rule not in rules(good), rules(good)
+IMPORTS_ONLY = DDP_HEAD.replace('dist.init_process_group("gloo")\n', "")
+
+# (rule, bad, good, head): a rule whose fixture needs its own head (no seed, a process group set up under a switch)
+HEADED_CASES = [
+    ("no-seed", "model = DDP(build())\n", "torch.manual_seed(0)\nmodel = DDP(build())\n", DDP_HEAD),
+    ("collective-outside-switch",
+     "if args.distributed:\n    dist.init_process_group('nccl')\nmodel = build()\ndist.barrier()\n",
+     "if args.distributed:\n    dist.init_process_group('nccl')\nmodel = build()\nif args.distributed:\n"
+     "    dist.barrier()\n", IMPORTS_ONLY + "torch.manual_seed(0)\n"),
+]
+CASES += [
+    ("sampler-seed-per-rank",
+     "s = DistributedSampler(ds, seed=args.seed + rank)\nfor epoch in range(3):\n    s.set_epoch(epoch)\n",
+     "s = DistributedSampler(ds, seed=args.seed)\nfor epoch in range(3):\n    s.set_epoch(epoch)\n"),
+]
+ALL_CASES = [(*c, DDP_HEAD + "torch.manual_seed(0)\n") for c in CASES] + HEADED_CASES
 
 
-def test_every_rule_has_a_case_a_severity_and_a_chapter_notebook():
-    assert {c[0] for c in CASES} | {"no-seed"} == set(audit.RULES)  # no-seed: test_no_seed_only_in_a_ddp_script
-    for chapter in set(audit.CHAPTERS.values()):
-        assert (REPO / "notebooks" / f"{chapter}.ipynb").exists(), chapter
-    for _rule, bad, _ in CASES:
-        for f in audit.audit_source(DDP_HEAD + "torch.manual_seed(0)\n" + textwrap.dedent(bad)):
+@pytest.mark.parametrize("rule,bad,good,head", ALL_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(ALL_CASES)])
+def test_each_rule_fires_on_the_bug_and_not_on_its_fix(rule, bad, good, head):
+    assert rule in rules(bad, head), rules(bad, head)
+    assert rule not in rules(good, head), rules(good, head)
+
+
+def test_every_registered_rule_has_fixtures_a_chapter_notebook_and_one_sentence():
+    """The registry is the one place a rule is written: id, chapter, summary, recogniser; each has a failing and a
+    passing fixture above."""
+    assert {c[0] for c in ALL_CASES} == set(audit.RULES) == set(audit.REGISTRY)
+    for r in audit.REGISTRY.values():
+        assert (REPO / "notebooks" / f"{r.chapter}.ipynb").exists(), r.id
+        assert r.summary and ":" in r.summary and callable(r.check), r.id  # the defect: its consequence
+    for _rule, bad, _, head in ALL_CASES:
+        for f in audit.audit_source(head + textwrap.dedent(bad)):
             assert f.severity in audit.SEVERITIES and f.line >= 1, f  # never line 0
+
+
+def test_the_package_keeps_its_modules_small():
+    pkg = REPO / "lab_utils" / "analysis" / "audit"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in pkg.rglob("*.py")}
+    assert max(sizes.values()) <= 600, sizes
+
+
+# Issue 35's classes of mistakes: (rule, code where it must not fire, code where it must), each under DDP_HEAD
+# plus a seed. The first is the false alarm of a class, the second keeps the rule alive.
+CLASS_CASES = [
+    # switches read as switches: `ddp` (RANK != -1) is true on every rank of a distributed run, not "rank != 0"
+    ("collective-under-rank0",
+     "ddp = int(os.environ.get('RANK', -1)) != -1\nif ddp:\n    dist.barrier()\n",
+     "ddp = int(os.environ.get('RANK', -1)) != -1\nif rank != 0:\n    dist.barrier()\n"),
+    ("save-on-every-rank",
+     "ddp = int(os.environ.get('RANK', -1)) != -1\nfor s in range(3):\n    if rank == 0:\n"
+     "        torch.save(model.module.state_dict(), 'm.pt')\n",
+     "ddp = int(os.environ.get('RANK', -1)) != -1\nfor s in range(3):\n    if ddp:\n"
+     "        torch.save(model.module.state_dict(), 'm.pt')\n"),
+    ("save-on-every-rank",  # world_size > 1 is a switch, not a rank guard
+     "for s in range(3):\n    if world_size > 1 and rank == 0:\n"
+     "        torch.save(model.module.state_dict(), 'm.pt')\n",
+     "for s in range(3):\n    if world_size > 1:\n        torch.save(model.module.state_dict(), 'm.pt')\n"),
+    # meaning, not names
+    ("every-rank-prints-loss",
+     "import math, sys\nloss.backward()\nif not math.isfinite(loss.item()):\n"
+     "    print(f'Loss is {loss.item()}, stopping training')\n    sys.exit(1)\n",
+     "loss.backward()\nprint(f'loss {loss.item()}')\n"),
+    ("save-on-every-rank",
+     "import io\nbuf = io.BytesIO()\ntorch.save(model.state_dict(), buf)\n",
+     "torch.save(model.state_dict(), 'ckpt.pt')\n"),
+    ("sum-loss-unscaled",
+     "loss = F.mse_loss(y, t, reduction='sum')\nloss = loss / y.numel()\nloss.backward()\n",
+     "loss = F.mse_loss(y, t, reduction='sum')\nloss.backward()\n"),
+    ("sum-loss-unscaled",
+     "loss = F.cross_entropy(y, t, reduction='sum') / len(t)\nloss.backward()\n",
+     "loss = F.cross_entropy(y, t, reduction='sum')\nloss.backward()\n"),
+    # a finding only where its consequence can happen
+    ("set-epoch-missing",  # an evaluation sampler's order changes no metric; shuffle=False has one order anyway
+     "s = DistributedSampler(val_set)\nt = DistributedSampler(ds, shuffle=False)\nfor epoch in range(3):\n"
+     "    for b in DataLoader(val_set, sampler=s): pass\n    for b in DataLoader(ds, sampler=t): pass\n",
+     "s = DistributedSampler(ds)\nfor epoch in range(3):\n    for b in DataLoader(ds, sampler=s): pass\n"),
+    ("save-without-module",  # the loader strips the prefix: the checkpoint loads into the plain model
+     "model = DDP(model)\nif rank == 0:\n    torch.save(model.state_dict(), 'm.pt')\n"
+     "def load(net, sd):\n    net.load_state_dict({k.replace('module.', ''): v for k, v in sd.items()})\n",
+     "model = DDP(model)\nif rank == 0:\n    torch.save(model.state_dict(), 'm.pt')\n"),
+    ("hard-coded-master-port",  # a fallback: the launcher's port wins
+     "if 'MASTER_PORT' not in os.environ:\n    os.environ['MASTER_PORT'] = '29500'\n",
+     "os.environ['MASTER_PORT'] = '29500'\n"),
+]
+
+
+@pytest.mark.parametrize("rule,quiet,loud", CLASS_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CLASS_CASES)])
+def test_issue35_classes_read_meaning_and_consequence(rule, quiet, loud):
+    assert rule not in rules(quiet), rules(quiet)
+    assert rule in rules(loud), rules(loud)
+
+
+def test_one_finding_per_defect_for_a_port_fixed_in_two_branches():
+    """Barlow Twins sets `args.dist_url = 'tcp://...:58472'` in its SLURM branch and its local branch: one
+    defect (the fixed port), one finding."""
+    body = ("if slurm:\n    args.dist_url = f'tcp://{host}:58472'\nelse:\n    args.dist_url = 'tcp://localhost:58472'\n"
+            "dist.init_process_group('nccl', init_method=args.dist_url)\n")
+    assert rules(body).count("hard-coded-master-port") == 1, rules(body)
 
 
 def test_no_seed_only_in_a_ddp_script():

@@ -1,0 +1,110 @@
+"""Chapter 01 (unchanged): the logged loss. Rank 0 logging its own micro-batch's loss, or every rank printing its
+own: both differ from the single run's loss of the global batch. A print that reports an abort (`if not
+math.isfinite(loss): print(...); sys.exit(1)`) is no loss log."""
+
+from __future__ import annotations
+
+import ast
+
+from ..facts import Facts
+from ..project import Module
+from ..registry import rule
+from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, callee, const_str, dotted, kw, root
+
+ABORTS = {"exit", "_exit", "abort", "stop"}
+NONFINITE = {"isfinite", "isnan", "isinf"}
+
+
+def _packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
+    """Losses packed into a record that is then logged: `stats = dict(epoch=epoch, loss=loss.item())` ...
+    `print(json.dumps(stats))`; the loss values' own names."""
+    out = set()
+    for a in ast.walk(scope):
+        if not (isinstance(a, ast.Assign) and any(dotted(t) in names for t in a.targets)
+                and isinstance(a.value, (ast.Call, ast.Dict))):
+            continue
+        v = a.value
+        if isinstance(v, ast.Dict):  # {"loss": loss.item(), ...}; a **spread has no key
+            pairs = [(const_str(k), val) for k, val in zip(v.keys, v.values, strict=True)]
+        else:  # dict(loss=loss.item(), ...)
+            pairs = [(k.arg, k.value) for k in v.keywords] if callee(v) == "dict" else []
+        for key, val in pairs:
+            if key and LOSSISH.search(key) and not NOT_A_LOSS.search(key):
+                out |= {root(n) for n in ast.walk(val) if isinstance(n, (ast.Name, ast.Attribute))
+                        and LOSSISH.search(root(n))}
+    return out
+
+
+def _reports_an_abort(m: Module, c: ast.Call) -> bool:
+    """The log sits in a branch that tests the loss for NaN/inf, or that ends the run (raise, sys.exit): it
+    reports why the run stops, not the training curve."""
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If):
+            tests_nonfinite = any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(n.test))
+            ends = any(isinstance(s, ast.Raise) or isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                       and callee(s.value) in ABORTS for s in n.body)
+            if tests_nonfinite or ends:
+                return True
+        n = m.parent.get(id(n))
+    return False
+
+
+def _guard_block(m: Module, c: ast.AST) -> int:
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.If, ast.FunctionDef, ast.Module)):
+        n = m.parent.get(id(n))
+    return getattr(n, "lineno", 0)
+
+
+def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]]:
+    """(log call, the unreduced loss names it logs, which ranks run it) for each log of a training loss that no
+    reduction averaged over ranks; cached per module."""
+    cache = f.cache.setdefault("loss_logs", {})
+    if m.rel in cache:
+        return cache[m.rel]
+    out = []
+    for c in m.calls:
+        name = callee(c)
+        if name not in LOG_CALLS:
+            continue
+        values = [*c.args, *[k.value for k in c.keywords if k.arg not in ("force", "file", "flush")]]
+        names = {root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
+        names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
+        lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
+        scope = m.enclosing(c) or m.tree
+        lossy |= _packed_losses(scope, names - lossy)
+        if not lossy or not f.trains(m, c) or _reports_an_abort(m, c):
+            continue
+        red = f.reduced_names(m, scope)
+        if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
+            continue
+        out.append((c, lossy, f.g.effective(m, c)))
+    cache[m.rel] = out
+    return out
+
+
+@rule("rank0-local-loss", "01_unchanged", "rank 0 logs the loss of its own micro-batch, which no reduction averaged: "
+      "not the global batch's loss the single run logs")
+def rank0_local_loss(f: Facts, m: Module):
+    per_block = set()
+    for c, lossy, kind in loss_logs(f, m):
+        forced = kw(c, "force")
+        if not (kind == "rank0" or (callee(c) == "print" and f.print_override and kind is None and not forced)):
+            continue
+        block = _guard_block(m, c)
+        if block in per_block:
+            continue  # one finding per guarded block: its prints log one loss
+        per_block.add(block)
+        how = "through the builtins.print override (setup_for_distributed), " if kind is None else ""
+        yield c, (f"rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own micro-batch's "
+                  "loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging")
+
+
+@rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "
+      "numbers, none of them the global batch's")
+def every_rank_prints_loss(f: Facts, m: Module):
+    for c, lossy, kind in loss_logs(f, m):
+        if kind is None and callee(c) == "print" and not f.print_override:
+            yield c, (f"every rank prints its own {', '.join(sorted(lossy))}: world_size interleaved numbers, none "
+                      "of them the global batch's loss — all_reduce it, then print on rank 0")
