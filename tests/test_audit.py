@@ -146,7 +146,7 @@ def test_each_rule_fires_on_the_bug_and_not_on_its_fix(rule, bad, good, head):
 def test_every_registered_rule_has_fixtures_a_chapter_notebook_and_one_sentence():
     """The registry is the one place a rule is written: id, chapter, summary, recogniser; each has a failing and a
     passing fixture above."""
-    assert {c[0] for c in ALL_CASES} == set(audit.RULES) == set(audit.REGISTRY)
+    assert {c[0] for c in ALL_CASES} | {c[0] for c in CLASS_CASES} == set(audit.RULES) == set(audit.REGISTRY)
     for r in audit.REGISTRY.values():
         assert (REPO / "notebooks" / f"{r.chapter}.ipynb").exists(), r.id
         assert r.summary and ":" in r.summary and callable(r.check), r.id  # the defect: its consequence
@@ -191,6 +191,34 @@ CLASS_CASES = [
     ("sum-loss-unscaled",
      "loss = F.cross_entropy(y, t, reduction='sum') / len(t)\nloss.backward()\n",
      "loss = F.cross_entropy(y, t, reduction='sum')\nloss.backward()\n"),
+    # facts that live in objects and helpers: a rank-0-only writer, a meter fed the loss
+    ("rank0-local-loss",
+     "writer = SummaryWriter() if rank == 0 else None\nfor i in range(3):\n    loss = model(x)\n"
+     "    loss.backward()\n    dist.all_reduce(loss)\n    if writer is not None:\n"
+     "        writer.add_scalar('loss', loss.item() / world_size, i)\n",
+     "writer = SummaryWriter() if rank == 0 else None\nfor i in range(3):\n    loss = model(x)\n"
+     "    loss.backward()\n    if writer is not None:\n        writer.add_scalar('loss', loss.item(), i)\n"),
+    ("rank0-local-loss",
+     "def train(model, loader, meter):\n    for x in loader:\n        l = model(x)\n        l.backward()\n"
+     "        meter.update(loss=reduce_value(l).item())\n        if dist.get_rank() == 0:\n            print(meter)\n",
+     "def train(model, loader, meter):\n    for x in loader:\n        l = model(x)\n        l.backward()\n"
+     "        meter.update(loss=l.item())\n        if dist.get_rank() == 0:\n            print(meter)\n"),
+    # recognisers for what was missed: accumulation through a loss-scaler helper or a gated custom step; the lr
+    # growing with the GPU count
+    ("accumulation-without-no-sync",
+     "def train(model, loader, opt, loss_scaler, k):\n    for i, b in enumerate(loader):\n"
+     "        ctx = model.no_sync() if (i + 1) % k else nullcontext()\n        with ctx:\n"
+     "            loss_scaler(model(b) / k, opt, update_grad=(i + 1) % k == 0)\n",
+     "def train(model, loader, opt, loss_scaler, k):\n    for i, b in enumerate(loader):\n"
+     "        loss_scaler(model(b) / k, opt, update_grad=(i + 1) % k == 0)\n"),
+    ("accumulation-without-no-sync",
+     "for it, b in enumerate(loader):\n    model(b).backward()\n    opt.step()\n    if it % 10 == 0:\n"
+     "        log.step()\n",
+     "for it, b in enumerate(loader):\n    model(b).backward()\n    if (it + 1) % args.k == 0:\n"
+     "        opt.step()\n        opt.zero_grad()\n"),
+    ("lr-grows-with-world-size",
+     "opt = torch.optim.SGD(model.parameters(), lr=args.lr)\n",
+     "eff_batch = args.batch_size * args.accum * dist.get_world_size()\nargs.lr = args.blr * eff_batch / 256\n"),
     # a finding only where its consequence can happen
     ("set-epoch-missing",  # an evaluation sampler's order changes no metric; shuffle=False has one order anyway
      "s = DistributedSampler(val_set)\nt = DistributedSampler(ds, shuffle=False)\nfor epoch in range(3):\n"

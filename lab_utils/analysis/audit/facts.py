@@ -111,8 +111,9 @@ class Facts:
                     targets = a.targets if isinstance(a, ast.Assign) else [a.target]
                     value = a.value
                 elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
-                        "update", "append", "add_") and a.args:
-                    targets, value = [a.func.value], a.args[0]
+                        "update", "append", "add_") and (a.args or a.keywords):
+                    # meter.update(v, n) or metric_logger.update(loss=v): the meter holds what it is fed
+                    targets, value = [a.func.value], a.args[0] if a.args else a.keywords[0].value
                 if value is None:
                     continue
                 hit = any(isinstance(n, ast.Call) and (REDUCEISH.search(callee(n)) and "batchnorm" not in

@@ -33,9 +33,32 @@ class Guards:
                 if isinstance(a, ast.Assign) and self.classify(m, a.value) == "rank0":
                     names |= {dotted(t) for t in a.targets}
             self.flags[m.rel] = names
+        self.objects: dict[str, set[str]] = {m.rel: self._rank0_objects(m) for m in project.modules.values()}
+
+    def _rank0_objects(self, m: Module) -> set[str]:
+        """Objects only rank 0 holds: `writer = SummaryWriter(...) if rank == 0 else None`, or built under a rank-0
+        guard (`if rank == 0: logger = Logger(...)`). Calls on them, and tests of them (`if writer:`), run on rank 0
+        alone; elsewhere the name is None (or never bound)."""
+        out = set()
+        for a in ast.walk(m.tree):
+            if not (isinstance(a, ast.Assign) and len(a.targets) == 1):
+                continue
+            v, name = a.value, dotted(a.targets[0])
+            if isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(v.orelse, ast.Constant) \
+                    and v.orelse.value is None and self.classify(m, v.test) == "rank0":
+                out.add(name)
+            elif isinstance(v, ast.Call) and self.kind(m, a) == "rank0" and not any(
+                    isinstance(b, ast.Assign) and b is not a and dotted(b.targets[0]) == name and not (
+                        isinstance(b.value, ast.Constant) and b.value.value is None) for b in ast.walk(m.tree)
+                    if isinstance(b, ast.Assign) and len(b.targets) == 1):
+                out.add(name)
+        return out
 
     def classify(self, m: Module, t: ast.AST, shallow: bool = False) -> str | None:
         """'rank0' (the true branch is rank 0 only), 'not0' (it excludes rank 0), 'leaky', or None."""
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.IsNot) and \
+                dotted(t.left) in getattr(self, "objects", {}).get(m.rel, ()):
+            return "rank0"  # `if writer is not None:` with a rank-0 writer
         if isinstance(t, ast.BoolOp):
             kinds = [self.classify(m, v, shallow) for v in t.values]
             if isinstance(t.op, ast.And):
@@ -84,6 +107,8 @@ class Guards:
             return None
         if isinstance(t, (ast.Name, ast.Attribute)):
             name = dotted(t)
+            if name in getattr(self, "objects", {}).get(m.rel, ()):
+                return "rank0"
             if RANK0_NAME.search(name.split(".")[-1]) or (not shallow and name in self.flags.get(m.rel, ())):
                 return "rank0"
             if involves_rank(t, m.rank_tainted) and not RANK0_NAME.search(name):
@@ -110,6 +135,9 @@ class Guards:
             child, n = n, m.parent.get(id(n))
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and self._after_early_exit(m, n.body, child):
             return "rank0"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                dotted(node.func.value) in getattr(self, "objects", {}).get(m.rel, ()):
+            return "rank0"  # writer.add_scalar(...) on the writer only rank 0 holds
         return None
 
     def _after_early_exit(self, m: Module, body: list, child: ast.AST) -> bool:

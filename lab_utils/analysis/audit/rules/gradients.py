@@ -132,17 +132,58 @@ def hard_coded_master_port(f: Facts, m: Module):
             yield url, f"init_method={url.value!r} fixes the rendezvous port: {advice}", "check-by-hand"
 
 
+def _steps(c: ast.AST) -> bool:
+    """An optimizer step however it is spelt: `optimizer.step()`, `scaler.step(opt)`, a custom `optimizer_step(...)`,
+    a loss-scaler helper told when to update (`loss_scaler(loss, opt, update_grad=...)`)."""
+    return isinstance(c, ast.Call) and (callee(c) == "step" or callee(c).endswith("optimizer_step")
+                                        or any(k.arg == "update_grad" for k in c.keywords))
+
+
+def _backward_each_iteration(loop: ast.AST) -> bool:
+    return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower())
+               for c in ast.walk(loop))
+
+
+def _accumulation_steps(m: Module) -> list[ast.AST]:
+    """Where a loop steps the optimizer only every N-th backward: `if (i + 1) % accum == 0: opt.step()`, a
+    loss-scaler helper given `update_grad=(i + 1) % accum == 0`, whatever the counter is called; or the
+    accumulation count used by name (`loss / accum_steps`)."""
+    out = []
+    for loop in (n for n in ast.walk(m.tree) if isinstance(n, (ast.For, ast.While))):
+        if not _backward_each_iteration(loop):
+            continue
+        gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and any(
+            isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(n.test))
+            and any(_steps(c) for s in n.body for c in ast.walk(s))]
+        inside = {id(c) for g in gated for s in g.body for c in ast.walk(s)}
+        if gated and not any(_steps(c) and id(c) not in inside and not any(k.arg == "update_grad" for k in c.keywords)
+                             for c in ast.walk(loop)):
+            out.append(gated[0].test)  # every step of the loop is gated: it accumulates
+        for n in ast.walk(loop):
+            if isinstance(n, ast.Call) and any(k.arg == "update_grad" and any(
+                    isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(k.value))
+                    for k in n.keywords):
+                out.append(n)
+    if not out and any(isinstance(n, (ast.Name, ast.Attribute)) and ACCUMISH.search(dotted(n).split(".")[-1])
+                       for n in ast.walk(m.tree)):
+        out = [n for n in ast.walk(m.tree) if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
+               and involves(n.right, ACCUMISH)]
+    return sorted(out, key=lambda n: n.lineno)
+
+
 @rule("accumulation-without-no-sync", "06_accumulation", "gradient accumulation under DDP without no_sync: every "
-      "micro-batch all-reduces, N-1 extra all-reduces a step", scope="entry")
+      "micro-batch all-reduces, N-1 extra all-reduces a step")
 def accumulation_without_no_sync(f: Facts, m: Module):
-    accum = any(isinstance(n, ast.Name) and ACCUMISH.search(n.id) or isinstance(n, ast.Attribute)
-                and ACCUMISH.search(n.attr) for n in ast.walk(m.tree))
-    used = [n for n in ast.walk(m.tree) if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
-            and involves(n.right, ACCUMISH)]
-    if accum and used and not ({"no_sync", "require_backward_grad_sync"} & f.all_names()):
-        yield used[0], ("gradient accumulation under DDP without model.no_sync(): every micro-batch all-reduces "
-                        "(same result, N-1 extra all-reduces per step); run all but the last micro-batch inside "
-                        "`with model.no_sync():`")
+    if {"no_sync", "require_backward_grad_sync"} & f.all_names():
+        return
+    if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry):
+        return  # a library no audited script runs
+    steps = _accumulation_steps(m)
+    if steps:
+        yield steps[0], (f"the optimizer steps only every N-th micro-batch (line {steps[0].lineno}: "
+                         f"`{ast.unparse(steps[0])[:60]}`), but no micro-batch runs under model.no_sync(): at two "
+                         "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one rank "
+                         "has none) — run all but the last micro-batch inside `with model.no_sync():`")
 
 
 @rule("batch-and-accum-divided", "06_accumulation", "per-GPU batch and accumulation steps both divided by "
@@ -175,3 +216,44 @@ def batchnorm_without_sync(f: Facts, m: Module):
     if bns and not ({"SyncBatchNorm", "convert_sync_batchnorm"} & f.all_names()):
         yield bns[0], ("BatchNorm under DDP without SyncBatchNorm: each rank normalises with its own micro-batch's "
                        "statistics — nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
+
+
+LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)
+NOT_LR = re.compile(r"sched|scheduler|warmup_steps|decay_steps", re.I)
+
+
+def _world_holding(m: Module) -> set[str]:
+    """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint)."""
+    out: set[str] = set()
+    for _ in range(3):
+        for a in ast.walk(m.tree):
+            if isinstance(a, ast.Assign) and _grows(a.value, out):
+                out |= {dotted(t) for t in a.targets} - {""}
+    return out
+
+
+def _grows(v: ast.AST, holding: set[str]) -> bool:
+    """A product with a world-size factor (`x * world_size`, `x * get_world_size()`, `x * eff_batch`)."""
+    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mult) and any(
+        involves(side, WORLDISH) or any(dotted(n) in holding for n in ast.walk(side)
+                                        if isinstance(n, (ast.Name, ast.Attribute)))
+        for side in (b.left, b.right)) for b in ast.walk(v))
+
+
+@rule("lr-grows-with-world-size", "01_unchanged", "the learning rate is multiplied by the GPU count (directly or "
+      "through a global batch that grows with it): at two ranks every step uses another lr than the single run")
+def lr_grows_with_world_size(f: Facts, m: Module):
+    holding = _world_holding(m)
+    for n in ast.walk(m.tree):
+        if isinstance(n, ast.Assign) and any(LR_NAME.search(dotted(t).split(".")[-1]) and not NOT_LR.search(
+                dotted(t)) for t in n.targets) and _grows(n.value, holding):
+            where = ast.unparse(n)
+        elif isinstance(n, ast.Call) and kw(n, "lr") is not None and _grows(kw(n, "lr"), holding):
+            where = f"lr={ast.unparse(kw(n, 'lr'))}"
+        else:
+            continue
+        yield n, (f"`{where[:90]}` grows the learning rate with the number of GPUs: the single run and the 2-rank "
+                  "run step with different lrs, so their losses part from the first step (linear scaling is a "
+                  "choice, not a port) — keep the lr and the global batch fixed when you check the port, and scale "
+                  "both deliberately afterwards")
+        return  # one finding: the lr is one value

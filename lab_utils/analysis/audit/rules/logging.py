@@ -35,6 +35,23 @@ def _packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
     return out
 
 
+def _loss_carriers(scope: ast.AST) -> set[str]:
+    """Meters and records a loss is fed into, whatever their names: `meter.update(loss.item(), n)`,
+    `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss."""
+    out = set()
+    for c in ast.walk(scope):
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
+                "update", "append", "add_", "add", "put", "extend")):
+            continue
+        fed = [*c.args, *[k.value for k in c.keywords]]
+        keys = {k.arg or "" for k in c.keywords}
+        if any(LOSSISH.search(k) and not NOT_A_LOSS.search(k) for k in keys) or any(
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for v in fed for n in ast.walk(v)
+                if isinstance(n, (ast.Name, ast.Attribute))):
+            out.add(root(c.func.value))
+    return out - {""}
+
+
 def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     """The log sits in a branch that tests the loss for NaN/inf, or that ends the run (raise, sys.exit): it
     reports why the run stops, not the training curve."""
@@ -73,7 +90,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
-        lossy |= _packed_losses(scope, names - lossy)
+        lossy |= _packed_losses(scope, names - lossy) | (names & _loss_carriers(scope))
         if not lossy or not f.trains(m, c) or _reports_an_abort(m, c):
             continue
         red = f.reduced_names(m, scope)
@@ -92,10 +109,10 @@ def rank0_local_loss(f: Facts, m: Module):
         forced = kw(c, "force")
         if not (kind == "rank0" or (callee(c) == "print" and f.print_override and kind is None and not forced)):
             continue
-        block = _guard_block(m, c)
-        if block in per_block:
-            continue  # one finding per guarded block: its prints log one loss
-        per_block.add(block)
+        block, where = _guard_block(m, c), (m.enclosing(c), frozenset(lossy))
+        if block in per_block or where in per_block:
+            continue  # one finding per guarded block, and per loss in a function: one defect, one finding
+        per_block |= {block, where}
         how = "through the builtins.print override (setup_for_distributed), " if kind is None else ""
         yield c, (f"rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own micro-batch's "
                   "loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging")
