@@ -219,6 +219,31 @@ CLASS_CASES = [
     ("lr-grows-with-world-size",
      "opt = torch.optim.SGD(model.parameters(), lr=args.lr)\n",
      "eff_batch = args.batch_size * args.accum * dist.get_world_size()\nargs.lr = args.blr * eff_batch / 256\n"),
+    # found on the held-out addition (tests/outside/heldout_labels.json), each a class: a save guarded two helpers
+    # deep; a meter class that prints what it was fed (MetricLogger.log_every) and is synced before the summary;
+    # a string formatted with the accumulation count
+    ("save-on-every-rank",
+     "def save_on_master(*a):\n    if dist.get_rank() == 0:\n        torch.save(*a)\n"
+     "def save_model(model, path):\n    save_on_master({'model': model.state_dict()}, path)\n"
+     "for epoch in range(3):\n    save_model(net, 'ckpt.pth')\n",
+     "def save_model(model, path):\n    torch.save({'model': model.state_dict()}, path)\n"
+     "for epoch in range(3):\n    save_model(net, 'ckpt.pth')\n"),
+    ("rank0-local-loss",
+     "import builtins\nbuiltins.print = quiet_print\nclass Meter:\n    def update(self, **kw): pass\n"
+     "    def sync(self): dist.all_reduce(self.t)\n    def log_every(self, it):\n        for x in it:\n"
+     "            yield x\n            print(self)\ndef train(loader):\n    meter = Meter()\n"
+     "    for x in loader:\n        loss = model(x)\n        loss.backward()\n"
+     "        meter.update(loss=reduce_value(loss).item())\n    meter.sync()\n    print('stats', meter)\n",
+     "import builtins\nbuiltins.print = quiet_print\nclass Meter:\n    def update(self, **kw): pass\n"
+     "    def sync(self): dist.all_reduce(self.t)\n    def log_every(self, it):\n        for x in it:\n"
+     "            yield x\n            print(self)\ndef train(loader):\n    meter = Meter()\n"
+     "    for x in meter.log_every(loader):\n        loss = model(x)\n        loss.backward()\n"
+     "        meter.update(loss=loss.item())\n"),
+    ("accumulation-without-no-sync",
+     "print('accumulate grad iterations: %d' % args.accum_iter)\nfor b in loader:\n    model(b).backward()\n"
+     "    opt.step()\n",
+     "for i, b in enumerate(loader):\n    (model(b) / args.accum_iter).backward()\n"
+     "    if (i + 1) % args.accum_iter == 0:\n        opt.step()\n"),
     # a finding only where its consequence can happen
     ("set-epoch-missing",  # an evaluation sampler's order changes no metric; shuffle=False has one order anyway
      "s = DistributedSampler(val_set)\nt = DistributedSampler(ds, shuffle=False)\nfor epoch in range(3):\n"
@@ -238,6 +263,17 @@ CLASS_CASES = [
 def test_issue35_classes_read_meaning_and_consequence(rule, quiet, loud):
     assert rule not in rules(quiet), rules(quiet)
     assert rule in rules(loud), rules(loud)
+
+
+def test_a_launcher_that_only_defines_an_init_helper_sets_up_no_ddp():
+    """NVIDIA waveglow's distributed.py: it defines init_distributed() (init_process_group) for train.py and, as a
+    script, only starts processes with Popen. What the script runs decides, not what it defines."""
+    src = ("import subprocess, sys, torch.distributed as dist\ndef init_distributed(rank, n):\n"
+           "    dist.init_process_group('nccl', rank=rank, world_size=n)\ndef main():\n"
+           "    subprocess.Popen([sys.executable, 'train.py'])\nif __name__ == '__main__':\n    main()\n")
+    assert "no-seed" not in [f.rule for f in audit.audit_source(src)]
+    runs_it = src.replace("    main()\n", "    init_distributed(0, 1)\n")
+    assert "no-seed" in [f.rule for f in audit.audit_source(runs_it)]
 
 
 def test_one_finding_per_defect_for_a_port_fixed_in_two_branches():

@@ -93,7 +93,7 @@ class Facts:
         """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
         def collective_helper(c):
             return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES, depth=2)
-                       for tm, tf in self.p.resolve(m, c))
+                       for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
         red: set[str] = set()
         for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
             if callee(c) in ("all_reduce", "reduce", "all_gather") and c.args:
@@ -134,12 +134,12 @@ class Facts:
     def model_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
         """The project nn.Module class a name holds: `model = BarlowTwins(args).cuda(gpu)` (DDP(model) keeps it).
         Other project classes (an AverageMeter of reduced values) are no model."""
-        found = self._any_class(m, name)
+        found = self.any_class(m, name)
         if found and any(dotted(b).split(".")[-1] == "Module" for b in found[1].bases):
             return found
         return None
 
-    def _any_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
+    def any_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
         for a in ast.walk(m.tree):
             if not (isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)):
                 continue
@@ -147,6 +147,11 @@ class Facts:
             while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
                     "to", "cuda", "train", "eval", "float", "half") and isinstance(v.func.value, ast.Call):
                 v = v.func.value
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name):
+                target = self.p.module_for(m, v.func.value.id)  # misc.MetricLogger(...) with `import util.misc`
+                if target is not None and v.func.attr in target.classes:
+                    return target, target.classes[v.func.attr]
+                continue
             if not isinstance(v, ast.Call) or not isinstance(v.func, ast.Name):
                 continue
             if v.func.id in m.classes:
@@ -226,13 +231,24 @@ class Facts:
 
     # --- entry scripts (ch02)
     def entry_scope(self, m: Module) -> set:
-        keys = {(m.rel, id(f)) for f in m.functions.values()}
-        for f in list(m.functions.values()):
-            keys |= self.p.reach(m, f)
-        for c in (n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                  for n in ast.walk(s) if isinstance(n, ast.Call)):
-            for tm, tf in self.p.resolve(m, c):
-                keys |= self.p.reach(tm, tf)
+        """(module, function) keys of what a script runs: the project functions its module-level code (the main
+        guard included) calls, and what they call, following functions handed over as arguments
+        (`mp.spawn(main_worker, ...)`, `Process(target=run)`). A helper the script defines but never runs (a
+        launcher's own init function) is not in it."""
+        top = [n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+               for n in ast.walk(s) if isinstance(n, ast.Call)]
+        keys: set = set()
+        todo = [(m, c) for c in top]
+        while todo:
+            mm, c = todo.pop()
+            handed = [a for a in [*c.args, *[k.value for k in c.keywords]] if isinstance(a, (ast.Name, ast.Attribute))]
+            targets = self.p.resolve(mm, c) + [t for a in handed
+                                               for t in self.p.resolve(mm, ast.Call(func=a, args=[], keywords=[]))]
+            for tm, tf in targets:
+                if (tm.rel, id(tf)) in keys:
+                    continue
+                keys.add((tm.rel, id(tf)))
+                todo += [(tm, cc) for cc in ast.walk(tf) if isinstance(cc, ast.Call)]
         return keys
 
     def setup_line(self, m: Module) -> ast.AST:
@@ -255,9 +271,10 @@ class Facts:
         fn = m.enclosing(node)
         scope = [fn] if fn is not None else [s for s in m.tree.body
                                              if not isinstance(s, (ast.FunctionDef, ast.ClassDef))]
-        def steps(n):
-            return isinstance(n, ast.Call) and callee(n) in ("backward", "step") and (
-                callee(n) == "backward" or "optim" in dotted(n.func))
+        def steps(n):  # backward, an optimizer step, or a loss-scaler helper that does both (timm's NativeScaler)
+            return isinstance(n, ast.Call) and (callee(n) in ("backward", "step") and (
+                callee(n) == "backward" or "optim" in dotted(n.func)) or "scaler" in callee(n).lower() and bool(
+                n.args) or any(k.arg == "update_grad" for k in n.keywords))
         if any(steps(n) for sc in scope for n in ast.walk(sc)):
             return True
         # the step in a helper this function calls (`batch_loss = self._run_batch(...)`, then print(batch_loss))
@@ -273,14 +290,16 @@ class Facts:
                    and self.p.function_does(tm, tf, lambda mm, cc: dotted(cc.func) in ("torch.save", "th.save"), 1)
                    for tm, tf in self.p.resolve(m, c))
 
-    def guarded_inside(self, m: Module, c: ast.Call) -> bool:
-        """A save helper that guards itself (`def save_on_master(...): if is_main_process(): torch.save(...)`):
-        calling it on every rank writes once."""
-        if dotted(c.func) in ("torch.save", "th.save"):
+    def guarded_inside(self, m: Module, c: ast.Call, depth: int = 3) -> bool:
+        """A save helper that guards itself, however deep (`save_model(...)` -> `save_on_master(...)` -> `if
+        is_main_process(): torch.save(...)`): calling it on every rank writes once. Every save the helper reaches
+        must sit under a rank-0 guard, or go through a helper that guards itself."""
+        if dotted(c.func) in ("torch.save", "th.save") or depth == 0:
             return False
         saves = [(tm, cc) for tm, tf in self.p.resolve(m, c) for cc in ast.walk(tf) if isinstance(cc, ast.Call)
-                 and dotted(cc.func) in ("torch.save", "th.save")]
-        return bool(saves) and all(self.g.kind(tm, cc) == "rank0" for tm, cc in saves)
+                 and (dotted(cc.func) in ("torch.save", "th.save") or self.is_save(tm, cc))]
+        return bool(saves) and all(self.g.kind(tm, cc) == "rank0" or self.guarded_inside(tm, cc, depth - 1)
+                                   for tm, cc in saves)
 
     @staticmethod
     def same_scope(m: Module, c: ast.AST, owner: str, line: int) -> bool:

@@ -164,10 +164,11 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
                     isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(k.value))
                     for k in n.keywords):
                 out.append(n)
-    if not out and any(isinstance(n, (ast.Name, ast.Attribute)) and ACCUMISH.search(dotted(n).split(".")[-1])
-                       for n in ast.walk(m.tree)):
+    if not out and any(isinstance(c, ast.Call) and callee(c) == "backward" for c in m.calls):
+        # the count used by name in a module that runs backward (`loss / accum_steps`); a string formatted with
+        # it (`"%d" % args.accum_iter`) is no arithmetic
         out = [n for n in ast.walk(m.tree) if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
-               and involves(n.right, ACCUMISH)]
+               and involves(n.right, ACCUMISH) and not isinstance(n.left, (ast.Constant, ast.JoinedStr))]
     return sorted(out, key=lambda n: n.lineno)
 
 

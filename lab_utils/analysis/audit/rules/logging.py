@@ -9,7 +9,7 @@ import ast
 from ..facts import Facts
 from ..project import Module
 from ..registry import rule
-from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, callee, const_str, dotted, kw, root
+from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, root
 
 ABORTS = {"exit", "_exit", "abort", "stop"}
 NONFINITE = {"isfinite", "isnan", "isinf"}
@@ -52,6 +52,17 @@ def _loss_carriers(scope: ast.AST) -> set[str]:
     return out - {""}
 
 
+def _meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
+    """`metric_logger.log_every(loader, ...)` where the object's project class prints in that method (a
+    MetricLogger): the call is a log of whatever the meter holds. Returns the method's log call name."""
+    if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute))):
+        return None
+    found = f.any_class(m, dotted(c.func.value))
+    meth = found[0].functions.get(f"{found[1].name}.{c.func.attr}") if found else None
+    logs = [callee(x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS] if meth else []
+    return ("print" if "print" in logs else logs[0]) if logs else None
+
+
 def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     """The log sits in a branch that tests the loss for NaN/inf, or that ends the run (raise, sys.exit): it
     reports why the run stops, not the training curve."""
@@ -83,14 +94,19 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     out = []
     for c in m.calls:
         name = callee(c)
-        if name not in LOG_CALLS:
+        if name not in LOG_CALLS and not _meter_prints(f, m, c):
             continue
         values = [*c.args, *[k.value for k in c.keywords if k.arg not in ("force", "file", "flush")]]
         names = {root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
-        lossy |= _packed_losses(scope, names - lossy) | (names & _loss_carriers(scope))
+        carriers = _loss_carriers(scope)
+        lossy |= _packed_losses(scope, names - lossy) | (names & carriers)
+        if name not in LOG_CALLS:  # metric_logger.log_every(...): the meter prints what it was fed
+            lossy |= {root(c.func.value)} & carriers
+        lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
+            x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         if not lossy or not f.trains(m, c) or _reports_an_abort(m, c):
             continue
         red = f.reduced_names(m, scope)
@@ -107,7 +123,8 @@ def rank0_local_loss(f: Facts, m: Module):
     per_block = set()
     for c, lossy, kind in loss_logs(f, m):
         forced = kw(c, "force")
-        if not (kind == "rank0" or (callee(c) == "print" and f.print_override and kind is None and not forced)):
+        prints = callee(c) == "print" or _meter_prints(f, m, c) == "print"
+        if not (kind == "rank0" or (prints and f.print_override and kind is None and not forced)):
             continue
         block, where = _guard_block(m, c), (m.enclosing(c), frozenset(lossy))
         if block in per_block or where in per_block:

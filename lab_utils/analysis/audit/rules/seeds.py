@@ -29,7 +29,9 @@ def _entry_calls(f: Facts, m: Module):
     cache = f.cache.setdefault("entry_calls", {})
     if m.rel not in cache:
         scope = f.entry_scope(m)
-        calls = [(m, c) for c in m.calls] + [(mm, c) for mm, c in f.p.calls_in(scope) if mm is not m]
+        top = [n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+               for n in ast.walk(s) if isinstance(n, ast.Call)]
+        calls = [(m, c) for c in top] + list(f.p.calls_in(scope))
         ddp = any(callee(c) in ("init_process_group", "spawn") or f.is_ddp_call(mm, c) for mm, c in calls)
         cache[m.rel] = (calls, {f.seed_kind(mm, c) for mm, c in calls} - {None}) if ddp else None
     return cache[m.rel]
