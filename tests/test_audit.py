@@ -244,6 +244,27 @@ CLASS_CASES = [
      "    opt.step()\n",
      "for i, b in enumerate(loader):\n    (model(b) / args.accum_iter).backward()\n"
      "    if (i + 1) % args.accum_iter == 0:\n        opt.step()\n"),
+    # the wrapper chosen by a test: the unwrapped arm runs only when nothing is wrapped
+    ("save-without-module",
+     "if args.distributed:\n    model = DDP(model)\nfor e in range(3):\n    if rank == 0:\n"
+     "        sd = model.module.state_dict() if hasattr(model, 'module') else model.state_dict()\n"
+     "        torch.save(sd, 'm.pt')\n",
+     "if args.distributed:\n    model = DDP(model)\nfor e in range(3):\n    if rank == 0:\n"
+     "        torch.save(model.state_dict(), 'm.pt')\n"),
+    # an all_gather inside a contrastive loss, its list concatenated by the caller
+    ("gather-without-grad",
+     "def gather(x):\n    out = [torch.zeros_like(x) for _ in range(world_size)]\n"
+     "    dist.all_gather(out, x.detach())\n    return out\n",
+     "def gather(x):\n    out = [torch.zeros_like(x) for _ in range(world_size)]\n    dist.all_gather(out, x)\n"
+     "    return out\nclass ContrastiveLoss(torch.nn.Module):\n    def forward(self, a, b):\n"
+     "        return F.cross_entropy(a @ torch.cat(gather(b)).T, labels)\n"),
+    ("gather-without-grad",  # an autograd.Function whose backward hands each rank its gradient (VICReg's)
+     "class GatherLayer(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
+     "        out = [torch.zeros_like(x) for _ in range(world_size)]\n        dist.all_gather(out, x)\n"
+     "        return tuple(out)\n    @staticmethod\n    def backward(ctx, *g):\n        return g[rank]\n"
+     "def contrastive_loss(a, b):\n    return F.cross_entropy(a @ torch.cat(GatherLayer.apply(b)).T, labels)\n",
+     "def gather(x):\n    out = [torch.zeros_like(x) for _ in range(world_size)]\n    dist.all_gather(out, x)\n"
+     "    return torch.cat(out)\ndef contrastive_loss(a, b):\n    return F.cross_entropy(a @ gather(b).T, labels)\n"),
     # a finding only where its consequence can happen
     ("set-epoch-missing",  # an evaluation sampler's order changes no metric; shuffle=False has one order anyway
      "s = DistributedSampler(val_set)\nt = DistributedSampler(ds, shuffle=False)\nfor epoch in range(3):\n"

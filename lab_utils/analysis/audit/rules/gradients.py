@@ -53,35 +53,73 @@ def sum_loss_unscaled(f: Facts, m: Module):
                       "shows it) — multiply the loss by world_size, or divide the sum by the global count")
 
 
+LOSS_CODE = re.compile(r"loss|contrast|nce|clip|simclr|moco|criterion", re.I)
+MATMUL = {"matmul", "mm", "bmm", "einsum", "cosine_similarity"}
+
+
+def _uses_in_similarity(fn: ast.AST) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) or isinstance(n, ast.Call)
+               and callee(n) in MATMUL for n in ast.walk(fn))
+
+
+def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
+    """The gathered features enter a loss: the function (or its class) is a loss, or it or a caller multiplies
+    them into similarities (`a @ all_b.T`, einsum) — in-batch negatives across ranks."""
+    if fn is None:
+        return False
+    sites = [(m, fn)] + [(cm, cm.enclosing(c)) for cm, c in f.p.callers(m, fn)]
+    for mm, g in sites:
+        if g is None:
+            continue
+        owner = mm.class_of(g) or ""
+        if LOSS_CODE.search(g.name) or LOSS_CODE.search(owner) or _uses_in_similarity(g):
+            return True
+    return False
+
+
 @rule("gather-without-grad", "05_ddp_flags", "in-batch negatives through a plain all_gather: the other ranks' "
       "features carry no gradient, so the model gets a fraction of the single run's gradient")
 def gather_without_grad(f: Facts, m: Module):
     for c in m.calls:
-        if not (dotted(c.func) in ("dist.all_gather", "torch.distributed.all_gather", "all_gather")
-                and len(c.args) == 2):
+        plain = dotted(c.func) in ("dist.all_gather", "torch.distributed.all_gather", "all_gather")
+        into = callee(c) == "all_gather_into_tensor" and "dist" in dotted(c.func)
+        if not ((plain or into) and len(c.args) == 2):
             continue
-        fn = m.enclosing(c) or m.tree
+        fn = m.enclosing(c)
+        scope = fn or m.tree
         lst, x = dotted(c.args[0]), c.args[1]
         if "detach" in ast.unparse(x) or m.enclosing(c, (ast.With,)) is not None and any(
                 "no_grad" in dotted(i.context_expr) for i in m.enclosing(c, (ast.With,)).items):
             continue
         if isinstance(fn, ast.FunctionDef) and any("no_grad" in dotted(d) for d in fn.decorator_list):
             continue
-        if not any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args and dotted(n.args[0]) == lst
-                   for n in ast.walk(fn)):
+        owner = m.classes.get(m.class_of(fn) or "") if fn is not None else None
+        if owner is not None and (any("Function" in dotted(b) for b in owner.bases) or any(
+                isinstance(d, ast.FunctionDef) and d.name == "backward" for d in owner.body)):
+            continue  # an autograd.Function (GatherLayer): its backward returns the gradient to every rank
+        used = into or any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args
+                           and dotted(n.args[0]) == lst for n in ast.walk(scope)) or any(
+            isinstance(r, ast.Return) and r.value is not None and lst in {dotted(n) for n in ast.walk(r.value)}
+            for r in ast.walk(scope))  # returned to a caller that concatenates it
+        if not used:
             continue
         own = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == lst and
                                                     involves_rank(t.slice, m.rank_tainted) for t in a.targets)
-                  for a in ast.walk(fn))
+                  for a in ast.walk(scope))
         if own:
             yield c, (f"{ast.unparse(c)} then {lst}[rank] = {ast.unparse(x)}: only the rank's own slice keeps its "
-                      "gradient; the other ranks' features enter the loss as constants, so the model gets "
-                      "1/world_size of the single run's gradient for those terms — "
-                      "torch.distributed.nn.functional.all_gather keeps the gradient")
+                      "gradient; the other ranks' features enter the loss as constants, so at 2 ranks the model "
+                      "gets about 1/world_size of the single run's gradient for those terms (one rank has no other "
+                      "slices) — torch.distributed.nn.functional.all_gather keeps the gradient")
+        elif _in_a_loss(f, m, fn):
+            yield c, (f"{ast.unparse(c)} inside a loss returns tensors without a gradient: the gathered features "
+                      "(in-batch negatives from the other ranks) are constants, and even this rank's own rows lose "
+                      "the gradient through the gathered copy, so at 2 ranks the step is a fraction of the single "
+                      "run's — torch.distributed.nn.functional.all_gather keeps it")
         else:
             yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
-                      "rows — torch.distributed.nn.functional.all_gather keeps it", "check-by-hand")
+                      "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
 
 
 def _fixed_port(v: ast.AST) -> str | None:

@@ -7,8 +7,9 @@ import re
 
 from ..facts import Facts
 from ..project import Module
+from ..ranks import is_switch_test
 from ..registry import rule
-from ..syntax import callee, dotted, involves_rank, kw
+from ..syntax import callee, const_str, dotted, involves_rank, kw
 
 
 def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> bool:
@@ -22,6 +23,21 @@ def _unwrapped_between(m: Module, c: ast.AST, owner: str) -> bool:
     fn = m.enclosing(c) or m.tree
     return any(isinstance(a, ast.Assign) and any(dotted(t) == owner for t in a.targets) and
                dotted(a.value).endswith(".module") and a.lineno < c.lineno for a in ast.walk(fn))
+
+
+def _branch_on_wrapper(m: Module, c: ast.AST) -> bool:
+    """The call sits in one arm of a test of the wrapper (`hasattr(model, "module")`, `isinstance(model, DDP)`) or
+    of the distributed switch: `model.module.state_dict() if hasattr(model, "module") else model.state_dict()`
+    takes the unwrapped arm only when nothing is wrapped."""
+    child, n = c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        in_else = child is n.orelse if isinstance(n, ast.IfExp) else isinstance(n, ast.If) and any(
+            child is s for s in n.orelse)
+        if in_else and (is_switch_test(n.test) or "module" in {const_str(x) for x in ast.walk(n.test)} or any(
+                isinstance(x, ast.Call) and callee(x) == "isinstance" for x in ast.walk(n.test))):
+            return True
+        child, n = n, m.parent.get(id(n))
+    return False
 
 
 def _strips_prefix(f: Facts) -> bool:
@@ -55,7 +71,7 @@ def save_without_module(f: Facts, m: Module):
         owner = dotted(c.func.value)
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
-                and not _loaded_into_wrapped(m, owner, wrapped[owner]):
+                and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
             yield c, (f"{owner}.state_dict() after {owner} = DDP(...) (line {wrapped[owner]}): every key gets a "
                       "'module.' prefix and the checkpoint does not load into the plain model (the single run, "
                       f"or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
