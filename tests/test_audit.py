@@ -258,13 +258,26 @@ CLASS_CASES = [
      "def gather(x):\n    out = [torch.zeros_like(x) for _ in range(world_size)]\n    dist.all_gather(out, x)\n"
      "    return out\nclass ContrastiveLoss(torch.nn.Module):\n    def forward(self, a, b):\n"
      "        return F.cross_entropy(a @ torch.cat(gather(b)).T, labels)\n"),
-    ("gather-without-grad",  # an autograd.Function whose backward hands each rank its gradient (VICReg's)
+    ("gather-without-grad",  # a GatherLayer whose backward all-reduces (VICReg's) vs one that only slices (SimCLR's)
      "class GatherLayer(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
      "        out = [torch.zeros_like(x) for _ in range(world_size)]\n        dist.all_gather(out, x)\n"
-     "        return tuple(out)\n    @staticmethod\n    def backward(ctx, *g):\n        return g[rank]\n"
+     "        return tuple(out)\n    @staticmethod\n    def backward(ctx, *g):\n        g = torch.stack(g)\n"
+     "        dist.all_reduce(g)\n        return g[rank]\n"
      "def contrastive_loss(a, b):\n    return F.cross_entropy(a @ torch.cat(GatherLayer.apply(b)).T, labels)\n",
-     "def gather(x):\n    out = [torch.zeros_like(x) for _ in range(world_size)]\n    dist.all_gather(out, x)\n"
-     "    return torch.cat(out)\ndef contrastive_loss(a, b):\n    return F.cross_entropy(a @ gather(b).T, labels)\n"),
+     "class GatherLayer(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
+     "        out = [torch.zeros_like(x) for _ in range(world_size)]\n        dist.all_gather(out, x)\n"
+     "        return tuple(out)\n    @staticmethod\n    def backward(ctx, *g):\n        return g[rank]\n"),
+    # batch 2 of the held-out addition: an EMA loaded through torch.save into memory is no checkpoint; an unseen
+    # helper named like a saver (from a module outside the folder) is a save; an lr schedule built from an lr
+    # that grows with the GPU count
+    ("save-on-every-rank",
+     "import io\ndef _load_checkpoint_for_ema(ema, ckpt):\n    mem_file = io.BytesIO()\n"
+     "    torch.save({'state_dict_ema': ckpt}, mem_file)\n    ema.load(mem_file)\n"
+     "for e in range(3):\n    _load_checkpoint_for_ema(ema, ckpt)\n",
+     "from model import save_model\nfor e in range(3):\n    save_model(args, model, optimizer)\n"),
+    ("lr-grows-with-world-size",
+     "lr_schedule = cosine_scheduler(args.lr, args.min_lr, args.epochs)\n",
+     "lr_schedule = cosine_scheduler(args.lr * args.batch_size * dist.get_world_size() / 256, args.min_lr, 9)\n"),
     # a finding only where its consequence can happen
     ("set-epoch-missing",  # an evaluation sampler's order changes no metric; shuffle=False has one order anyway
      "s = DistributedSampler(val_set)\nt = DistributedSampler(ds, shuffle=False)\nfor epoch in range(3):\n"

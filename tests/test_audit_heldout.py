@@ -37,6 +37,10 @@ def test_heldout_labels_are_well_formed():
 
 @pytest.mark.skipif(not _present(), reason="held-out copies absent (tests/outside/heldout/, see heldout_labels.json)")
 def test_heldout_score():
+    """Each batch apart (its own first look is in docs/results.md), then all of them."""
+    for batch in sorted({p.get("batch", 1) for p in LABELS["projects"].values()}):
+        part = {k: p for k, p in LABELS["projects"].items() if p.get("batch", 1) == batch}
+        print(f"\nbatch {batch} ({', '.join(part)}):\n" + report(score(part, HELD)))
     s = score(LABELS["projects"], HELD)
-    print("\n" + report(s))
+    print("\nall batches:\n" + report(s))
     assert s["total"]["labels"] > 0

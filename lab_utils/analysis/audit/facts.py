@@ -21,8 +21,18 @@ from .syntax import (
     TORCH_SEEDS,
     callee,
     dotted,
+    kw,
     root,
 )
+
+UNSEEN_SAVER = re.compile(r"save_(model|checkpoint|ckpt|network|weights|state)")
+
+
+def _to_file(c: ast.Call) -> bool:
+    """torch.save into a file, not into an in-memory buffer (`io.BytesIO()`, a name like buf / mem_file)."""
+    target = c.args[1] if len(c.args) > 1 else kw(c, "f")
+    return not (target is not None and ("buf" in dotted(target).lower() or "mem" in dotted(target).lower()
+                                        or isinstance(target, ast.Call) and callee(target) == "BytesIO"))
 
 
 class Facts:
@@ -281,14 +291,24 @@ class Facts:
         return fn is not None and self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2)
 
     def is_save(self, m: Module, c: ast.Call) -> bool:
-        """A checkpoint save: torch.save of model/optimizer state, or a project helper named like one
-        (save_checkpoint(...)) that calls torch.save. A dataset caching a tensor is no checkpoint."""
+        """A checkpoint save: torch.save of model/optimizer state into a file, or a project helper named like a
+        save that writes one (save_checkpoint(...)); an unseen helper named like one (`save_model(args, model,
+        opt)` from a module outside the folder). A dataset caching a tensor, or torch.save into a BytesIO (an
+        in-memory copy, e.g. to load an EMA), is no checkpoint."""
         if dotted(c.func) in ("torch.save", "th.save"):
             text = ast.unparse(c).lower()
-            return bool(re.search(r"state|model|optim|ckpt|checkpoint|snapshot|epoch|package|net", text))
+            return _to_file(c) and bool(re.search(r"state|model|optim|ckpt|checkpoint|snapshot|epoch|package|net",
+                                                  text))
+        targets = self.p.resolve(m, c)
+        if not targets:
+            defined = {n.name for n in ast.walk(m.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            return bool(UNSEEN_SAVER.match(callee(c))) and callee(c) not in defined and (
+                isinstance(c.func, ast.Name) or root(c.func.value) in m.imports)
         return any(tf.name == callee(c) and re.search(r"save|checkpoint|serialize", tf.name.lower())
-                   and self.p.function_does(tm, tf, lambda mm, cc: dotted(cc.func) in ("torch.save", "th.save"), 1)
-                   for tm, tf in self.p.resolve(m, c))
+                   and not tf.name.lower().startswith("load")
+                   and self.p.function_does(tm, tf, lambda mm, cc: dotted(cc.func) in ("torch.save", "th.save")
+                                            and _to_file(cc), 1)
+                   for tm, tf in targets)
 
     def guarded_inside(self, m: Module, c: ast.Call, depth: int = 3) -> bool:
         """A save helper that guards itself, however deep (`save_model(...)` -> `save_on_master(...)` -> `if

@@ -94,9 +94,17 @@ def gather_without_grad(f: Facts, m: Module):
         if isinstance(fn, ast.FunctionDef) and any("no_grad" in dotted(d) for d in fn.decorator_list):
             continue
         owner = m.classes.get(m.class_of(fn) or "") if fn is not None else None
-        if owner is not None and (any("Function" in dotted(b) for b in owner.bases) or any(
-                isinstance(d, ast.FunctionDef) and d.name == "backward" for d in owner.body)):
-            continue  # an autograd.Function (GatherLayer): its backward returns the gradient to every rank
+        backward = next((d for d in owner.body if isinstance(d, ast.FunctionDef) and d.name == "backward"),
+                        None) if owner is not None else None
+        if backward is not None:  # an autograd.Function (a GatherLayer)
+            if any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce_scatter", "all_to_all",
+                                                             "reduce_scatter_tensor") for n in ast.walk(backward)):
+                continue  # its backward sums every rank's gradient for this rank's features (VICReg's)
+            yield c, (f"{owner.name}.backward hands back only this rank's slice of the incoming gradients, with no "
+                      "all_reduce: the gradient other ranks' losses send to this rank's features is dropped, so at "
+                      "2 ranks the step is about 1/world_size of the single run's — all_reduce the stacked "
+                      "gradients in backward before slicing (or torch.distributed.nn.functional.all_gather)")
+            continue
         used = into or any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args
                            and dotted(n.args[0]) == lst for n in ast.walk(scope)) or any(
             isinstance(r, ast.Return) and r.value is not None and lst in {dotted(n) for n in ast.walk(r.value)}
@@ -258,7 +266,7 @@ def batchnorm_without_sync(f: Facts, m: Module):
 
 
 LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)
-NOT_LR = re.compile(r"sched|scheduler|warmup_steps|decay_steps", re.I)
+NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone", re.I)
 
 
 def _world_holding(m: Module) -> set[str]:
