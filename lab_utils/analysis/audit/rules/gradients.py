@@ -227,7 +227,7 @@ def accumulation_without_no_sync(f: Facts, m: Module):
         return  # a library no audited script runs
     steps = _accumulation_steps(m)
     if steps:
-        yield steps[0], (f"the optimizer steps only every N-th micro-batch (line {steps[0].lineno}: "
+        yield steps[0], (f"gradients accumulate over micro-batches (line {steps[0].lineno}: "
                          f"`{ast.unparse(steps[0])[:60]}`), but no micro-batch runs under model.no_sync(): at two "
                          "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one rank "
                          "has none) — run all but the last micro-batch inside `with model.no_sync():`")
