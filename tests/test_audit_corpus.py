@@ -21,7 +21,7 @@ PRECISION_FLOOR, RECALL_FLOOR = 0.9, 0.8
 
 def score(projects: dict = LABELS["projects"], root: Path = CORPUS) -> dict:
     """Per-rule counts: findings, findings matching a label (correct), labels, labels recalled; plus lists."""
-    per = defaultdict(lambda: {"findings": 0, "correct": 0, "labels": 0, "recalled": 0})
+    per = defaultdict(lambda: {"findings": 0, "correct": 0, "labels": 0, "recalled": 0, "unsure": 0})
     false_alarms, misses = [], []
     for name, project in projects.items():
         found = audit.audit_paths([root / name])
@@ -30,9 +30,13 @@ def score(projects: dict = LABELS["projects"], root: Path = CORPUS) -> dict:
             by_file[str(Path(f.path).resolve().relative_to((root / name).resolve()))].append(f)
         for rel, entry in project["files"].items():
             labels, hit = entry["expect"], set()
+            unsure = entry.get("unsure", [])
             for lab in labels:
                 per[lab["rule"]]["labels"] += 1
             for f in by_file.pop(rel, []):
+                if any(u["rule"] == f.rule and f.line in u["lines"] for u in unsure):
+                    per[f.rule]["unsure"] += 1  # labelled 'unsure' before the audit ran: not scored
+                    continue
                 per[f.rule]["findings"] += 1
                 match = [i for i, lab in enumerate(labels) if lab["rule"] == f.rule and f.line in lab["lines"]]
                 if match:
@@ -62,6 +66,13 @@ def report(s: dict) -> str:
              f"{'rule':28s} {'findings':>8s} {'correct':>8s} {'labels':>7s} {'recalled':>9s}"]
     for rule, r in sorted(s["per_rule"].items()):
         lines.append(f"{rule:28s} {r['findings']:8d} {r['correct']:8d} {r['labels']:7d} {r['recalled']:9d}")
+    by_chapter = defaultdict(lambda: [0, 0, 0, 0])
+    for rule, r in s["per_rule"].items():
+        row = by_chapter[audit.CHAPTERS.get(rule, "?")]
+        for i, k in enumerate(("findings", "correct", "labels", "recalled")):
+            row[i] += r[k]
+    lines.append("per chapter (class of defect): findings correct labels recalled")
+    lines += [f"  {ch:26s} {a:8d} {b:8d} {c:7d} {d:9d}" for ch, (a, b, c, d) in sorted(by_chapter.items())]
     lines += ["false alarms:", *[f"  {x}" for x in s["false_alarms"]], "misses:", *[f"  {x}" for x in s["misses"]]]
     return "\n".join(lines)
 
@@ -114,6 +125,6 @@ def test_score_counts_a_false_alarm_and_a_miss(tmp_path):
         {"rule": "no-seed", "lines": [2], "why": "never seeds"},
         {"rule": "save-on-every-rank", "lines": [99], "why": "a deliberately wrong line"}]}}}}
     s = score(labels, tmp_path)
-    assert s["per_rule"]["no-seed"] == {"findings": 1, "correct": 1, "labels": 1, "recalled": 1}
-    assert s["per_rule"]["save-on-every-rank"] == {"findings": 1, "correct": 0, "labels": 1, "recalled": 0}
+    assert s["per_rule"]["no-seed"] == {"findings": 1, "correct": 1, "labels": 1, "recalled": 1, "unsure": 0}
+    assert s["per_rule"]["save-on-every-rank"] == {"findings": 1, "correct": 0, "labels": 1, "recalled": 0, "unsure": 0}
     assert s["precision"] == 0.5 and s["recall"] == 0.5

@@ -29,9 +29,7 @@ LAYERS = ("core", "launch", "analysis", "lessons", "drivers")
 FACE = {"cli", "chapter", "nbbuild", "nbval_plugin", "checklist", "__main__", "__init__"}  # the notebook face, the CLI
 ANALYSIS_MAY_READ = {"runfiles", "mix64", "config", "float_twin"}
 MAX_LINES = 600
-OVER_MAX_LINES_FOR_NOW = {
-    "lab_utils/analysis/audit.py",  # split by issue 35 (the audit package); remove this entry when it lands
-}
+OVER_MAX_LINES_FOR_NOW: set[str] = set()  # none: the audit became a package (issue 35)
 
 
 def lab_imports(path: Path, root: Path = REPO) -> list[tuple[int, tuple[str, ...]]]:

@@ -1,0 +1,87 @@
+"""`ddp-lab audit PATH ...`: a static check of a DDP training project against the corrected checklist
+(docs/checklist.md; taught in notebooks/10_workflow.ipynb).
+
+It parses every file with `ast` (nothing is imported or run), follows the imports that stay inside the audited
+folder, and judges seeds, samplers, logging, saving and collectives across files: a helper that seeds, a loader
+library whose `set_epoch` call sits in the training script, a `save_checkpoint` helper called on every rank.
+Each finding names the defect it claims (what differs at two ranks from the single run, or which hazard), its
+severity (`defect`: the code shows it; `check-by-hand`: it depends on something the audit cannot see), the real
+line, the fix, and the chapter that measures it.
+
+The package:
+- `syntax`: name patterns and `ast` helpers;
+- `project`: the parsed files, imports resolved inside the folder, calls resolved to project functions;
+- `ranks`: which code runs on which rank (rank-0 guards, distributed switches);
+- `facts`: the project model the rules query (the wrapped model, seeding, reduced values, saves, collectives);
+- `registry`: one rule = id, chapter, the defect and its consequence in one sentence, its recogniser;
+- `rules/`: the recognisers, one module per chapter group (`python -m lab_utils audit --sarif` lists them);
+- `report`: text, JSON and SARIF output.
+
+What it cannot see: code outside the audited folder (an installed package, a config file's values), values known
+What it cannot see: code outside the audited folder (an installed package, a config file's values), values known
+only at run time (the dataset size, which branch a flag takes, whether a model has buffers), models built by name
+(torchvision's resnet has BatchNorm), calls through objects it cannot type (`obj.method()` on a parameter; a
+model is typed only when the script builds a project nn.Module class by name, whose forward then decides whether
+the loss it returns is reduced). Two scripts in one folder are judged apart unless one imports the other. A
+rank term inside a conditional expression (`seed + (rank if per_rank else 0)`) is taken as a deliberate switch.
+It is a checklist, not a proof: the proof is a comparison of real runs (`ddp-lab compare` / `ddp-lab doctor`).
+
+Exit codes of the CLI verb: 0 no finding, 1 findings, 2 bad input (no such path, not Python).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import rules  # noqa: F401  (registers every rule)
+from .facts import Facts
+from .project import AuditError, Module, Project
+from .registry import REGISTRY, SEVERITIES, Finding, Rule, run_rules
+from .report import format_findings, to_json, to_sarif
+
+RULES = tuple(REGISTRY)
+RULE_INFO = {r.id: (r.chapter, r.summary) for r in REGISTRY.values()}
+CHAPTERS = {r.id: r.chapter for r in REGISTRY.values()}
+
+__all__ = ["AuditError", "CHAPTERS", "Finding", "REGISTRY", "RULES", "RULE_INFO", "Rule", "SEVERITIES", "audit_file",
+           "audit_paths", "audit_source", "format_findings", "to_json", "to_sarif"]
+
+
+def _expand(paths) -> tuple[list[Path], Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise AuditError(f"{p}: no such file")
+        if p.is_dir():
+            files += sorted(q for q in p.rglob("*.py") if ".venv" not in q.parts and "__pycache__" not in q.parts)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise AuditError(f"{p}: not a file")
+    if not files:
+        raise AuditError(f"{', '.join(map(str, paths))}: no Python files")
+    dirs = [p.resolve() if p.is_dir() else p.resolve().parent for p in map(Path, paths)]
+    root = dirs[0]
+    for d in dirs[1:]:
+        while root not in (d, *d.parents):
+            root = root.parent
+    return files, root
+
+
+def audit_paths(paths) -> list[Finding]:
+    """Audit files and folders as one project: imports between them (and into the folder) are followed."""
+    files, root = _expand(paths)
+    project = Project(files, root)
+    given = {str(f) for f in files}
+    return [f for f in run_rules(Facts(project), project.modules.values()) if f.path in given]
+
+
+def audit_file(path: str | Path) -> list[Finding]:
+    """One file, plus the modules it imports from its own folder."""
+    return audit_paths([path])
+
+
+def audit_source(source: str, filename: str = "<script>") -> list[Finding]:
+    """One script given as text (no imports are followed)."""
+    project = Project.single(Module(Path(filename), filename, source))
+    return run_rules(Facts(project), project.modules.values())

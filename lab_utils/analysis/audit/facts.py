@@ -1,0 +1,338 @@
+"""The project model the rules query: what a call does, looked up through the project's helpers and classes
+rather than read off its name. Which names hold the DDP-wrapped model, what seeds torch, which values are averaged
+over ranks (a collective, a reducing helper, a model whose forward reduces), what is a checkpoint save, what is a
+collective, which code trains, where a script sets up the process group. Facts are computed once per project."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .project import Module, Project
+from .ranks import Guards
+from .syntax import (
+    COLLECTIVES,
+    CUDA_SEEDS,
+    DDP_NAMES,
+    EVALISH,
+    OTHER_SEEDS,
+    REDUCEISH,
+    SEED_HELPER,
+    TORCH_SEEDS,
+    callee,
+    dotted,
+    kw,
+    root,
+)
+
+UNSEEN_SAVER = re.compile(r"save_(model|checkpoint|ckpt|network|weights|state)")
+
+
+def _to_file(c: ast.Call) -> bool:
+    """torch.save into a file, not into an in-memory buffer (`io.BytesIO()`, a name like buf / mem_file)."""
+    target = c.args[1] if len(c.args) > 1 else kw(c, "f")
+    return not (target is not None and ("buf" in dotted(target).lower() or "mem" in dotted(target).lower()
+                                        or isinstance(target, ast.Call) and callee(target) == "BytesIO"))
+
+
+class Facts:
+    def __init__(self, project: Project):
+        self.p = project
+        self.g = Guards(project)
+        self.cache: dict = {}
+        self.ddp_wrapped = self._ddp_wrapped_names()
+        self.print_override = any(
+            isinstance(a, ast.Assign) and any(dotted(t) in ("builtins.print", "__builtin__.print") for t in a.targets)
+            for m in project.modules.values() for a in ast.walk(m.tree))
+
+    # --- shared facts
+    def _ddp_wrapped_names(self) -> dict[str, dict[str, int]]:
+        """Per module: names assigned a DDP wrap (any import alias, or a project function returning one)."""
+        wrappers = {f.name for m in self.p.modules.values() for f in m.functions.values()
+                    if any(isinstance(r, ast.Return) and isinstance(r.value, ast.Call) and self.is_ddp_call(m, r.value)
+                           for r in ast.walk(f))}
+        out = {}
+        for m in self.p.modules.values():
+            names = {}
+            for a in ast.walk(m.tree):
+                v = a.value if isinstance(a, ast.Assign) else None
+                while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
+                        "to", "cuda", "train", "eval") and isinstance(v.func.value, ast.Call):
+                    v = v.func.value  # DDP(model, ...).to(device)
+                if isinstance(v, ast.Call) and (self.is_ddp_call(m, v) or callee(v) in wrappers):
+                    for t in a.targets:
+                        names[dotted(t)] = a.lineno
+            out[m.rel] = names
+        return out
+
+    @staticmethod
+    def is_ddp_call(m: Module, c: ast.Call) -> bool:
+        name = callee(c)
+        if name in DDP_NAMES:
+            return True
+        imp = m.imports.get(name)
+        return bool(imp and imp[1] and "DistributedDataParallel" in imp[1])
+
+    def seed_kind(self, m: Module, c: ast.Call, direct: bool = False) -> str | None:
+        """'torch' (seeds torch's CPU RNG: the model init), 'cuda', 'other' (random/numpy), or None; `direct`:
+        without looking into project helpers."""
+        d = dotted(c.func)
+        if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Call, ast.Subscript)):
+            return None  # torch.Generator().manual_seed(...)
+        if d in CUDA_SEEDS:
+            return "cuda"
+        if d in TORCH_SEEDS:
+            if d == "manual_seed" and m.imports.get("manual_seed", ("", "", 0))[0] != "torch":
+                return None
+            return "torch"
+        if d in OTHER_SEEDS:
+            return "other"
+        name = callee(c)
+        if SEED_HELPER.search(name) and "." not in d.replace("self.", "") and not self.p.resolve(m, c):
+            return "torch"  # an unseen helper named like a seeder (init_seeds, fix_random_seeds)
+        if SEED_HELPER.search(name) and isinstance(c.func, ast.Attribute) and root(c.func.value) in m.imports \
+                and not self.p.resolve(m, c) and self.p.module_for(m, root(c.func.value)) is None:
+            return "torch"  # utils.fix_random_seeds(...) from a module outside the audited folder
+        if not direct:
+            for tm, tf in self.p.resolve(m, c):  # a project helper that seeds torch (fix_random_seeds(args.seed))
+                if self.p.function_does(tm, tf, lambda mm, cc: self.seed_kind(mm, cc, True) == "torch", depth=3):
+                    return "torch"
+        return None
+
+    def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
+        """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
+        def collective_helper(c):
+            return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES, depth=2)
+                       for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
+        red: set[str] = set()
+        for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
+            if callee(c) in ("all_reduce", "reduce", "all_gather") and c.args:
+                red.add(root(c.args[0]))
+        # a model is no reduced value: convert_sync_batchnorm(model) or DDP(model) does not make model(x)'s loss
+        # an average over ranks; what the model's forward returns is judged by forward_reduced instead
+        models = self.model_names(m)
+        changed = True
+        nodes = list(ast.walk(scope))
+        while changed:
+            changed = False
+            for a in nodes:
+                targets, value = [], None
+                if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and a.value is not None:
+                    targets = a.targets if isinstance(a, ast.Assign) else [a.target]
+                    value = a.value
+                elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
+                        "update", "append", "add_") and (a.args or a.keywords):
+                    # meter.update(v, n) or metric_logger.update(loss=v): the meter holds what it is fed
+                    targets, value = [a.func.value], a.args[0] if a.args else a.keywords[0].value
+                if value is None:
+                    continue
+                hit = any(isinstance(n, ast.Call) and (REDUCEISH.search(callee(n)) and "batchnorm" not in
+                                                       callee(n).lower() or collective_helper(n)
+                                                       or self.forward_reduced(m, n))
+                          for n in ast.walk(value)) or any(
+                    root(n) in red for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute)))
+                if not hit:
+                    continue
+                for t in targets:
+                    for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                        r = root(e)
+                        if r and r not in red and r not in models:
+                            red.add(r)
+                            changed = True
+        return red
+
+    def model_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
+        """The project nn.Module class a name holds: `model = BarlowTwins(args).cuda(gpu)` (DDP(model) keeps it).
+        Other project classes (an AverageMeter of reduced values) are no model."""
+        found = self.any_class(m, name)
+        if found and any(dotted(b).split(".")[-1] == "Module" for b in found[1].bases):
+            return found
+        return None
+
+    def any_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
+        for a in ast.walk(m.tree):
+            if not (isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)):
+                continue
+            v = a.value
+            while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
+                    "to", "cuda", "train", "eval", "float", "half") and isinstance(v.func.value, ast.Call):
+                v = v.func.value
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name):
+                target = self.p.module_for(m, v.func.value.id)  # misc.MetricLogger(...) with `import util.misc`
+                if target is not None and v.func.attr in target.classes:
+                    return target, target.classes[v.func.attr]
+                continue
+            if not isinstance(v, ast.Call) or not isinstance(v.func, ast.Name):
+                continue
+            if v.func.id in m.classes:
+                return m, m.classes[v.func.id]
+            target = self.p.module_for(m, v.func.id)
+            cls = m.imports.get(v.func.id, ("", None, 0))[1] or v.func.id
+            if target is not None and cls in target.classes:
+                return target, target.classes[cls]
+        return None
+
+    def model_names(self, m: Module) -> set[str]:
+        if not hasattr(self, "_models_cache"):
+            self._models_cache = {}
+        if m.rel not in self._models_cache:
+            names = set(self.ddp_wrapped.get(m.rel, {}))
+            for a in ast.walk(m.tree):
+                if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
+                        "batchnorm" in callee(a.value).lower() or self.model_class(m, dotted(a.targets[0]))):
+                    names |= {dotted(t) for t in a.targets}
+            self._models_cache[m.rel] = names
+        return self._models_cache[m.rel]
+
+    def forward_reduced(self, m: Module, c: ast.Call) -> bool:
+        """`loss = model(x)` or `model.forward(x)` where the model's class computes its loss from a reduced value
+        (Barlow Twins all-reduces the cross-correlation before the loss): every value forward returns is
+        reduced there."""
+        f = c.func
+        if isinstance(f, ast.Attribute) and f.attr in ("forward", "module"):
+            f = f.value  # model.forward(x), model.module(x)
+        found = self.model_class(m, dotted(f)) if isinstance(f, (ast.Name, ast.Attribute)) else None
+        fwd = found[0].functions.get(f"{found[1].name}.forward") if found else None
+        rets = [r.value for r in ast.walk(fwd) if isinstance(r, ast.Return) and r.value is not None] if fwd else []
+        if not rets:
+            return False
+        tm = found[0]
+        red = self.reduced_names(tm, fwd)
+        return all(any(root(n) in red for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute)))
+                   for r in rets)
+
+    # --- samplers and evaluation (ch03, ch08)
+    def sampler_classes(self) -> set[str]:
+        """DistributedSampler and the project's classes built on it."""
+        if "samplers" not in self.cache:
+            out = {"DistributedSampler", "DistributedBucketSampler"}
+            for m in self.p.modules.values():
+                for c in m.classes.values():
+                    if any("DistributedSampler" in dotted(b) for b in c.bases) or "DistributedSampler" in c.name:
+                        out.add(c.name)
+            self.cache["samplers"] = out
+        return self.cache["samplers"]
+
+    def eval_loop_reduces(self) -> bool:
+        """Some evaluation loop of the project reduces over ranks: a loop over a val/test loader, or any loop of a
+        function named so (evaluate(), validate()), with a collective in it or in a helper it calls."""
+        if "eval_reduces" in self.cache:
+            return self.cache["eval_reduces"]
+        out = False
+        for mm in self.p.modules.values():
+            for f in mm.functions.values():
+                if not any(isinstance(n, ast.For) and (EVALISH.search(ast.unparse(n.iter)) or EVALISH.search(f.name))
+                           for n in ast.walk(f)):
+                    continue
+                if any(isinstance(n, ast.Call) and (
+                        callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
+                        any(self.p.function_does(tm, tf, lambda m2, cc: callee(cc) in ("all_reduce", "reduce"), 1)
+                            for tm, tf in self.p.resolve(mm, n))) for n in ast.walk(f)):
+                    out = True
+        self.cache["eval_reduces"] = out
+        return out
+
+    def all_names(self) -> set[str]:
+        """Every attribute and name leaf in the project (`no_sync`, `SyncBatchNorm` used anywhere)."""
+        if "names" not in self.cache:
+            self.cache["names"] = {dotted(n).split(".")[-1] for mm in self.p.modules.values()
+                                   for n in ast.walk(mm.tree) if isinstance(n, (ast.Name, ast.Attribute))}
+        return self.cache["names"]
+
+    # --- entry scripts (ch02)
+    def entry_scope(self, m: Module) -> set:
+        """(module, function) keys of what a script runs: the project functions its module-level code (the main
+        guard included) calls, and what they call, following functions handed over as arguments
+        (`mp.spawn(main_worker, ...)`, `Process(target=run)`). A helper the script defines but never runs (a
+        launcher's own init function) is not in it."""
+        top = [n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+               for n in ast.walk(s) if isinstance(n, ast.Call)]
+        keys: set = set()
+        todo = [(m, c) for c in top]
+        while todo:
+            mm, c = todo.pop()
+            handed = [a for a in [*c.args, *[k.value for k in c.keywords]] if isinstance(a, (ast.Name, ast.Attribute))]
+            targets = self.p.resolve(mm, c) + [t for a in handed
+                                               for t in self.p.resolve(mm, ast.Call(func=a, args=[], keywords=[]))]
+            for tm, tf in targets:
+                if (tm.rel, id(tf)) in keys:
+                    continue
+                keys.add((tm.rel, id(tf)))
+                todo += [(tm, cc) for cc in ast.walk(tf) if isinstance(cc, ast.Call)]
+        return keys
+
+    def setup_line(self, m: Module) -> ast.AST:
+        """Where the entry sets up the process group: its init_process_group, a call of a helper that does,
+        the DDP wrap, or the main guard."""
+        inits = [c for c in m.calls if callee(c) == "init_process_group"]
+        if inits:
+            return min(inits, key=lambda c: c.lineno)
+        helper = [c for c in m.calls if any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) ==
+                                                                 "init_process_group")
+                                            for tm, tf in self.p.resolve(m, c))]
+        if helper:
+            return min(helper, key=lambda c: c.lineno)
+        wraps = [c for c in m.calls if self.is_ddp_call(m, c)]
+        return min(wraps, key=lambda c: c.lineno) if wraps else (m.has_main_guard() or m.tree.body[0])
+
+    # --- training, saving, collectives
+    def trains(self, m: Module, node: ast.AST) -> bool:
+        """Whether the code around `node` runs backward or an optimizer step (a training loop's loss)."""
+        fn = m.enclosing(node)
+        scope = [fn] if fn is not None else [s for s in m.tree.body
+                                             if not isinstance(s, (ast.FunctionDef, ast.ClassDef))]
+        def steps(n):  # backward, an optimizer step, or a loss-scaler helper that does both (timm's NativeScaler)
+            return isinstance(n, ast.Call) and (callee(n) in ("backward", "step") and (
+                callee(n) == "backward" or "optim" in dotted(n.func)) or "scaler" in callee(n).lower() and bool(
+                n.args) or any(k.arg == "update_grad" for k in n.keywords))
+        if any(steps(n) for sc in scope for n in ast.walk(sc)):
+            return True
+        # the step in a helper this function calls (`batch_loss = self._run_batch(...)`, then print(batch_loss))
+        return fn is not None and self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2)
+
+    def is_save(self, m: Module, c: ast.Call) -> bool:
+        """A checkpoint save: torch.save of model/optimizer state into a file, or a project helper named like a
+        save that writes one (save_checkpoint(...)); an unseen helper named like one (`save_model(args, model,
+        opt)` from a module outside the folder). A dataset caching a tensor, or torch.save into a BytesIO (an
+        in-memory copy, e.g. to load an EMA), is no checkpoint."""
+        if dotted(c.func) in ("torch.save", "th.save"):
+            text = ast.unparse(c).lower()
+            return _to_file(c) and bool(re.search(r"state|model|optim|ckpt|checkpoint|snapshot|epoch|package|net",
+                                                  text))
+        targets = self.p.resolve(m, c)
+        if not targets:
+            defined = {n.name for n in ast.walk(m.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            return bool(UNSEEN_SAVER.match(callee(c))) and callee(c) not in defined and (
+                isinstance(c.func, ast.Name) or root(c.func.value) in m.imports)
+        return any(tf.name == callee(c) and re.search(r"save|checkpoint|serialize", tf.name.lower())
+                   and not tf.name.lower().startswith("load")
+                   and self.p.function_does(tm, tf, lambda mm, cc: dotted(cc.func) in ("torch.save", "th.save")
+                                            and _to_file(cc), 1)
+                   for tm, tf in targets)
+
+    def guarded_inside(self, m: Module, c: ast.Call, depth: int = 3) -> bool:
+        """A save helper that guards itself, however deep (`save_model(...)` -> `save_on_master(...)` -> `if
+        is_main_process(): torch.save(...)`): calling it on every rank writes once. Every save the helper reaches
+        must sit under a rank-0 guard, or go through a helper that guards itself."""
+        if dotted(c.func) in ("torch.save", "th.save") or depth == 0:
+            return False
+        saves = [(tm, cc) for tm, tf in self.p.resolve(m, c) for cc in ast.walk(tf) if isinstance(cc, ast.Call)
+                 and (dotted(cc.func) in ("torch.save", "th.save") or self.is_save(tm, cc))]
+        return bool(saves) and all(self.g.kind(tm, cc) == "rank0" or self.guarded_inside(tm, cc, depth - 1)
+                                   for tm, cc in saves)
+
+    @staticmethod
+    def same_scope(m: Module, c: ast.AST, owner: str, line: int) -> bool:
+        if owner.startswith("self."):
+            return True
+        fn = m.enclosing(c)
+        return any(isinstance(a, ast.Assign) and a.lineno == line for a in ast.walk(fn or m.tree))
+
+
+    def collective(self, m: Module, c: ast.Call) -> bool:
+        if callee(c) in COLLECTIVES and ("dist" in dotted(c.func) or dotted(c.func) in COLLECTIVES
+                                          or "distributed" in dotted(c.func)):
+            return not (isinstance(c.func, ast.Attribute) and root(c.func.value) in ("MPI", "comm", "self"))
+        return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in
+                                        dotted(cc.func), 2) for tm, tf in self.p.resolve(m, c))
+

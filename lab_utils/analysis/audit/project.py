@@ -1,0 +1,337 @@
+"""The project the audit reads: every parsed file (`Module`: its tree, parent links, functions, imports, the names
+that hold a rank) and the files its imports reach inside the audited folder (`Project`: calls resolved to project
+functions, helpers and methods followed, callers, reachability)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from .syntax import DIST_SWITCH, ENTRY_CALLS, RANKISH, WORLDISH, callee, dotted, involves_rank, is_switch_value
+
+
+class AuditError(ValueError):
+    """A path cannot be audited (missing, not Python); the message names it."""
+
+
+class Module:
+    """One parsed file: its tree, parent links, functions, imports, and the names that hold a rank."""
+
+    def __init__(self, path: Path, rel: str, source: str):
+        try:
+            self.tree = ast.parse(source, filename=str(path))
+        except SyntaxError as e:
+            raise AuditError(f"{path}:{e.lineno}: not Python ({e.msg})") from None
+        self.path, self.rel = path, rel
+        self.parent: dict[int, ast.AST] = {}
+        for n in ast.walk(self.tree):
+            for c in ast.iter_child_nodes(n):
+                self.parent[id(c)] = n
+        self.calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)]
+        self.functions: dict[str, ast.AST] = {}          # 'f' and 'Class.method'
+        self.classes: dict[str, ast.ClassDef] = {}
+        for n in self.tree.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions[n.name] = n
+            elif isinstance(n, ast.ClassDef):
+                self.classes[n.name] = n
+                for m in n.body:
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.functions[f"{n.name}.{m.name}"] = m
+        self.imports: dict[str, tuple[str, str | None, int]] = {}   # local name -> (module, attr, level)
+        for n in ast.walk(self.tree):
+            if isinstance(n, ast.Import):
+                for a in n.names:
+                    self.imports[a.asname or a.name.split(".")[0]] = (a.name if a.asname else a.name.split(".")[0],
+                                                                      None, 0)
+            elif isinstance(n, ast.ImportFrom):
+                for a in n.names:
+                    self.imports[a.asname or a.name] = (n.module or "", a.name, n.level)
+        self.entry = self._is_entry()
+        self.rank_tainted = self._taint()
+
+    def _is_entry(self) -> bool:
+        """A script: an `if __name__ == "__main__":` block that does something, or module-level code that sets
+        up the process group, wraps, launches or trains (a helper's `logging.basicConfig(...)` is no script)."""
+        for n in self.tree.body:
+            if isinstance(n, ast.If) and "__name__" in {dotted(m) for m in ast.walk(n.test)}:
+                if not all(isinstance(b, ast.Pass) for b in n.body):
+                    return True
+            elif isinstance(n, (ast.For, ast.While)):
+                return True
+            elif not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
+                                    ast.ImportFrom)) and any(
+                    isinstance(c, ast.Call) and (callee(c) in ENTRY_CALLS or "DistributedDataParallel" in (
+                        self.imports.get(callee(c), ("", "", 0))[1] or "")) for c in ast.walk(n)):
+                return True
+        return False
+
+    def _taint(self, seed: frozenset = frozenset()) -> set[str]:
+        """Names assigned (anywhere) from an expression that involves a rank: flow-insensitive, to a fixpoint.
+        `seed`: parameters that callers pass a rank (Project._taint_parameters)."""
+        tainted: set[str] = set(seed)
+        assigns = [n for n in ast.walk(self.tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
+        changed = True
+        while changed:
+            changed = False
+            for a in assigns:
+                if a.value is None or not involves_rank(a.value, tainted):
+                    continue
+                if WORLDISH.search(dotted(a.value)) and not RANKISH.search(dotted(a.value)) or is_switch_value(a.value):
+                    continue
+                for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
+                    for name in ([dotted(e) for e in t.elts] if isinstance(t, ast.Tuple) else [dotted(t)]):
+                        if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1]) \
+                                and name not in tainted:
+                            tainted.add(name)
+                            changed = True
+        return tainted
+
+    def enclosing(self, node: ast.AST, kinds=(ast.FunctionDef, ast.AsyncFunctionDef)):
+        n = self.parent.get(id(node))
+        while n is not None and not isinstance(n, kinds):
+            n = self.parent.get(id(n))
+        return n
+
+    def class_of(self, fn: ast.AST) -> str | None:
+        p = self.parent.get(id(fn))
+        return p.name if isinstance(p, ast.ClassDef) else None
+
+    def has_main_guard(self) -> ast.If | None:
+        return next((n for n in self.tree.body if isinstance(n, ast.If)
+                     and "__name__" in {dotted(m) for m in ast.walk(n.test)}), None)
+
+
+class Project:
+    """The audited files plus the modules their imports reach inside the root folder."""
+
+    def __init__(self, paths: list[Path], root: Path):
+        self.root = root
+        self.modules: dict[str, Module] = {}
+        for p in paths:
+            self._load(p)
+        queue = list(self.modules.values())
+        while queue:  # follow imports that resolve inside root
+            m = queue.pop()
+            for mod, attr, level in m.imports.values():
+                for target in self._candidates(m, mod, attr, level):
+                    if target.exists() and str(self._rel(target)) not in self.modules:
+                        queue.append(self._load(target))
+        self.ddp = any(self.mentions_ddp(m) for m in self.modules.values())
+        self._reach_cache: dict[tuple[str, str], set] = {}
+        self._imports_cache: dict[str, set[str]] = {}
+        self._taint_parameters()
+
+    @classmethod
+    def single(cls, module: Module) -> Project:
+        """A project of one module given as text: no imports are followed."""
+        project = cls.__new__(cls)
+        project.root, project.modules = Path("."), {module.rel: module}
+        project.ddp = cls.mentions_ddp(module)
+        project._reach_cache, project._imports_cache = {}, {}
+        project._taint_parameters()
+        return project
+
+    def _taint_parameters(self):
+        """A rank handed to a project function or class (`Trainer(model, data, opt, rank, ...)`) makes the
+        parameter that receives it rank-holding (`self.gpu_id = gpu_id` ... `if self.gpu_id == 0:`)."""
+        seeds: dict[str, set[str]] = {rel: set() for rel in self.modules}
+        for _ in range(3):  # a rank passed on through two helpers
+            changed = False
+            for m in self.modules.values():
+                for c in m.calls:
+                    ranked = [i for i, a in enumerate(c.args) if involves_rank(a, m.rank_tainted)]
+                    kws = {k.arg for k in c.keywords if k.arg and involves_rank(k.value, m.rank_tainted)}
+                    if not ranked and not kws:
+                        continue
+                    for tm, tf in self.resolve(m, c, exact=True):
+                        params = [a.arg for a in tf.args.args]
+                        if params and params[0] in ("self", "cls") and tm.class_of(tf):
+                            params = params[1:]
+                        names = {params[i] for i in ranked if i < len(params)} | (kws & set(params))
+                        if names - seeds[tm.rel]:
+                            seeds[tm.rel] |= names
+                            tm.rank_tainted = tm._taint(frozenset(seeds[tm.rel]))
+                            changed = True
+            if not changed:
+                break
+
+    def _rel(self, p: Path) -> str:
+        try:
+            return str(p.resolve().relative_to(self.root.resolve()))
+        except ValueError:
+            return str(p)
+
+    def _load(self, p: Path) -> Module:
+        rel = self._rel(p)
+        if rel not in self.modules:
+            try:
+                text = p.read_text()
+            except UnicodeDecodeError:
+                raise AuditError(f"{p}: not a text file") from None
+            self.modules[rel] = Module(p, rel, text)
+        return self.modules[rel]
+
+    def _candidates(self, m: Module, mod: str, attr: str | None, level: int) -> list[Path]:
+        parts = mod.split(".") if mod else []
+        if level:
+            base = m.path.parent
+            for _ in range(level - 1):
+                base = base.parent
+            bases = [base]
+        else:  # absolute: from the importing file's folder up to the root (scripts add the root to sys.path)
+            bases, b = [], m.path.parent.resolve()
+            root = self.root.resolve()
+            while True:
+                bases.append(b)
+                if b == root or root not in b.parents:
+                    break
+                b = b.parent
+        out = []
+        for b in bases:
+            d = b.joinpath(*parts) if parts else b
+            out += [d.with_suffix(".py") if parts else d / "__init__.py", d / "__init__.py"]
+            if attr:
+                out.append(d / f"{attr}.py")
+        root = self.root.resolve()
+        return [p for p in out if root in p.resolve().parents or p.resolve().parent == root]
+
+    def module_for(self, m: Module, local: str) -> Module | None:
+        """The project module a local import name refers to (`dist_util`, `utils`, `distrib`)."""
+        if local not in m.imports:
+            return None
+        mod, attr, level = m.imports[local]
+        for c in self._candidates(m, mod, attr, level):
+            rel = self._rel(c)
+            if rel in self.modules and (attr is None or c.stem == attr or c.name == "__init__.py"
+                                        and c.parent.name == (attr or "")):
+                return self.modules[rel]
+        if attr is None:
+            return None
+        for c in self._candidates(m, mod, None, level):  # `from pkg.mod import name` → the module pkg/mod.py
+            rel = self._rel(c)
+            if rel in self.modules:
+                return self.modules[rel]
+        return None
+
+    def imports_of(self, m: Module) -> set[str]:
+        """The project modules `m` reaches through its imports, transitively (m excluded)."""
+        if m.rel not in self._imports_cache:
+            seen, todo = set(), [m]
+            while todo:
+                mm = todo.pop()
+                for local in mm.imports:
+                    t = self.module_for(mm, local)
+                    if t is not None and t.rel not in seen and t is not m:
+                        seen.add(t.rel)
+                        todo.append(t)
+            self._imports_cache[m.rel] = seen
+        return self._imports_cache[m.rel]
+
+    def related(self, m: Module) -> list[Module]:
+        """The modules that run with `m`: m, what it imports, the scripts that import it and what they import.
+        Two independent scripts in one folder are not related, though they share a helper."""
+        users = [u for u in self.modules.values() if m.rel in self.imports_of(u)]
+        rels = {m.rel} | self.imports_of(m) | {u.rel for u in users}
+        for u in users:
+            rels |= self.imports_of(u)
+        return [self.modules[r] for r in sorted(rels)]
+
+    @staticmethod
+    def mentions_ddp(m: Module) -> bool:
+        for _mod, attr, _ in m.imports.values():
+            if attr and ("DistributedDataParallel" in attr or attr == "init_process_group"):
+                return True
+        names = {dotted(n).split(".")[-1] for n in ast.walk(m.tree) if isinstance(n, (ast.Name, ast.Attribute))}
+        return bool({"DistributedDataParallel", "init_process_group"} & names) or \
+            any(callee(c) == "DDP" for c in m.calls)
+
+    # --- calls between functions
+    def resolve(self, m: Module, call: ast.Call, exact: bool = False) -> list[tuple[Module, ast.AST]]:
+        """The project functions a call may run: local defs, imported defs, `module.f`, `self.f`, `Class(...)`
+        (every method of the class; with `exact`, only its __init__)."""
+        f = call.func
+        out: list[tuple[Module, ast.AST]] = []
+
+        def in_module(mod: Module, name: str):
+            if name in mod.functions:
+                out.append((mod, mod.functions[name]))
+            elif name in mod.classes:
+                out.extend((mod, mod.functions[k]) for k in mod.functions if k.startswith(name + ".")
+                           and (not exact or k == f"{name}.__init__"))
+
+        if isinstance(f, ast.Name):
+            if f.id in m.functions or f.id in m.classes:
+                in_module(m, f.id)
+            elif f.id in m.imports:
+                target = self.module_for(m, f.id)
+                if target is not None:
+                    in_module(target, m.imports[f.id][1] or f.id)
+        elif isinstance(f, ast.Attribute):
+            base = f.value
+            if isinstance(base, ast.Name) and base.id == "self":
+                fn = m.enclosing(call)
+                cls = m.class_of(fn) if fn is not None else None
+                if cls and f"{cls}.{f.attr}" in m.functions:
+                    out.append((m, m.functions[f"{cls}.{f.attr}"]))
+            elif isinstance(base, ast.Name) and base.id in m.imports:
+                target = self.module_for(m, base.id)
+                if target is not None:
+                    in_module(target, f.attr)
+            elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in m.imports:
+                target = self.module_for(m, base.value.id)  # pkg.utils.f() with `import pkg`
+                if target is not None:
+                    in_module(target, f.attr)
+        return out
+
+    def reach(self, m: Module, fn: ast.AST) -> set[tuple[str, int]]:
+        """(module rel, id(function)) of every project function `fn` may run, fn included (breadth-first)."""
+        key = (m.rel, id(fn))
+        if key in self._reach_cache:
+            return self._reach_cache[key]
+        seen = {key}
+        queue = [(m, fn)]
+        self._reach_cache[key] = seen
+        while queue:
+            mod, f = queue.pop()
+            for c in (n for n in ast.walk(f) if isinstance(n, ast.Call)):
+                for tm, tf in self.resolve(mod, c):
+                    k = (tm.rel, id(tf))
+                    if k not in seen:
+                        seen.add(k)
+                        queue.append((tm, tf))
+        return seen
+
+    def nodes(self, keys: set[tuple[str, int]]):
+        """The (module, function) pairs behind reach() keys."""
+        for m in self.modules.values():
+            for f in m.functions.values():
+                if (m.rel, id(f)) in keys:
+                    yield m, f
+
+    def calls_in(self, keys) -> list[tuple[Module, ast.Call]]:
+        return [(m, c) for m, f in self.nodes(keys) for c in ast.walk(f) if isinstance(c, ast.Call)]
+
+    def callers(self, m: Module, fn: ast.AST) -> list[tuple[Module, ast.Call]]:
+        out = []
+        for cm in self.modules.values():
+            for c in cm.calls:
+                if any(tf is fn for _, tf in self.resolve(cm, c, exact=True)):
+                    out.append((cm, c))
+        return out
+
+    def function_does(self, m: Module, fn: ast.AST, pred, depth: int = 4) -> bool:
+        """Whether fn, or a project function it calls (to `depth`), has a call satisfying pred(module, call)."""
+        todo, seen = [(m, fn, 0)], set()
+        while todo:
+            mod, f, d = todo.pop()
+            if id(f) in seen:
+                continue
+            seen.add(id(f))
+            for c in (n for n in ast.walk(f) if isinstance(n, ast.Call)):
+                if pred(mod, c):
+                    return True
+                if d < depth:
+                    todo += [(tm, tf, d + 1) for tm, tf in self.resolve(mod, c)]
+        return False
+

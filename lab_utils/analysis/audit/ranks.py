@@ -1,0 +1,193 @@
+"""Which code runs on which rank: rank-0 guards (`if rank == 0`, `if RANK in {-1, 0}`, `is_main_process()`, an
+early return of the others, guards inside helpers and through callers) and distributed switches (`if ddp:`,
+`if args.distributed:`, `if world_size > 1:`), which are true on every rank of a distributed run."""
+
+from __future__ import annotations
+
+import ast
+
+from .project import Module, Project
+from .syntax import DIST_SWITCH, RANK0_NAME, WORLDISH, callee, dotted, involves, involves_rank
+
+
+class Guards:
+    """Which code only rank 0 runs: `if rank == 0`, `if RANK in {-1, 0}`, `if is_main_process()`, the `else` of
+    `if rank != 0`, code after `if rank > 0: return`; and the leaky guard `not mp_distributed or rank % n == 0`,
+    true on every rank when torchrun starts the job."""
+
+    def __init__(self, project: Project):
+        self.p = project
+        self.flags: dict[str, set[str]] = {}      # module rel -> names assigned from a rank-0 test
+        self.leaky_fns: set[str] = set()          # names of functions returning a leaky rank-0 test
+        self.rank0_fns: set[str] = set()
+        for m in project.modules.values():
+            for f in m.functions.values():
+                rets = [r.value for r in ast.walk(f) if isinstance(r, ast.Return) and r.value is not None]
+                if rets and all(self.classify(m, r, shallow=True) == "rank0" for r in rets):
+                    self.rank0_fns.add(f.name)
+                elif rets and any(self.classify(m, r, shallow=True) == "leaky" for r in rets):
+                    self.leaky_fns.add(f.name)
+        for m in project.modules.values():
+            names = set()
+            for a in ast.walk(m.tree):
+                if isinstance(a, ast.Assign) and self.classify(m, a.value) == "rank0":
+                    names |= {dotted(t) for t in a.targets}
+            self.flags[m.rel] = names
+        self.objects: dict[str, set[str]] = {m.rel: self._rank0_objects(m) for m in project.modules.values()}
+
+    def _rank0_objects(self, m: Module) -> set[str]:
+        """Objects only rank 0 holds: `writer = SummaryWriter(...) if rank == 0 else None`, or built under a rank-0
+        guard (`if rank == 0: logger = Logger(...)`). Calls on them, and tests of them (`if writer:`), run on rank 0
+        alone; elsewhere the name is None (or never bound)."""
+        out = set()
+        for a in ast.walk(m.tree):
+            if not (isinstance(a, ast.Assign) and len(a.targets) == 1):
+                continue
+            v, name = a.value, dotted(a.targets[0])
+            if isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(v.orelse, ast.Constant) \
+                    and v.orelse.value is None and self.classify(m, v.test) == "rank0":
+                out.add(name)
+            elif isinstance(v, ast.Call) and self.kind(m, a) == "rank0" and not any(
+                    isinstance(b, ast.Assign) and b is not a and dotted(b.targets[0]) == name and not (
+                        isinstance(b.value, ast.Constant) and b.value.value is None) for b in ast.walk(m.tree)
+                    if isinstance(b, ast.Assign) and len(b.targets) == 1):
+                out.add(name)
+        return out
+
+    def classify(self, m: Module, t: ast.AST, shallow: bool = False) -> str | None:
+        """'rank0' (the true branch is rank 0 only), 'not0' (it excludes rank 0), 'leaky', or None."""
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.IsNot) and \
+                dotted(t.left) in getattr(self, "objects", {}).get(m.rel, ()):
+            return "rank0"  # `if writer is not None:` with a rank-0 writer
+        if isinstance(t, ast.BoolOp):
+            kinds = [self.classify(m, v, shallow) for v in t.values]
+            if isinstance(t.op, ast.And):
+                return "rank0" if "rank0" in kinds else "not0" if "not0" in kinds else \
+                    "leaky" if "leaky" in kinds else None
+            negated = [v for v in t.values if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not)
+                       and not involves_rank(v, m.rank_tainted)]
+            if "rank0" in kinds and negated:
+                return "leaky"
+            return "rank0" if kinds and all(k == "rank0" for k in kinds) else \
+                "leaky" if "leaky" in kinds or "rank0" in kinds else None
+        if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
+            inner = self.classify(m, t.operand, shallow)
+            if inner is None and involves_rank(t.operand, m.rank_tainted) and isinstance(
+                    t.operand, (ast.Name, ast.Attribute, ast.Call)) and not RANK0_NAME.search(dotted(t.operand)):
+                return "rank0"  # `if not rank:`
+            return {"rank0": "not0", "not0": "rank0"}.get(inner)
+        if isinstance(t, ast.Compare) and len(t.ops) == 1:
+            left, op, right = t.left, t.ops[0], t.comparators[0]
+            if isinstance(left, ast.Constant) and not isinstance(right, ast.Constant):
+                left, right = right, left
+                op = {ast.Gt: ast.Lt(), ast.Lt: ast.Gt(), ast.GtE: ast.LtE(), ast.LtE: ast.GtE()}.get(type(op), op)
+            if not involves_rank(left, m.rank_tainted):
+                return None
+            if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Set, ast.Tuple, ast.List)):
+                has0 = any(isinstance(e, ast.Constant) and e.value == 0 for e in right.elts)
+                if has0:
+                    return "rank0" if isinstance(op, ast.In) else "not0"
+                return None
+            if not (isinstance(right, ast.Constant) and isinstance(right.value, (int, float))):
+                return None
+            v = right.value
+            if isinstance(op, (ast.Eq, ast.Is)) and v == 0 or isinstance(op, ast.Lt) and v == 1 or \
+                    isinstance(op, ast.LtE) and v == 0:
+                return "rank0"
+            if isinstance(op, (ast.NotEq, ast.IsNot)) and v == 0 or isinstance(op, ast.Gt) and v == 0 or \
+                    isinstance(op, ast.GtE) and v == 1:
+                return "not0"
+            return None
+        if isinstance(t, ast.Call):
+            name = callee(t)
+            if not shallow and name in self.leaky_fns:
+                return "leaky"
+            if RANK0_NAME.search(name) or (not shallow and name in self.rank0_fns):
+                return "rank0"
+            return None
+        if isinstance(t, (ast.Name, ast.Attribute)):
+            name = dotted(t)
+            if name in getattr(self, "objects", {}).get(m.rel, ()):
+                return "rank0"
+            if RANK0_NAME.search(name.split(".")[-1]) or (not shallow and name in self.flags.get(m.rel, ())):
+                return "rank0"
+            if involves_rank(t, m.rank_tainted) and not RANK0_NAME.search(name):
+                return "not0"  # `if local_rank:` is true on every rank but 0
+        return None
+
+    def kind(self, m: Module, node: ast.AST) -> str | None:
+        """'rank0' when only rank 0 runs `node` within its function, 'leaky' when its guard is leaky,
+        'not0' when rank 0 never runs it, None when every rank does."""
+        child, n = node, m.parent.get(id(node))
+        while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            if isinstance(n, ast.If):
+                k = self.classify(m, n.test)
+                in_body = any(child is s for s in n.body)
+                if k == "rank0" and in_body or k == "not0" and not in_body and any(child is s for s in n.orelse):
+                    return "rank0"
+                if k == "not0" and in_body:
+                    return "not0"
+                if k == "leaky" and in_body:
+                    return "leaky"
+            body = getattr(n, "body", None)
+            if isinstance(body, list) and any(child is s for s in body) and self._after_early_exit(m, body, child):
+                return "rank0"
+            child, n = n, m.parent.get(id(n))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and self._after_early_exit(m, n.body, child):
+            return "rank0"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                dotted(node.func.value) in getattr(self, "objects", {}).get(m.rel, ()):
+            return "rank0"  # writer.add_scalar(...) on the writer only rank 0 holds
+        return None
+
+    def _after_early_exit(self, m: Module, body: list, child: ast.AST) -> bool:
+        """`if rank != 0: return` (or continue) earlier in the same block: the rest is rank 0's alone."""
+        for s in body:
+            if s is child:
+                return False
+            if isinstance(s, ast.If) and self.classify(m, s.test) == "not0" and s.body and isinstance(
+                    s.body[-1], (ast.Return, ast.Continue, ast.Break)):
+                return True
+        return False
+
+    def effective(self, m: Module, node: ast.AST, depth: int = 3) -> str | None:
+        """kind() through the callers: a function called only under a rank-0 guard runs on rank 0 only."""
+        k = self.kind(m, node)
+        if k or depth == 0:
+            return k
+        fn = m.enclosing(node)
+        if fn is None:
+            return None
+        sites = self.p.callers(m, fn)
+        if not sites:
+            return None
+        kinds = {self.effective(cm, c, depth - 1) for cm, c in sites}
+        if kinds == {"rank0"}:
+            return "rank0"
+        if "leaky" in kinds and kinds <= {"rank0", "leaky"}:
+            return "leaky"
+        return None
+
+
+
+def is_switch_test(test: ast.AST) -> bool:
+    """A test of whether the run is distributed (`args.distributed`, `ddp`, `world_size > 1`), not of the rank."""
+    return involves(test, DIST_SWITCH) or involves(test, WORLDISH)
+
+
+def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
+    """The `if args.distributed:`-like test that guards `node` in its function, if any: an enclosing if, or an
+    earlier `if world_size == 1: return ...` in the same block."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, (ast.If, ast.IfExp)) and is_switch_test(n.test):
+            return n.test
+        for s in n.body if isinstance(getattr(n, "body", None), list) else []:
+            if s is child:
+                break
+            if isinstance(s, ast.If) and is_switch_test(s.test) and s.body and isinstance(s.body[-1], ast.Return):
+                return s.test
+        if isinstance(n, ast.FunctionDef):
+            break
+        child, n = n, m.parent.get(id(n))
+    return None

@@ -1,0 +1,100 @@
+"""The rule registry, in the manner of ruff's or flake8-bugbear's rules: one rule = an id, the chapter that
+measures it, the defect and its consequence in one sentence, and its recogniser. A recogniser is a function
+`check(facts, module)` that yields `(node, message)` or `(node, message, severity)`, with a project module first
+when the line it names lies in another file; the registry turns each into a
+`Finding` with the rule's id, so a rule's id, chapter and summary are written once, here.
+
+    @rule("set-epoch-missing", "03_samplers", "a DistributedSampler whose set_epoch is never called: ...")
+    def set_epoch_missing(f, m): ...
+
+`scope`: "module" (every project module), "entry" (scripts only). `needs_ddp`: the rule speaks only when the
+project sets up DDP somewhere (a DDP wrap or init_process_group)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+SEVERITIES = ("defect", "check-by-hand")
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    chapter: str
+    summary: str
+    check: Callable[..., Iterable[tuple]]
+    scope: str = "module"
+    needs_ddp: bool = True
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+class Hit(NamedTuple):
+    """What a recogniser yields (a plain `(node, message[, severity])` tuple works too); `module`: the project
+    file the node lies in, when it is not the module being checked."""
+    node: object
+    message: str
+    severity: str = "defect"
+    module: object = None
+
+
+def rule(rule_id: str, chapter: str, summary: str, scope: str = "module", needs_ddp: bool = True):
+    """Register a recogniser under an id (each id once)."""
+    assert scope in ("module", "entry"), scope
+
+    def register(fn):
+        if rule_id in REGISTRY:
+            raise ValueError(f"audit rule {rule_id} registered twice")
+        REGISTRY[rule_id] = Rule(rule_id, chapter, summary, fn, scope, needs_ddp)
+        return fn
+    return register
+
+
+@dataclass(frozen=True)
+class Finding:
+    line: int
+    rule: str
+    message: str
+    severity: str = "defect"
+    path: str = ""
+
+    @property
+    def chapter(self) -> str:
+        return REGISTRY[self.rule].chapter
+
+    def format(self, path: str | None = None) -> str:
+        where = self.path if path is None else path
+        return (f"{where}:{self.line}: {self.rule} [{self.severity}] {self.message} "
+                f"(notebooks/{self.chapter}.ipynb)")
+
+    def to_dict(self) -> dict:
+        return {"file": self.path, "line": self.line, "rule": self.rule, "severity": self.severity,
+                "message": self.message, "chapter": f"notebooks/{self.chapter}.ipynb"}
+
+
+def run_rules(facts, modules) -> list[Finding]:
+    """Every registered rule on every module it applies to; one finding per (file, line, rule): two recognisers
+    of one rule that meet on a line report one defect."""
+    found: dict[tuple, Finding] = {}
+    for r in REGISTRY.values():
+        if r.needs_ddp and not facts.p.ddp:
+            continue
+        for m in modules:
+            if r.scope == "entry" and not m.entry:
+                continue
+            for hit in r.check(facts, m):
+                if isinstance(hit, Hit):
+                    node, message, severity, where = hit.node, hit.message, hit.severity, hit.module or m
+                else:
+                    where = m
+                    if hasattr(hit[0], "tree"):  # (module, node, message...): a finding in another project file
+                        where, hit = hit[0], hit[1:]
+                    node, message, severity = (*hit, "defect")[:3]
+                assert isinstance(message, str) and severity in SEVERITIES, (r.id, message, severity)
+                line = getattr(node, "lineno", 0) or 1
+                found.setdefault((str(where.path), line, r.id),
+                                 Finding(line, r.id, message, severity, str(where.path)))
+    return sorted(found.values(), key=lambda f: (f.path, f.line, f.rule))

@@ -1,0 +1,3 @@
+"""The audit's rules, one module per chapter group; importing this package registers them (registry.REGISTRY)."""
+
+from . import collectives, gradients, logging, samplers, saving, seeds  # noqa: F401  (registration)

@@ -1,0 +1,306 @@
+"""Chapters 05-07 and 09: gradients (a sum loss, a gather without autograd, accumulation), BatchNorm, the
+rendezvous port."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ..facts import Facts
+from ..project import Module
+from ..registry import rule
+from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
+
+TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
+
+
+def _divided_later(m: Module, c: ast.Call) -> bool:
+    """The sum loss is divided afterwards (`loss = crit(...) / n`, `loss /= batch_size`, `loss.div(count)`): a
+    mean over the rank's own samples, which DDP's gradient average turns into the global mean."""
+    n = m.parent.get(id(c))
+    while isinstance(n, (ast.BinOp, ast.Call, ast.Attribute)):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+            return True
+        n = m.parent.get(id(n))
+    if not isinstance(n, (ast.Assign, ast.AnnAssign)):
+        return False
+    names = {dotted(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
+    scope = m.enclosing(c) or m.tree
+    for x in ast.walk(scope):
+        if isinstance(x, ast.AugAssign) and isinstance(x.op, ast.Div) and dotted(x.target) in names:
+            return True
+        if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Div) and any(
+                dotted(y) in names for y in ast.walk(x.left) if isinstance(y, (ast.Name, ast.Attribute))):
+            return True
+        if isinstance(x, ast.Call) and callee(x) in ("div", "div_", "true_divide") and isinstance(
+                x.func, ast.Attribute) and dotted(x.func.value) in names:
+            return True
+    return False
+
+
+@rule("sum-loss-unscaled", "05_ddp_flags", "reduction='sum' under DDP, never divided and without a x world_size: "
+      "DDP averages the gradients over ranks, so each step is 1/world_size of the single run's")
+def sum_loss_unscaled(f: Facts, m: Module):
+    if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (involves(n.left, WORLDISH)
+                                                                       or involves(n.right, WORLDISH))
+           for n in ast.walk(m.tree)):
+        return  # the sum is scaled by the world size somewhere
+    for c in m.calls:
+        if any(k.arg == "reduction" and const_str(k.value) == "sum" for k in c.keywords) and \
+                not _divided_later(m, c):
+            yield c, ("reduction='sum' under DDP without a x world_size: DDP averages the gradients over ranks, so "
+                      "each step is 1/world_size of the single run's (AdamW hides it in the loss; the grad norm "
+                      "shows it) — multiply the loss by world_size, or divide the sum by the global count")
+
+
+LOSS_CODE = re.compile(r"loss|contrast|nce|clip|simclr|moco|criterion", re.I)
+MATMUL = {"matmul", "mm", "bmm", "einsum", "cosine_similarity"}
+
+
+def _uses_in_similarity(fn: ast.AST) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) or isinstance(n, ast.Call)
+               and callee(n) in MATMUL for n in ast.walk(fn))
+
+
+def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
+    """The gathered features enter a loss: the function (or its class) is a loss, or it or a caller multiplies
+    them into similarities (`a @ all_b.T`, einsum) — in-batch negatives across ranks."""
+    if fn is None:
+        return False
+    sites = [(m, fn)] + [(cm, cm.enclosing(c)) for cm, c in f.p.callers(m, fn)]
+    for mm, g in sites:
+        if g is None:
+            continue
+        owner = mm.class_of(g) or ""
+        if LOSS_CODE.search(g.name) or LOSS_CODE.search(owner) or _uses_in_similarity(g):
+            return True
+    return False
+
+
+@rule("gather-without-grad", "05_ddp_flags", "in-batch negatives through a plain all_gather: the other ranks' "
+      "features carry no gradient, so the model gets a fraction of the single run's gradient")
+def gather_without_grad(f: Facts, m: Module):
+    for c in m.calls:
+        plain = dotted(c.func) in ("dist.all_gather", "torch.distributed.all_gather", "all_gather")
+        into = callee(c) == "all_gather_into_tensor" and "dist" in dotted(c.func)
+        if not ((plain or into) and len(c.args) == 2):
+            continue
+        fn = m.enclosing(c)
+        scope = fn or m.tree
+        lst, x = dotted(c.args[0]), c.args[1]
+        if "detach" in ast.unparse(x) or m.enclosing(c, (ast.With,)) is not None and any(
+                "no_grad" in dotted(i.context_expr) for i in m.enclosing(c, (ast.With,)).items):
+            continue
+        if isinstance(fn, ast.FunctionDef) and any("no_grad" in dotted(d) for d in fn.decorator_list):
+            continue
+        owner = m.classes.get(m.class_of(fn) or "") if fn is not None else None
+        backward = next((d for d in owner.body if isinstance(d, ast.FunctionDef) and d.name == "backward"),
+                        None) if owner is not None else None
+        if backward is not None:  # an autograd.Function (a GatherLayer)
+            if any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce_scatter", "all_to_all",
+                                                             "reduce_scatter_tensor") for n in ast.walk(backward)):
+                continue  # its backward sums every rank's gradient for this rank's features (VICReg's)
+            yield c, (f"{owner.name}.backward hands back only this rank's slice of the incoming gradients, with no "
+                      "all_reduce: the gradient other ranks' losses send to this rank's features is dropped, so at "
+                      "2 ranks the step is about 1/world_size of the single run's — all_reduce the stacked "
+                      "gradients in backward before slicing (or torch.distributed.nn.functional.all_gather)")
+            continue
+        used = into or any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args
+                           and dotted(n.args[0]) == lst for n in ast.walk(scope)) or any(
+            isinstance(r, ast.Return) and r.value is not None and lst in {dotted(n) for n in ast.walk(r.value)}
+            for r in ast.walk(scope))  # returned to a caller that concatenates it
+        if not used:
+            continue
+        own = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == lst and
+                                                    involves_rank(t.slice, m.rank_tainted) for t in a.targets)
+                  for a in ast.walk(scope))
+        if own:
+            yield c, (f"{ast.unparse(c)} then {lst}[rank] = {ast.unparse(x)}: only the rank's own slice keeps its "
+                      "gradient; the other ranks' features enter the loss as constants, so at 2 ranks the model "
+                      "gets about 1/world_size of the single run's gradient for those terms (one rank has no other "
+                      "slices) — torch.distributed.nn.functional.all_gather keeps the gradient")
+        elif _in_a_loss(f, m, fn):
+            yield c, (f"{ast.unparse(c)} inside a loss returns tensors without a gradient: the gathered features "
+                      "(in-batch negatives from the other ranks) are constants, and even this rank's own rows lose "
+                      "the gradient through the gathered copy, so at 2 ranks the step is a fraction of the single "
+                      "run's — torch.distributed.nn.functional.all_gather keeps it")
+        else:
+            yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "
+                      "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
+                      "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
+
+
+def _fixed_port(v: ast.AST) -> str | None:
+    """The text of a rendezvous address whose port is written in the code: 'tcp://localhost:58472',
+    f'tcp://{host}:58472'; None otherwise."""
+    if const_str(v) is not None:
+        return v.value if TCP_PORT.search(v.value) else None
+    if isinstance(v, ast.JoinedStr):
+        text = "".join(str(p.value) if isinstance(p, ast.Constant) else "{}" for p in v.values)
+        return ast.unparse(v) if TCP_PORT.search(text) else None
+    return None
+
+
+def _env_fallback(m: Module, node: ast.Assign) -> bool:
+    """The fixed value is only a fallback: under `if "MASTER_PORT" not in os.environ:` (a test of the very
+    variable or environment key it sets), so a launcher's port wins."""
+    keys = {"MASTER_PORT", "MASTER_ADDR"} | {dotted(t) for t in node.targets}
+    n = m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and any(const_str(x) in keys or dotted(x) in keys for x in ast.walk(n.test)):
+            return True
+        n = m.parent.get(id(n))
+    return False
+
+
+@rule("hard-coded-master-port", "09_launching", "a fixed rendezvous port (MASTER_PORT or a tcp:// init_method) with "
+      "no environment fallback: a second job on the host collides on it")
+def hard_coded_master_port(f: Facts, m: Module):
+    advice = "a second job on this host (or a stale one) collides on the port — torchrun --standalone, or env://"
+    urls = {dotted(kw(c, "init_method")) for mm in f.p.modules.values() for c in mm.calls
+            if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), (ast.Name, ast.Attribute))}
+    reported: set[str] = set()
+    for a in sorted((a for a in ast.walk(m.tree) if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
+        if _env_fallback(m, a):
+            continue
+        if any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets) and \
+                const_str(a.value) is not None:
+            yield a, f"MASTER_PORT fixed to {a.value.value!r}: {advice}", "check-by-hand"
+        elif any(dotted(t) in urls - reported for t in a.targets) and _fixed_port(a.value):
+            # args.dist_url = 'tcp://localhost:58472' ... init_method=args.dist_url; one finding per variable,
+            # however many branches fix it
+            reported |= {dotted(t) for t in a.targets}
+            yield a, f"{ast.unparse(a.value)} (passed as init_method) fixes the rendezvous port: {advice}", \
+                "check-by-hand"
+    for c in m.calls:
+        url = kw(c, "init_method") if callee(c) == "init_process_group" else None
+        if url is not None and const_str(url) and _fixed_port(url):
+            yield url, f"init_method={url.value!r} fixes the rendezvous port: {advice}", "check-by-hand"
+
+
+def _steps(c: ast.AST) -> bool:
+    """An optimizer step however it is spelt: `optimizer.step()`, `scaler.step(opt)`, a custom `optimizer_step(...)`,
+    a loss-scaler helper told when to update (`loss_scaler(loss, opt, update_grad=...)`)."""
+    return isinstance(c, ast.Call) and (callee(c) == "step" or callee(c).endswith("optimizer_step")
+                                        or any(k.arg == "update_grad" for k in c.keywords))
+
+
+def _backward_each_iteration(loop: ast.AST) -> bool:
+    return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower())
+               for c in ast.walk(loop))
+
+
+def _accumulation_steps(m: Module) -> list[ast.AST]:
+    """Where a loop steps the optimizer only every N-th backward: `if (i + 1) % accum == 0: opt.step()`, a
+    loss-scaler helper given `update_grad=(i + 1) % accum == 0`, whatever the counter is called; or the
+    accumulation count used by name (`loss / accum_steps`)."""
+    out = []
+    for loop in (n for n in ast.walk(m.tree) if isinstance(n, (ast.For, ast.While))):
+        if not _backward_each_iteration(loop):
+            continue
+        gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and any(
+            isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(n.test))
+            and any(_steps(c) for s in n.body for c in ast.walk(s))]
+        inside = {id(c) for g in gated for s in g.body for c in ast.walk(s)}
+        if gated and not any(_steps(c) and id(c) not in inside and not any(k.arg == "update_grad" for k in c.keywords)
+                             for c in ast.walk(loop)):
+            out.append(gated[0].test)  # every step of the loop is gated: it accumulates
+        for n in ast.walk(loop):
+            if isinstance(n, ast.Call) and any(k.arg == "update_grad" and any(
+                    isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(k.value))
+                    for k in n.keywords):
+                out.append(n)
+    if not out and any(isinstance(c, ast.Call) and callee(c) == "backward" for c in m.calls):
+        # the count used by name in a module that runs backward (`loss / accum_steps`); a string formatted with
+        # it (`"%d" % args.accum_iter`) is no arithmetic
+        out = [n for n in ast.walk(m.tree) if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
+               and involves(n.right, ACCUMISH) and not isinstance(n.left, (ast.Constant, ast.JoinedStr))]
+    return sorted(out, key=lambda n: n.lineno)
+
+
+@rule("accumulation-without-no-sync", "06_accumulation", "gradient accumulation under DDP without no_sync: every "
+      "micro-batch all-reduces, N-1 extra all-reduces a step")
+def accumulation_without_no_sync(f: Facts, m: Module):
+    if {"no_sync", "require_backward_grad_sync"} & f.all_names():
+        return
+    if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry):
+        return  # a library no audited script runs
+    steps = _accumulation_steps(m)
+    if steps:
+        yield steps[0], (f"gradients accumulate over micro-batches (line {steps[0].lineno}: "
+                         f"`{ast.unparse(steps[0])[:60]}`), but no micro-batch runs under model.no_sync(): at two "
+                         "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one rank "
+                         "has none) — run all but the last micro-batch inside `with model.no_sync():`")
+
+
+@rule("batch-and-accum-divided", "06_accumulation", "per-GPU batch and accumulation steps both divided by "
+      "world_size: the global batch shrinks by world_size")
+def batch_and_accum_divided(f: Facts, m: Module):
+    divided = {"batch": None, "accum": None}
+    for n in ast.walk(m.tree):
+        target, value = None, None
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.FloorDiv)):
+            target, value = dotted(n.target), n.value
+        elif isinstance(n, ast.Assign) and isinstance(n.value, ast.BinOp) and isinstance(
+                n.value.op, (ast.Div, ast.FloorDiv)):
+            target, value = dotted(n.targets[0]), n.value.right
+        if target and value is not None and involves(value, WORLDISH):
+            leaf = target.split(".")[-1]
+            if ACCUMISH.search(leaf):
+                divided["accum"] = n
+            elif BATCHISH.search(leaf):
+                divided["batch"] = n
+    if divided["batch"] is not None and divided["accum"] is not None:
+        yield divided["accum"], (f"both the per-GPU batch (line {divided['batch'].lineno}) and the accumulation "
+                                 "steps are divided by world_size: the global batch shrinks by world_size (article "
+                                 "§7.2's table) — divide one of them, and check global = micro x accum x world_size")
+
+
+@rule("batchnorm-without-sync", "07_batchnorm", "BatchNorm under DDP without SyncBatchNorm: each rank normalises "
+      "with its own micro-batch's statistics", scope="entry")
+def batchnorm_without_sync(f: Facts, m: Module):
+    bns = [c for c in m.calls if re.fullmatch(r"BatchNorm[123]d", callee(c))]
+    if bns and not ({"SyncBatchNorm", "convert_sync_batchnorm"} & f.all_names()):
+        yield bns[0], ("BatchNorm under DDP without SyncBatchNorm: each rank normalises with its own micro-batch's "
+                       "statistics — nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
+
+
+LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)
+NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone", re.I)
+
+
+def _world_holding(m: Module) -> set[str]:
+    """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint)."""
+    out: set[str] = set()
+    for _ in range(3):
+        for a in ast.walk(m.tree):
+            if isinstance(a, ast.Assign) and _grows(a.value, out):
+                out |= {dotted(t) for t in a.targets} - {""}
+    return out
+
+
+def _grows(v: ast.AST, holding: set[str]) -> bool:
+    """A product with a world-size factor (`x * world_size`, `x * get_world_size()`, `x * eff_batch`)."""
+    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mult) and any(
+        involves(side, WORLDISH) or any(dotted(n) in holding for n in ast.walk(side)
+                                        if isinstance(n, (ast.Name, ast.Attribute)))
+        for side in (b.left, b.right)) for b in ast.walk(v))
+
+
+@rule("lr-grows-with-world-size", "01_unchanged", "the learning rate is multiplied by the GPU count (directly or "
+      "through a global batch that grows with it): at two ranks every step uses another lr than the single run")
+def lr_grows_with_world_size(f: Facts, m: Module):
+    holding = _world_holding(m)
+    for n in ast.walk(m.tree):
+        if isinstance(n, ast.Assign) and any(LR_NAME.search(dotted(t).split(".")[-1]) and not NOT_LR.search(
+                dotted(t)) for t in n.targets) and _grows(n.value, holding):
+            where = ast.unparse(n)
+        elif isinstance(n, ast.Call) and kw(n, "lr") is not None and _grows(kw(n, "lr"), holding):
+            where = f"lr={ast.unparse(kw(n, 'lr'))}"
+        else:
+            continue
+        yield n, (f"`{where[:90]}` grows the learning rate with the number of GPUs: the single run and the 2-rank "
+                  "run step with different lrs, so their losses part from the first step (linear scaling is a "
+                  "choice, not a port) — keep the lr and the global batch fixed when you check the port, and scale "
+                  "both deliberately afterwards")
+        return  # one finding: the lr is one value

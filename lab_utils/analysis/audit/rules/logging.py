@@ -1,0 +1,144 @@
+"""Chapter 01 (unchanged): the logged loss. Rank 0 logging its own micro-batch's loss, or every rank printing its
+own: both differ from the single run's loss of the global batch. A print that reports an abort (`if not
+math.isfinite(loss): print(...); sys.exit(1)`) is no loss log."""
+
+from __future__ import annotations
+
+import ast
+
+from ..facts import Facts
+from ..project import Module
+from ..registry import rule
+from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, root
+
+ABORTS = {"exit", "_exit", "abort", "stop"}
+NONFINITE = {"isfinite", "isnan", "isinf"}
+
+
+def _packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
+    """Losses packed into a record that is then logged: `stats = dict(epoch=epoch, loss=loss.item())` ...
+    `print(json.dumps(stats))`; the loss values' own names."""
+    out = set()
+    for a in ast.walk(scope):
+        if not (isinstance(a, ast.Assign) and any(dotted(t) in names for t in a.targets)
+                and isinstance(a.value, (ast.Call, ast.Dict))):
+            continue
+        v = a.value
+        if isinstance(v, ast.Dict):  # {"loss": loss.item(), ...}; a **spread has no key
+            pairs = [(const_str(k), val) for k, val in zip(v.keys, v.values, strict=True)]
+        else:  # dict(loss=loss.item(), ...)
+            pairs = [(k.arg, k.value) for k in v.keywords] if callee(v) == "dict" else []
+        for key, val in pairs:
+            if key and LOSSISH.search(key) and not NOT_A_LOSS.search(key):
+                out |= {root(n) for n in ast.walk(val) if isinstance(n, (ast.Name, ast.Attribute))
+                        and LOSSISH.search(root(n))}
+    return out
+
+
+def _loss_carriers(scope: ast.AST) -> set[str]:
+    """Meters and records a loss is fed into, whatever their names: `meter.update(loss.item(), n)`,
+    `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss."""
+    out = set()
+    for c in ast.walk(scope):
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
+                "update", "append", "add_", "add", "put", "extend")):
+            continue
+        fed = [*c.args, *[k.value for k in c.keywords]]
+        keys = {k.arg or "" for k in c.keywords}
+        if any(LOSSISH.search(k) and not NOT_A_LOSS.search(k) for k in keys) or any(
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for v in fed for n in ast.walk(v)
+                if isinstance(n, (ast.Name, ast.Attribute))):
+            out.add(root(c.func.value))
+    return out - {""}
+
+
+def _meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
+    """`metric_logger.log_every(loader, ...)` where the object's project class prints in that method (a
+    MetricLogger): the call is a log of whatever the meter holds. Returns the method's log call name."""
+    if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute))):
+        return None
+    found = f.any_class(m, dotted(c.func.value))
+    meth = found[0].functions.get(f"{found[1].name}.{c.func.attr}") if found else None
+    logs = [callee(x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS] if meth else []
+    return ("print" if "print" in logs else logs[0]) if logs else None
+
+
+def _reports_an_abort(m: Module, c: ast.Call) -> bool:
+    """The log sits in a branch that tests the loss for NaN/inf, or that ends the run (raise, sys.exit): it
+    reports why the run stops, not the training curve."""
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If):
+            tests_nonfinite = any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(n.test))
+            ends = any(isinstance(s, ast.Raise) or isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
+                       and callee(s.value) in ABORTS for s in n.body)
+            if tests_nonfinite or ends:
+                return True
+        n = m.parent.get(id(n))
+    return False
+
+
+def _guard_block(m: Module, c: ast.AST) -> int:
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.If, ast.FunctionDef, ast.Module)):
+        n = m.parent.get(id(n))
+    return getattr(n, "lineno", 0)
+
+
+def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]]:
+    """(log call, the unreduced loss names it logs, which ranks run it) for each log of a training loss that no
+    reduction averaged over ranks; cached per module."""
+    cache = f.cache.setdefault("loss_logs", {})
+    if m.rel in cache:
+        return cache[m.rel]
+    out = []
+    for c in m.calls:
+        name = callee(c)
+        if name not in LOG_CALLS and not _meter_prints(f, m, c):
+            continue
+        values = [*c.args, *[k.value for k in c.keywords if k.arg not in ("force", "file", "flush")]]
+        names = {root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
+        names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
+        lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
+        scope = m.enclosing(c) or m.tree
+        carriers = _loss_carriers(scope)
+        lossy |= _packed_losses(scope, names - lossy) | (names & carriers)
+        if name not in LOG_CALLS:  # metric_logger.log_every(...): the meter prints what it was fed
+            lossy |= {root(c.func.value)} & carriers
+        lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
+            x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
+        if not lossy or not f.trains(m, c) or _reports_an_abort(m, c):
+            continue
+        red = f.reduced_names(m, scope)
+        if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
+            continue
+        out.append((c, lossy, f.g.effective(m, c)))
+    cache[m.rel] = out
+    return out
+
+
+@rule("rank0-local-loss", "01_unchanged", "rank 0 logs the loss of its own micro-batch, which no reduction averaged: "
+      "not the global batch's loss the single run logs")
+def rank0_local_loss(f: Facts, m: Module):
+    per_block = set()
+    for c, lossy, kind in loss_logs(f, m):
+        forced = kw(c, "force")
+        prints = callee(c) == "print" or _meter_prints(f, m, c) == "print"
+        if not (kind == "rank0" or (prints and f.print_override and kind is None and not forced)):
+            continue
+        block, where = _guard_block(m, c), (m.enclosing(c), frozenset(lossy))
+        if block in per_block or where in per_block:
+            continue  # one finding per guarded block, and per loss in a function: one defect, one finding
+        per_block |= {block, where}
+        how = "through the builtins.print override (setup_for_distributed), " if kind is None else ""
+        yield c, (f"rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own micro-batch's "
+                  "loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging")
+
+
+@rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "
+      "numbers, none of them the global batch's")
+def every_rank_prints_loss(f: Facts, m: Module):
+    for c, lossy, kind in loss_logs(f, m):
+        if kind is None and callee(c) == "print" and not f.print_override:
+            yield c, (f"every rank prints its own {', '.join(sorted(lossy))}: world_size interleaved numbers, none "
+                      "of them the global batch's loss — all_reduce it, then print on rank 0")

@@ -1,0 +1,140 @@
+"""Chapter 03 (samplers): set_epoch missing, late or under the wrong switch; shuffle twice; chapter 08's padding
+sampler in evaluation."""
+
+from __future__ import annotations
+
+import ast
+
+from ..facts import Facts
+from ..project import Module
+from ..ranks import distributed_switch
+from ..registry import rule
+from ..syntax import EVALISH, branches, callee, const_value, dotted, kw
+
+
+def _made(f: Facts, m: Module) -> list[ast.Call]:
+    """The DistributedSampler(-like) objects this module builds (not a subclass's super().__init__)."""
+    classes = f.sampler_classes()
+    made = [c for c in m.calls if callee(c) in classes and not isinstance(m.parent.get(id(c)), ast.ClassDef)]
+    return [c for c in made if not (m.enclosing(c) is not None and m.enclosing(c).name == "__init__"
+                                    and "super" in dotted(c.func))]
+
+
+def _label(m: Module, c: ast.Call) -> str:
+    """What a sampler is for, in words: its dataset argument and the name it is assigned to."""
+    assigned = m.parent.get(id(c))
+    while isinstance(assigned, ast.IfExp):
+        assigned = m.parent.get(id(assigned))
+    return (dotted(c.args[0]) if c.args else "") + " " + (
+        " ".join(dotted(t) for t in assigned.targets) if isinstance(assigned, ast.Assign) else "")
+
+
+def _order_matters(m: Module, c: ast.Call) -> bool:
+    """Whether set_epoch changes anything for this sampler: not with shuffle=False (its order is fixed anyway), and
+    not for an evaluation set (the metric does not depend on the order)."""
+    return const_value(kw(c, "shuffle")) is not False and not EVALISH.search(_label(m, c))
+
+
+def _sampler_context(f: Facts, m: Module):
+    """(samplers built here whose epoch order matters, set_epoch calls of the scripts that run with m), or None
+    when there is nothing to judge: no sampler, or a loader library audited without any script."""
+    made = [c for c in _made(f, m) if _order_matters(m, c)]
+    if not made or not any(mm.entry for mm in f.p.modules.values()):
+        return None
+    # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's
+    return made, [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "set_epoch"]
+
+
+@rule("set-epoch-missing", "03_samplers", "a shuffling DistributedSampler whose set_epoch is never called (or only "
+      "under a switch the sampler ignores): every epoch repeats epoch 0's order", needs_ddp=False)
+def set_epoch_missing(f: Facts, m: Module):
+    ctx = _sampler_context(f, m)
+    if ctx is None:
+        return
+    made, set_epochs = ctx
+    if not set_epochs:
+        yield made[0], ("DistributedSampler without any sampler.set_epoch(epoch) call in the project: every epoch "
+                        "repeats epoch 0's order, and the run leaves the single run at the first epoch boundary — "
+                        "call sampler.set_epoch(epoch) at the top of each epoch")
+        return
+    switches = [distributed_switch(mm, c) for mm, c in set_epochs]
+    if all(s is not None for s in switches) and any(
+            distributed_switch(m, c) is None and m.enclosing(c, (ast.IfExp,)) is None for c in made) and not any(
+            isinstance(m.parent.get(id(x)), ast.IfExp) for x in made):
+        mm, c = set_epochs[0]
+        yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
+                      f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
+                      "call set_epoch wherever the sampler exists")
+
+
+@rule("set-epoch-late", "03_samplers", "set_epoch after the loader's iterator exists (a persistent iterator): the "
+      "epoch's order was already fixed, so epoch 1 repeats epoch 0's", needs_ddp=False)
+def set_epoch_late(f: Facts, m: Module):
+    ctx = _sampler_context(f, m)
+    if ctx is None:
+        return
+    for mm, c in ctx[1]:
+        stmt = c
+        while not isinstance(mm.parent.get(id(stmt)), (ast.FunctionDef, ast.Module, ast.For, ast.While, ast.If,
+                                                        ast.With, ast.Try, ast.ExceptHandler)):
+            stmt = mm.parent.get(id(stmt))
+            if stmt is None:
+                break
+        block_owner = mm.parent.get(id(stmt)) if stmt is not None else None
+        block = next((b for b in (getattr(block_owner, "body", []), getattr(block_owner, "orelse", []))
+                      if any(s is stmt for s in b)), [])
+        before = block[:next((i for i, s in enumerate(block) if s is stmt), 0)]
+        made_iter = [s for s in before if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+                     and callee(s.value) in ("iter", "cycle")]
+        if made_iter:
+            yield mm, c, (f"set_epoch after `{ast.unparse(made_iter[-1])}` (line {made_iter[-1].lineno}): the "
+                          "iterator already fixed the epoch's order, so this epoch repeats the previous one's; call "
+                          "set_epoch first, then iter(loader)")
+            continue
+        fn = mm.enclosing(c)
+        if fn is None or mm.enclosing(c, (ast.For, ast.While)) is None:
+            continue
+        iters = [s for s in ast.walk(fn) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+                 and callee(s.value) in ("iter", "cycle", "sample_data", "infinite_loader")
+                 and mm.enclosing(s, (ast.For, ast.While)) is None]
+        nexts = any(isinstance(n, ast.Call) and callee(n) == "next" and n.args
+                    and any(dotted(n.args[0]) == dotted(t) for s in iters for t in s.targets)
+                    for n in ast.walk(fn))
+        if iters and nexts:
+            yield mm, c, (f"set_epoch inside the loop, but the loader's iterator is made once (line "
+                          f"{iters[0].lineno}) and never re-made: the new epoch's order never reaches it, so epoch 1 "
+                          "repeats epoch 0's order — re-make the iterator after set_epoch")
+
+
+@rule("sampler-with-shuffle", "03_samplers", "DataLoader(sampler=DistributedSampler, shuffle=True): torch "
+      "raises ValueError before the first step", needs_ddp=False)
+def sampler_with_shuffle(f: Facts, m: Module):
+    classes = f.sampler_classes()
+    if not _made(f, m) or not any(mm.entry for mm in f.p.modules.values()):
+        return
+    for c in m.calls:
+        if callee(c) != "DataLoader":
+            continue
+        sampler = kw(c, "sampler")
+        if sampler is not None and const_value(kw(c, "shuffle")) is True and (
+                isinstance(sampler, ast.Call) and callee(sampler) in classes or any(
+                    isinstance(a, ast.Assign) and dotted(a.targets[0]) == dotted(sampler) and any(
+                        isinstance(v, ast.Call) and callee(v) in classes for v in branches(a.value))
+                    for a in ast.walk(m.tree))):
+            yield c, ("DataLoader(sampler=DistributedSampler(...), shuffle=True): torch raises 'sampler option is "
+                      "mutually exclusive with shuffle'; shuffle in the sampler")
+
+
+@rule("eval-padding-duplicates", "08_checkpoints", "a padding DistributedSampler in evaluation plus a reduction over "
+      "ranks: the padded duplicates are counted, so the metric is not the single run's")
+def eval_padding_duplicates(f: Facts, m: Module):
+    for c in m.calls:
+        if callee(c) not in f.sampler_classes() or not c.args:
+            continue
+        if not EVALISH.search(_label(m, c)) or const_value(kw(c, "drop_last")):
+            continue
+        if f.eval_loop_reduces():
+            yield c, (f"{callee(c)}({ast.unparse(c.args[0])}) pads the set to a multiple of world_size with "
+                      "repeated samples, and the evaluation loop reduces its metrics over ranks: the duplicates are "
+                      "counted, so the metric is not the single run's unless len(dataset) % world_size == 0 — shard "
+                      "without padding, or drop the padded tail"), "check-by-hand"

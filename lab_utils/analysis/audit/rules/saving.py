@@ -1,0 +1,120 @@
+"""Chapters 00 and 08 (checkpoints): what a checkpoint holds (`module.` keys), who writes it, where it loads to."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ..facts import Facts
+from ..project import Module
+from ..ranks import is_switch_test
+from ..registry import rule
+from ..syntax import callee, const_str, dotted, involves_rank, kw
+
+
+def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> bool:
+    """`model.load_state_dict(ckpt["model"])` on the DDP-wrapped name after the wrap: the script resumes its own
+    wrapped checkpoint, so the module. prefix round-trips (a plain model never reads that file here)."""
+    return any(isinstance(c.func, ast.Attribute) and callee(c) == "load_state_dict"
+               and dotted(c.func.value) == owner and c.lineno > wrap_line for c in m.calls)
+
+
+def _unwrapped_between(m: Module, c: ast.AST, owner: str) -> bool:
+    fn = m.enclosing(c) or m.tree
+    return any(isinstance(a, ast.Assign) and any(dotted(t) == owner for t in a.targets) and
+               dotted(a.value).endswith(".module") and a.lineno < c.lineno for a in ast.walk(fn))
+
+
+def _branch_on_wrapper(m: Module, c: ast.AST) -> bool:
+    """The call sits in one arm of a test of the wrapper (`hasattr(model, "module")`, `isinstance(model, DDP)`) or
+    of the distributed switch: `model.module.state_dict() if hasattr(model, "module") else model.state_dict()`
+    takes the unwrapped arm only when nothing is wrapped."""
+    child, n = c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        in_else = child is n.orelse if isinstance(n, ast.IfExp) else isinstance(n, ast.If) and any(
+            child is s for s in n.orelse)
+        if in_else and (is_switch_test(n.test) or "module" in {const_str(x) for x in ast.walk(n.test)} or any(
+                isinstance(x, ast.Call) and callee(x) == "isinstance" for x in ast.walk(n.test))):
+            return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _strips_prefix(f: Facts) -> bool:
+    """Some project code strips the `module.` prefix when it loads (`k.replace("module.", "")`, `k[7:]`,
+    `consume_prefix_in_state_dict_if_present`): a prefixed checkpoint loads into the plain model."""
+    for mm in f.p.modules.values():
+        for n in ast.walk(mm.tree):
+            if isinstance(n, ast.Constant) and n.value in ("module.", "module") and isinstance(
+                    mm.parent.get(id(n)), ast.Call) and callee(mm.parent[id(n)]) in (
+                    "replace", "startswith", "removeprefix", "lstrip", "sub"):
+                return True
+            if isinstance(n, ast.Call) and callee(n) == "consume_prefix_in_state_dict_if_present":
+                return True
+            if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and isinstance(
+                    n.slice.lower, ast.Constant) and n.slice.lower.value == len("module.") and n.slice.upper is None:
+                return True
+    return False
+
+
+@rule("save-without-module", "00_preflight", "state_dict() of the DDP-wrapped model: every key gets a `module.` "
+      "prefix, so the checkpoint does not load into the plain model")
+def save_without_module(f: Facts, m: Module):
+    wrapped = f.ddp_wrapped.get(m.rel, {})
+    data_parallel = {dotted(t) for a in ast.walk(m.tree) if isinstance(a, ast.Assign) and isinstance(
+        a.value, ast.Call) and callee(a.value) == "DataParallel" for t in a.targets}
+    if not wrapped or _strips_prefix(f):
+        return
+    for c in m.calls:
+        if callee(c) != "state_dict" or not isinstance(c.func, ast.Attribute):
+            continue
+        owner = dotted(c.func.value)
+        if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
+                f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
+                and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
+            yield c, (f"{owner}.state_dict() after {owner} = DDP(...) (line {wrapped[owner]}): every key gets a "
+                      "'module.' prefix and the checkpoint does not load into the plain model (the single run, "
+                      f"or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
+
+
+@rule("load-without-map-location", "08_checkpoints", "torch.load of a checkpoint without map_location in rank "
+      "code: every rank maps the tensors to the GPU that saved them, so all ranks fill GPU 0")
+def load_without_map_location(f: Facts, m: Module):
+    if not (f.p.mentions_ddp(m) or m.rank_tainted):
+        return
+    for c in m.calls:
+        if dotted(c.func) in ("torch.load", "th.load") and len(c.args) < 2 and re.search(
+                r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|\.pth?\b", ast.unparse(c), re.I) and \
+                kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
+                    c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO"):
+            yield c, (f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device that saved "
+                      "them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's own device)")
+
+
+@rule("save-on-every-rank", "08_checkpoints", "a checkpoint written by every rank (no rank-0 guard, or a guard "
+      "true on every rank under torchrun): world_size processes write one file at once, a torn checkpoint")
+def save_on_every_rank(f: Facts, m: Module):
+    for c in m.calls:
+        if not f.is_save(m, c):
+            continue
+        target = c.args[1] if dotted(c.func).endswith("save") and len(c.args) > 1 else kw(c, "f")
+        if target is not None and (involves_rank(target, m.rank_tainted) or "buf" in dotted(target).lower()
+                                   or isinstance(target, ast.Call) and callee(target) == "BytesIO"):
+            continue  # per-rank file names, or an in-memory buffer: no shared file is written
+        fn = m.enclosing(c)
+        kind = f.g.effective(m, c)
+        if kind in ("rank0", "not0") or f.guarded_inside(m, c):
+            continue
+        sites = f.p.callers(m, fn) if fn is not None else []
+        if fn is not None and dotted(c.func) in ("torch.save", "th.save") and sites and re.search(
+                r"save|checkpoint|serialize", fn.name.lower()):
+            continue  # inside a save helper: each call of the helper is judged where it is made
+        if fn is not None and not sites and not m.entry:
+            continue  # a library function nobody in the audited files calls: its callers decide
+        if kind == "leaky":
+            yield c, (f"{ast.unparse(c.func)}(...) under a guard like `not multiprocessing_distributed or rank % "
+                      "ngpus == 0`: when torchrun starts the job that flag is off, so the guard is true on every "
+                      "rank and every rank writes the same file — guard with `dist.get_rank() == 0`")
+        else:
+            yield c, (f"{ast.unparse(c.func)}(...) runs on every rank: world_size processes write one file at once "
+                      "(a torn or mixed checkpoint) — save on rank 0 only, then barrier outside the if")

@@ -1,0 +1,213 @@
+"""Chapter 02 (seeds): no seed, a seed the spawned workers never see, rank 0 seeded unlike the single run, an extra
+iterator that draws from the global RNG."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+
+from ..facts import Facts
+from ..project import Module
+from ..registry import Hit, rule
+from ..syntax import (
+    ITERABLE_NOT_LOADER,
+    LOADERISH,
+    RANKISH,
+    SPAWNS,
+    callee,
+    const_str,
+    dotted,
+    involves_rank,
+    is_rankish_node,
+    kw,
+)
+
+
+def _entry_calls(f: Facts, m: Module):
+    """(the calls an entry script runs: its own, and those of every project function it reaches; what they seed),
+    or None when it never sets up DDP (a CLI, a plotting tool): no DDP run to compare."""
+    cache = f.cache.setdefault("entry_calls", {})
+    if m.rel not in cache:
+        scope = f.entry_scope(m)
+        top = [n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+               for n in ast.walk(s) if isinstance(n, ast.Call)]
+        calls = [(m, c) for c in top] + list(f.p.calls_in(scope))
+        ddp = any(callee(c) in ("init_process_group", "spawn") or f.is_ddp_call(mm, c) for mm, c in calls)
+        cache[m.rel] = (calls, {f.seed_kind(mm, c) for mm, c in calls} - {None}) if ddp else None
+    return cache[m.rel]
+
+
+@rule("no-seed", "02_seeds", "an entry script that sets up DDP and never seeds torch (itself or through a helper): "
+      "rank 0's init, which DDP broadcasts, differs from the single run's", scope="entry")
+def no_seed(f: Facts, m: Module):
+    entry = _entry_calls(f, m)
+    if entry is None:
+        return
+    kinds = entry[1]
+    if not kinds & {"torch", "other"}:
+        what = "only torch.cuda is seeded" if "cuda" in kinds else "nothing seeds torch"
+        yield f.setup_line(m), (f"{what} (in this script or the helpers it calls): rank 0's initial weights (which "
+                                "DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
+                                "compared — torch.manual_seed(seed) before building the model")
+
+
+@rule("seed-before-spawn", "02_seeds", "seeded in the parent before mp.spawn: the workers never seed torch's CPU "
+      "RNG, so the DDP init is unseeded while the single run's is seeded", scope="entry")
+def seed_before_spawn(f: Facts, m: Module):
+    entry = _entry_calls(f, m)
+    if entry is None or not entry[1] & {"torch", "other"}:
+        return  # no seed at all is no-seed's finding
+    for c in m.calls:
+        if callee(c) not in SPAWNS or not c.args:
+            continue
+        target = f.p.resolve(m, ast.Call(func=c.args[0], args=[], keywords=[]))
+        if not target:
+            continue
+        tm, tf = target[0]
+        inside = {f.seed_kind(mm, cc) for mm, cc in f.p.calls_in(f.p.reach(tm, tf))} - {None}
+        parent = m.enclosing(c) or m.tree
+        before = [cc for cc in ast.walk(parent) if isinstance(cc, ast.Call) and f.seed_kind(m, cc) == "torch"
+                  and cc.lineno < c.lineno]
+        if "torch" not in inside and before:
+            yield Hit(c, f"{dotted(before[0].func)}(...) (line {before[0].lineno}) seeds "
+                     f"the parent only: the processes mp.spawn starts run {tf.name}() in a fresh interpreter "
+                     f"and {'only seed torch.cuda' if 'cuda' in inside else 'never seed torch'}, so the DDP "
+                     "run's init (built on the CPU) is unseeded while the single run's is seeded — seed inside "
+                     f"{tf.name}()")
+
+
+def _single_value(m: Module, name: str, depth: int = 0) -> float | None:
+    """The value a rank-holding name has in the single (non-distributed) run: its non-rank assignment, the
+    environment default (`os.environ.get("RANK", -1)`), the argparse default, else 0."""
+    if depth > 4:
+        return 0
+    consts, sources = [], []
+    for a in ast.walk(m.tree):
+        if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets):
+            if not involves_rank(a.value, m.rank_tainted):
+                if isinstance(a.value, ast.Constant) and isinstance(a.value.value, (int, float)):
+                    consts.append(a.value.value)
+            else:
+                sources.append(a.value)
+    if consts:
+        return consts[0]
+    for v in sources:
+        for n in ast.walk(v):
+            if isinstance(n, ast.Call) and callee(n) in ("get", "getenv") and len(n.args) == 2 and \
+                    const_str(n.args[0]) in ("RANK", "LOCAL_RANK"):
+                d = n.args[1]
+                d = d.value if isinstance(d, ast.Constant) else ast.literal_eval(d) if isinstance(
+                    d, ast.UnaryOp) else None
+                try:
+                    return float(d)
+                except (TypeError, ValueError):
+                    return 0
+        if isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) != name:
+            return _single_value(m, dotted(v), depth + 1)
+    leaf = name.split(".")[-1]
+    for c in m.calls:
+        if callee(c) == "add_argument" and any(const_str(a) in (f"--{leaf}", f"--{leaf.replace('_', '-')}")
+                                                for a in c.args):
+            d = kw(c, "default")
+            if isinstance(d, ast.UnaryOp) and isinstance(d.operand, ast.Constant):
+                return -d.operand.value
+            if isinstance(d, ast.Constant) and isinstance(d.value, (int, float)):
+                return d.value
+    return 0
+
+def _seed_value(m: Module, expr: ast.AST, rank_value) -> float | None:
+    """The seed an expression gives with every rank-holding name set by rank_value(name), other names 1000."""
+    class Sub(ast.NodeTransformer):
+        def visit_Name(s, n):
+            return ast.Constant(rank_value(n.id) if is_rankish_node(n, m.rank_tainted) else 1000)
+
+        def visit_Attribute(s, n):
+            return ast.Constant(rank_value(dotted(n)) if is_rankish_node(n, m.rank_tainted) else 1000)
+
+        def visit_Call(s, n):
+            return ast.Constant(rank_value("get_rank") if is_rankish_node(n, m.rank_tainted) else 1000)
+    try:
+        warnings.simplefilter("ignore", SyntaxWarning)
+        body = Sub().visit(ast.parse(ast.unparse(expr), mode="eval").body)
+        tree = ast.fix_missing_locations(ast.Expression(body))
+        return eval(compile(tree, "<seed>", "eval"), {"__builtins__": {}}, {})  # noqa: S307 (constants only)
+    except Exception:  # noqa: BLE001 - an expression we cannot evaluate is no finding
+        return None
+
+
+def _inline(m: Module, expr: ast.AST, depth: int = 3) -> ast.AST:
+    """`seed = args.seed + utils.get_rank(); torch.manual_seed(seed)`: a name that only carries a rank (it is
+    no rank itself, and has one assignment) is replaced by its expression, so the rank term is judged as
+    written, not the intermediate name taken for the rank."""
+    if depth == 0 or not isinstance(expr, (ast.Name, ast.Attribute)) or RANKISH.search(
+            dotted(expr).split(".")[-1]) or dotted(expr) not in m.rank_tainted:
+        return expr
+    defs = [a.value for a in ast.walk(m.tree) if isinstance(a, ast.Assign) and len(a.targets) == 1
+            and dotted(a.targets[0]) == dotted(expr)]
+    return _inline(m, defs[0], depth - 1) if len(defs) == 1 else expr
+
+
+@rule("seed-per-rank", "02_seeds", "rank 0's seed differs from the single run's (`seed + 1 + RANK`, RANK = -1 "
+      "alone), or a per-rank init is copied (EMA) before the wrap: rank 0's init is not the single run's",
+      needs_ddp=False)
+def seed_per_rank(f: Facts, m: Module):
+    for c in m.calls:
+        if f.seed_kind(m, c) not in ("torch", "other") or not c.args:
+            continue
+        arg = _inline(m, c.args[0])
+        if not involves_rank(arg, m.rank_tainted, skip_conditional=True):
+            continue
+        at0 = _seed_value(m, arg, lambda name: 0)
+        single = _seed_value(m, arg, lambda name: _single_value(m, name) or 0)
+        if at0 is not None and single is not None and at0 != single:
+            yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)} = "
+                     f"seed{at0 - 1000:+g}, but the single run (rank variable {single - at0 + 0:+g} from rank 0's "
+                     f"value) seeds seed{single - 1000:+g}: rank 0's init and draws are not the single run's; "
+                     "make rank 0's seed equal the single run's (e.g. seed + max(rank, 0))")
+            continue
+        fn = m.enclosing(c) or m.tree
+        wrap = min((a.lineno for a in ast.walk(fn) if isinstance(a, ast.Call) and f.is_ddp_call(m, a)),
+                   default=None)
+        copies = [a for a in ast.walk(fn) if isinstance(a, ast.Call) and a.lineno > c.lineno and
+                  (wrap is None or a.lineno < wrap) and (callee(a) in ("deepcopy", "ModelEMA", "ModelEmaV2",
+                                                                         "ExponentialMovingAverage", "EMA")
+                                                         or "ema" in callee(a).lower())]
+        if wrap is not None and copies:
+            yield Hit(copies[0], f"{ast.unparse(copies[0])} copies each rank's own init "
+                     f"(seeded per rank at line {c.lineno}) before the DDP wrap (line {wrap}), which broadcasts "
+                     "rank 0's weights to the wrapped model only: ranks other than 0 keep another copy — make "
+                     "the copy after the wrap, or check that only rank 0's copy is ever used", "check-by-hand")
+
+
+
+@rule("peek-iterator", "02_seeds", "next(iter(loader)) makes an extra iterator that draws a seed from the global "
+      "RNG: every later draw is shifted from the single run's")
+def peek_iterator(f: Facts, m: Module):
+    loaders = {dotted(t) for a in ast.walk(m.tree) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+               and callee(a.value) == "DataLoader" for t in a.targets}
+    for c in m.calls:
+        if not (callee(c) == "next" and c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "iter"
+                and c.args[0].args):
+            continue
+        src = c.args[0].args[0]
+        if isinstance(src, ast.Call) and callee(src) in ITERABLE_NOT_LOADER:
+            continue  # next(iter(d.items())), next(iter(model.parameters())): no loader, no RNG draw
+        if isinstance(src, ast.Call) and callee(src) != "DataLoader" or not (
+                dotted(src) in loaders or LOADERISH.search(dotted(src).split(".")[-1] or "")
+                or isinstance(src, ast.Call)):
+            continue
+        yield c, (f"{ast.unparse(c)} creates an extra iterator over the loader, which draws a seed from the global "
+                  "RNG (even with num_workers=0) and shifts every later draw; give the DataLoader "
+                  "generator=torch.Generator().manual_seed(...), or read loader.batch_size")
+
+
+@rule("sampler-seed-per-rank", "03_samplers", "a DistributedSampler seeded per rank: each rank shuffles another "
+      "permutation, so the shards overlap and some samples are never seen in the epoch")
+def sampler_seed_per_rank(f: Facts, m: Module):
+    for c in m.calls:
+        seed = kw(c, "seed")
+        if callee(c) in f.sampler_classes() and seed is not None and involves_rank(seed, m.rank_tainted):
+            yield c, (f"{callee(c)}(..., seed={ast.unparse(seed)}): the sampler cuts one permutation into world_size "
+                      "shards, and that needs the same seed on every rank; a seed that differs per rank gives each "
+                      "rank a slice of another permutation, so shards overlap and samples are lost — pass the "
+                      "same seed on every rank (the rank picks the shard)")

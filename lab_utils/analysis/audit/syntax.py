@@ -1,0 +1,133 @@
+"""The vocabulary the audit reads code with: name patterns (what a rank, a world size, a loss, a loader is called)
+and small `ast` helpers. Nothing here knows a rule."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+RANKISH = re.compile(r"(^|_)rank$|^rank|local_rank|master_process|is_main|is_master|main_process|is_rank_zero"
+                     r"|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d")
+WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus|get_world_size|num_processes|nprocs|WORLD_SIZE")
+RANK0_NAME = re.compile(r"master|is_main|main_process|rank_zero|is_rank0|is_primary|rank0$")
+BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
+ACCUMISH = re.compile(r"accum")
+LOSSISH = re.compile(r"loss", re.I)
+EVALISH = re.compile(r"val|eval|test", re.I)
+REDUCEISH = re.compile(r"reduce|gather|average|allreduce|sync|mean_over|dist_mean")
+COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier",
+               "reduce", "gather", "scatter", "reduce_scatter", "all_to_all", "reduce_scatter_tensor",
+               "all_gather_into_tensor", "monitored_barrier", "gather_object", "scatter_object_list"}
+LOG_CALLS = {"print", "info", "log", "write", "add_scalar", "add_scalars", "set_description", "set_postfix",
+             "log_metrics", "warning", "debug"}
+TORCH_SEEDS = {"torch.manual_seed", "manual_seed", "seed_everything", "set_seed", "pl.seed_everything",
+               "L.seed_everything", "transformers.set_seed", "accelerate.utils.set_seed"}
+CUDA_SEEDS = {"torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "cuda.manual_seed", "cuda.manual_seed_all"}
+OTHER_SEEDS = {"random.seed", "np.random.seed", "numpy.random.seed"}
+SEED_HELPER = re.compile(r"seed", re.I)  # an unseen helper named like a seeder (init_seeds, fix_random_seeds)
+SPAWNS = {"spawn", "start_processes"}
+DDP_NAMES = {"DistributedDataParallel", "DDP"}
+ENTRY_CALLS = {"init_process_group", "DistributedDataParallel", "DDP", "spawn", "backward", "main", "train", "run",
+               "manual_seed"}
+DIST_SWITCH = re.compile(r"distributed|ddp|multigpu|multi_gpu", re.I)
+ITERABLE_NOT_LOADER = {"items", "values", "keys", "parameters", "named_parameters", "buffers", "named_buffers",
+                       "children", "modules", "named_modules", "state_dict"}
+LOADERISH = re.compile(r"loader|train_data|val_data|test_data|^data$|^dl$|dataloader|_dl$|batches", re.I)
+NOT_A_LOSS = re.compile(r"loss_?scal|loss_?fn|loss_?func|loss_?type|criterion|loss_?weight|loss_?cfg|loss_?config",
+                        re.I)
+
+
+def dotted(node: ast.AST) -> str:
+    """`torch.cuda.manual_seed` for an Attribute chain, the name for a Name, '' otherwise."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    if isinstance(node, ast.Call):
+        return dotted(node.func) + "()"
+    if isinstance(node, ast.Subscript):
+        return dotted(node.value) + "[]"
+    return ""
+
+
+def callee(call: ast.Call) -> str:
+    return dotted(call.func).split(".")[-1].rstrip("()[]")
+
+
+def root(node: ast.AST) -> str:
+    """The variable an expression reads from: `loss` for `loss.data.item()`, `self.x` for `self.x.y`."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return f"self.{node.attr}"
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def branches(v: ast.AST) -> list:
+    """The values an expression can take: both arms of `a if c else b` (`DistributedSampler(d) if ddp else None`)."""
+    return branches(v.body) + branches(v.orelse) if isinstance(v, ast.IfExp) else [v]
+
+
+def kw(call: ast.Call, name: str):
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def const_str(node) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def is_rankish_node(n: ast.AST, tainted: set[str]) -> bool:
+    if isinstance(n, (ast.Name, ast.Attribute)):
+        leaf = dotted(n).split(".")[-1]
+        if WORLDISH.search(leaf):
+            return False
+        return bool(RANKISH.search(leaf)) or dotted(n) in tainted
+    if isinstance(n, ast.Call) and callee(n) in ("get_rank", "get_local_rank", "get_global_rank"):
+        return True
+    if isinstance(n, ast.Constant) and n.value in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID"):
+        return True
+    return False
+
+
+def involves_rank(node: ast.AST, tainted: set[str] = frozenset(), skip_conditional: bool = False) -> bool:
+    """Whether an expression depends on the rank; with skip_conditional, a rank term inside `a if c else b`
+    is a deliberate switch and does not count."""
+    skip = set()
+    if skip_conditional:
+        for n in ast.walk(node):
+            if isinstance(n, ast.IfExp):
+                skip |= {id(m) for m in ast.walk(n)}
+    return any(is_rankish_node(n, tainted) for n in ast.walk(node) if id(n) not in skip)
+
+
+def involves(node: ast.AST, pattern: re.Pattern) -> bool:
+    return any(isinstance(n, (ast.Name, ast.Attribute)) and pattern.search(dotted(n).split(".")[-1] or "")
+               for n in ast.walk(node))
+
+
+
+def const_value(node):
+    """The value of a constant node (`shuffle=False` -> False), None for anything else."""
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def is_switch_value(v: ast.AST) -> bool:
+    """An expression that says whether the run is distributed, not which rank this is: `rank != -1`,
+    `int(os.environ.get("RANK", -1)) != -1`, `local_rank >= 0`, `"RANK" in os.environ`. A name assigned from it
+    (`ddp = ...`) is a switch, true on every rank of a distributed run."""
+    if isinstance(v, ast.BoolOp):
+        return all(is_switch_value(x) for x in v.values)
+    if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not):
+        return is_switch_value(v.operand)
+    if not (isinstance(v, ast.Compare) and len(v.ops) == 1):
+        return False
+    op, right = v.ops[0], v.comparators[0]
+    if isinstance(op, (ast.In, ast.NotIn)) and "environ" in dotted(right):
+        return True
+    try:
+        value = ast.literal_eval(right)
+    except ValueError:
+        return False
+    return (isinstance(op, (ast.NotEq, ast.Eq, ast.Gt, ast.LtE)) and value == -1
+            or isinstance(op, (ast.GtE, ast.Lt)) and value == 0)
