@@ -37,6 +37,9 @@ def runs(tmp_path_factory):
         "no_set_epoch": ("no_set_epoch", 2, {**KEYS, "wrap": "fsdp2", "set_epoch": False}),
         "clip_local": ("clip_local", 2, {**KEYS, "wrap": "fsdp2", "clip_bug": "local_shards"}),
         **{bug: (bug, 2, {**KEYS, "wrap": "fsdp2", "fsdp2_bug": bug}) for bug in SETUP_BUGS},
+        # bf16 autocast (chapter 13's amp=bf16) under FSDP2, ordered, against its emulation
+        "bf16_emul2": ("bf16_emul2", 1, {**KEYS, "amp": "bf16", "emulate_ranks": 2}),
+        "bf16_ordered2": ("bf16_ordered2", 2, {**KEYS, "amp": "bf16", "wrap": "fsdp2", "grad_reduction": "ordered"}),
     }
     launcher.launch_many(specs, max_workers=2, raise_on_failure=True, runs_dir=root, timeout=300)
     return root
@@ -49,6 +52,11 @@ def test_ordered_fsdp2_is_bitwise_the_emulated_reference(runs, world):
     a = torch.load(runs / f"emul{world}" / "model.pt")
     b = torch.load(runs / f"ordered{world}" / "model.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # full weights, no prefix
+
+
+def test_bf16_autocast_under_ordered_fsdp2_is_bitwise_its_emulation(runs):
+    report = parity.compare(runs / "bf16_emul2", runs / "bf16_ordered2")
+    assert report.tier == 3 and report.bitwise, report.format()
 
 
 def test_stock_fsdp2_differs_in_the_last_bits_and_is_tier_2_window_by_window(runs):
