@@ -19,15 +19,14 @@ Backend `auto`: NCCL where every rank has its own GPU, gloo otherwise.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 from lab_utils.analysis import parity
 from lab_utils.core import runfiles
+from lab_utils.drivers import bench_args
 from lab_utils.launch import launcher
 
 ROWS = (("ddp", "allreduce"), ("ddp", "ordered"), ("fsdp2", "allreduce"), ("fsdp2", "ordered"))
@@ -43,23 +42,7 @@ def bytes_received(n_bytes: float, world: int, wrap: str, reduction: str) -> flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ddp-lab bench fsdp2", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", default="2,4", help="comma-separated world sizes")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--preset", default="cpu", choices=("cpu", "workshop"))
-    ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    try:
-        worlds = [int(w) for w in args.ranks.split(",")]
-    except ValueError:
-        ap.error(f"--ranks {args.ranks!r}: expected comma-separated integers, e.g. 2,4,8")
-    if any(w < 2 for w in worlds):
-        ap.error(f"--ranks {args.ranks!r}: every world size must be >= 2")
-    if not 1 <= args.warmup < args.steps:
-        ap.error(f"--warmup {args.warmup} must be >= 1 and < --steps {args.steps}")
+    args, worlds = bench_args.parse(bench_args.parser("ddp-lab bench fsdp2", __doc__, "2,4"), argv)
     base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000", "window_every=0"]
     rows = []
     for w in worlds:

@@ -18,41 +18,25 @@ measures that too).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 from lab_utils.analysis import parity
 from lab_utils.core import config, ordered_reduce, tree_reduce
 from lab_utils.core.runfiles import ms_per_step
+from lab_utils.drivers import bench_args
 from lab_utils.launch import launcher
 
 TREE_COMM = {"tree": "allgather", "tree_halving": "halving"}  # the bench's tree rows -> tree_comm
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ddp-lab bench hook", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", default="2,4,8", help="comma-separated world sizes")
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--preset", default="cpu", choices=("cpu", "workshop"))
-    ap.add_argument("--timeout", type=float, default=900)
+    ap = bench_args.parser("ddp-lab bench hook", __doc__, "2,4,8")
     ap.add_argument("--micro-batch-size", type=int, default=None,
                     help="samples per micro-batch in every run (default: global_batch_size / 8)")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
-    try:
-        worlds = [int(w) for w in args.ranks.split(",")]
-    except ValueError:
-        ap.error(f"--ranks {args.ranks!r}: expected comma-separated integers, e.g. 2,4,8")
-    if any(w < 2 for w in worlds):
-        ap.error(f"--ranks {args.ranks!r}: every world size must be >= 2")
-    if not 1 <= args.warmup < args.steps:
-        ap.error(f"--warmup {args.warmup} must be >= 1 and < --steps {args.steps}")
+    args, worlds = bench_args.parse(ap, argv)
     gbs = config.resolve([f"preset={args.preset}"], 1)["global_batch_size"]
     mbs = args.micro_batch_size or gbs // 8
     base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000", "sampler=global",
