@@ -287,9 +287,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if "shutdown_timeout" not in {f.name for f in dataclasses.fields(LaunchConfig)}:
         cap_shutdown_grace(args.shutdown_grace)
-    from lab_utils.launch import zygote
+    from lab_utils.launch import start_plan, zygote
 
-    if zygote.usable(args.script, os.environ):  # before elastic_launch: the agent starts threads, a fork must not
+    # The ranks' start, as start_plan decided it for launch.json (the same function of the same environment);
+    # before elastic_launch: the agent starts threads, and a fork must not happen after that
+    if start_plan.ranks(args.script, os.environ).fork:
         os.environ[zygote.ENV] = zygote.start(args.script)
     worker = ["-u", "-m", "lab_utils.launch.elastic_driver", "--exec", str(os.getpid()), "-u", args.script,
               *args.script_args]

@@ -21,10 +21,9 @@ What stays as it was:
   (but for the variables in PER_RUN, which nothing reads before main()); a launch with other settings (say
   TORCH_DISTRIBUTED_DEBUG or a malloc tunable, read at import or at process start) gets a zygote of its own.
 
-Exec'd as before: LAB_ZYGOTE=off, LAB_EXIT=finalize, any script but scripts/train.py, a command with a
-prefix (`ip netns exec`), runner="torchrun", no setproctitle, not Linux. A zygote that would fork with a
-second thread running (OpenMP's pool, when OMP_NUM_THREADS is not 1 at import) declines; if one cannot be
-reached the launch is started as before: slower, never wrong.
+Which launches are forked from it, and which are exec'd and why, is decided in start_plan.py (and recorded in
+launch.json); a zygote that would fork with a second thread running (OpenMP's pool, when OMP_NUM_THREADS is not
+1 at import) declines, and then the launch is exec'd: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ from collections import OrderedDict
 
 from lab_utils.launch import zygote
 
-MODULE = "lab_utils.launch.elastic_driver"
 # Variables that differ between the launches of one caller and are read only after the forked process's
 # main() starts: a zygote's environment is compared without them.
 PER_RUN = ("TORCHELASTIC_ERROR_FILE", "PYTEST_CURRENT_TEST", "LAB_RUNS_DIR")
@@ -51,37 +49,6 @@ TITLE_ROOM = 4096  # bytes of padding on the zygote's own command line, the room
 _zygotes: OrderedDict[tuple, _Zygote] = OrderedDict()
 _declined: set[tuple] = set()  # environments whose zygote ended: their launches are started as before
 _lock = threading.Lock()
-
-
-def _script(args: list[str]) -> str | None:
-    """The script of a driver command's python arguments (`-m MODULE --exec PID SCRIPT ...` or
-    `-m MODULE [options] SCRIPT ...`), or None if it is not one."""
-    if args[:2] != ["-m", MODULE]:
-        return None
-    rest = args[2:]
-    if rest[:1] == ["--exec"]:
-        return rest[2] if len(rest) > 2 else None
-    from lab_utils.launch import elastic_driver
-
-    try:
-        return str(elastic_driver.parse_args(rest).script)
-    except SystemExit:
-        return None
-
-
-def usable(cmd: list[str], env: dict) -> bool:
-    if cmd[:1] != [sys.executable] or not hasattr(os, "fork"):
-        return False
-    script = _script(cmd[1:])
-    if script is None or not zygote.usable(script, env):
-        return False
-    if env.get("OMP_NUM_THREADS") != "1":  # OpenMP would start its pool at import: the zygote would decline
-        return False
-    try:
-        import setproctitle  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Forked:
@@ -153,26 +120,26 @@ def _key(env: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in env.items() if k not in PER_RUN))
 
 
-def start(cmd: list[str], env: dict, stdout, cwd) -> Forked | None:
-    """Fork `cmd` (a driver command) from this caller's launch zygote for `env`, started if need be;
-    None when it cannot be forked (the caller then starts it as a process of its own)."""
-    if not usable(cmd, env):
-        return None
+def start(cmd: list[str], env: dict, stdout, cwd) -> tuple[Forked | None, str]:
+    """Fork `cmd` (a driver command that start_plan.plan said may be forked) from this caller's launch zygote
+    for `env`, started if need be. (None, why) when it cannot be forked at start time (the zygote for this
+    environment declined or ended): the caller then execs it and records why."""
     key = _key(env)
     with _lock:
         if key in _declined:
-            return None
+            return None, "launch zygote for this environment declined earlier (a second thread) or ended"
         z = _zygotes.pop(key, None)
         if z is not None and z.proc.poll() is not None:  # it declined (a second thread) or died
             _declined.add(key)
-            return None
+            return None, "launch zygote for this environment declined (a second thread) or ended"
         if z is None:
             z = _Zygote(env, str(cwd))
         _zygotes[key] = z  # most recently used last
         idle = [k for k, other in _zygotes.items() if other is not z and not other.busy()]
         for old in idle[:max(0, len(_zygotes) - MAX_ZYGOTES)]:  # never one with a process still running
             _zygotes.pop(old).close()
-    return z.fork(cmd[1:], env, stdout, str(cwd))
+    forked = z.fork(cmd[1:], env, stdout, str(cwd))
+    return forked, "" if forked else "launch zygote did not fork it (declined, or could not be reached)"
 
 
 def _become(conn: socket.socket, fds: list[int], request: dict, server: int) -> None:

@@ -21,8 +21,8 @@ What differs, and how it is handled:
   was exec'd with). Heartbeats therefore carry the rank's error file (launch_diagnose reads it from there).
 - `ps` shows a rank with the driver's command line (it is a fork of it).
 - The OpenMP runtime read OMP_NUM_THREADS when torch was loaded: the rank sets its thread count again.
-- LAB_EXIT=finalize (an ordinary interpreter exit, chapter 11's crash) cannot be had in a fork: those ranks
-  are exec'd as before, as is any script but scripts/train.py, and everything when LAB_ZYGOTE=off.
+- Which ranks are forked and which exec'd (LAB_ZYGOTE=off, LAB_EXIT=finalize, any script but scripts/train.py)
+  is decided in start_plan.ranks, which the driver calls and launch.json records.
 - If the zygote cannot be reached, the client execs the script itself: slower, never wrong.
 """
 
@@ -48,15 +48,6 @@ def _die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the request: nobody will send it
         os._exit(1)
-
-
-def usable(script: str, env: dict) -> bool:
-    """Can the ranks of this launch be forked from a zygote? Linux, the lab's own training script (its top level
-    is known to be safe to run ahead), and no switch asking for a real exec."""
-    from lab_utils.core.runfiles import TRAIN  # here, not at the top: a client never imports torch
-
-    return (sys.platform.startswith("linux") and hasattr(socket, "send_fds") and env.get(ENV) != "off"
-            and env.get("LAB_EXIT", "fast") != "finalize" and os.path.realpath(script) == os.path.realpath(TRAIN))
 
 
 def start(script: str) -> str:
