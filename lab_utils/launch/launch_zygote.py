@@ -4,8 +4,9 @@ Why: zygote.py spares the ranks their imports, but every launch still started it
 the driver (`python -m lab_utils.launch.elastic_driver`, which imports torch and torch's elastic agent) or
 the one plain process of a single run (`python scripts/train.py`, which imports torch and torch._dynamo).
 That cost 5.3-6 busy CPU-s per 1-step launch on the 2-core CI box (measured: docs/results.md), and the
-chapters and the tests launch some 400 times. Now the launcher of each calling process (a notebook's kernel,
-a pytest worker, the CLI) keeps a launch zygote: a process started once with the run's environment, which
+chapters and the tests launch some 400 times. Now the launcher of each calling process that launches
+repeatedly (a notebook's kernel, a pytest worker, a bench; `ddp-lab run` launches once and execs, see
+start_plan.launches_once) keeps a launch zygote: a process started once with the run's environment, which
 imports all that and then forks the launch's first process on request, with the run's stdio, environment,
 folder and command. The launcher follows the forked process as it followed the one it started before.
 
