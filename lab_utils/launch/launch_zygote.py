@@ -93,11 +93,10 @@ class _Zygote:
     def busy(self) -> bool:
         return any(f.returncode is None for f in self.forked)
 
-    def fork(self, args: list[str], env: dict, stdout, cwd: str) -> Forked | None:
+    def fork(self, request: dict, stdout) -> Forked | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.connect("\0" + self.name)
-            request = {"argv": args, "env": env, "cwd": cwd}
             socket.send_fds(sock, [json.dumps(request).encode()], [0, stdout.fileno(), stdout.fileno()])
             reply = json.loads(sock.recv(4096) or b"{}")
         except (OSError, ValueError):
@@ -121,10 +120,12 @@ def _key(env: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in env.items() if k not in PER_RUN))
 
 
-def start(cmd: list[str], env: dict, stdout, cwd) -> tuple[Forked | None, str]:
-    """Fork `cmd` (a driver command that start_plan.plan said may be forked) from this caller's launch zygote
-    for `env`, started if need be. (None, why) when it cannot be forked at start time (the zygote for this
-    environment declined or ended): the caller then execs it and records why."""
+def start(cmd: list[str], env: dict, stdout, cwd, script_argv: list[str] | None = None) -> tuple[Forked | None, str]:
+    """Fork `cmd` (a launch's first process, which start_plan.plan said may be forked) from this caller's launch
+    zygote for `env`, started if need be. The request says what to run explicitly: script_argv (SCRIPT ARGS)
+    for one plain process, else None for the driver (`cmd` is `python -m MODULE ARGS`); `cmd` is the title `ps`
+    shows. (None, why) when it cannot be forked at start time (the zygote for this environment declined or
+    ended): the caller then execs it and records why."""
     key = _key(env)
     with _lock:
         if key in _declined:
@@ -139,7 +140,9 @@ def start(cmd: list[str], env: dict, stdout, cwd) -> tuple[Forked | None, str]:
         idle = [k for k, other in _zygotes.items() if other is not z and not other.busy()]
         for old in idle[:max(0, len(_zygotes) - MAX_ZYGOTES)]:  # never one with a process still running
             _zygotes.pop(old).close()
-    forked = z.fork(cmd[1:], env, stdout, str(cwd))
+    request = {"kind": "driver" if script_argv is None else "process", "title": cmd,
+               "args": cmd[3:] if script_argv is None else script_argv, "env": env, "cwd": str(cwd)}
+    forked = z.fork(request, stdout)
     return forked, "" if forked else "launch zygote did not fork it (declined, or could not be reached)"
 
 
@@ -147,21 +150,20 @@ def _become(conn: socket.socket, fds: list[int], request: dict, server: int) -> 
     """The forked child: set the title to the command asked for, then run the driver or the plain process."""
     import setproctitle
 
-    args = request["argv"]
-    setproctitle.setproctitle(" ".join([sys.executable, *args]))
-    rest = args[2:]
-    if rest[:1] == ["--exec"]:  # one plain process: `python SCRIPT ARGS`, SIGKILLed with its parent
-        zygote.become(conn, fds, request, server, signal.SIGKILL, lambda: zygote.run_script(rest[2:]))
+    setproctitle.setproctitle(" ".join(request["title"]))
+    if request["kind"] == "process":  # one plain process: `python SCRIPT ARGS`
+        zygote.become(conn, fds, request, server, _death_signal(request), lambda: zygote.run_script(request["args"]))
     from lab_utils.launch import elastic_driver
 
-    # The driver: SIGTERM when its parent dies, as it asks for itself (--parent-pid, now this zygote)
-    rest = [f"--parent-pid={server}" if a.startswith("--parent-pid=") else a for a in rest]
+    # The driver (`python -m elastic_driver ARGS`): it asks for its own death signal (--parent-pid, now this zygote)
+    rest = [f"--parent-pid={server}" if a.startswith("--parent-pid=") else a for a in request["args"]]
     sys.argv = [elastic_driver.__file__, *rest]
-    zygote.become(conn, fds, request, server, signal.SIGTERM, lambda: elastic_driver.main(rest))
+    zygote.become(conn, fds, request, server, _death_signal(request), lambda: elastic_driver.main(rest))
 
 
 def _death_signal(request: dict) -> int:
-    return signal.SIGKILL if request["argv"][2:3] == ["--exec"] else signal.SIGTERM
+    """SIGTERM for the driver (its agent then stops the ranks with their grace), SIGKILL for one plain process."""
+    return signal.SIGKILL if request["kind"] == "process" else signal.SIGTERM
 
 
 def _serve(listener_fd: int, control_fd: int) -> None:

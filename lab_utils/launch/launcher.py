@@ -138,15 +138,17 @@ def _write_launch_json(result: RunResult, timeout: float) -> None:
                         result.run_dir / "launch.json")
 
 
-def _starter(plans: list[start_plan.Plan]):
+def _starter(plans: list[start_plan.Plan], pairs: list[tuple[list[str], list[str]]]):
     """start(cmd, env, out) for supervise: node k's first process forked from this caller's launch zygote or
-    exec'd, as plans[k] says; a zygote that declines at start time turns it into an exec (plans[k] updated)."""
+    exec'd, as plans[k] says; a zygote that declines at start time turns it into an exec (plans[k] updated).
+    One plain process (no ranks planned) is forked as its equivalent `python SCRIPT ARGS`, a driver as itself."""
     nodes = iter(range(len(plans)))
 
     def start(cmd: list[str], env: dict, out):
         k = next(nodes)
         if plans[k].first.fork:
-            proc, why_not = launch_zygote.start(cmd, env, out, REPO)
+            script_argv = pairs[k][1][1:] if plans[k].ranks is None else None
+            proc, why_not = launch_zygote.start(cmd, env, out, REPO, script_argv)
             if proc is not None:
                 return proc
             plans[k] = plans[k].exec_instead(why_not)
@@ -228,7 +230,7 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
     result.status, result.returncode, pid, signum, previous, result.stacks = supervise(
         [(c, e) for (c, _), e in zip(pairs, envs, strict=True)], run_dir, timeout,
         progress_bar(cfg["steps"], name, progress), echo, stall_timeout,
-        PEER_GRACE if peer_grace is None else peer_grace, hold, _starter(plans))
+        PEER_GRACE if peer_grace is None else peer_grace, hold, _starter(plans, pairs))
     result.seconds = time.time() - start
     result.started = _started(plans)  # a zygote that declined at start time made it an exec
     result.heartbeats = read_heartbeats(run_dir)

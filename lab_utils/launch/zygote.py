@@ -35,19 +35,11 @@ import signal
 import socket
 import sys
 
+from lab_utils.launch.parent_death import die_with_parent
+
 ENV = "LAB_ZYGOTE"  # the socket's name, set for the workers by the driver; "off" turns the zygote off
-_PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 MAX_MESSAGE = 1 << 20  # argv + environment, as JSON: a few kB in practice
-
-
-def _die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before the request: nobody will send it
-        os._exit(1)
 
 
 def start(script: str) -> str:
@@ -62,7 +54,7 @@ def start(script: str) -> str:
     sys.stderr.flush()
     if os.fork() == 0:
         try:
-            _die_with_parent(parent)
+            die_with_parent(signal.SIGKILL, parent)
             _serve(listener, script)
         finally:
             os._exit(0)
@@ -181,7 +173,7 @@ def become(conn: socket.socket, fds: list[int], request: dict, parent: int, deat
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()
-        _die_with_parent(parent, death_signal)
+        die_with_parent(death_signal, parent)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
