@@ -19,8 +19,10 @@ def _cmd_preflight(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from lab_utils.launch import launcher
+    from lab_utils.launch import launcher, start_plan
 
+    if not args.twin:  # one launch: a launch zygote would cost its start and serve nothing (docs/design.md)
+        start_plan.launches_once()
     if args.twin:  # refuse bad keys for the twin too, before anything is launched
         from lab_utils.launch import twins
 

@@ -14,7 +14,6 @@ every rank keeps progress/rank{r}.json up to date so the launcher can name a hun
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 import traceback
@@ -24,37 +23,14 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record  # DDP: torchrun's per-rank error file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-from lab_utils.core import checkpoint, ddp, distenv, fsdp2, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402  # noqa: E402
+from lab_utils.core import checkpoint, ddp, distenv, fsdp2, resume, runfiles, samplers, steplog, sync_bn, workloads  # noqa: E402
 from lab_utils.core import config as config_mod  # noqa: E402
-from lab_utils.core import step as step_mod  # noqa: E402
 from lab_utils.core import windows as window_states  # noqa: E402
 from lab_utils.core.emulate import emulated_step  # noqa: E402
+from lab_utils.core.faults import inject_fault, kills_in_save, overflow_factors  # noqa: E402
 from lab_utils.core.schedule import lr_at  # noqa: E402
 from lab_utils.core.step import rank_step, tree_step  # noqa: E402
 from lab_utils.core.tree_reduce import TreeAccumulator  # noqa: E402
-
-
-def inject_fault(cfg: dict, rank: int, step: int) -> None:
-    """fault=crash|hang|kill|abort|ignore_term on `fault_rank` at the start of `fault_step`: the launcher
-    tests' failures. abort dies by SIGABRT (as a C++ std::terminate does); ignore_term hangs deaf to SIGTERM,
-    so only SIGKILL can stop it. First attempt only (chapter 08); fault=kill_in_save fires in the checkpoint
-    write instead (checkpoint.write_checkpoint)."""
-    if cfg["fault"] in ("none", "kill_in_save") or step != cfg["fault_step"] or resume.attempt() > 0:
-        return  # an elastic restart (attempt > 0) runs past the fault: it resumes from a checkpoint
-    if rank != cfg["fault_rank"]:
-        if cfg["fault"] == "abort":  # peers stay out of the collective, so they never see the lost connection
-            time.sleep(60)           # and torchrun must SIGTERM them (as a rank blocked in NCCL never notices)
-        return
-    if cfg["fault"] == "crash":
-        raise RuntimeError(f"injected fault: crash on rank {rank} at step {step}")
-    if cfg["fault"] == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if cfg["fault"] == "abort":
-        os.abort()
-    if cfg["fault"] == "ignore_term":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    while True:  # hang: the other ranks block in the next all-reduce, as with a real deadlock
-        time.sleep(3600)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: dict) -> torch.optim.Optimizer:
@@ -150,7 +126,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     t0 = time.time()
     for step in range(start, cfg["steps"]):
         heart.beat(step=step, phase="step start")
-        inject_fault(cfg, env.rank, step)
+        inject_fault(cfg, env.rank, step)  # fault= (core/faults.py): the launcher's failures, for real
         if replay:
             replay.snap(step, model, optimizer, scaler, rank_buffers)
         for group in optimizer.param_groups:  # the schedule is a function of the step (core/schedule.py)
@@ -159,9 +135,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         model.train()
         optimizer.zero_grad(set_to_none=True)
         local_loss = None
-        # overflow_step (chapter 13): one rank's loss x 2**100, so its fp16 gradients overflow before the all-reduce
-        factors = [step_mod.OVERFLOW_FACTOR if step == cfg["overflow_step"] and r == cfg["overflow_rank"] else 1.0
-                   for r in range(max(R, env.world_size))]
+        factors = overflow_factors(cfg, step, max(R, env.world_size))  # overflow_step (chapter 13)
         if tree is not None:  # each chunk's gradient apart, one tree over all C: the same bits at any W
             loss = tree_step(wl, model, loaders[0], cfg, env.device, tree)
         elif R > 1:
@@ -203,8 +177,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
             if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
                 log.flush()  # the records up to the checkpoint reach the disk with it: a resume keeps them
                 checkpoint.write_checkpoint(ckpt, checkpoint.checkpoint_path(out, step + 1), cfg["checkpoint_write"],
-                                            die_midway=cfg["fault"] == "kill_in_save" and step == cfg["fault_step"]
-                                            and resume.attempt() == 0)
+                                            die_midway=kills_in_save(cfg, step))
             if env.distributed:  # DDP: nobody starts step k+1 before checkpoint k is on disk
                 torch.distributed.barrier()
         if window_states.due(cfg, step + 1):  # compare/doctor judge a port window by window from these

@@ -15,7 +15,7 @@ import pytest
 from processes import leftovers, words
 
 from lab_utils.core.runfiles import TRAIN, read_heartbeats
-from lab_utils.launch import launcher, zygote
+from lab_utils.launch import launcher, start_plan
 
 KEYS = ["steps=4", "n_samples=256", "log_every=1", "dropout=0.1"]
 TIMING = ("elapsed", "wall")  # the only fields allowed to differ between two runs of the same keys
@@ -73,6 +73,9 @@ def test_ranks_are_forked_from_the_zygote_and_exec_d_when_it_is_off(tmp_path):
             # with the zygote off, driver <- this process. Either way `ps` shows the command the launcher started.
             launch = json.loads((run_dir / "launch.json").read_text())
             assert words(driver.cmdline()) == launch["cmd"]
+            assert launch["started"] == (
+                "forked: launch zygote of this process; ranks forked: rank zygote of the driver" if forked
+                else "exec: LAB_ZYGOTE=off; ranks exec: LAB_ZYGOTE=off")
             via = driver.parent()
             if forked:
                 assert via.pid != os.getpid() and via.parent().pid == os.getpid()
@@ -132,14 +135,15 @@ def test_a_sigkilled_client_takes_its_rank_with_it(tmp_path):
         harness.wait()
 
 
-@pytest.mark.parametrize("script, env, ok", [
-    (TRAIN, {}, True),
-    (TRAIN, {"LAB_ZYGOTE": "off"}, False),
-    (TRAIN, {"LAB_EXIT": "finalize"}, False),  # an ordinary interpreter exit cannot be had in a fork
-    (TRAIN.parent / "probes" / "preflight_worker.py", {}, False),  # only train.py's top level is run ahead
+@pytest.mark.parametrize("script, env, reason", [
+    (TRAIN, {}, "forked: rank zygote of the driver"),
+    (TRAIN, {"LAB_ZYGOTE": "off"}, "exec: LAB_ZYGOTE=off"),
+    (TRAIN, {"LAB_EXIT": "finalize"}, "exec: LAB_EXIT=finalize"),  # an ordinary exit cannot be had in a fork
+    (TRAIN.parent / "probes" / "preflight_worker.py", {}, "exec: not scripts/train.py"),  # only its top level
 ])
-def test_which_launches_use_it(script, env, ok):
-    assert zygote.usable(str(script), env) is ok
+def test_which_launches_use_it(script, env, reason):
+    start = start_plan.ranks(str(script), env)
+    assert start.reason.startswith(reason) and start.fork is reason.startswith("forked")
 
 
 def test_a_single_process_is_forked_from_the_launch_zygote_with_its_own_command_and_environment(tmp_path):
@@ -183,12 +187,29 @@ def test_a_launch_zygote_serves_only_its_own_environment():
                                                                 LAB_RUNS_DIR="/y", PYTEST_CURRENT_TEST="t"))
     assert launch_zygote._key(base) != launch_zygote._key(dict(base, TORCH_DISTRIBUTED_DEBUG="DETAIL"))
     assert launch_zygote._key(base) != launch_zygote._key(dict(base, MALLOC_MMAP_THRESHOLD_="131072"))
-    train = [sys.executable, "-m", launch_zygote.MODULE, "--exec", "1", str(TRAIN), "steps=1"]
-    assert launch_zygote.usable(train, base)
-    assert not launch_zygote.usable(train, dict(base, LAB_ZYGOTE="off"))
-    assert not launch_zygote.usable(["ip", "netns", "exec", "h0", *train], base)  # a prefixed command execs
+
+
+def test_the_start_plan_says_fork_or_exec_and_why(monkeypatch):
+    """The first process's start, decided once (start_plan.plan) and recorded in launch.json: forked from the
+    caller's launch zygote, or exec'd with the reason."""
+    base = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    train = [sys.executable, "-m", "lab_utils.launch.elastic_driver", "--exec", "1", str(TRAIN), "steps=1"]
+
+    def first(cmd=train, env=base, script=TRAIN, **kw):
+        return str(start_plan.plan(cmd, env, str(script), one_process=True, **kw))
+
+    assert first() == "forked: launch zygote of this process"
+    assert first(env=dict(base, LAB_ZYGOTE="off")) == "exec: LAB_ZYGOTE=off"
+    assert first(["ip", "netns", "exec", "h0", *train]).startswith("exec: a command prefix (ip netns exec")
     other = TRAIN.parent / "probes" / "preflight_worker.py"
-    assert not launch_zygote.usable([*train[:5], str(other)], base)
+    assert first([*train[:5], str(other)], script=other).startswith("exec: not scripts/train.py")
+    assert first(env=dict(base, OMP_NUM_THREADS="2")).startswith("exec: OMP_NUM_THREADS is not 1")
+    assert first(runner="torchrun").startswith("exec: runner=torchrun")
+    two = start_plan.plan(train, base, str(TRAIN))  # a driver: its ranks are planned too
+    assert str(two) == "forked: launch zygote of this process; ranks forked: rank zygote of the driver"
+    monkeypatch.setattr(start_plan, "_launch_zygote_here", False)  # what launches_once() sets (ddp-lab run)
+    once = "exec: no launch zygote in this process (it launches once: ddp-lab run)"
+    assert str(start_plan.plan(train, base, str(TRAIN))) == f"{once}; ranks forked: rank zygote of the driver"
 
 
 CALLER = """

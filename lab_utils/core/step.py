@@ -22,8 +22,6 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 # amp (chapter 13): the autocast dtype of the forward and the loss; fp16 also needs a GradScaler (train.py).
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# overflow_step (chapter 13): the factor on one rank's loss that makes its fp16 gradients overflow to inf.
-OVERFLOW_FACTOR = 2.0 ** 100
 
 
 def autocast(cfg: dict, device: torch.device):

@@ -25,11 +25,12 @@ Module level imports nothing heavy: `--exec` runs once per rank before the scrip
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import sys
 from pathlib import Path
+
+from lab_utils.launch.parent_death import die_with_parent
 
 FAILURES = "failures.json"
 SHUTDOWN_GRACE = 3  # seconds a SIGTERMed worker gets before SIGKILL (the launcher's grace too)
@@ -39,26 +40,6 @@ PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "remote wo
              "Socket Timeout", "NCCL communicator was aborted")
 # Signals the agent itself sends to the surviving ranks once one has failed: never the root cause.
 STOP_SIGNALS = ("SIGTERM", "SIGINT")
-
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with_parent(sig: int, parent_pid: int) -> bool:
-    """Ask Linux to send `sig` to this process when its parent dies (PR_SET_PDEATHSIG). False off Linux.
-
-    The signal comes when the parent's *thread* that started us ends; the launcher waits for us in that
-    thread, so for us that is the parent's death. If the parent died before this call, nobody will send it:
-    the parent pid has already changed, so we send it ourselves.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), sig)
-    return True
-
 
 def exec_with_parent_death(parent_pid: int, python_args: list[str]) -> None:
     """Become `python *python_args`, killed (SIGKILL) when the parent dies. The signal survives exec.
@@ -287,9 +268,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if "shutdown_timeout" not in {f.name for f in dataclasses.fields(LaunchConfig)}:
         cap_shutdown_grace(args.shutdown_grace)
-    from lab_utils.launch import zygote
+    from lab_utils.launch import start_plan, zygote
 
-    if zygote.usable(args.script, os.environ):  # before elastic_launch: the agent starts threads, a fork must not
+    # The ranks' start, as start_plan decided it for launch.json (the same function of the same environment);
+    # before elastic_launch: the agent starts threads, and a fork must not happen after that
+    if start_plan.ranks(args.script, os.environ).fork:
         os.environ[zygote.ENV] = zygote.start(args.script)
     worker = ["-u", "-m", "lab_utils.launch.elastic_driver", "--exec", str(os.getpid()), "-u", args.script,
               *args.script_args]

@@ -4,8 +4,9 @@ Why: zygote.py spares the ranks their imports, but every launch still started it
 the driver (`python -m lab_utils.launch.elastic_driver`, which imports torch and torch's elastic agent) or
 the one plain process of a single run (`python scripts/train.py`, which imports torch and torch._dynamo).
 That cost 5.3-6 busy CPU-s per 1-step launch on the 2-core CI box (measured: docs/results.md), and the
-chapters and the tests launch some 400 times. Now the launcher of each calling process (a notebook's kernel,
-a pytest worker, the CLI) keeps a launch zygote: a process started once with the run's environment, which
+chapters and the tests launch some 400 times. Now the launcher of each calling process that launches
+repeatedly (a notebook's kernel, a pytest worker, a bench; `ddp-lab run` launches once and execs, see
+start_plan.launches_once) keeps a launch zygote: a process started once with the run's environment, which
 imports all that and then forks the launch's first process on request, with the run's stdio, environment,
 folder and command. The launcher follows the forked process as it followed the one it started before.
 
@@ -21,10 +22,9 @@ What stays as it was:
   (but for the variables in PER_RUN, which nothing reads before main()); a launch with other settings (say
   TORCH_DISTRIBUTED_DEBUG or a malloc tunable, read at import or at process start) gets a zygote of its own.
 
-Exec'd as before: LAB_ZYGOTE=off, LAB_EXIT=finalize, any script but scripts/train.py, a command with a
-prefix (`ip netns exec`), runner="torchrun", no setproctitle, not Linux. A zygote that would fork with a
-second thread running (OpenMP's pool, when OMP_NUM_THREADS is not 1 at import) declines; if one cannot be
-reached the launch is started as before: slower, never wrong.
+Which launches are forked from it, and which are exec'd and why, is decided in start_plan.py (and recorded in
+launch.json); a zygote that would fork with a second thread running (OpenMP's pool, when OMP_NUM_THREADS is not
+1 at import) declines, and then the launch is exec'd: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from collections import OrderedDict
 
 from lab_utils.launch import zygote
 
-MODULE = "lab_utils.launch.elastic_driver"
 # Variables that differ between the launches of one caller and are read only after the forked process's
 # main() starts: a zygote's environment is compared without them.
 PER_RUN = ("TORCHELASTIC_ERROR_FILE", "PYTEST_CURRENT_TEST", "LAB_RUNS_DIR")
@@ -51,37 +50,6 @@ TITLE_ROOM = 4096  # bytes of padding on the zygote's own command line, the room
 _zygotes: OrderedDict[tuple, _Zygote] = OrderedDict()
 _declined: set[tuple] = set()  # environments whose zygote ended: their launches are started as before
 _lock = threading.Lock()
-
-
-def _script(args: list[str]) -> str | None:
-    """The script of a driver command's python arguments (`-m MODULE --exec PID SCRIPT ...` or
-    `-m MODULE [options] SCRIPT ...`), or None if it is not one."""
-    if args[:2] != ["-m", MODULE]:
-        return None
-    rest = args[2:]
-    if rest[:1] == ["--exec"]:
-        return rest[2] if len(rest) > 2 else None
-    from lab_utils.launch import elastic_driver
-
-    try:
-        return str(elastic_driver.parse_args(rest).script)
-    except SystemExit:
-        return None
-
-
-def usable(cmd: list[str], env: dict) -> bool:
-    if cmd[:1] != [sys.executable] or not hasattr(os, "fork"):
-        return False
-    script = _script(cmd[1:])
-    if script is None or not zygote.usable(script, env):
-        return False
-    if env.get("OMP_NUM_THREADS") != "1":  # OpenMP would start its pool at import: the zygote would decline
-        return False
-    try:
-        import setproctitle  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Forked:
@@ -125,11 +93,10 @@ class _Zygote:
     def busy(self) -> bool:
         return any(f.returncode is None for f in self.forked)
 
-    def fork(self, args: list[str], env: dict, stdout, cwd: str) -> Forked | None:
+    def fork(self, request: dict, stdout) -> Forked | None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.connect("\0" + self.name)
-            request = {"argv": args, "env": env, "cwd": cwd}
             socket.send_fds(sock, [json.dumps(request).encode()], [0, stdout.fileno(), stdout.fileno()])
             reply = json.loads(sock.recv(4096) or b"{}")
         except (OSError, ValueError):
@@ -153,47 +120,50 @@ def _key(env: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in env.items() if k not in PER_RUN))
 
 
-def start(cmd: list[str], env: dict, stdout, cwd) -> Forked | None:
-    """Fork `cmd` (a driver command) from this caller's launch zygote for `env`, started if need be;
-    None when it cannot be forked (the caller then starts it as a process of its own)."""
-    if not usable(cmd, env):
-        return None
+def start(cmd: list[str], env: dict, stdout, cwd, script_argv: list[str] | None = None) -> tuple[Forked | None, str]:
+    """Fork `cmd` (a launch's first process, which start_plan.plan said may be forked) from this caller's launch
+    zygote for `env`, started if need be. The request says what to run explicitly: script_argv (SCRIPT ARGS)
+    for one plain process, else None for the driver (`cmd` is `python -m MODULE ARGS`); `cmd` is the title `ps`
+    shows. (None, why) when it cannot be forked at start time (the zygote for this environment declined or
+    ended): the caller then execs it and records why."""
     key = _key(env)
     with _lock:
         if key in _declined:
-            return None
+            return None, "launch zygote for this environment declined earlier (a second thread) or ended"
         z = _zygotes.pop(key, None)
         if z is not None and z.proc.poll() is not None:  # it declined (a second thread) or died
             _declined.add(key)
-            return None
+            return None, "launch zygote for this environment declined (a second thread) or ended"
         if z is None:
             z = _Zygote(env, str(cwd))
         _zygotes[key] = z  # most recently used last
         idle = [k for k, other in _zygotes.items() if other is not z and not other.busy()]
         for old in idle[:max(0, len(_zygotes) - MAX_ZYGOTES)]:  # never one with a process still running
             _zygotes.pop(old).close()
-    return z.fork(cmd[1:], env, stdout, str(cwd))
+    request = {"kind": "driver" if script_argv is None else "process", "title": cmd,
+               "args": cmd[3:] if script_argv is None else script_argv, "env": env, "cwd": str(cwd)}
+    forked = z.fork(request, stdout)
+    return forked, "" if forked else "launch zygote did not fork it (declined, or could not be reached)"
 
 
 def _become(conn: socket.socket, fds: list[int], request: dict, server: int) -> None:
     """The forked child: set the title to the command asked for, then run the driver or the plain process."""
     import setproctitle
 
-    args = request["argv"]
-    setproctitle.setproctitle(" ".join([sys.executable, *args]))
-    rest = args[2:]
-    if rest[:1] == ["--exec"]:  # one plain process: `python SCRIPT ARGS`, SIGKILLed with its parent
-        zygote.become(conn, fds, request, server, signal.SIGKILL, lambda: zygote.run_script(rest[2:]))
+    setproctitle.setproctitle(" ".join(request["title"]))
+    if request["kind"] == "process":  # one plain process: `python SCRIPT ARGS`
+        zygote.become(conn, fds, request, server, _death_signal(request), lambda: zygote.run_script(request["args"]))
     from lab_utils.launch import elastic_driver
 
-    # The driver: SIGTERM when its parent dies, as it asks for itself (--parent-pid, now this zygote)
-    rest = [f"--parent-pid={server}" if a.startswith("--parent-pid=") else a for a in rest]
+    # The driver (`python -m elastic_driver ARGS`): it asks for its own death signal (--parent-pid, now this zygote)
+    rest = [f"--parent-pid={server}" if a.startswith("--parent-pid=") else a for a in request["args"]]
     sys.argv = [elastic_driver.__file__, *rest]
-    zygote.become(conn, fds, request, server, signal.SIGTERM, lambda: elastic_driver.main(rest))
+    zygote.become(conn, fds, request, server, _death_signal(request), lambda: elastic_driver.main(rest))
 
 
 def _death_signal(request: dict) -> int:
-    return signal.SIGKILL if request["argv"][2:3] == ["--exec"] else signal.SIGTERM
+    """SIGTERM for the driver (its agent then stops the ranks with their grace), SIGKILL for one plain process."""
+    return signal.SIGKILL if request["kind"] == "process" else signal.SIGTERM
 
 
 def _serve(listener_fd: int, control_fd: int) -> None:

@@ -41,6 +41,7 @@ from pathlib import Path
 from lab_utils.core import config as config_mod
 from lab_utils.core import distenv, runfiles
 from lab_utils.core.runfiles import REPO, read_heartbeats
+from lab_utils.launch import launch_zygote, start_plan
 from lab_utils.launch.launch_commands import (
     TORCHRUN,
     TRAIN,
@@ -56,7 +57,7 @@ from lab_utils.launch.launch_commands import (
 from lab_utils.launch.launch_diagnose import DUMP_WAIT, classify, dump_stacks, merge_node_failures
 from lab_utils.launch.process_tree import ProcessTree
 from lab_utils.launch.run_result import RunFailed, RunResult
-from lab_utils.launch.supervise import PEER_GRACE, progress_bar, redeliver, supervise
+from lab_utils.launch.supervise import PEER_GRACE, popen, progress_bar, redeliver, supervise
 
 # The launcher's public face: the names chapters, the CLI, drivers, tests and notebooks use as `launcher.X`.
 # The command lines live in launch_commands, supervision in supervise, diagnosis in launch_diagnose.
@@ -133,8 +134,32 @@ def _write_launch_json(result: RunResult, timeout: float) -> None:
                          "node_cmds": [c for c, _ in result.node_commands], "timeout": timeout, "status": result.status,
                          "returncode": result.returncode, "seconds": round(result.seconds, 3),
                          "failing_rank": result.failing_rank, "failing_node": result.failing_node,
-                        "message": result.message},
+                         "message": result.message, "started": result.started},
                         result.run_dir / "launch.json")
+
+
+def _starter(plans: list[start_plan.Plan], pairs: list[tuple[list[str], list[str]]]):
+    """start(cmd, env, out) for supervise: node k's first process forked from this caller's launch zygote or
+    exec'd, as plans[k] says; a zygote that declines at start time turns it into an exec (plans[k] updated).
+    One plain process (no ranks planned) is forked as its equivalent `python SCRIPT ARGS`, a driver as itself."""
+    nodes = iter(range(len(plans)))
+
+    def start(cmd: list[str], env: dict, out):
+        k = next(nodes)
+        if plans[k].first.fork:
+            script_argv = pairs[k][1][1:] if plans[k].ranks is None else None
+            proc, why_not = launch_zygote.start(cmd, env, out, REPO, script_argv)
+            if proc is not None:
+                return proc
+            plans[k] = plans[k].exec_instead(why_not)
+        return popen(cmd, env, out)
+
+    return start
+
+
+def _started(plans: list[start_plan.Plan]) -> str:
+    lines = [str(p) for p in plans]
+    return lines[0] if len(set(lines)) <= 1 else "; ".join(f"node {k}: {line}" for k, line in enumerate(lines))
 
 
 def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None, timeout: float = 600,
@@ -192,17 +217,22 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
     if runner == "torchrun":
         pairs = [(as_torchrun(eq), eq) for _, eq in pairs]
     cmd, equivalent = pairs[0]
+    # How each node's processes start (fork from a zygote, or exec), decided once here and recorded
+    one_process = nnodes == 1 and master_port is None and nproc == 1 and not max_restarts  # build_command's
+    plans = [start_plan.plan(c, e, str(script), runner, one_process) for (c, _), e in zip(pairs, envs, strict=True)]
     result = RunResult(name, run_dir, "starting", None, 0.0, nproc, command=cmd, equivalent=equivalent,
                        nnodes=nnodes, node_commands=pairs if nnodes > 1 else [],
-                       hosts=[h.name for h in hosts][:nnodes] if hosts is not None else [])
+                       hosts=[h.name for h in hosts][:nnodes] if hosts is not None else [],
+                       started=_started(plans))
     _write_launch_json(result, timeout)
 
     start = time.time()
     result.status, result.returncode, pid, signum, previous, result.stacks = supervise(
         [(c, e) for (c, _), e in zip(pairs, envs, strict=True)], run_dir, timeout,
         progress_bar(cfg["steps"], name, progress), echo, stall_timeout,
-        PEER_GRACE if peer_grace is None else peer_grace, hold)
+        PEER_GRACE if peer_grace is None else peer_grace, hold, _starter(plans, pairs))
     result.seconds = time.time() - start
+    result.started = _started(plans)  # a zygote that declined at start time made it an exec
     result.heartbeats = read_heartbeats(run_dir)
     if nnodes > 1:
         merge_node_failures(run_dir)

@@ -33,6 +33,9 @@ class RunResult:
     stacks: dict[int, str] = field(default_factory=dict)  # rank -> its Python stack at a hang (faulthandler)
     failing_node: int | None = None  # a rendezvous that never completed: the node that caused it
     hosts: list[str] = field(default_factory=list)  # the network namespace each node ran in (netns.Hosts)
+    # how its processes started, as start_plan decided (and why): "forked: launch zygote of this process; ranks
+    # forked: rank zygote of the driver", or "exec: ..." (several nodes that differ: one entry per node)
+    started: str = ""
 
     @staticmethod
     def _shell(words: list[str]) -> str:

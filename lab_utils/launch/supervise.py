@@ -17,7 +17,6 @@ from pathlib import Path
 
 from lab_utils.core import runfiles
 from lab_utils.core.runfiles import REPO
-from lab_utils.launch import launch_zygote
 from lab_utils.launch.launch_diagnose import dump_stacks, stalled
 from lab_utils.launch.process_tree import ProcessTree
 
@@ -149,9 +148,15 @@ def _echo_new(path: Path, shown: int) -> int:
     return max(end, shown)
 
 
+def popen(cmd: list[str], env: dict, out):
+    """Start `cmd` as a process of its own (exec), in a session of its own, its output to `out`."""
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+
+
 def supervise(cmds: list[tuple[list[str], dict]], run_dir: Path, timeout: float, bar, echo: bool,
-              stall_timeout: float | None = None, peer_grace: float = PEER_GRACE, hold=None):
-    """Start each (command, env) (one per node), follow them until all exit or the timeout; stop every process
+              stall_timeout: float | None = None, peer_grace: float = PEER_GRACE, hold=None, start_one=popen):
+    """Start each (command, env) (one per node) with `start_one(cmd, env, out)` (the launcher's: fork or exec, as
+    start_plan decided; default: exec), follow them until all exit or the timeout; stop every process
     they started, always. A hang first gets each rank's stack dumped (faulthandler, SIGUSR1). When one node has
     failed, the others are stopped `peer_grace` s later if they have not ended by then. hold (a threading.Event
     or None): no stall is called before it is set; the stall timeout then counts from the moment it was seen set.
@@ -165,9 +170,7 @@ def supervise(cmds: list[tuple[list[str], dict]], run_dir: Path, timeout: float,
     with open(out_path, "w") as out, stop_signals_raise() as previous:
         try:
             for cmd, env in cmds:
-                # Forked from this caller's launch zygote where it can be (torch already imported), else started
-                proc = launch_zygote.start(cmd, env, out, REPO) or subprocess.Popen(
-                    cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
+                proc = start_one(cmd, env, out)
                 procs.append(proc)
                 trees.append(ProcessTree(proc))
             first_failure, held_until = None, (0.0 if hold is None else None)

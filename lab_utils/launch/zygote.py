@@ -21,8 +21,8 @@ What differs, and how it is handled:
   was exec'd with). Heartbeats therefore carry the rank's error file (launch_diagnose reads it from there).
 - `ps` shows a rank with the driver's command line (it is a fork of it).
 - The OpenMP runtime read OMP_NUM_THREADS when torch was loaded: the rank sets its thread count again.
-- LAB_EXIT=finalize (an ordinary interpreter exit, chapter 11's crash) cannot be had in a fork: those ranks
-  are exec'd as before, as is any script but scripts/train.py, and everything when LAB_ZYGOTE=off.
+- Which ranks are forked and which exec'd (LAB_ZYGOTE=off, LAB_EXIT=finalize, any script but scripts/train.py)
+  is decided in start_plan.ranks, which the driver calls and launch.json records.
 - If the zygote cannot be reached, the client execs the script itself: slower, never wrong.
 """
 
@@ -35,28 +35,11 @@ import signal
 import socket
 import sys
 
+from lab_utils.launch.parent_death import die_with_parent
+
 ENV = "LAB_ZYGOTE"  # the socket's name, set for the workers by the driver; "off" turns the zygote off
-_PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 MAX_MESSAGE = 1 << 20  # argv + environment, as JSON: a few kB in practice
-
-
-def _die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before the request: nobody will send it
-        os._exit(1)
-
-
-def usable(script: str, env: dict) -> bool:
-    """Can the ranks of this launch be forked from a zygote? Linux, the lab's own training script (its top level
-    is known to be safe to run ahead), and no switch asking for a real exec."""
-    from lab_utils.core.runfiles import TRAIN  # here, not at the top: a client never imports torch
-
-    return (sys.platform.startswith("linux") and hasattr(socket, "send_fds") and env.get(ENV) != "off"
-            and env.get("LAB_EXIT", "fast") != "finalize" and os.path.realpath(script) == os.path.realpath(TRAIN))
 
 
 def start(script: str) -> str:
@@ -71,7 +54,7 @@ def start(script: str) -> str:
     sys.stderr.flush()
     if os.fork() == 0:
         try:
-            _die_with_parent(parent)
+            die_with_parent(signal.SIGKILL, parent)
             _serve(listener, script)
         finally:
             os._exit(0)
@@ -190,7 +173,7 @@ def become(conn: socket.socket, fds: list[int], request: dict, parent: int, deat
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.setsid()
-        _die_with_parent(parent, death_signal)
+        die_with_parent(death_signal, parent)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
