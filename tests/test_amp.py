@@ -64,12 +64,22 @@ def test_bad_amp_keys_are_refused_naming_the_key(keys, message):
 
 def test_a_scaled_grad_norm_is_named_without_the_key():
     """An outside script logs clip_grad_norm_'s return: a step-0 ratio of 2^16 (GradScaler's initial scale)
-    names grad_clip from the metrics alone; a ratio of 3 does not."""
-    def evidence(ratio):
+    names grad_clip from the metrics alone; a ratio of 3 is a gradient changed after the backward (clipping before
+    the all-reduce) only where the loss agrees, and never the scaled-gradient bug."""
+    def evidence(ratio, dloss=0.0, replicas=None, clip=0.25):
         ma = [{"step": 0, "loss": 4.0, "grad_norm": 0.9876}]
-        mb = [{"step": 0, "loss": 4.0, "grad_norm": 0.9876 * ratio}]
-        return causes.Evidence(report=SimpleNamespace(run_a="A", run_b="B"), ma=ma, mb=mb, ca={}, cb={})
+        mb = [{"step": 0, "loss": 4.0 + dloss, "grad_norm": 0.9876 * ratio}]
+        report = SimpleNamespace(run_a="A", run_b="B", first_step_over_grad_rtol=0, loss_diffs=[dloss],
+                                 first_step_over_tol=0 if dloss else None, loss_bound=lambda step: 1e-5)
+        keys = {"config": {"grad_clip": clip}} if clip is not None else {}
+        return causes.Evidence(report=report, ma=ma, mb=mb, ca=keys, cb=keys, replica_b=replicas or {})
 
     found = causes.grad_clipping(evidence(65535.69))  # measured at step 0 (clip_scaled_gradients)
     assert [c.code for c in found] == ["grad_clip"] and "2^16" in found[0].evidence
-    assert causes.grad_clipping(evidence(3.0)) == []
+    found = causes.grad_clipping(evidence(3.0))
+    assert [c.code for c in found] == ["grad_clip"] and "2^" not in found[0].evidence
+    assert "loss agrees" in found[0].evidence
+    assert causes.grad_clipping(evidence(3.0, dloss=0.1)) == []  # the forward moved: other data or weights
+    assert causes.grad_clipping(evidence(3.0, replicas={0: "a", 1: "b"})) == []  # an unreduced parameter
+    assert causes.grad_clipping(evidence(3.0, clip=0.0)) == []  # A does not clip
+    assert causes.grad_clipping(evidence(3.0, clip=None)) == []  # one step, no key: a factor can't be told apart

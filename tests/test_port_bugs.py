@@ -6,13 +6,14 @@ at GPT 4x256 x 150 steps is `ddp-lab bench portbugs` (about 40 minutes on 2 core
 Runs are shared between the parametrized cases (one module-wide runs folder, one run per distinct
 (nproc, keys)), so e.g. the plain single run serves the doubled-batch bug and the plain port.
 """
+import json
 import math
 
 import pytest
 
 from lab_utils.analysis import doctor, parity, portbugs
 from lab_utils.analysis.portbugs import SUITE
-from lab_utils.core import float_twin
+from lab_utils.core import float_twin, runfiles
 from lab_utils.launch import launcher
 
 
@@ -132,3 +133,21 @@ def test_unused_parameter_with_the_flag_off_is_an_error_not_a_tier(runs_dir):
     assert "Expected to have finished reduction in the prior iteration" in result.message + result.traceback, \
         str(result)
     assert result.failing_rank in (0, 1)
+
+
+@pytest.mark.parametrize("name", ["clip_inside_no_sync_window", "clip_per_micro_batch", "clip_scaled_gradients"])
+def test_clipping_causes_come_from_the_data(name, suite_runs):
+    """The three clipping bugs are named grad_clip with clip_bug removed from both config.json files (what a
+    recorded script's folder looks like): the report reads the metrics, not the key that made the bug."""
+    from lab_utils.analysis import causes
+
+    bug = next(b for b in SUITE if b.name == name)
+    report = report_for(bug, suite_runs)
+    run_a, run_b = suite_runs(1, bug.single), suite_runs(bug.nproc, bug.ddp)
+    ca, cb = (json.loads((run / "config.json").read_text()) for run in (run_a, run_b))
+    for c in (ca, cb):
+        c["config"].pop("clip_bug", None)
+    e = causes.Evidence(report, runfiles.read_metrics(run_a), runfiles.read_metrics(run_b), ca, cb,
+                        replica_a=causes.replica_hashes(run_a), replica_b=causes.replica_hashes(run_b))
+    cause = causes.first(e)
+    assert cause is not None and cause.code == "grad_clip" and "clip_bug" not in cause.text, cause

@@ -44,6 +44,7 @@ CAUSES = {
     "fsdp2_setup": "FSDP2 set up wrong: the optimizer built before fully_shard, the root module not sharded, or "
                    "the gradient sync left off",
 }
+CLIP_RATIO_SPREAD = 0.05  # grad_norm B/A moving by more than this over 10 steps is no constant factor
 SCALE_RTOL = 0.01  # how close grad_norm_B / grad_norm_A must be to world_size or 1/world_size
 # Evidence strength, for the doctor's ranking (the cause the report names always comes first).
 NAMED, STRONG, MEDIUM, WEAK = 100, 80, 50, 10
@@ -364,22 +365,73 @@ CLIP_BUGS = {  # config key clip_bug (chapter 13) -> what the run did, and the f
 
 
 def grad_clipping(e: Evidence) -> list[Candidate]:
-    """Clipping at the wrong point (chapter 13): the clip_bug key, or a step-0 grad_norm ratio that is a large
-    power of two (GradScaler's scale: the norm, and the clipping, of the still-scaled gradients)."""
-    r = e.report
-    for nm, k in ((r.run_b, e.kb), (r.run_a, e.ka)):
-        bug = k.get("clip_bug", "none")
-        if bug in CLIP_BUGS:
-            return [Candidate("grad_clip", STRONG, f"{nm} has clip_bug={bug} (grad_clip={k.get('grad_clip')}): "
-                              f"{CLIP_BUGS[bug]}", True)]
+    """Clipping at the wrong point (chapter 13), judged from the metrics: a step-0 grad_norm ratio that is a large
+    power of two (GradScaler's scale: the norm, and the clipping, of the still-scaled gradients), or a gradient that
+    departs while the loss, the data and the replicas agree (the clip acted on other gradients than the all-reduced
+    whole). The clip_bug key only names the placement once the data have shown the effect."""
     g0a, g0b = (e.ma[0].get("grad_norm") if e.ma else None), (e.mb[0].get("grad_norm") if e.mb else None)
     if g0a and g0b and math.isfinite(g0a) and math.isfinite(g0b):
         power = math.log2(max(g0a, g0b) / min(g0a, g0b))
         if power >= 8 and abs(power - round(power)) < 1e-3:
             return [Candidate("grad_clip", STRONG, f"grad_norm B/A at step 0 is {fmt(g0b / g0a)} = 2^"
                               f"{round(math.log2(g0b / g0a))}, a power of two like GradScaler's loss scale: one run "
-                              f"measures (and clips) the still-scaled gradients — {CLIP_BUGS['scaled']}", True)]
-    return []
+                              f"measures (and clips) the still-scaled gradients — {CLIP_BUGS['scaled']}"
+                              + _clip_key(e), True)]
+    step = _gradient_first(e)
+    if step is None:
+        return [Candidate("grad_clip", WEAK, f"config.json sets clip_bug={bug}, but the metrics show no gradient "
+                          f"that departs before the loss", False) for bug in _clip_bugs(e)]
+    ga, gb = e.ma[step]["grad_norm"], e.mb[step]["grad_norm"]
+    clip = e.ka.get("grad_clip", e.kb.get("grad_clip"))
+    active = (f"; A clips at max_norm={clip:g}, below its norm {ga:.4g}, so the clip acts" if clip
+              else "; B/A varies from step to step, as a clip's factor does")
+    return [Candidate("grad_clip", STRONG, f"step {step}: the loss agrees (|dloss| {e.report.loss_diffs[step]:.1e}, "
+                      f"within its bound) but grad_norm B/A is {fmt(gb / ga)}, neither world_size nor a power of two, "
+                      f"and the ranks' weights stay one copy: the same data and weights gave another gradient after "
+                      f"the backward — clipped before the all-reduce finished (inside no_sync, per micro-batch, on "
+                      f"local shards), not once on the reduced gradients{active}" + _clip_key(e), True)]
+
+
+def _clip_bugs(e: Evidence) -> list[str]:
+    return [k["clip_bug"] for k in (e.kb, e.ka) if k.get("clip_bug", "none") in CLIP_BUGS]
+
+
+def _clip_key(e: Evidence) -> str:
+    bugs = _clip_bugs(e)
+    return f" (config.json: clip_bug={bugs[0]}: {CLIP_BUGS[bugs[0]]})" if bugs else ""
+
+
+def _gradient_first(e: Evidence) -> int | None:
+    """The step where B's gradient norm leaves A's noise while the loss there, the samples, the sample count and
+    the replicas agree: something between the backward and the norm changed the gradient. None otherwise."""
+    r, step = e.report, e.report.first_step_over_grad_rtol
+    if step is None or step >= len(r.loss_diffs) or step >= min(len(e.ma), len(e.mb)):
+        return None
+    if (r.first_step_over_tol is not None and r.first_step_over_tol <= step) or not r.loss_diffs[step] <= \
+            r.loss_bound(step):
+        return None  # the loss moved first (or with it): the forward saw other data or weights
+    a, b = e.ma[step], e.mb[step]
+    if not (a.get("grad_norm") and b.get("grad_norm")) or not all(map(math.isfinite, (a["grad_norm"], b["grad_norm"]))):
+        return None  # no gradient at all (sync left off) is frozen_weights' case
+    ids_a, ids_b = a.get("sample_ids"), b.get("sample_ids")  # recorded scripts: the samples the step drew
+    if a.get("samples") != b.get("samples") or (ids_a is not None and ids_b is not None
+                                                 and frozenset(ids_a) != frozenset(ids_b)):
+        return None
+    if any(len(set(h.values())) > 1 for h in (e.replica_a, e.replica_b)):
+        return None  # an unreduced parameter also changes the norm: replicas_parted's case
+    return step if _clipping_acts(e, step) else None
+
+
+def _clipping_acts(e: Evidence, step: int) -> bool:
+    """Clipping can be what changed the gradient: A clips there (its grad_clip is below its norm), or, where the
+    folders do not say (a recorded script), B/A varies from step to step. A constant factor (a loss divided
+    twice by the accumulation steps, say) is a scale, not a clip."""
+    clip = e.ka.get("grad_clip", e.kb.get("grad_clip"))
+    if clip is not None:
+        return 0 < clip < e.ma[step]["grad_norm"]
+    ratios = [b["grad_norm"] / a["grad_norm"] for a, b in zip(e.ma[step:step + 10], e.mb[step:step + 10], strict=False)
+              if a.get("grad_norm") and b.get("grad_norm")]
+    return len(ratios) >= 2 and max(ratios) / min(ratios) > 1 + CLIP_RATIO_SPREAD
 
 
 def replicas_parted(e: Evidence) -> list[Candidate]:

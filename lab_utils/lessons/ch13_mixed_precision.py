@@ -1,5 +1,5 @@
 """Chapter 13's lesson logic: what GradScaler skipped on each rank, the loss scale over a run, the clipping
-bugs' reports side by side, and the linear-scaling rule of the §1.3 signpost. Taught in
+bugs' reports side by side, each precision's float-noise scale, and the linear-scaling rule of exercise 3. Taught in
 notebooks/13_mixed_precision.ipynb.
 
 Analysis side: reads run folders (runfiles, parity) and draws; it launches nothing and imports no training
@@ -25,6 +25,13 @@ def scale_rows(run_dir: Path) -> list[dict]:
     """Per step: the loss scale the step ran with, whether it was skipped, its (unscaled) grad norm."""
     return [{"step": m["step"], "loss_scale": m.get("loss_scale"), "skipped": m.get("skipped"),
              "grad_norm": m["grad_norm"]} for m in runfiles.read_metrics(run_dir)]
+
+
+def precision_rows(reports: dict[str, parity.ParityReport]) -> list[dict]:
+    """{precision: port vs single report, judged against that precision's float twin} -> how far the twin moved
+    (the envelope's scale: precision alone), how far the port moved, and the tier."""
+    return [{"precision": p, "twin": max(r.twin_loss) if r.twin_loss else math.nan, "port": r.max_abs_loss_diff,
+             "tier": r.tier} for p, r in reports.items()]
 
 
 def linear_scaling_lr(lr: float, batch: int, new_batch: int) -> float:
