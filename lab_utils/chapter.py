@@ -58,7 +58,7 @@ def run_dir(name: str) -> Path:
 def run(name: str, nproc: int, p: Params, quiet: bool = False, max_restarts: int = 0, **keys) -> launcher.RunResult:
     """Launch one run for a notebook (steps and backend from the parameters cell unless given), print the exact
     command it used, and raise with the failing rank's traceback if it did not finish. `max_restarts`: torchrun's
-    elastic restart of every rank after a failure (chapter 11)."""
+    elastic restart of every rank after a failure (chapter 12)."""
     keys.setdefault("steps", p.steps)
     keys.setdefault("backend", p.backend)
     result = launcher.launch(name, nproc, dict(keys), timeout=p.timeout, progress=not quiet,

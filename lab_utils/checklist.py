@@ -40,7 +40,7 @@ for every cause ranked.
 
 FOOTER = """\
 ## Also worth knowing (not from a chapter's list)
-- The order-fixed reduction of [11_bitwise](../notebooks/11_bitwise.ipynb) is worth its price where a difference
+- The order-fixed reduction of [12_bitwise](../notebooks/12_bitwise.ipynb) is worth its price where a difference
   must mean a bug (regression suites, parity debugging): an all-gather moves (W−1)·N bytes per rank instead of
   ~2(W−1)/W·N. It costs little at 2 ranks (78.8 vs 78.1 ms/step on two H200s,
   `docs/measured/h200x2/hook_2gpu.txt`).

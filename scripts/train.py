@@ -90,11 +90,11 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     optimizer = early or build_optimizer(model, cfg)
     if state:  # (FSDP2: the full state is sharded into this rank's part: core/fsdp2.py)
         checkpoint.load_optimizer_state(model, optimizer, state["optimizer"])
-    # grad_reduction=tree (chapter 12): C chunks per global batch in one binary tree (the comm hook under DDP)
+    # grad_reduction=tree (chapter 13): C chunks per global batch in one binary tree (the comm hook under DDP)
     chunks = cfg["global_batch_size"] // cfg["micro_batch_size"]
     tree = TreeAccumulator(model, chunks, comm=cfg["tree_comm"]) if cfg["grad_reduction"] == "tree" else None
 
-    # amp=fp16 (chapter 13): GradScaler multiplies the loss so that small fp16 gradients do not flush to 0, and
+    # amp=fp16 (chapter 11): GradScaler multiplies the loss so that small fp16 gradients do not flush to 0, and
     # skips a step whose gradients hold inf/NaN. It checks the all-reduced gradients, so every rank skips alike.
     scaler = torch.amp.GradScaler(env.device.type) if cfg["amp"] == "fp16" else None
     skipped: list[int] = []  # the steps GradScaler skipped on this rank (its heartbeat records them)
@@ -135,7 +135,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         model.train()
         optimizer.zero_grad(set_to_none=True)
         local_loss = None
-        factors = overflow_factors(cfg, step, max(R, env.world_size))  # overflow_step (chapter 13)
+        factors = overflow_factors(cfg, step, max(R, env.world_size))  # overflow_step (chapter 11)
         if tree is not None:  # each chunk's gradient apart, one tree over all C: the same bits at any W
             loss = tree_step(wl, model, loaders[0], cfg, env.device, tree)
         elif R > 1:

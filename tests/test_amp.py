@@ -1,4 +1,4 @@
-"""amp=fp16 / bf16 under DDP (chapter 13), with real 2-rank gloo runs against the emulated reference.
+"""amp=fp16 / bf16 under DDP (chapter 11), with real 2-rank gloo runs against the emulated reference.
 
 GradScaler's inf/NaN check runs on the all-reduced gradients: rank 1's loss is made to overflow at one step
 (overflow_step), and *both* ranks skip that step (each rank's heartbeat lists the steps its scaler skipped)

@@ -37,7 +37,7 @@ def runs(tmp_path_factory):
         "no_set_epoch": ("no_set_epoch", 2, {**KEYS, "wrap": "fsdp2", "set_epoch": False}),
         "clip_local": ("clip_local", 2, {**KEYS, "wrap": "fsdp2", "clip_bug": "local_shards"}),
         **{bug: (bug, 2, {**KEYS, "wrap": "fsdp2", "fsdp2_bug": bug}) for bug in SETUP_BUGS},
-        # bf16 autocast (chapter 13's amp=bf16) under FSDP2, ordered, against its emulation
+        # bf16 autocast (chapter 11's amp=bf16) under FSDP2, ordered, against its emulation
         "bf16_emul2": ("bf16_emul2", 1, {**KEYS, "amp": "bf16", "emulate_ranks": 2}),
         "bf16_ordered2": ("bf16_ordered2", 2, {**KEYS, "amp": "bf16", "wrap": "fsdp2", "grad_reduction": "ordered"}),
     }

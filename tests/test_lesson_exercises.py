@@ -1,4 +1,4 @@
-"""The lesson functions behind chapters 05, 06, 08, 10 and 11's exercises and plots (issue 25): which losses
+"""The lesson functions behind chapters 05, 06, 08, 10 and 12's exercises and plots (issue 25): which losses
 need a global count, where DDP reads `no_sync`, the rank-0-only evaluation trap, and the plots' conventions.
 The two multi-rank ones start real gloo ranks (forked, a few seconds each)."""
 

@@ -1,4 +1,4 @@
-"""The order-fixed gradient reduction (lab_utils/core/ordered_reduce.py, chapter 11): its pieces, and bad input."""
+"""The order-fixed gradient reduction (lab_utils/core/ordered_reduce.py, chapter 12): its pieces, and bad input."""
 
 from __future__ import annotations
 

@@ -112,11 +112,11 @@ def test_suite_table_is_well_formed():
 
 
 def test_tree_entries_share_one_single_run_whose_twin_is_a_tree_too():
-    """Chapter 12's three entries compare against ONE run, the tree at 1 process; its float twin (16 chunks of 1:
+    """Chapter 13's three entries compare against ONE run, the tree at 1 process; its float twin (16 chunks of 1:
     another tree) must be a configuration the tree accepts, or the suite could not launch it."""
     from lab_utils.core import config
 
-    tree = [b for b in SUITE if b.article.startswith("ch12")]
+    tree = [b for b in SUITE if b.article.startswith("ch13")]
     assert len(tree) == 3 and len({portbugs.run_name(1, b.single) for b in tree}) == 1
     twin_keys = config.resolve(list(portbugs.twin(tree[0].single)[1]), 1)
     assert twin_keys["grad_reduction"] == "tree" and twin_keys["micro_batch_size"] == 1

@@ -1,4 +1,4 @@
-"""Chapter 13's box decisions as pure functions of what a box reports, so a CPU box tests a T4's, two T4s' and
+"""Chapter 11's box decisions as pure functions of what a box reports, so a CPU box tests a T4's, two T4s' and
 a one-GPU box's answers: amp=bf16 refused below compute capability 8.0 (even when torch says bf16 is supported,
 through emulation), the GPU link read from `nvidia-smi topo -m`, when the P2P probe runs, and the device a
 careful user's script picks for LOCAL_RANK (the outside script chapter 10 runs). The probes themselves run for

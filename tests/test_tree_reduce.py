@@ -1,4 +1,4 @@
-"""grad_reduction=tree (lab_utils/core/tree_reduce.py, chapter 12): the tree's arithmetic, the refusals, and real
+"""grad_reduction=tree (lab_utils/core/tree_reduce.py, chapter 13): the tree's arithmetic, the refusals, and real
 gloo runs at 1 and 4 ranks (recursive halving) resumed at 2 (bn_net: BatchNorm's running stats included)."""
 
 from __future__ import annotations

@@ -351,7 +351,7 @@ def batch_norm(e: Evidence) -> list[Candidate]:
                       f"emulated reference (emulate_ranks), or use SyncBatchNorm", True)]
 
 
-CLIP_BUGS = {  # config key clip_bug (chapter 13) -> what the run did, and the fix
+CLIP_BUGS = {  # config key clip_bug (chapter 11) -> what the run did, and the fix
     "no_sync_window": "clip_grad_norm_ inside the no_sync window: each rank clipped its own local gradients by "
                       "their own norm before the all-reduce — clip once, after the last micro-batch's backward",
     "micro_batch": "clip_grad_norm_ after every micro-batch: partial sums clipped, then added — clip once per "
@@ -365,7 +365,7 @@ CLIP_BUGS = {  # config key clip_bug (chapter 13) -> what the run did, and the f
 
 
 def grad_clipping(e: Evidence) -> list[Candidate]:
-    """Clipping at the wrong point (chapter 13), judged from the metrics: a step-0 grad_norm ratio that is a large
+    """Clipping at the wrong point (chapter 11), judged from the metrics: a step-0 grad_norm ratio that is a large
     power of two (GradScaler's scale: the norm, and the clipping, of the still-scaled gradients), or a gradient that
     departs while the loss, the data and the replicas agree (the clip acted on other gradients than the all-reduced
     whole). The clip_bug key only names the placement once the data have shown the effect."""

@@ -284,7 +284,7 @@ def grad_norm_diffs(ma: list[dict], mb: list[dict], n: int) -> tuple[list[float]
     rel, ratio = [], []
     for x, y in zip(ga, gb, strict=True):
         if not (math.isfinite(x) and math.isfinite(y)):
-            # both non-finite alike: a step GradScaler skipped in both runs (amp=fp16, chapter 13) agrees
+            # both non-finite alike: a step GradScaler skipped in both runs (amp=fp16, chapter 11) agrees
             rel.append(0.0 if same_value(x, y) else math.inf)
             continue
         rel.append(abs(y - x) / max(abs(x), abs(y)) if (x or y) else 0.0)

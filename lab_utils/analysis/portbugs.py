@@ -38,7 +38,7 @@ class PortBug:
     single: tuple[str, ...]  # keys of the correct single-process run
     ddp: tuple[str, ...]  # keys of the port
     expected: str  # "catch": below tier 2, with `cause`; "pass": tier >= 2; against an emulated reference
-    # (chapter 11): "bitwise": tier 3; "not_bitwise": exactly tier 2 (what only the bitwise check can see)
+    # (chapter 12): "bitwise": tier 3; "not_bitwise": exactly tier 2 (what only the bitwise check can see)
     cause: str | None = None  # parity.CAUSES code the report must name (catch only)
     nproc: int = 2
     lesson: str = ""
@@ -58,7 +58,7 @@ def _keys(*extra: str) -> tuple[str, ...]:
 
 SUM, NOFIX, SGD = "loss_reduction=sum", "sum_loss_fix=false", "optimizer=sgd"
 TORCH_DROPOUT = ("seed_mode=article", "dropout=0.1", "dropout_mode=torch")
-# chapter 12: C = 16 / 2 = 8 chunks, keyed dropout; the last key switches the stock reduction to the tree
+# chapter 13: C = 16 / 2 = 8 chunks, keyed dropout; the last key switches the stock reduction to the tree
 TREE = ("sampler=global", "micro_batch_size=2", "dropout=0.1", "grad_reduction=tree")
 CLIP, ACC2, FP16 = "grad_clip=0.25", "grad_accum_steps=2", "amp=fp16"
 
@@ -112,31 +112,31 @@ SUITE: list[PortBug] = [
     PortBug("in_batch_negatives_autograd_gather", "ch05 (article §1.2)", _keys("model=contrastive"),
             _keys("model=contrastive", "contrastive_gather=autograd"), "pass",
             lesson="InfoNCE over the global batch: torch.distributed.nn.functional.all_gather keeps the gradients"),
-    # ---- chapter 11: against the emulated 4-rank reference, where only the bitwise check can tell
-    PortBug("reduction_in_backend_order", "ch11 (article §1.1 tier 3)", _keys("sampler=global", "emulate_ranks=4"),
+    # ---- chapter 12: against the emulated 4-rank reference, where only the bitwise check can tell
+    PortBug("reduction_in_backend_order", "ch12 (article §1.1 tier 3)", _keys("sampler=global", "emulate_ranks=4"),
             _keys("sampler=global"), "not_bitwise", nproc=4,
             lesson="DDP's stock all-reduce at 4 ranks: the backend's summation order, last bits off (tier 2 only)"),
-    PortBug("ordered_reduction", "ch11", _keys("sampler=global", "emulate_ranks=4"),
+    PortBug("ordered_reduction", "ch12", _keys("sampler=global", "emulate_ranks=4"),
             _keys("sampler=global", "grad_reduction=ordered"), "bitwise", nproc=4,
             lesson="grad_reduction=ordered: all-gather, sum in rank order: the reference's bits at 4 ranks"),
-    # ---- chapter 12: grad_reduction=tree, against the tree at ONE process (no emulation): one tree at any W
-    PortBug("tree_at_2_ranks", "ch12 (article §1.1 tier 3)", _keys(*TREE), _keys(*TREE), "bitwise",
+    # ---- chapter 13: grad_reduction=tree, against the tree at ONE process (no emulation): one tree at any W
+    PortBug("tree_at_2_ranks", "ch13 (article §1.1 tier 3)", _keys(*TREE), _keys(*TREE), "bitwise",
             lesson="grad_reduction=tree: 8 chunks in one binary tree; 2 ranks compute its top level"),
-    PortBug("tree_at_4_ranks", "ch12 (article §1.1 tier 3)", _keys(*TREE), _keys(*TREE), "bitwise", nproc=4,
+    PortBug("tree_at_4_ranks", "ch13 (article §1.1 tier 3)", _keys(*TREE), _keys(*TREE), "bitwise", nproc=4,
             lesson="the same tree at 4 ranks: bitwise with 1 process, hence with 2 ranks too"),
-    PortBug("stock_4_ranks_vs_tree", "ch12", _keys(*TREE), _keys(*TREE[:-1]), "not_bitwise", nproc=4,
+    PortBug("stock_4_ranks_vs_tree", "ch13", _keys(*TREE), _keys(*TREE[:-1]), "not_bitwise", nproc=4,
             lesson="DDP's stock all-reduce at 4 ranks, the same micro-batches: another float order (tier 2 only)"),
-    # ---- chapter 13: where clip_grad_norm_ goes under DDP and GradScaler. grad_clip=0.25 is below the toy GPT's
+    # ---- chapter 11: where clip_grad_norm_ goes under DDP and GradScaler. grad_clip=0.25 is below the toy GPT's
     # gradient norm (~1 over these steps), and below half of it, so every step and every micro-batch clips.
-    PortBug("clip_inside_no_sync_window", "ch13", _keys(CLIP, ACC2), _keys(CLIP, ACC2, "clip_bug=no_sync_window"),
+    PortBug("clip_inside_no_sync_window", "ch11", _keys(CLIP, ACC2), _keys(CLIP, ACC2, "clip_bug=no_sync_window"),
             "catch", "grad_clip", lesson="clipped inside no_sync: each rank's local gradients, by its own norm"),
-    PortBug("clip_per_micro_batch", "ch13", _keys(CLIP, ACC2), _keys(CLIP, ACC2, "clip_bug=micro_batch"), "catch",
+    PortBug("clip_per_micro_batch", "ch11", _keys(CLIP, ACC2), _keys(CLIP, ACC2, "clip_bug=micro_batch"), "catch",
             "grad_clip", lesson="clipped after every micro-batch: partial sums clipped, then added"),
-    PortBug("clip_scaled_gradients", "ch13", _keys(FP16, CLIP), _keys(FP16, CLIP, "clip_bug=scaled"), "catch",
+    PortBug("clip_scaled_gradients", "ch11", _keys(FP16, CLIP), _keys(FP16, CLIP, "clip_bug=scaled"), "catch",
             "grad_clip", lesson="clipped before scaler.unscale_: the threshold met gradients x 65536"),
-    PortBug("clip_once_per_step", "ch13", _keys(CLIP, ACC2), _keys(CLIP, ACC2), "pass",
+    PortBug("clip_once_per_step", "ch11", _keys(CLIP, ACC2), _keys(CLIP, ACC2), "pass",
             lesson="clip_grad_norm_ once, after the last micro-batch's all-reduce: the single run's clipping"),
-    PortBug("clip_after_unscale_fp16", "ch13", _keys(FP16, CLIP), _keys(FP16, CLIP), "pass",
+    PortBug("clip_after_unscale_fp16", "ch11", _keys(FP16, CLIP), _keys(FP16, CLIP), "pass",
             lesson="fp16: scaler.scale(loss).backward(), scaler.unscale_, clip once, scaler.step, scaler.update"),
 ]
 

@@ -94,13 +94,13 @@ KEYS: dict[str, Key] = {
     "compile": Key(bool, False, "nn.Module.compile() the model before the DDP wrap (CUDA only; the first steps "
                    "compile; fused kernels give other numbers than eager: `ddp-lab bench scaling` measures its tier)"),
     "grad_clip": Key(float, 0.0, "clip the global grad norm to this (0 = off)", min=0.0),
-    "clip_bug": Key(str, "none", "chapter 13's clipping bugs: no_sync_window (clip each rank's local gradients "
+    "clip_bug": Key(str, "none", "chapter 11's clipping bugs: no_sync_window (clip each rank's local gradients "
                     "inside the no_sync window, before the all-reduce), micro_batch (clip after every micro-batch), "
                     "scaled (amp=fp16: clip before scaler.unscale_), local_shards (wrap=fsdp2: each rank clips its "
                     "own shards by their own norm, not the global norm)",
                     choices=("none", "no_sync_window", "micro_batch", "scaled", "local_shards")),
     "overflow_step": Key(int, None, "amp=fp16: multiply rank overflow_rank's loss by 2**100 at this step, so its "
-                         "gradients overflow and GradScaler skips the step (chapter 13)", min=0, optional=True),
+                         "gradients overflow and GradScaler skips the step (chapter 11)", min=0, optional=True),
     "overflow_rank": Key(int, 0, "the rank whose loss overflows at overflow_step", min=0),
     "fused_optimizer": Key(bool, False, "torch.optim's fused=True: one kernel per update (GPU speed; other last bits "
                            "than the default, the same in every run that sets it)"),
@@ -128,7 +128,7 @@ KEYS: dict[str, Key] = {
     "grad_reduction": Key(str, "allreduce", "allreduce: DDP's stock hook (the backend picks the summation order); "
                           "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W; "
                           "tree: each micro-batch's gradient apart, summed in one binary tree over the global "
-                          "batch's chunks, the same bits at any world size (chapter 12)",
+                          "batch's chunks, the same bits at any world size (chapter 13)",
                           choices=("allreduce", "ordered", "tree")),
     "tree_comm": Key(str, "allgather", "grad_reduction=tree's top levels over ranks: allgather (the W subtree roots, "
                      "(W-1)x the gradient bytes) or halving (recursive-halving reduce-scatter + all-gather, the ring's "
@@ -364,7 +364,7 @@ def _check_chapter05(cfg: dict) -> None:
 
 
 def _check_tree(cfg: dict, world_size: int) -> None:
-    """grad_reduction=tree (chapter 12, lab_utils/core/tree_reduce.py): the tree needs a fixed chunk size and
+    """grad_reduction=tree (chapter 13, lab_utils/core/tree_reduce.py): the tree needs a fixed chunk size and
     C = global_batch_size / micro_batch_size chunks, a power of two that the world size divides."""
     if cfg["grad_reduction"] != "tree":
         return
@@ -393,7 +393,7 @@ def _check_tree(cfg: dict, world_size: int) -> None:
 
 
 def _check_amp(cfg: dict, ranks: int) -> None:
-    """amp, clip_bug, overflow_step (chapter 13), and bf16 on this box's GPUs (before anything launches)."""
+    """amp, clip_bug, overflow_step (chapter 11), and bf16 on this box's GPUs (before anything launches)."""
     bug, clip = cfg["clip_bug"], cfg["grad_clip"]
     if bug != "none" and not clip:
         raise ConfigError(f"clip_bug={bug} needs grad_clip > 0 (it is a bug in where the clipping happens)")

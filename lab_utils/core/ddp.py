@@ -3,7 +3,7 @@
 This is the one place the lab constructs DDP, so every DDP option a chapter teaches is one key away:
 find_unused_parameters, the buffer sync (the lab key `broadcast_buffers`, passed to torch as described in
 `buffer_sync_kwargs`), gradient_as_bucket_view (chapter 05), and the order-fixed gradient reduction
-`grad_reduction=ordered` (chapter 11, a communication hook). What DDP does at wrap time (broadcast rank 0's
+`grad_reduction=ordered` (chapter 12, a communication hook). What DDP does at wrap time (broadcast rank 0's
 parameters and buffers) is chapter 02's lesson.
 """
 
@@ -28,7 +28,7 @@ def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:  # DDP
                   **buffer_sync_kwargs(cfg["broadcast_buffers"]),
                   gradient_as_bucket_view=cfg["gradient_as_bucket_view"],
                   bucket_cap_mb=cfg["bucket_cap_mb"])
-    if cfg.get("grad_reduction") == "ordered":  # chapter 11: sum the ranks' buckets in rank order
+    if cfg.get("grad_reduction") == "ordered":  # chapter 12: sum the ranks' buckets in rank order
         wrapped.register_comm_hook(None, ordered_reduce.ordered_allreduce_hook)
     return wrapped
 

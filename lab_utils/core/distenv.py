@@ -29,7 +29,7 @@ class DistEnv:
     local_world_size: int
     backend: str | None  # None: a single process, no process group
     device: torch.device
-    ordered: bool = False  # grad_reduction=ordered: means over ranks are summed in rank order (chapter 11)
+    ordered: bool = False  # grad_reduction=ordered: means over ranks are summed in rank order (chapter 12)
     # wrap=fsdp2 on several ranks: the full weights live on no rank, so reading them is a collective (core/fsdp2.py)
     sharded: bool = False
 

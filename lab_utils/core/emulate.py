@@ -4,7 +4,7 @@ Taught in notebooks/01_unchanged.ipynb. `emulate_ranks=R` makes scripts/train.py
 instead of a DDP step: each "rank" runs the real `step.rank_step` on its own micro-batches into fresh
 gradients, then they are reduced exactly as DDP does — each divided by R, summed in rank order. For R=2 a
 sum of two operands has one possible order, so this matches a real 2-rank run bit for bit. For R>2 the
-backend's all-reduce may add in another order (gloo's ring does): then only tier 2 (chapter 11).
+backend's all-reduce may add in another order (gloo's ring does): then only tier 2 (chapter 12).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
     its own micro-batches. tests/test_buffer_sync.py checks every emulated rank's final running stats against
     a real 2-rank run's, bit for bit.
 
-    scaler / loss_factors (amp=fp16, chapter 13): each rank's micro-batch losses go through the same
+    scaler / loss_factors (amp=fp16, chapter 11): each rank's micro-batch losses go through the same
     GradScaler.scale, and rank r's loss is multiplied by loss_factors[r] (overflow_step), as on real ranks.
     """
     R = len(loader_iters)

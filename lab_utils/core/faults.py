@@ -4,7 +4,7 @@ for real: the `fault`, `fault_rank`, `fault_step` and `overflow_step`, `overflow
 scripts/train.py calls one function of this module per fault site and keeps nothing else of it: `inject_fault`
 at the start of each step, `overflow_factors` for the step's loss, `kills_in_save` for a checkpoint write.
 Taught in notebooks/00_preflight.ipynb and 09_launching.ipynb (crash, hang, kill, abort, ignore_term),
-08_checkpoints.ipynb (kill_in_save) and 13_mixed_precision.ipynb (overflow_step). Chapter 09 reads the hung
+08_checkpoints.ipynb (kill_in_save) and 11_mixed_precision.ipynb (overflow_step). Chapter 09 reads the hung
 rank's innermost frame, `inject_fault: time.sleep(3600)`: keep that function name and that line as they are.
 """
 
@@ -16,7 +16,7 @@ import time
 
 from lab_utils.core import resume
 
-# overflow_step (chapter 13): the factor on one rank's loss that makes its fp16 gradients overflow to inf.
+# overflow_step (chapter 11): the factor on one rank's loss that makes its fp16 gradients overflow to inf.
 OVERFLOW_FACTOR = 2.0 ** 100
 
 
@@ -45,7 +45,7 @@ def inject_fault(cfg: dict, rank: int, step: int) -> None:
 
 def overflow_factors(cfg: dict, step: int, ranks: int) -> list[float]:
     """Each of `ranks` ranks' loss factor at `step`: OVERFLOW_FACTOR for overflow_rank at overflow_step (its fp16
-    gradients overflow before the all-reduce, chapter 13), 1.0 everywhere else."""
+    gradients overflow before the all-reduce, chapter 11), 1.0 everywhere else."""
     return [OVERFLOW_FACTOR if step == cfg["overflow_step"] and r == cfg["overflow_rank"] else 1.0
             for r in range(ranks)]
 

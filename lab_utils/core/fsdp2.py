@@ -9,7 +9,7 @@ is the same as DDP's: the mean of the ranks' gradients.
   gradients are added, as DDP's all-reduce does: the same bits as DDP at 2 ranks, other last bits at 4
   (a prototype measured 6e-8 on CPU gloo: shared/reviews/fsdp2_ordered_proto.out). Judged by the float twins.
 - grad_reduction=ordered: `OrderedReduceScatter` divides by W, all-gathers every rank's gradient and adds
-  them as ((g0 + g1) + g2) + ..., exactly as chapter 11's DDP hook and the emulated reference do, so the run
+  them as ((g0 + g1) + g2) + ..., exactly as chapter 12's DDP hook and the emulated reference do, so the run
   has the same bits as `emulate_ranks=W` and as ordered DDP.
 
 What differs from DDP and matters here: fully_shard does NOT broadcast rank 0's weights (every rank must

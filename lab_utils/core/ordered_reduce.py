@@ -1,6 +1,6 @@
 """A gradient reduction whose result does not depend on the backend: every rank's bucket, summed in rank order.
 
-Taught in notebooks/11_bitwise.ipynb. DDP's stock communication hook divides each bucket by world_size and
+Taught in notebooks/12_bitwise.ipynb. DDP's stock communication hook divides each bucket by world_size and
 all-reduces it; the backend decides in which order the W operands are added (gloo's ring, NCCL's ring or tree,
 chunked differently per message size). Float addition is not associative, so at W > 2 the result can differ
 in the last bits from the emulated reference (chapter 01 measured 2.4e-7 at 4 ranks on gloo). With

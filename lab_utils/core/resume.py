@@ -122,7 +122,7 @@ def kept_metrics(checkpoint: Path, step: int, redone_to: Path | None = None) -> 
 
     redone_to (this run's folder): when the checkpoint is this run's own (an elastic restart, resume=auto),
     the dropped records are appended to its REDONE file first, so they survive the rewrite of metrics.jsonl
-    (chapter 11 draws them). A checkpoint of another run leaves that file alone: its steps are not redone here."""
+    (chapter 12 draws them). A checkpoint of another run leaves that file alone: its steps are not redone here."""
     run = Path(checkpoint).resolve().parent.parent
     path = run / runfiles.METRICS
     if not path.exists():

@@ -105,7 +105,7 @@ def synced_span(run_dir: Path, warmup: int) -> tuple[dict, dict]:
 
 def ms_per_step(run_dir: Path, warmup: int = 1) -> float:
     """Mean wall milliseconds per step between the synced records of `synced_span` (the first `warmup` steps,
-    start-up and first iterations, left out): chapter 11's cost table and `ddp-lab bench hook`."""
+    start-up and first iterations, left out): chapter 12's cost table and `ddp-lab bench hook`."""
     first, last = synced_span(run_dir, warmup)
     return 1000 * (last["elapsed"] - first["elapsed"]) / (last["step"] - first["step"])
 

@@ -20,7 +20,7 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-# amp (chapter 13): the autocast dtype of the forward and the loss; fp16 also needs a GradScaler (train.py).
+# amp (chapter 11): the autocast dtype of the forward and the loss; fp16 also needs a GradScaler (train.py).
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -66,7 +66,7 @@ def micro_backward(wl, model, batch: dict, cfg: dict, world_size: int, token_cou
         scale = world_size if cfg["sum_loss_fix"] else 1  # DDP: undo DDP's division by world_size
         backward(loss * scale, scaler, loss_factor)
         logged = loss.detach() / batch["y"].numel()
-    if cfg.get("clip_bug") == "micro_batch":  # BUG (chapter 13): clipped after every micro-batch, not once a step
+    if cfg.get("clip_bug") == "micro_batch":  # BUG (chapter 11): clipped after every micro-batch, not once a step
         clip(model, cfg["grad_clip"])
     return logged
 
@@ -87,7 +87,7 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
     none.) Chapter 05's probe measures that schedule on real ranks.
 
     scaler (amp=fp16): every micro-batch's loss goes through scaler.scale; train.py unscales and clips once,
-    after the last micro-batch, when the gradients are all-reduced (chapter 13).
+    after the last micro-batch, when the gradients are all-reduced (chapter 11).
     """
     acc = cfg["grad_accum_steps"]
     if cfg.get("loss_normalization") == "global_tokens":  # count the step's tokens on all ranks first (ch. 05)
@@ -105,7 +105,7 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
         with model.no_sync() if ddp_skip else nullcontext():  # DDP: no all-reduce before the last one
             loss_sum += micro_backward(wl, model, batch, cfg, world_size, token_count, scaler, loss_factor) / acc
             if cfg.get("clip_bug") == "no_sync_window" and a == acc - 2:
-                # BUG (chapter 13): clipped inside the no_sync window, so each rank clips its *local* sum of
+                # BUG (chapter 11): clipped inside the no_sync window, so each rank clips its *local* sum of
                 # micro-batches 0..acc-2 by its own norm, before the last micro-batch's all-reduce.
                 clip(model, cfg["grad_clip"])
         previous_synced = not skip_sync
@@ -113,7 +113,7 @@ def rank_step(wl, model, loader_iter, cfg: dict, device: torch.device, world_siz
 
 
 def tree_step(wl, model, loader_iter, cfg: dict, device: torch.device, tree) -> torch.Tensor:
-    """grad_reduction=tree (chapter 12): this rank's grad_accum_steps micro-batches are its contiguous chunks
+    """grad_reduction=tree (chapter 13): this rank's grad_accum_steps micro-batches are its contiguous chunks
     of the global batch; `tree` (tree_reduce.TreeAccumulator) keeps each chunk's gradient apart and sums all C
     in one binary tree, the same at any world size. Returns the tree's mean loss (every rank, every W)."""
     def chunk_loss(batch: dict) -> torch.Tensor:  # a chunk's own mean: no /grad_accum_steps, no /W (W-free)

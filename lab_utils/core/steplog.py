@@ -37,7 +37,7 @@ class StepLog:
     def add(self, step: int, tensors: dict[str, torch.Tensor | None], **values) -> None:
         """tensors: 0-d device tensors (loss, grad_norm, ...; None allowed), copied later; values: host data
         (param_hash may be a runfiles.PendingFingerprint: resolved in the same batched copy)."""
-        # wall: the clock time, for timelines across restarts (chapter 11), which `elapsed` deliberately skips
+        # wall: the clock time, for timelines across restarts (chapter 12), which `elapsed` deliberately skips
         values.update(step=step, attempt=self.attempt, elapsed=round(time.time() - self.t0, 4),
                       wall=round(time.time(), 4))
         self.pending.append((step, tensors, values))

@@ -1,6 +1,6 @@
-"""A gradient reduction whose bits do not depend on the world size: the chunk tree (chapter 12).
+"""A gradient reduction whose bits do not depend on the world size: the chunk tree (chapter 13).
 
-Taught in notebooks/12_any_world_size.ipynb. Chapter 11's `ordered` hook fixes the order of the W per-rank
+Taught in notebooks/13_any_world_size.ipynb. Chapter 12's `ordered` hook fixes the order of the W per-rank
 sums, but each rank's own sum already depends on W (rank r adds C/W micro-batches, a different partition of
 the global batch at every W). `grad_reduction=tree` removes W from the arithmetic altogether:
 

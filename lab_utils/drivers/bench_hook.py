@@ -7,7 +7,7 @@ For each world size W: the emulated W-rank reference (one process), then W ranks
 (`grad_reduction=allreduce`) and with `grad_reduction=ordered` (lab_utils/core/ordered_reduce.py). Each row gives
 ms per step after the warm-up, the bytes one rank receives per step for its gradient buckets (bandwidth-optimal
 count: a ring all-reduce 2(W-1)/W·N, an all-gather (W-1)·N; N = 4 bytes x the gradient elements), and the
-parity tier against the emulated reference with its max |Δloss|. `grad_reduction=tree` (chapter 12,
+parity tier against the emulated reference with its max |Δloss|. `grad_reduction=tree` (chapter 13,
 lab_utils/core/tree_reduce.py) is judged against the tree at one process instead (its promise: those bits at any W);
 its bytes are the all-gather's (W-1)·N, `tree_halving` (`tree_comm=halving`) the ring's 2(W-1)/W·N.
 `--micro-batch-size M` gives every run the same micro-batches (default: C = 8 chunks of global_batch_size/8 for

@@ -24,7 +24,7 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")  # the venv's own torchrun
 def build_command(nproc: int, argv: list[str], run_dir: Path, script: Path = TRAIN,
                   max_restarts: int = 0) -> tuple[list[str], list[str]]:
     """(what we start, the equivalent command a user would type). Both die with this process.
-    max_restarts > 0: torchrun's elastic restart (every rank re-launched after a failure; chapter 11)."""
+    max_restarts > 0: torchrun's elastic restart (every rank re-launched after a failure; chapter 12)."""
     parent = str(os.getpid())
     restarts = [f"--max-restarts={max_restarts}"] if max_restarts else []
     if nproc == 1 and not max_restarts:

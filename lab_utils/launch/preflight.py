@@ -1,5 +1,5 @@
 """`ddp-lab preflight`: can this box run the series? Taught in notebooks/00_preflight.ipynb; the GPU lines
-(compute capability, native bf16, the link between GPUs, the P2P probe) in notebooks/13_mixed_precision.ipynb.
+(compute capability, native bf16, the link between GPUs, the P2P probe) in notebooks/11_mixed_precision.ipynb.
 
 The decisions are pure functions of what the box reports (`bf16_line`, `gpu_link`, `p2p_skip_reason`), so
 tests/test_preflight_gating.py checks them for boxes this one is not (a T4, two T4s on PCIe, one GPU)."""

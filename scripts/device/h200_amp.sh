@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Chapter 13 on the H200 box (issue 24): `ddp-lab preflight` (capability, native bf16, GPU link, P2P probe),
+# Chapter 11 on the H200 box (issue 24): `ddp-lab preflight` (capability, native bf16, GPU link, P2P probe),
 # fp16 and bf16 tiers against the emulated reference and against the single run + its float twin, GradScaler's
-# skipped steps per rank under a forced overflow on rank 1, and the clipping bugs' tiers (the ch13 port-bug
+# skipped steps per rank under a forced overflow on rank 1, and the clipping bugs' tiers (the ch11 port-bug
 # entries). Toy GPT (preset cpu), 8 steps, device=cuda. One GPU: 2 ranks share it over gloo; two: NCCL.
 # Writes $OUT/preflight.txt, $OUT/amp_tiers.txt, $OUT/amp_tiers.json. About 2-3 minutes (~20 launches,
 # 4 at a time, ~12 s of start-up each; a dry run on 2 loaded CPU cores with AMP_DEVICE=cpu took 535 s).
@@ -31,7 +31,7 @@ out = Path(sys.argv[1])
 t0 = time.time()
 gpus = torch.cuda.device_count()
 common = [f"device={os.environ.get('AMP_DEVICE', 'cuda')}", "steps=8"]  # AMP_DEVICE=cpu: a dry run here
-suite = [b for b in portbugs.SUITE if b.article.startswith("ch13")]
+suite = [b for b in portbugs.SUITE if b.article.startswith("ch11")]
 specs = {}
 for name, (nproc, keys) in portbugs.runs_needed(suite).items():
     specs[name] = (name, nproc, list(keys) + common)

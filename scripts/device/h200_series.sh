@@ -42,6 +42,6 @@ print(f"{'total':30} {sum(n.values()):5d} {sum(bad.values()):6d} {sum(t.values()
 PY
 cat "$OUT/chapter_times.txt"
 # two executed chapters come back, to show what nbval kept (outputs and widget state)
-mkdir -p "$OUT/executed" && cp build/executed/00_preflight.ipynb build/executed/13_mixed_precision.ipynb "$OUT/executed/" 2>/dev/null
+mkdir -p "$OUT/executed" && cp build/executed/00_preflight.ipynb build/executed/11_mixed_precision.ipynb "$OUT/executed/" 2>/dev/null
 rm -f "$OUT/junit.xml"
 exit $rc

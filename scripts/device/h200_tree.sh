@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# grad_reduction=tree on one H200 (chapter 12, issue 26): 1 process on CUDA against 2 and 4 ranks sharing the GPU
+# grad_reduction=tree on one H200 (chapter 13, issue 26): 1 process on CUDA against 2 and 4 ranks sharing the GPU
 # (backend auto picks gloo: the ranks do not each have a GPU), GPT (4 x 256, keyed dropout 0.1) and bn_net, 20
 # steps, C = 32 / 4 = 8 chunks; plus a 4-rank checkpoint at step 10 resumed at 2 ranks, 4 ranks with
 # tree_comm=halving (its point-to-point rounds go through host memory under gloo), and the plain single run

@@ -1,4 +1,4 @@
-"""A tiny NCCL send/recv between GPU 0 and GPU 1: `ddp-lab preflight`'s P2P check (chapter 13, docs/workshop.md).
+"""A tiny NCCL send/recv between GPU 0 and GPU 1: `ddp-lab preflight`'s P2P check (chapter 11, docs/workshop.md).
 
 On some PCIe boxes (two T4s on a hosted notebook among them) NCCL's peer-to-peer path hangs instead of failing.
 Rank 0 sends 1 MiB to rank 1 and rank 1 sends it back, under the process group's timeout (pg_timeout): a hang

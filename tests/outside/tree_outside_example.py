@@ -1,5 +1,5 @@
 """A training script the lab's train.py does not run, made the same bits at any world size with the chunk tree
-(lab_utils/core/tree_reduce.py, chapter 12). The lab's own code, written as a user would (not a public copy).
+(lab_utils/core/tree_reduce.py, chapter 13). The lab's own code, written as a user would (not a public copy).
 
     python tests/outside/tree_outside_example.py out_dir=runs/tree_out_1             # one process
     torchrun --nproc-per-node 2 tests/outside/tree_outside_example.py out_dir=runs/tree_out_2

@@ -1,5 +1,5 @@
-"""Chapter 11's lesson logic: which runs are the same bits, what the order-fixed reduction costs, and the
-timeline of a run killed and resumed. Taught in notebooks/11_bitwise.ipynb.
+"""Chapter 12's lesson logic: which runs are the same bits, what the order-fixed reduction costs, and the
+timeline of a run killed and resumed. Taught in notebooks/12_bitwise.ipynb.
 
 Analysis side: reads run folders (runfiles, parity) and draws; it launches nothing and imports no training
 code. The mechanism it teaches lives in lab_utils/core/ordered_reduce.py (the hook) and lab_utils/core/resume.py.

@@ -1,9 +1,9 @@
-"""Chapter 12's lesson logic: the tree's tier matrix across world sizes, a run resized 4 -> 2 ranks and its
-timeline, the cost table, and the tree drawn. Taught in notebooks/12_any_world_size.ipynb.
+"""Chapter 13's lesson logic: the tree's tier matrix across world sizes, a run resized 4 -> 2 ranks and its
+timeline, the cost table, and the tree drawn. Taught in notebooks/13_any_world_size.ipynb.
 
 Reads run folders (runfiles, parity) and a committed bench table, and draws; it launches nothing. The mechanism
 lives in lab_utils/core/tree_reduce.py (the chunk tree, its comm hook, TreeAccumulator) and config.py (the
-refusals); the tier matrix and same_weights are chapter 11's (lab_utils/lessons/ch11_bitwise.py).
+refusals); the tier matrix and same_weights are chapter 12's (lab_utils/lessons/ch12_bitwise.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from lab_utils.core import runfiles
-from lab_utils.lessons.ch11_bitwise import matrix, plot_matrix, resumed_from, same_weights
+from lab_utils.lessons.ch12_bitwise import matrix, plot_matrix, resumed_from, same_weights
 
 __all__ = ["matrix", "plot_matrix", "same_weights", "resumed_from", "resize_rows", "plot_resize", "tree_levels",
            "plot_tree", "bench_rows", "bench_note", "BENCH"]

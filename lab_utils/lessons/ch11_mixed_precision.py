@@ -1,6 +1,6 @@
-"""Chapter 13's lesson logic: what GradScaler skipped on each rank, the loss scale over a run, the clipping
+"""Chapter 11's lesson logic: what GradScaler skipped on each rank, the loss scale over a run, the clipping
 bugs' reports side by side, each precision's float-noise scale, and the linear-scaling rule of exercise 3. Taught in
-notebooks/13_mixed_precision.ipynb.
+notebooks/11_mixed_precision.ipynb.
 
 Analysis side: reads run folders (runfiles, parity) and draws; it launches nothing and imports no training
 code. The mechanism lives in scripts/train.py (GradScaler, unscale_ then clip once) and lab_utils/core/step.py

@@ -1,4 +1,4 @@
-"""Chapter 11's timeline of a killed and resumed run: the steps lost to the kill are kept and drawn.
+"""Chapter 12's timeline of a killed and resumed run: the steps lost to the kill are kept and drawn.
 
 A real run of scripts/train.py, started twice in one folder as torchrun's elastic restart starts it: the first
 start SIGKILLs itself at the start of step 5 (checkpoints every 3 steps, so steps 3 and 4 are lost), the second
@@ -20,7 +20,7 @@ import pytest
 
 from lab_utils.core import resume, runfiles
 from lab_utils.launch import launcher
-from lab_utils.lessons import ch11_bitwise as bl
+from lab_utils.lessons import ch12_bitwise as bl
 
 KEYS = ["steps=6", "checkpoint_every=3", "resume=auto", "fault=kill", "fault_rank=0", "fault_step=5"]
 
@@ -33,7 +33,7 @@ def _start(out, attempt: int) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ch11") / "killed"
+    out = tmp_path_factory.mktemp("ch12") / "killed"
     first = _start(out, 0)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     second = _start(out, 1)
