@@ -181,7 +181,8 @@ BENCHES = {"launch": "launch reliability and overhead", "samplers": "Distributed
            "fsdp2": "FSDP2 vs DDP, stock and ordered: time, bytes received, state held per rank, tier",
            "portbugs": "the port-bug suite at GPT 4x256 x 150 steps, judged against float twins",
            "noise": "where the float-noise margin comes from: the committed measurements, in envelopes",
-           "late": "bugs that start late: the whole-run envelope vs the windows, and the replay's cost"}
+           "late": "bugs that start late: the whole-run envelope vs the windows, and the replay's cost",
+           "ops": "doctor --ops over the port-bug suite: the first operation where each port parts"}
 
 
 def _cmd_bench(args) -> int:

@@ -20,7 +20,8 @@ TOY = ("steps=4", "window_every=1")
 BUGS = {b.name: b for b in portbugs.SUITE}
 # suite entry -> the phase where its first op must be (None: nothing beyond float noise)
 EXPECTED = {"set_epoch_forgotten": "data", "bn_without_sync": "forward", "sum_loss_unscaled_sgd": "reduction",
-            "clip_scaled_gradients": "optimizer", "plain_port": None, "sum_loss_fixed": None,
+            "clip_scaled_gradients": "optimizer", "padding_per_rank_token_mean": "reduction",
+            "plain_port": None, "sum_loss_fixed": None,
             "clip_after_unscale_fp16": None}
 
 

@@ -23,7 +23,8 @@ What a trace records, with torch's own hooks (nothing is patched), for every mic
 A's reference for B's backward (`chunk_grads`) is A's loss on each of B's micro-batches, from the same state.
 
 Not traced (OpsUnsupported names it): sync_bn (the emulated ranks run on threads), grad_reduction=tree,
-loss_normalization=global_tokens, wrap=fsdp2 keys, runs that are not of scripts/train.py.
+loss_normalization=global_tokens, wrap=fsdp2, compile, and on B's ranks per-rank seeds (seed_mode=article) or
+torch's global-RNG dropout (one process cannot draw each rank's own stream); runs not of scripts/train.py.
 Core side: imports core/ only; train.py's build_optimizer is loaded from the file, as the launch zygote does.
 """
 
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from lab_utils.core import checkpoint, resume, runfiles, samplers, windows, workloads
+from lab_utils.core import checkpoint, resume, runfiles, samplers, token_norm, windows, workloads
 from lab_utils.core import config as config_mod
 from lab_utils.core.emulate import emulated_step
 from lab_utils.core.fsdp2 import clip_grad_norm_
@@ -69,8 +70,14 @@ def program_cfg(run_dir: Path) -> dict:
     world = int(meta.get("world_size") or 1)
     if world > 1:
         keys["emulate_ranks"] = world
-    cfg = config_mod.resolve(keys, world_size=1)
-    why = [f"{k}={cfg[k]}" for k, bad in (("sync_bn", cfg["sync_bn"] != "none"),
+    try:
+        cfg = config_mod.resolve(keys, world_size=1)
+    except config_mod.ConfigError as e:
+        raise OpsUnsupported(f"{run_dir.name}: its keys do not make a one-process program here: {e}") from None
+    ranks_differ = world > 1  # what one process cannot emulate: each real rank's own seed or RNG stream
+    why = [f"{k}={cfg[k]}" for k, bad in (("seed_mode", ranks_differ and cfg["seed_mode"] != "lab"),
+                                          ("dropout_mode", ranks_differ and cfg["dropout"] > 0
+                                           and cfg["dropout_mode"] == "torch"),("sync_bn", cfg["sync_bn"] != "none"),
                                           ("grad_reduction", cfg["grad_reduction"] == "tree"),
                                           ("loss_normalization", cfg["loss_normalization"] == "global_tokens"),
                                           ("wrap", cfg["wrap"] != "ddp"), ("compile", cfg["compile"])) if bad]
@@ -250,7 +257,7 @@ def chunk_grads(cfg_a: dict, state: dict, train_mod, batches: list[dict]) -> lis
     for batch in batches:
         model = copy.deepcopy(prog.model)  # BatchNorm's running stats move in train mode: a fresh copy each
         model.train()
-        b = to_device(batch, CPU)
+        b = token_norm.mask_padding(to_device(batch, CPU), cfg_a)  # as rank_step prepares a micro-batch
         with torch.autocast("cpu", dtype=AMP_DTYPES.get(cfg_a["amp"], torch.bfloat16),
                             enabled=cfg_a["amp"] in AMP_DTYPES):
             loss = prog.wl.loss_fn(model, b, reduction=cfg_a["loss_reduction"], seed=cfg_a["seed"])
