@@ -1,8 +1,9 @@
 """`ddp-lab doctor A B --ops`: the first operation where two runs part (lab_utils/analysis/ops.py on the traces of
 lab_utils/core/op_trace.py), on the port-bug suite's bugs that are config keys, at the toy size: a sampler bug
 parts in `data`, unsynchronised BatchNorm in the forward of the first BatchNorm, an unscaled sum loss at the
-`reduction`, clipping before unscale_ in the `optimizer`; correct ports give null. Real 2-rank gloo runs (4 steps,
-window states every step so that the step-2 sampler bug has a state to replay from), launched once per module."""
+`reduction`, clipping (before unscale_, or inside the no_sync window) in the `optimizer`; correct ports give null.
+Real 2-rank gloo runs (4 steps, window states every step so that the step-2 sampler bug has a state to replay
+from), launched once per module."""
 
 import json
 import math
@@ -21,6 +22,7 @@ BUGS = {b.name: b for b in portbugs.SUITE}
 # suite entry -> the phase where its first op must be (None: nothing beyond float noise)
 EXPECTED = {"set_epoch_forgotten": "data", "bn_without_sync": "forward", "sum_loss_unscaled_sgd": "reduction",
             "clip_scaled_gradients": "optimizer", "padding_per_rank_token_mean": "reduction",
+            "clip_inside_no_sync_window": "optimizer",
             "plain_port": None, "sum_loss_fixed": None,
             "clip_after_unscale_fp16": None}
 

@@ -11,7 +11,10 @@ module judges those traces in the order a step runs, and names the first place o
 3. forward   — the loss the step logs (module "loss");
 4. backward  — every parameter's gradient as each of B's micro-batches produces it, against A's loss on that
                micro-batch from the same state (core/op_trace.chunk_grads), in backward order (last layer first);
-5. reduction — every parameter's gradient after the reduction, against A's step gradient;
+5. optimizer — B's own `.grad` between its backward passes and into the reduction (`edit_ops`): a write to the
+               gradients that is neither backward's accumulation nor the reduction is an optimizer-side op run
+               inside the step (clip_grad_norm_ inside the no_sync window or per micro-batch);
+   reduction — every parameter's gradient after the reduction, against A's step gradient;
 6. optimizer — the clipped gradient the optimizer applies, then the update against A's optimizer applied to B's
                clipped gradients (Adam makes a near-zero gradient's float-noise sign flip a full-size update, so
                the update is judged on equal inputs).
@@ -20,7 +23,8 @@ module judges those traces in the order a step runs, and names the first place o
 of the partial sums it is made of; the largest magnitude in the reference tensor stands in for them (a sum with
 cancellation has partial sums larger than its result, rarely larger than the tensor's largest element). So
 |Δ| <= REL[dtype] x max|reference tensor|, with REL = 2**-11 in fp32 (4096 ulps, 4.9e-4 of the largest
-element: the toy suite's correct ports measure below 1e-5 of it, the bugs at 1e-2 and above; docs/results.md)
+element: the toy suite's correct fp32 ports reach at most 9.9e-4 of this bound, about 4 ulps; its bugs 42x it
+and more; docs/results.md)
 and 16 ulps of the autocast dtype under amp. It is per tensor, it fails on any change of scale, sample or
 normalisation, and it is no float twin: an op whose own noise is amplified past 4096 ulps would be named.
 A tensor of exact zeros in A must be exact zeros in B.
@@ -160,6 +164,7 @@ def grad_ops(tr: dict, amp: str) -> list[OpDiff]:
         a = torch.stack([c[n] for c in tr["a_chunks"]])
         b = torch.stack([g.get(n, torch.zeros_like(c[n])) for g, c in zip(tb["grads"], tr["a_chunks"], strict=True)])
         found.append(_diff("backward", _module(n), f"grad {n} (per micro-batch, before the reduction)", a, b, amp))
+    found += edit_ops(tb, names, amp)
     for n in names:
         found.append(_diff("reduction", _module(n), f"grad {n} (after the reduction)", ta["reduced"][n],
                            tb["reduced"][n], amp))
@@ -168,6 +173,46 @@ def grad_ops(tr: dict, amp: str) -> list[OpDiff]:
     for n in names:
         found.append(_diff("optimizer", _module(n), f"update {n} (vs A's optimizer on B's gradients)",
                            tr["a_update"][n], tb["update"][n], amp))
+    return found
+
+
+def _ranks(t: dict) -> list[list[int]]:
+    """Draw indices per rank, in order (a rank's micro-batches)."""
+    out: dict[int, list[int]] = {}
+    for i, d in enumerate(t["draws"]):
+        out.setdefault(d["rank"], []).append(i)
+    return [out[r] for r in sorted(out)]
+
+
+def _edit(label: str, n: str, expected: torch.Tensor, seen: torch.Tensor, scale_of: torch.Tensor,
+          amp: str) -> OpDiff:
+    d = float((expected.double() - seen.double()).abs().max()) if seen.numel() else 0.0
+    return OpDiff("optimizer", _module(n), f"grad {n} {label}", d, _bound(scale_of, amp))
+
+
+def edit_ops(t: dict, names: list[str], amp: str) -> list[OpDiff]:
+    """B's own `.grad` between its backward passes and into its reduction. Backward adds each micro-batch's
+    gradient into `.grad` and the reduction averages the ranks' `.grad`; anything else that writes `.grad` in
+    between is an optimizer-side op run inside the step (in the lab's step only clip_grad_norm_ does that:
+    chapter 13's clip_bug). Phase `optimizer`: the op is clipping, placed before the reduction."""
+    found, ranks = [], _ranks(t)
+    for n in names:
+        # (.grad just before micro-batch j's backward = after it minus what it added, .grad after micro-batch i)
+        pairs = [(i, j) for idx in ranks for i, j in zip(idx, idx[1:], strict=False)
+                 if n in t["after"][i] and n in t["after"][j]]
+        between = [(t["after"][j][n] - t["grads"][j][n] * t["factor"], t["after"][i][n]) for i, j in pairs]
+        if between:
+            worst = max((_edit("edited between two backward passes of a rank (before the reduction)", n, seen, prev,
+                               torch.maximum(prev.abs(), seen.abs()), amp) for seen, prev in between),
+                        key=lambda o: o.ratio)
+            found.append(worst)
+        last = [t["after"][idx[-1]].get(n) for idx in ranks]
+        if all(x is not None for x in last):
+            total = last[0] / len(last)
+            for x in last[1:]:  # the ranks' .grad averaged in rank order, as core/emulate._reduce does
+                total = total + x / len(last)
+            found.append(_edit("edited after the last backward, before the reduction", n, total / t["scale"],
+                               t["reduced"][n], total / t["scale"], amp))
     return found
 
 

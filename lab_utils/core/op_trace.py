@@ -111,6 +111,7 @@ class _Recorder:
         self.draws: list[dict] = []   # {"rank", "key", "x", "batch"}
         self.outputs: list[dict] = []  # per draw: {(module, call): tensor}
         self.grads: list[dict] = []    # per draw: {param: tensor}
+        self.after: list[dict] = []    # per draw: {param: .grad right after that backward accumulated into it}
         self.calls: list[dict] = []    # per draw: {module: forward calls so far} (a module called twice: two keys)
         self.factor = 1.0
 
@@ -119,6 +120,7 @@ class _Recorder:
             self.draws.append({"rank": rank, "key": batch["key"].clone(), "x": batch["x"].clone(), "batch": batch})
             self.outputs.append({})
             self.grads.append({})
+            self.after.append({})
             self.calls.append({})
             yield batch
 
@@ -198,6 +200,7 @@ class Program:
             return None
         update = {n: p.detach() - before[n] for n, p in params.items()}
         return {"loss": float(loss), "draws": rec.draws, "outputs": rec.outputs, "grads": rec.grads,
+                "after": rec.after, "factor": rec.factor, "scale": scale, "ranks": self.R,
                 "reduced": reduced, "clipped": clipped, "update": update, "before": before,
                 "opt_state": pre_state, "lr": self.optimizer.param_groups[0]["lr"],
                 "amp": self.cfg["amp"], "param_order": list(params)}
@@ -238,11 +241,17 @@ class Program:
                 slot[name] = slot.get(name, 0) + g.detach().float() / rec.factor
             return hook
 
+        def after(name):  # .grad as this backward leaves it: what ran on .grad between two of them shows
+            def hook(p):
+                rec.after[-1][name] = p.grad.detach().float().clone()
+            return hook
+
         for name, m in self.model.named_modules():
             handles.append(m.register_forward_hook(fwd(name or "model")))
         for name, p in self.model.named_parameters():
             if p.requires_grad:
                 handles.append(p.register_hook(bwd(name)))
+                handles.append(p.register_post_accumulate_grad_hook(after(name)))
         return handles
 
 
