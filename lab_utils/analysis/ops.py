@@ -76,8 +76,9 @@ class OpsReport:
         head = (f"  first op            none beyond float noise in step {self.step}" if f is None else
                 f"  first op            step {f['step']} {f['phase']}: {f['module'] or '-'} {f['op']}  "
                 f"max |d| {f['max_abs_diff']:.3g} > bound {f['bound']:.3g}")
-        rows = [head, f"  ops replayed        step {self.step} from B's state at step {self.start}; {self.checked} "
-                      f"comparisons; worst per phase (|d| / bound):"]
+        start = f"B's state at step {self.start}" if self.start else "B's initial weights"
+        rows = [head, f"  ops replayed        step {self.step} from {start}; {self.checked} comparisons; worst per "
+                      f"phase (|d| / bound):"]
         for ph in PHASES:
             w = self.worst.get(ph)
             if w:

@@ -63,7 +63,10 @@ def _train_module():
 
 def program_cfg(run_dir: Path) -> dict:
     """The run's keys resolved for one process, its world size emulated; OpsUnsupported if it cannot be traced."""
-    meta = runfiles.read_config(run_dir)
+    try:
+        meta = runfiles.read_config(run_dir)
+    except (OSError, ValueError):
+        raise OpsUnsupported(f"{run_dir.name}: no readable {runfiles.CONFIG}: its program's keys are unknown") from None
     keys = {k: v for k, v in (meta.get("config") or {}).items() if v is not None and k not in NOT_TRACED}
     if not keys or set(keys) - set(config_mod.KEYS):
         raise OpsUnsupported(f"{run_dir.name}: not a run of scripts/train.py (config.json holds no lab keys)")
@@ -148,8 +151,12 @@ class Program:
 
     def load(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        # a copy: load_state_dict keeps the tensors it is given, and this program's step updates them in place
+        # A copy: load_state_dict keeps the tensors it is given, and this program's step updates them in place.
+        # It also takes the saved groups' hyperparameters: this program keeps its own (B's state is the moments).
+        own = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        for g, hyper in zip(self.optimizer.param_groups, own, strict=True):
+            g.update(hyper)
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if len(state.get("rank_buffers") or []) == self.R:
@@ -303,7 +310,13 @@ def trace(run_a: str | Path, run_b: str | Path, step: int) -> dict:
     for s in range(w, step):  # B's program from its recorded state to the step (its emulated ranks)
         b.step(s)
     shared = b.state()
-    a = Program(cfg_a, shared, step, train_mod)
+    if cfg_a["optimizer"] != cfg_b["optimizer"] and shared["optimizer"]["state"]:
+        raise OpsUnsupported(f"A and B use other optimizers ({cfg_a['optimizer']} vs {cfg_b['optimizer']}): B's "
+                             f"optimizer state at step {step} means nothing to A's program")
+    try:
+        a = Program(cfg_a, shared, step, train_mod)
+    except (ValueError, KeyError, RuntimeError) as e:  # another model or optimizer: B's state does not fit A
+        raise OpsUnsupported(f"A's program cannot take B's state (model or optimizer differ): {e}") from None
     tb = b.step(step, record=True)
     ta = a.step(step, record=True)
     chunks = chunk_grads(cfg_a, shared, train_mod, [d["batch"] for d in tb["draws"]])
