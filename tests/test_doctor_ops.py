@@ -79,7 +79,7 @@ def test_cli_json_and_not_judged(runs, tmp_path):
                                        capture_output=True, text=True, timeout=300)
     p = cli(a, b, "--ops", "--json", "--windows", "off")
     assert p.returncode == 1, p.stderr
-    out = json.loads(p.stdout)
+    out = json.loads(p.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
     assert set(out["first_op"]) == {"step", "phase", "module", "op", "max_abs_diff", "bound"}
     assert out["first_op"]["phase"] == "data" and out["ops_not_judged"] is None
     # the same bug without window states: step 2 cannot be replayed from B's own state -> not judged, exit 3

@@ -69,7 +69,11 @@ class OpsReport:
     checked: int               # comparisons made
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Strict JSON: a ratio past an exact check (bound 0) or over a shape change is null, with its |d| and bound."""
+        d = asdict(self)
+        for w in d["worst"].values():
+            w["ratio"] = w["ratio"] if math.isfinite(w["ratio"]) else None
+        return d
 
     def format(self) -> str:
         f = self.first_op
@@ -227,7 +231,8 @@ def judge(tr: dict) -> OpsReport:
     worst: dict[str, dict] = {}
     for o in ops:
         if o.phase not in worst or o.ratio > worst[o.phase]["ratio"]:
-            worst[o.phase] = {"module": o.module, "op": o.op, "ratio": o.ratio}
+            worst[o.phase] = {"module": o.module, "op": o.op, "ratio": o.ratio, "max_abs_diff": o.max_abs_diff,
+                              "bound": o.bound}
     first_op = None if first is None else {"step": tr["step"], "phase": first.phase, "module": first.module,
                                            "op": first.op, "max_abs_diff": first.max_abs_diff, "bound": first.bound}
     return OpsReport(tr["step"], tr["start"], first_op, worst, len(ops))

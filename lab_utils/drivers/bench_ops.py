@@ -31,7 +31,7 @@ def row(bug, a: Path, b: Path) -> dict:
     d = doctor.add_ops(doctor.diagnose_runs(a, b), op_trace.trace, op_trace.OpsUnsupported)
     return {"bug": bug.name, "expected": bug.expected, "doctor": d.verdict, "first_diverging_step":
             d.first_diverging_step, "first_op": d.ops.first_op if d.ops else None,
-            "worst_ratio": {ph: w["ratio"] for ph, w in d.ops.worst.items()} if d.ops else None,
+            "worst_ratio": {ph: w["ratio"] for ph, w in d.ops.to_dict()["worst"].items()} if d.ops else None,
             "not_judged": d.ops_not_judged, "seconds": round(time.time() - t, 2)}
 
 
@@ -40,7 +40,7 @@ def line(r: dict) -> str:
     if r["not_judged"]:
         what = "not judged: " + r["not_judged"].split(": ", 1)[-1]
     elif f is None:
-        worst = max((r["worst_ratio"] or {"-": 0.0}).values())
+        worst = max(v for v in r["worst_ratio"].values() if v is not None) if r["worst_ratio"] else 0.0
         what = f"null (worst {worst:.2g} of a bound)" if r["worst_ratio"] else "null (bitwise)"
     else:
         ratio = "exact" if not f["bound"] else f"{f['max_abs_diff'] / f['bound']:.3g} x bound"
