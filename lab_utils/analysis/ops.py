@@ -35,6 +35,7 @@ Analysis side: judges plain dicts of tensors (the trace); imports no model code.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 import torch
@@ -107,8 +108,9 @@ def _keys(t: dict) -> list[int]:
 
 def data_ops(ta: dict, tb: dict, amp: str) -> list[OpDiff]:
     ka, kb = _keys(ta), _keys(tb)
-    missing = sum((_count(kb) - _count(ka)).values())  # B's draws that A's step does not hold
-    found = [OpDiff("data", None, "sample ids", float(missing + abs(len(ka) - len(kb))), 0.0)]
+    ca, cb = Counter(ka), Counter(kb)  # visit ids as multisets: a padded duplicate counts twice
+    unmatched = sum((cb - ca).values()) + sum((ca - cb).values())  # draws of one step that the other lacks
+    found = [OpDiff("data", None, "sample ids", float(unmatched), 0.0)]
     if found[0].out:
         return found
     rows_a = _rows(ta, lambda d: d["x"])
@@ -116,11 +118,6 @@ def data_ops(ta: dict, tb: dict, amp: str) -> list[OpDiff]:
     xa = torch.stack([rows_a[k] for k in kb])
     exact = not xa.is_floating_point()
     return found + [_diff("data", None, "inputs x", xa, xb, amp, exact)]
-
-
-def _count(keys):
-    from collections import Counter
-    return Counter(keys)
 
 
 def _rows(t: dict, pick) -> dict[int, torch.Tensor]:

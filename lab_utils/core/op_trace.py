@@ -201,7 +201,6 @@ class Program:
         still_scaled = self.scaler is not None and self.cfg["clip_bug"] == "scaled"  # scaler.step unscales later
         clipped = {n: _grad(p) / (scale if still_scaled else 1.0) for n, p in params.items()}
         before = {n: p.detach().clone() for n, p in params.items()}
-        pre_state = copy.deepcopy(self.optimizer.state_dict()) if rec else None
         self._optimizer_step()
         if not rec:
             return None
@@ -209,7 +208,6 @@ class Program:
         return {"loss": float(loss), "draws": rec.draws, "outputs": rec.outputs, "grads": rec.grads,
                 "after": rec.after, "factor": rec.factor, "scale": scale, "ranks": self.R,
                 "reduced": reduced, "clipped": clipped, "update": update, "before": before,
-                "opt_state": pre_state, "lr": self.optimizer.param_groups[0]["lr"],
                 "amp": self.cfg["amp"], "param_order": list(params)}
 
     def _clip(self, params: list) -> None:
