@@ -78,12 +78,12 @@ def program_cfg(run_dir: Path) -> dict:
     except config_mod.ConfigError as e:
         raise OpsUnsupported(f"{run_dir.name}: its keys do not make a one-process program here: {e}") from None
     ranks_differ = world > 1  # what one process cannot emulate: each real rank's own seed or RNG stream
-    why = [f"{k}={cfg[k]}" for k, bad in (("seed_mode", ranks_differ and cfg["seed_mode"] != "lab"),
-                                          ("dropout_mode", ranks_differ and cfg["dropout"] > 0
-                                           and cfg["dropout_mode"] == "torch"),("sync_bn", cfg["sync_bn"] != "none"),
-                                          ("grad_reduction", cfg["grad_reduction"] == "tree"),
-                                          ("loss_normalization", cfg["loss_normalization"] == "global_tokens"),
-                                          ("wrap", cfg["wrap"] != "ddp"), ("compile", cfg["compile"])) if bad]
+    refused = (("seed_mode", ranks_differ and cfg["seed_mode"] != "lab"),
+               ("dropout_mode", ranks_differ and cfg["dropout"] > 0 and cfg["dropout_mode"] == "torch"),
+               ("sync_bn", cfg["sync_bn"] != "none"), ("grad_reduction", cfg["grad_reduction"] == "tree"),
+               ("loss_normalization", cfg["loss_normalization"] == "global_tokens"),
+               ("wrap", cfg["wrap"] != "ddp"), ("compile", cfg["compile"]))
+    why = [f"{k}={cfg[k]}" for k, bad in refused if bad]
     if why:
         raise OpsUnsupported(f"{run_dir.name}: {', '.join(why)} is not traced op by op yet")
     return cfg
@@ -93,7 +93,7 @@ def start_state(run_b: Path, step: int) -> tuple[int, dict | None]:
     """(w, state): B's latest recorded state at or before `step` (window states and checkpoints), or (0, None)
     at step 0 (B's initial weights); OpsUnsupported naming what to record when there is none."""
     found = {s: windows.state_path(run_b, s) for s in windows.steps(run_b) if s <= step}
-    for p in sorted((run_b / "checkpoints").glob("step_*.pt")):
+    for p in sorted(checkpoint.checkpoint_path(run_b, 0).parent.glob("step_*.pt")):
         s = int(p.stem.split("_")[1])
         if s <= step and s not in found:
             found[s] = p
@@ -104,7 +104,11 @@ def start_state(run_b: Path, step: int) -> tuple[int, dict | None]:
                              f"with window_every=k (k <= {step}; lab runs default to 10) or checkpoint_every=k, or "
                              f"Recorder(..., window_every=k) in your own script")
     w = max(found)
-    return w, checkpoint.load_checkpoint(found[w], CPU)
+    state = checkpoint.load_checkpoint(found[w], CPU)
+    if "step" not in state:  # checkpoint_style=article: model, optimizer, epoch; where in the epoch is lost
+        raise OpsUnsupported(f"{found[w]} is an article-style checkpoint (no data position): run B with "
+                             f"window_every=k or checkpoint_style=lab")
+    return w, state
 
 
 class _Recorder:
@@ -131,8 +135,8 @@ class _Recorder:
 class Program:
     """A run's program (its keys, its layout) in this process, at a given step, optionally recording."""
 
-    def __init__(self, cfg: dict, state: dict | None, step: int, train_mod, init: dict | None = None):
-        self.cfg, self.R, self.train = cfg, cfg["emulate_ranks"], train_mod
+    def __init__(self, cfg: dict, state: dict | None, step: int, train_mod):
+        self.cfg, self.R = cfg, cfg["emulate_ranks"]
         torch.manual_seed(cfg["seed"])  # as train.py: the model is built on the seeded global RNG
         self.wl = workloads.build(cfg)
         self.model = self.wl.model
@@ -141,8 +145,6 @@ class Program:
         self.rank_buffers = None
         if state is not None:
             self.load(state)
-        elif init is not None:
-            self.model.load_state_dict(init)
         if self.rank_buffers is None:
             self.rank_buffers = [[b.detach().clone() for b in self.model.buffers()] for _ in range(self.R)]
         self.rec: _Recorder | None = None
