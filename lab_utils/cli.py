@@ -98,6 +98,10 @@ def _cmd_doctor(args) -> int:
 
     try:
         diagnosis = doctor.diagnose_runs(args.run_a, args.run_b, noise_runs=args.noise, replay=_replay(args))
+        if args.ops:  # the first step outside float noise, replayed op by op in this process (core/op_trace.py)
+            from lab_utils.core import op_trace
+
+            doctor.add_ops(diagnosis, op_trace.trace, op_trace.OpsUnsupported)
     except (doctor.RunFolderError, ValueError, FileNotFoundError) as e:
         print(f"ddp-lab doctor: error: {e}", file=sys.stderr)
         return 2
@@ -177,7 +181,8 @@ BENCHES = {"launch": "launch reliability and overhead", "samplers": "Distributed
            "fsdp2": "FSDP2 vs DDP, stock and ordered: time, bytes received, state held per rank, tier",
            "portbugs": "the port-bug suite at GPT 4x256 x 150 steps, judged against float twins",
            "noise": "where the float-noise margin comes from: the committed measurements, in envelopes",
-           "late": "bugs that start late: the whole-run envelope vs the windows, and the replay's cost"}
+           "late": "bugs that start late: the whole-run envelope vs the windows, and the replay's cost",
+           "ops": "doctor --ops over the port-bug suite: the first operation where each port parts"}
 
 
 def _cmd_bench(args) -> int:
@@ -271,6 +276,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("run_a")
     s.add_argument("run_b")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--ops", action="store_true",
+                   help="replay the first step outside float noise for A's program and B's (B's ranks emulated) "
+                        "from B's state before it (a window state or checkpoint of RUN_B) and name the first "
+                        "operation outside float noise: data, forward (module), backward, reduction or optimizer")
     _add_noise(s)
     s.set_defaults(func=_cmd_doctor)
 

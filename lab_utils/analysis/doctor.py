@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_utils.analysis import causes, parity
+from lab_utils.analysis import causes, ops, parity
 from lab_utils.analysis.causes import MEDIUM, NAMED, Candidate
 from lab_utils.analysis.parity import ParityReport
 from lab_utils.core import runfiles
@@ -55,6 +55,10 @@ class Diagnosis:
     worst_tensors: list[tuple[str, float]]
     causes: list[Candidate] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    paths: tuple[Path, Path] | None = None  # the two folders, for a replay (--ops)
+    ops: ops.OpsReport | None = None      # --ops: the first operation where the runs part
+    ops_asked: bool = False
+    ops_not_judged: str | None = None     # --ops asked, but the step could not be replayed op by op: why
 
     @property
     def ok(self) -> bool:
@@ -74,16 +78,23 @@ class Diagnosis:
 
     @property
     def exit_code(self) -> int:
+        if self.ops_not_judged:  # --ops asked a question the folders cannot answer: not judged, as below
+            return 3
         return 0 if self.ok else 3 if self.report.needs_twin or self.not_judged else 1
 
     def to_dict(self) -> dict:
-        return {"run_a": self.run_a, "run_b": self.run_b, "tier": self.report.tier,
+        d = {"run_a": self.run_a, "run_b": self.run_b, "tier": self.report.tier,
                 "tier_name": self.report.tier_name, "verdict": self.verdict, "first_diff_step": self.first_diff_step,
                 "first_diverging_step": self.first_diverging_step, "worst_tensors": self.worst_tensors,
                 "causes": [{"code": c.code, "strength": c.strength, "evidence": c.evidence} for c in self.causes],
                 "notes": self.notes, "not_judged_from": self.report.not_judged_from,
                 "blind_from_step": self.report.blind_from_step, "config_diffs": self.report.config_diffs,
                 "windows": self.report.windows.to_dict() if self.report.windows else None}
+        if self.ops_asked:
+            d["first_op"] = self.ops.first_op if self.ops else None
+            d["ops"] = self.ops.to_dict() if self.ops else None
+            d["ops_not_judged"] = self.ops_not_judged
+        return d
 
     def format(self) -> str:
         step = lambda s: "none" if s is None else f"step {s}"  # noqa: E731
@@ -112,6 +123,12 @@ class Diagnosis:
             for i, c in enumerate(self.causes, 1):
                 lines.append(f"   {i}. [{c.code}] {c.meaning}")
                 lines.append(f"      evidence: {c.evidence}")
+        if self.ops is not None:
+            lines += self.ops.format().splitlines()
+        elif self.ops_not_judged:
+            lines.append(f"  first op            not judged: {self.ops_not_judged}")
+        elif self.ops_asked:
+            lines.append("  first op            none: the runs are bitwise, no step to replay")
         lines += [f"  note: {n}" for n in self.notes]
         if r.steps_compared > 1 and r.loss_diffs:
             lines.append("  per step: |dloss| of B vs A, the float twins' (running max) and the tier-2 bound")
@@ -213,4 +230,19 @@ def diagnose_runs(run_a: str | Path, run_b: str | Path, top: int = 3, noise_runs
             "the runs differ; no cause identified from the files")
     notes += report.notes
     return Diagnosis(a.name, b.name, report, verdict, report.first_diff_step, first,
-                     [(n, v) for n, v in worst if math.isfinite(v)], found, notes)
+                     [(n, v) for n, v in worst if math.isfinite(v)], found, notes, paths=(a, b))
+
+
+def add_ops(diagnosis: Diagnosis, trace, unsupported: type[Exception]) -> Diagnosis:
+    """`--ops`: replay the first step outside float noise op by op and judge it (analysis/ops.py). `trace` is
+    lab_utils.core.op_trace.trace, passed in by the CLI: the analysis side runs no model code of its own;
+    `unsupported` is the exception by which it says a step cannot be traced (then: not judged, exit 3)."""
+    diagnosis.ops_asked = True
+    step = ops.step_to_trace(diagnosis.first_diverging_step, diagnosis.first_diff_step)
+    if step is None:
+        return diagnosis
+    try:
+        diagnosis.ops = ops.judge(trace(*diagnosis.paths, step))
+    except unsupported as e:
+        diagnosis.ops_not_judged = str(e)
+    return diagnosis
