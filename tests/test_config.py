@@ -63,3 +63,19 @@ def test_none_is_a_value_where_it_is_a_choice():
 def test_workshop_preset_yields_to_explicit_keys():
     cfg = resolve(["preset=workshop", "n_layer=2"], 2)
     assert (cfg["n_layer"], cfg["n_embd"], cfg["global_batch_size"]) == (2, 512, 256)
+
+
+def test_fsdp2_ranks_sharing_a_gpu_over_gloo_are_refused_by_name():
+    """FSDP2 over gloo on CUDA tensors crashed every rank with SIGSEGV on one H200 (torch 2.11): the lab refuses
+    it before launch, naming the way out. torch.device("cuda") needs no GPU to exist, so this runs on CPU."""
+    import torch
+
+    from lab_utils.core import distenv
+
+    cuda = torch.device("cuda", 0)
+    with pytest.raises(ConfigError, match=r"wrap=fsdp2 with 2 ranks sharing .* pass device=cpu"):
+        distenv.check_sharded_device({"wrap": "fsdp2"}, cuda, "gloo", 2)
+    distenv.check_sharded_device({"wrap": "ddp"}, cuda, "gloo", 2)  # DDP over gloo on a shared GPU works
+    distenv.check_sharded_device({"wrap": "fsdp2"}, cuda, "nccl", 2)  # one GPU per rank
+    distenv.check_sharded_device({"wrap": "fsdp2"}, torch.device("cpu"), "gloo", 2)
+    assert distenv.sharded_run_device(4) == ("cpu" if 0 < torch.cuda.device_count() < 4 else "auto")

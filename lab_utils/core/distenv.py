@@ -72,7 +72,27 @@ def check_launchable(cfg: dict, nproc: int) -> None:
     device = pick_device(cfg["device"])
     check_cuda_keys(cfg, device)
     if nproc > 1:
-        pick_backend(cfg["backend"], device, nproc)
+        check_sharded_device(cfg, device, pick_backend(cfg["backend"], device, nproc), nproc)
+
+
+def check_sharded_device(cfg: dict, device: torch.device, backend: str, local_world_size: int) -> None:
+    """wrap=fsdp2 with ranks sharing a GPU over gloo: refused. FSDP2's collectives (all-gather, reduce-scatter
+    into CUDA tensors) crashed gloo: every rank died of SIGSEGV within 2 s, no Python traceback (one H200,
+    torch 2.11, chapter 14 and `bench fsdp2` at 2, 4 and 8 ranks). A named refusal beats a segfault."""
+    if cfg.get("wrap") == "fsdp2" and device.type == "cuda" and backend == "gloo":
+        gpus = torch.cuda.device_count()
+        raise ConfigError(f"wrap=fsdp2 with {local_world_size} ranks sharing {gpus} GPU(s) over gloo: FSDP2's "
+                          "collectives on CUDA tensors crash gloo (SIGSEGV, measured on one H200): pass device=cpu, "
+                          "or give every rank its own GPU (backend nccl)")
+
+
+def sharded_run_device(world_size: int) -> str:
+    """The `device` key under which wrap=fsdp2 runs at up to `world_size` ranks on this box: cpu where the
+    ranks would share a GPU (check_sharded_device), else auto. Every run a comparison pairs must use it, so
+    the single run and the emulated references run on the same device as the shards."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < world_size:
+        return "cpu"
+    return "auto"
 
 
 def check_cuda_keys(cfg: dict, device: torch.device) -> None:
@@ -129,6 +149,7 @@ def setup(cfg: dict) -> DistEnv:
     backend = None
     if world_size > 1:  # DDP: torchrun started world_size processes; join their process group
         backend = pick_backend(cfg["backend"], device, local_world_size)
+        check_sharded_device(cfg, device, backend, local_world_size)  # also when torchrun starts train.py
         dist.init_process_group(
             backend=backend,
             timeout=datetime.timedelta(seconds=cfg["pg_timeout"]),

@@ -14,7 +14,8 @@ For each world size W: the emulated W-rank reference (one process), then W ranks
 - the bytes of parameters, gradients and optimizer state rank 0 holds after the last step (measured in the run:
   its heartbeat's state_bytes; a DTensor counts its shard);
 - the tier against the emulated reference and max |Δparam|.
-Backend `auto`: NCCL where every rank has its own GPU, gloo otherwise.
+Backend `auto`: NCCL where every rank has its own GPU, gloo otherwise; where the ranks would share a GPU, the
+CPU (FSDP2 over gloo on CUDA tensors crashes: core/distenv.check_sharded_device).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 import torch
 
 from lab_utils.analysis import parity
-from lab_utils.core import runfiles
+from lab_utils.core import distenv, runfiles
 from lab_utils.drivers import bench_args
 from lab_utils.launch import launcher
 
@@ -43,7 +44,13 @@ def bytes_received(n_bytes: float, world: int, wrap: str, reduction: str) -> flo
 
 def main(argv: list[str] | None = None) -> int:
     args, worlds = bench_args.parse(bench_args.parser("ddp-lab bench fsdp2", __doc__, "2,4"), argv)
-    base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000", "window_every=0"]
+    # Where FSDP2's ranks would share a GPU over gloo (which crashes), every row runs on the CPU, so each pair
+    # compared and each time set side by side ran on one device.
+    device = distenv.sharded_run_device(max(worlds))
+    if device == "cpu" and torch.cuda.is_available():
+        print(f"bench fsdp2: {max(worlds)} ranks would share {torch.cuda.device_count()} GPU(s) over gloo, which "
+              "FSDP2 cannot: every row runs on the CPU", file=sys.stderr)
+    base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000", "window_every=0", f"device={device}"]
     rows = []
     for w in worlds:
         ref = launcher.launch(f"bench_fsdp2_emulated_{w}", 1, base + [f"emulate_ranks={w}"], timeout=args.timeout,
