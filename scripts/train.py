@@ -85,7 +85,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     early = build_optimizer(model, cfg) if cfg["fsdp2_bug"] == "optimizer_before_wrap" else None
     if env.distributed:  # DDP: wrapping broadcasts rank 0's parameters and buffers to every rank
         # (wrap=fsdp2, core/fsdp2.py: each rank keeps a shard of every weight instead, and nothing is broadcast)
-        model = ddp.wrap(model, cfg, env.device) if cfg["wrap"] == "ddp" else fsdp2.wrap(model, cfg)
+        model = ddp.wrap(model, cfg, env.device) if cfg["wrap"] == "ddp" else fsdp2.wrap(model, cfg, env.device)
         heart.beat(param_hash_after_wrap=runfiles.fingerprint(model))
     optimizer = early or build_optimizer(model, cfg)
     if state:  # (FSDP2: the full state is sharded into this rank's part: core/fsdp2.py)

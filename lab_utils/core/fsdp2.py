@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -70,18 +71,21 @@ class OrderedReduceScatter(ReduceScatter):
         return None
 
 
-def wrap(model: torch.nn.Module, cfg: dict) -> torch.nn.Module:  # FSDP2:
+def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> torch.nn.Module:  # FSDP2:
     """fully_shard each transformer block, then the root (torchtitan's layout: a block's weights are gathered
     just before it runs and freed after). In place: the model becomes an FSDPModule with DTensor parameters.
     Build the optimizer after this (it must hold the sharded parameters)."""
+    # The mesh on the run's own device. fully_shard's default mesh takes CUDA whenever it exists and calls
+    # set_device(LOCAL_RANK): a device=cpu run on a one-GPU box died there ("invalid device ordinal", rank 1).
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # The GPT's logits come out of nn.Linear on a 3-D input, a view, and FSDP2 warns on every forward that an
     # in-place op on it would skip its hook. No code here writes to the logits in place (loss_fn reads them
     # into cross_entropy), so the warning says nothing about these runs: it is silenced for this message only.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPTinyGPT\) returned a view tensor")
     for block in model.blocks:
-        fully_shard(block)
+        fully_shard(block, mesh=mesh)
     if cfg.get("fsdp2_bug") != "root_not_wrapped":  # BUG when skipped: the embeddings, final norm and head stay
-        fully_shard(model)                          # plain tensors, their gradients never reduced over ranks
+        fully_shard(model, mesh=mesh)               # plain tensors, their gradients never reduced over ranks
     if cfg["grad_reduction"] == "ordered":
         for module in model.modules():
             if isinstance(module, FSDPModule):
