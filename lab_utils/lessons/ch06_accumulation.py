@@ -24,11 +24,11 @@ def article_accum_steps(world_size: int, single_accum: int = 8) -> int:
     return single_accum // world_size
 
 
-def article_table(micro_batch_size: int, single_accum: int = 8, world_sizes=(1, 2, 3, 4)) -> list[dict]:
+def article_table(micro_batch_size: int, single_accum: int = 8) -> list[dict]:
     """What `8 // world_size` gives per world size when the per-card micro-batch is kept, as §3.3 does."""
     want = micro_batch_size * single_accum
     rows = []
-    for w in world_sizes:
+    for w in (1, 2, 3, 4):
         acc = article_accum_steps(w, single_accum)
         rows.append({"world_size": w, "accum_steps": acc, "global_batch": micro_batch_size * acc * w,
                      "intended": want, "ok": micro_batch_size * acc * w == want})
@@ -114,7 +114,7 @@ def plot_allreduce_traffic(summaries: dict[int, dict[str, dict]], grad_bytes: in
     return fig
 
 
-# ---- exercise 4: where no_sync is read (2 real gloo ranks, started from this process)
+# ---- exercise 3: where no_sync is read (2 real gloo ranks, started from this process)
 
 def _no_sync_rank(rank: int, world_size: int, init: str, out: str, accum_steps: int) -> None:
     """One rank of `no_sync_forward_rule`: count the all-reduces DDP launches in one window, three ways."""
