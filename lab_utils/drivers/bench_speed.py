@@ -33,13 +33,31 @@ from lab_utils.launch import launcher, twins
 VARIANTS = {  # in the order they run: the slow compiles last, so a time limit cuts them first
     "tf32": (["tf32=true"], True, False, "TF32 matmuls (fp32_precision='tf32')"),
     "fused": (["fused_optimizer=true"], False, False, "AdamW(fused=True)"),
-    "bucket_1mb": (["bucket_cap_mb=1"], False, True, "DDP bucket_cap_mb=1 (many small buckets)"),
+    "small_buckets": (["bucket_cap_mb=SMALL"], False, True, "DDP bucket_cap_mb=1 (workshop) or 0.02 (cpu): "
+                      "many small buckets"),
     "one_bucket": (["bucket_cap_mb=1024"], False, True, "DDP bucket_cap_mb=1024 (one bucket after the first)"),
     "no_overlap": (["overlap=none"], False, True, "each bucket's all-reduce blocks the backward"),
     "compile": (["compile=true"], True, False, "model.compile() before the DDP wrap"),
     "all_fast": (["tf32=true", "compile=true", "fused_optimizer=true"], True, False, "tf32 + compile + fused"),
 }
 REFERENCE = "eager"
+SMALL_BUCKET_MB = {"workshop": 1, "cpu": 0.02}  # ~76 buckets of the workshop GPT's 76 MB, ~22 of the toy's 0.44 MB
+
+
+def keys_of(name: str, preset: str) -> list[str]:
+    """The keys variant `name` adds to the reference's at `preset`."""
+    return [k.replace("SMALL", str(SMALL_BUCKET_MB[preset])) for k in VARIANTS[name][0]]
+
+
+def judge(ref_dir: Path, twin_dir: Path, run_dir: Path, warmup: int) -> dict:
+    """One variant's run against the eager fp32 reference (and its float twin): ms/step after `warmup` steps, the
+    speed-up over the reference, the tier and max |Δparam|."""
+    rep = parity.compare(ref_dir, run_dir, noise_runs=[twin_dir])
+    ms = runfiles.ms_per_step(run_dir, warmup)
+    cfg = runfiles.read_config(run_dir)
+    return {"backend": cfg["backend"], "device": cfg["device"], "ms_per_step": ms,
+            "speedup": runfiles.ms_per_step(ref_dir, warmup) / ms, "tier": rep.tier, "certified": rep.certified,
+            "max_abs_param_diff": rep.max_abs_param_diff, "run": str(run_dir)}
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], list[str]]:
@@ -96,14 +114,11 @@ def run_world(args, world: int, names: list[str], cuda: bool, prefix: str = "ben
     ref.raise_for_status()
     twin = twins.launch_twin(ref_name, world, base, timeout=args.timeout, progress=False)
     twin.raise_for_status()
-    ref_ms = runfiles.ms_per_step(ref.run_dir, args.warmup)
-    cfg = json.loads((ref.run_dir / runfiles.CONFIG).read_text())
-    rows = [{"ranks": world, "variant": REFERENCE, "keys": [], "backend": cfg["backend"], "device": cfg["device"],
-             "ms_per_step": ref_ms, "speedup": 1.0, "tier": 3, "max_abs_param_diff": 0.0, "run": str(ref.run_dir),
-             "twin": str(twin.run_dir)}]
+    rows = [{"ranks": world, "variant": REFERENCE, "keys": [],
+             **judge(ref.run_dir, twin.run_dir, ref.run_dir, args.warmup), "twin": str(twin.run_dir)}]
     save(rows)
     for name in names:
-        keys = VARIANTS[name][0]
+        keys = keys_of(name, args.preset)
         why = runnable(name, world, cuda)
         if why:
             rows.append({"ranks": world, "variant": name, "keys": keys, "skipped": why, "ms_per_step": None})
@@ -113,25 +128,23 @@ def run_world(args, world: int, names: list[str], cuda: bool, prefix: str = "ben
             print(f"{name} at {world} ranks: FAILED\n{r}", file=sys.stderr)
             rows.append({"ranks": world, "variant": name, "keys": keys, "skipped": "FAILED", "ms_per_step": None})
             continue
-        rep = parity.compare(ref.run_dir, r.run_dir, noise_runs=[twin.run_dir])
-        ms = runfiles.ms_per_step(r.run_dir, args.warmup)
-        rows.append({"ranks": world, "variant": name, "keys": keys, "backend": cfg["backend"],
-                     "device": cfg["device"], "ms_per_step": ms, "speedup": ref_ms / ms, "tier": rep.tier,
-                     "max_abs_param_diff": rep.max_abs_param_diff, "run": str(r.run_dir)})
-        print(f"{name} at {world} ranks: {ms:.1f} ms/step, tier {rep.tier}", file=sys.stderr, flush=True)
+        rows.append({"ranks": world, "variant": name, "keys": keys, **judge(ref.run_dir, twin.run_dir, r.run_dir,
+                                                                             args.warmup)})
+        print(f"{name} at {world} ranks: {rows[-1]['ms_per_step']:.1f} ms/step, tier {rows[-1]['tier']}",
+              file=sys.stderr, flush=True)
         save(rows)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'ranks':>5} {'variant':>11} {'backend':>7} {'ms/step':>9} {'speed-up':>9} {'tier':>5} "
+    lines = [f"{'ranks':>5} {'variant':>13} {'backend':>7} {'ms/step':>9} {'speed-up':>9} {'tier':>5} "
              f"{'max |Δparam|':>13}"]
     for r in rows:
         if r["ms_per_step"] is None:
-            lines.append(f"{r['ranks']:>5} {r['variant']:>11} {'-':>7} {r['skipped']:>9}")
+            lines.append(f"{r['ranks']:>5} {r['variant']:>13} {'-':>7} {r['skipped']:>9}")
             continue
         diff = r["max_abs_param_diff"]
-        lines.append(f"{r['ranks']:>5} {r['variant']:>11} {r['backend'] or '-':>7} {r['ms_per_step']:>9.1f} "
+        lines.append(f"{r['ranks']:>5} {r['variant']:>13} {r['backend'] or '-':>7} {r['ms_per_step']:>9.1f} "
                      f"{r['speedup']:>8.2f}x {r['tier']:>5} {'-' if diff is None else format(diff, '.1e'):>13}")
     return "\n".join(lines)
 
