@@ -39,19 +39,18 @@ def test_bad_speed_values_and_combinations_are_refused_by_name():
     distenv.check_launchable(config.resolve({"overlap": "none", "bucket_cap_mb": 0.02}, world_size=2), 2)
 
 
-def test_set_tf32_uses_the_current_switch_without_a_warning():
-    before = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
+def test_set_tf32_keeps_both_apis_readable_without_a_warning():
+    before = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            speed.set_tf32(True)
-            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-            assert torch.backends.cudnn.conv.fp32_precision == "tf32"
-            speed.set_tf32(False)
-            assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-            assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+            for flag in (True, False):
+                speed.set_tf32(flag)
+                assert torch.backends.cuda.matmul.allow_tf32 is flag and torch.backends.cudnn.allow_tf32 is flag
+                assert torch.backends.cuda.matmul.fp32_precision == ("tf32" if flag else "ieee")
     finally:
-        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -93,7 +93,7 @@ def configure_determinism(cfg: dict, device: torch.device) -> None:
     if device.type == "cuda":
         # TF32 rounds fp32 matmul/conv inputs to a 10-bit mantissa on the tensor cores: repeatable, but other
         # numbers than fp32, so it is a key (off: torch's own default turns it on for cuDNN convolutions).
-        speed.set_tf32(cfg["tf32"])  # torch's current switch where it has one (core/speed.py)
+        speed.set_tf32(cfg["tf32"])  # both of torch's APIs agreeing (core/speed.py)
     if cfg["deterministic"]:
         if device.type == "cuda":
             # cuBLAS needs a fixed workspace to be deterministic; must be set before the first cuBLAS call.

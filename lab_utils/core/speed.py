@@ -1,11 +1,12 @@
 """The speed-ups chapter 15 measures, as keys: TF32 under torch's current switch, and `overlap=none`.
 
 What each speed key does to a rank (the keys themselves are in config.py):
-- `tf32`: fp32 matmuls and convolutions on the tensor cores with 10-bit mantissa inputs. `set_tf32` sets it
-  through `torch.backends.cuda.matmul.fp32_precision` / `torch.backends.cudnn.conv.fp32_precision` where torch
-  has them (2.9+; the older `allow_tf32` flags are deprecated there, and reading one after the other is set
-  raises), else through the old flags. `torch.set_float32_matmul_precision("high")` is the same switch for
-  matmuls. CUDA only (config refuses it elsewhere: distenv.check_cuda_keys).
+- `tf32`: fp32 matmuls and convolutions on the tensor cores with 10-bit mantissa inputs. `set_tf32` sets it with
+  `torch.set_float32_matmul_precision("high")` (matmuls) and `torch.backends.cudnn.allow_tf32` (convolutions):
+  on torch 2.9+ both keep the old flags and the new `fp32_precision` settings agreeing, whereas setting
+  `torch.backends.cuda.matmul.fp32_precision` / `torch.backends.cudnn.conv.fp32_precision` directly makes any
+  later read of `allow_tf32` (by torch or a library) raise "a mix of the legacy and new APIs" (torch 2.13,
+  measured in tests/test_speed.py). CUDA only (config refuses it elsewhere: distenv.check_cuda_keys).
 - `compile`: `model.compile()` before the DDP wrap (scripts/train.py), CUDA only.
 - `fused_optimizer`: `torch.optim.AdamW(fused=True)` (scripts/train.py), on CPU too.
 - `bucket_cap_mb`: DDP's gradient bucket size (core/ddp.py).
@@ -23,14 +24,9 @@ from lab_utils.core.config import ConfigError
 
 
 def set_tf32(flag: bool) -> None:
-    """TF32 on or off for CUDA matmuls and cuDNN convolutions, with torch's current API where it has one."""
-    precision = "tf32" if flag else "ieee"
-    try:
-        torch.backends.cuda.matmul.fp32_precision = precision
-        torch.backends.cudnn.conv.fp32_precision = precision
-    except (AttributeError, RuntimeError):  # torch < 2.9: only the old flags
-        torch.backends.cuda.matmul.allow_tf32 = flag
-        torch.backends.cudnn.allow_tf32 = flag
+    """TF32 on or off for CUDA matmuls and cuDNN convolutions, so that both of torch's APIs read the same."""
+    torch.set_float32_matmul_precision("high" if flag else "highest")  # matmul.fp32_precision "tf32" / "ieee"
+    torch.backends.cudnn.allow_tf32 = flag
 
 
 def check(cfg: dict) -> None:

@@ -31,7 +31,7 @@ from lab_utils.launch import launcher, twins
 
 # name -> (keys, needs CUDA, needs DDP buckets (W >= 2), what it is)
 VARIANTS = {  # in the order they run: the slow compiles last, so a time limit cuts them first
-    "tf32": (["tf32=true"], True, False, "TF32 matmuls (fp32_precision='tf32')"),
+    "tf32": (["tf32=true"], True, False, "TF32 matmuls and convolutions"),
     "fused": (["fused_optimizer=true"], False, False, "AdamW(fused=True)"),
     "small_buckets": (["bucket_cap_mb=SMALL"], False, True, "DDP bucket_cap_mb=1 (workshop) or 0.02 (cpu): "
                       "many small buckets"),
