@@ -12,6 +12,8 @@ the reference's keys plus the variant's. Each row:
 - the speed-up: the reference's ms/step over the variant's;
 - the tier against the eager fp32 run (3 the same bits, 2 within the float noise its twin measures, below that
   a real difference) and max |Δparam| after the last step.
+`eager_again` repeats the reference later on: its tier must be 3, and its "speed-up" is how far two identical runs'
+timings part on this box; a speed-up inside that is not a measurement.
 Variants that need CUDA (tf32, compile) are skipped on a box without it; those that change DDP's buckets
 (bucket_*, no_overlap) need W >= 2. Backend `auto`: NCCL where every rank has its own GPU, gloo otherwise.
 """
@@ -37,6 +39,7 @@ VARIANTS = {  # in the order they run: the slow compiles last, so a time limit c
                       "many small buckets"),
     "one_bucket": (["bucket_cap_mb=1024"], False, True, "DDP bucket_cap_mb=1024 (one bucket after the first)"),
     "no_overlap": (["overlap=none"], False, True, "each bucket's all-reduce blocks the backward"),
+    "eager_again": ([], False, False, "the reference's keys, run again: its speed-up is this box's timing noise"),
     "compile": (["compile=true"], True, False, "model.compile() before the DDP wrap"),
     "all_fast": (["tf32=true", "compile=true", "fused_optimizer=true"], True, False, "tf32 + compile + fused"),
 }

@@ -2,8 +2,8 @@
 # After parity on one H200 (chapter 15, issue 36): `ddp-lab bench speed --preset workshop` (GPT 6 x 512, global
 # batch 256, 25 steps, 5 warm-up, a synced record every 5 steps): one process on the GPU, then 2 ranks sharing it
 # (backend auto picks gloo: the ranks do not each have a GPU). At each world size the eager fp32 run and its float
-# twin, then tf32, fused AdamW (and at 2 ranks bucket_cap_mb=1, bucket_cap_mb=1024, overlap=none), compile,
-# tf32+compile+fused, each's ms/step, speed-up and tier against eager fp32. One world size at a time (timing
+# twin, then tf32, fused AdamW (and at 2 ranks bucket_cap_mb=1, bucket_cap_mb=1024, overlap=none), the eager run
+# again (its "speed-up" is the timing noise), compile, tf32+compile+fused, each's ms/step, speed-up and tier against eager fp32. One world size at a time (timing
 # needs the GPU to itself), each under its own time limit, each writing its JSON after every row, so a slow compile costs
 # the rows after it, not the file. Writes $OUT/speed.txt (device, tables, per-row progress), speed_1.json,
 # speed_2.json, speed.json (both merged: what chapter 15 reads from docs/measured/h200/speed.json) and
