@@ -182,7 +182,8 @@ BENCHES = {"launch": "launch reliability and overhead", "samplers": "Distributed
            "portbugs": "the port-bug suite at GPT 4x256 x 150 steps, judged against float twins",
            "noise": "where the float-noise margin comes from: the committed measurements, in envelopes",
            "late": "bugs that start late: the whole-run envelope vs the windows, and the replay's cost",
-           "ops": "doctor --ops over the port-bug suite: the first operation where each port parts"}
+           "ops": "doctor --ops over the port-bug suite: the first operation where each port parts",
+           "speed": "after parity: compile, TF32, fused AdamW, buckets, overlap: ms/step, speed-up, tier vs eager"}
 
 
 def _cmd_bench(args) -> int:

@@ -118,6 +118,9 @@ KEYS: dict[str, Key] = {
                    choices=("none", "lab", "torch")),
     "gradient_as_bucket_view": Key(bool, False, "DDP(gradient_as_bucket_view=...)"),
     "bucket_cap_mb": Key(float, 25.0, "DDP(bucket_cap_mb=...): gradient bucket size in MiB", min=0.01),
+    "overlap": Key(str, "bucketed", "bucketed: DDP's default, each bucket's all-reduce overlaps the rest of the "
+                   "backward; none: each bucket's all-reduce blocks the backward until it is done (the same sums; "
+                   "lab_utils/core/speed.py, chapter 15)", choices=("bucketed", "none")),
     "wrap": Key(str, "ddp", "how the ranks share the model: ddp (a full copy each, gradients all-reduced) or "
                 "fsdp2 (torch's fully_shard: each rank keeps 1/W of every weight, gradients reduce-scattered; "
                 "lab_utils/core/fsdp2.py)", choices=("ddp", "fsdp2")),

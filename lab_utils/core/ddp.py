@@ -14,7 +14,7 @@ import inspect
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils.core import ordered_reduce, sync_bn
+from lab_utils.core import ordered_reduce, speed, sync_bn
 
 
 def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:  # DDP:
@@ -30,6 +30,8 @@ def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> DDP:  # DDP
                   bucket_cap_mb=cfg["bucket_cap_mb"])
     if cfg.get("grad_reduction") == "ordered":  # chapter 12: sum the ranks' buckets in rank order
         wrapped.register_comm_hook(None, ordered_reduce.ordered_allreduce_hook)
+    elif cfg.get("overlap") == "none":  # chapter 15: each bucket's all-reduce blocks the backward
+        wrapped.register_comm_hook(None, speed.no_overlap_hook)
     return wrapped
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lab_utils.core import ordered_reduce
+from lab_utils.core import ordered_reduce, speed
 from lab_utils.core.config import ConfigError
 
 
@@ -71,6 +71,7 @@ def check_launchable(cfg: dict, nproc: int) -> None:
     torchrun's start-up)."""
     device = pick_device(cfg["device"])
     check_cuda_keys(cfg, device)
+    speed.check(cfg)  # keys that cannot go together (chapter 15's overlap=none)
     if nproc > 1:
         check_sharded_device(cfg, device, pick_backend(cfg["backend"], device, nproc), nproc)
 
@@ -108,11 +109,11 @@ def configure_determinism(cfg: dict, device: torch.device) -> None:
     # another order, and then bitwise (tier 3) comparisons fail for reasons that have nothing to do with DDP.
     torch.set_num_threads(cfg["threads"])
     check_cuda_keys(cfg, device)
+    speed.check(cfg)
     if device.type == "cuda":
         # TF32 rounds fp32 matmul/conv inputs to a 10-bit mantissa on the tensor cores: repeatable, but other
         # numbers than fp32, so it is a key (off: torch's own default turns it on for cuDNN convolutions).
-        torch.backends.cuda.matmul.allow_tf32 = cfg["tf32"]
-        torch.backends.cudnn.allow_tf32 = cfg["tf32"]
+        speed.set_tf32(cfg["tf32"])  # both of torch's APIs agreeing (core/speed.py)
     if cfg["deterministic"]:
         if device.type == "cuda":
             # cuBLAS needs a fixed workspace to be deterministic; must be set before the first cuBLAS call.
