@@ -80,7 +80,7 @@ strip: setup
 	cd $(dir $(NB)) && $(abspath $(PY)) -m lab_utils.nbbuild refresh $(notdir $(NB))
 
 # docs/checklist.md is generated from every chapter's "What to change in your script" bullets
-# (lab_utils/checklist.py); tests/test_checklist.py fails when the committed file is not what this writes.
+# (lab_utils/checklist.py); tests/notebooks/test_checklist.py fails when the committed file is not what this writes.
 .PHONY: checklist
 checklist: setup
 	$(PY) -m lab_utils.checklist

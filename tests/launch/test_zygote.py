@@ -1,7 +1,7 @@
 """Ranks forked from the driver's zygote (lab_utils/launch/zygote.py) against ranks exec'd as before
 (LAB_ZYGOTE=off): the same numbers, really forked, and a client that dies takes its rank with it.
 The fault paths (crash, kill, abort, a rank deaf to SIGTERM, hangs and their stack dumps) run through the
-zygote in tests/test_launcher.py."""
+zygote in tests/launch/test_launcher.py."""
 
 import json
 import os

@@ -76,7 +76,7 @@ def test_the_p2p_probe_runs_only_with_two_gpus_and_nccl():
 
 
 def _outside_script():
-    path = Path(__file__).parent / "outside" / "multigpu_torchrun_recorded.py"
+    path = Path(__file__).resolve().parents[1] / "outside" / "multigpu_torchrun_recorded.py"
     spec = importlib.util.spec_from_file_location("outside_recorded", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # module level only: main() runs under `if __name__ == "__main__"`

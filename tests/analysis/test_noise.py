@@ -12,7 +12,7 @@ from lab_utils.analysis import noise, parity
 from lab_utils.analysis.parity import classify
 from lab_utils.core import float_twin, runfiles
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 N = 100
 A = [4.0 - 0.02 * i for i in range(N)]
 G = [1.0 - 0.005 * i for i in range(N)]

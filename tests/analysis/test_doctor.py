@@ -1,7 +1,7 @@
 """`ddp-lab doctor`: bad folders are named (exit 2); the causes are ranked with their evidence (synthetic
 folders, so each check is isolated); and the article's §7.1 check, corrected, with real runs: 100 samples at
 the article's global batch of 32 cross an epoch boundary at step 3, and a forgotten set_epoch parts there.
-The suite's bugs: tests/test_port_bugs.py checks the doctor's top cause on the same runs."""
+The suite's bugs: tests/analysis/test_port_bugs.py checks the doctor's top cause on the same runs."""
 
 import json
 import subprocess
@@ -14,7 +14,7 @@ from lab_utils.analysis import doctor
 from lab_utils.core import runfiles
 from lab_utils.launch import launcher
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write_run(path: Path, losses, grad_norms, config=None, world_size=1, hashes=None, extra=None, init=None):

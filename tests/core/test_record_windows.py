@@ -18,7 +18,7 @@ from lab_utils.launch import launcher
 
 pytestmark = pytest.mark.timeout(600)
 
-SCRIPT = Path(__file__).resolve().parent / "outside" / "multigpu_torchrun_recorded.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "outside" / "multigpu_torchrun_recorded.py"
 KEYS = {"steps": 24, "n_samples": 64, "global_batch_size": 16}  # 4 steps per epoch
 EVERY, BUG_EPOCH, BUG_STEP = 4, 4, 16  # the bug acts in steps 16-19 only: from step 20 on B's data is right again
 

@@ -4,7 +4,7 @@ GradScaler's inf/NaN check runs on the all-reduced gradients: rank 1's loss is m
 (overflow_step), and *both* ranks skip that step (each rank's heartbeat lists the steps its scaler skipped)
 and halve the scale, bit for bit like the emulated 2-rank run. If the check read each rank's local gradients,
 rank 0 (finite) would step and rank 1 would not: their weights would part, and the run would leave tier 3.
-The clipping bugs are in the port-bug suite (tests/test_port_bugs.py)."""
+The clipping bugs are in the port-bug suite (tests/analysis/test_port_bugs.py)."""
 import math
 from types import SimpleNamespace
 

@@ -11,7 +11,7 @@ from lab_utils.analysis import doctor, parity
 from lab_utils.core import record, runfiles
 from lab_utils.launch import launcher
 
-SCRIPT = Path(__file__).resolve().parent / "outside" / "multigpu_torchrun_recorded.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "outside" / "multigpu_torchrun_recorded.py"
 KEYS = {"steps": 8, "n_samples": 64, "global_batch_size": 16}  # 4 steps per epoch: boundary at step 4
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_audit_corpus import report, score
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HELD = REPO / "tests" / "outside" / "heldout"
 LABELS = json.loads((REPO / "tests" / "outside" / "heldout_labels.json").read_text())
 

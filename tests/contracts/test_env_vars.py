@@ -13,7 +13,7 @@ import ast
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"LAB_[A-Z0-9_]+")
 SETTERS = {"setenv", "putenv", "delenv", "unsetenv"}
 

@@ -2,7 +2,7 @@
 
 A real run of scripts/train.py, started twice in one folder as torchrun's elastic restart starts it: the first
 start SIGKILLs itself at the start of step 5 (checkpoints every 3 steps, so steps 3 and 4 are lost), the second
-runs with TORCHELASTIC_RESTART_COUNT=1 and resume=auto. One process, so the test is cheap; tests/test_checkpoint.py
+runs with TORCHELASTIC_RESTART_COUNT=1 and resume=auto. One process, so the test is cheap; tests/core/test_checkpoint.py
 does the same through torchrun at 2 ranks.
 
 What wrong code would still pass: none of these. If kept_metrics stops keeping the dropped records, the REDONE

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lab_utils.analysis import audit
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "outside" / "corpus"
 LABELS = json.loads((REPO / "tests" / "outside" / "corpus_labels.json").read_text())
 PRECISION_FLOOR, RECALL_FLOOR = 0.9, 0.8

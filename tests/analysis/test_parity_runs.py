@@ -1,6 +1,6 @@
 """2-rank gloo integration: the headline claims of chapter 01, with the tiny GPT, 40 steps.
 
-The port bugs (doubled global batch and the rest) are tests/test_port_bugs.py's table.
+The port bugs (doubled global batch and the rest) are tests/analysis/test_port_bugs.py's table.
 """
 from lab_utils.analysis import parity
 from lab_utils.launch import launcher

@@ -96,7 +96,7 @@ def test_refused_before_launch(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-SCRIPT = Path(__file__).resolve().parent / "outside" / "tree_outside_example.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "outside" / "tree_outside_example.py"
 BN_KEYS = [*TREE, "model=bn_net", "dropout=0.1", "steps=4"]
 
 

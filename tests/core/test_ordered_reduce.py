@@ -35,5 +35,5 @@ def test_bad_value_is_refused_before_launch(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 # The real 4-rank runs (ordered: tier 3 against emulate_ranks=4; stock: tier 2, not bitwise) are two entries of
-# the port-bug suite (lab_utils/analysis/portbugs.py, tests/test_port_bugs.py): reduction_in_backend_order,
+# the port-bug suite (lab_utils/analysis/portbugs.py, tests/analysis/test_port_bugs.py): reduction_in_backend_order,
 # ordered_reduction.

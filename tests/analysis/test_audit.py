@@ -1,6 +1,6 @@
 """`ddp-lab audit`: each rule fires on the bug it names and not on its fix; a project is judged across files
 (helpers that seed, loader libraries, save helpers); real public scripts (tests/outside/) get the findings a
-reader of them would agree with; the lab's own train.py gets none. tests/test_audit_corpus.py scores the
+reader of them would agree with; the lab's own train.py gets none. tests/analysis/test_audit_corpus.py scores the
 audit on a labelled corpus of public code."""
 
 import json
@@ -13,7 +13,7 @@ import pytest
 
 from lab_utils.analysis import audit
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OUTSIDE = REPO / "tests" / "outside"
 
 DDP_HEAD = """
