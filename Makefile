@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: lab test nbval setup lint notebooks strip bench clean
+.PHONY: lab test test-fast nbval setup lint notebooks strip bench clean
 
 $(VENV)/.lab-installed: pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -60,6 +60,11 @@ test: setup
 	  $(NBVAL) notebooks -q -n 2 --dist loadfile --durations=10
 	LAB_BROWSER_EXECUTED=$(CURDIR)/build/executed \
 	  $(PY) -m pytest tests/browser/check_notebooks.py -q -n 2 --dist load --durations=0
+
+# pytest without the tests marked slow (they start processes or take over ~2 s; tests/conftest.py): the
+# edit-test loop, under a minute on the 2-core CI box. `make test` still runs every test.
+test-fast: setup
+	$(PY) -m pytest tests -q -m "not slow" --durations=10
 
 # The chapters under nbval alone, headless (a GPU box without Chromium; docs/workshop.md "The day before"):
 # make nbval [NB=notebooks/01_unchanged.ipynb]. Executed copies go to build/executed/ (open them in JupyterLab).

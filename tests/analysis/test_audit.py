@@ -552,6 +552,7 @@ def test_pytorch_examples_multigpu_torchrun_no_seed_and_peek():
     assert "next(iter(self.train_data))" in src[found[1].line - 1]
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_json_and_sarif(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "lab_utils", "audit", *a], capture_output=True,  # noqa: E731
                                     text=True, cwd=REPO)

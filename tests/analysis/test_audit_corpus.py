@@ -11,6 +11,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from lab_utils.analysis import audit
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,6 +109,7 @@ def test_corpus_spans_enough_sources():
     assert files >= 25 and len(repos) >= 12, (files, sorted(repos))
 
 
+@pytest.mark.slow
 def test_precision_and_recall_floors():
     assert not _missing(), f"corpus files absent (tests/outside/README.md lists their sources): {_missing()}"
     s = score()

@@ -100,6 +100,7 @@ def test_sample_ids_locate_the_data_divergence(tmp_path):
     assert "the same samples at steps 0-1, other samples from step 2 on" in ev, d.format()
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_json(tmp_path):
     a = write_run(tmp_path / "a", [1.0, 0.9], [1.0, 1.0], {"global_batch_size": 16})
     b = write_run(tmp_path / "b", [1.3, 1.2], [1.0, 1.0], {"global_batch_size": 32})
@@ -111,6 +112,7 @@ def test_cli_exit_codes_and_json(tmp_path):
     assert r.returncode == 2 and "nope: no such run folder" in r.stderr
 
 
+@pytest.mark.slow
 def test_article_7_1_check_corrected_epoch_boundary_at_step_3(runs_dir):
     """§7.1: 100 samples, "diverges in the first 10 steps = seeds or data split; later = float noise". At the
     article's global batch of 32 an epoch is 3.125 steps: a forgotten set_epoch parts at step 3, not 'noise'."""

@@ -55,6 +55,7 @@ def first_bn() -> str:
     return next(n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_first_op_on_the_suite(name, runs):
     a, b = runs(name)
@@ -73,6 +74,7 @@ def test_first_op_on_the_suite(name, runs):
         assert first["op"] == "sample ids" and first["step"] == 2, d.format()
 
 
+@pytest.mark.slow
 def test_cli_json_and_not_judged(runs, tmp_path):
     a, b = runs("set_epoch_forgotten")
     cli = lambda *args: subprocess.run([sys.executable, "-m", "lab_utils", "doctor", *map(str, args)],  # noqa: E731

@@ -6,10 +6,13 @@ one process on the whole batch."""
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+pytestmark = pytest.mark.slow  # every test here starts processes (see tests/conftest.py)
 
 
 class SliceOnly(torch.autograd.Function):

@@ -15,7 +15,7 @@ from lab_utils.analysis import doctor
 from lab_utils.drivers import bench_late
 from lab_utils.launch import launcher, replay
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # every test here reads real runs
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,12 @@
 
 The port bugs (doubled global batch and the rest) are tests/analysis/test_port_bugs.py's table.
 """
+import pytest
+
 from lab_utils.analysis import parity
 from lab_utils.launch import launcher
+
+pytestmark = pytest.mark.slow  # every test here starts processes (see tests/conftest.py)
 
 
 def test_tier2_single_vs_two_ranks_and_tier3_against_emulation(runs_dir):

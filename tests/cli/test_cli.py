@@ -6,6 +6,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # every test here starts processes (see tests/conftest.py)
+
 
 def cli(*args):
     return subprocess.run([sys.executable, "-m", "lab_utils", *args], capture_output=True, text=True, timeout=120)

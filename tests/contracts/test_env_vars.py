@@ -10,6 +10,7 @@ A variable counts as *read* where code looks it up: `os.environ.get("LAB_X")`, `
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -65,12 +66,16 @@ def shell_uses(text: str) -> tuple[set[str], set[str]]:
     return read, set_
 
 
+@functools.cache  # two tests read the same scan: the files do not change during a session
 def uses() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """({variable: files that read it}, {variable: files that set it})."""
     read: dict[str, list[str]] = {}
     set_: dict[str, list[str]] = {}
     for path in python_files() + shell_files():
-        r, s = (python_uses if path.suffix == ".py" else shell_uses)(path.read_text())
+        text = path.read_text()
+        if "LAB_" not in text:  # nothing to find (a name held in a constant is the file's own constant)
+            continue
+        r, s = (python_uses if path.suffix == ".py" else shell_uses)(text)
         where = str(path.relative_to(REPO))
         for var in r:
             read.setdefault(var, []).append(where)

@@ -18,6 +18,7 @@ over MAX_LINES lines.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -35,9 +36,12 @@ OVER_MAX_LINES_FOR_NOW: set[str] = set()  # none: the audit became a package (is
 def lab_imports(path: Path, root: Path = REPO) -> list[tuple[int, tuple[str, ...]]]:
     """(line, dotted path under lab_utils) for every import of lab_utils in `path`, relative imports resolved
     against `path`'s place under `root`; `from lab_utils.core import a, b` gives ("core", "a") and ("core", "b")."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    rel_parts = path.relative_to(root).with_suffix("").parts
-    package = rel_parts[:-1]
+    return list(_lab_imports(path.read_text(), str(path), path.relative_to(root).with_suffix("").parts[:-1]))
+
+
+@functools.cache  # several tests read the same files: each source is parsed once
+def _lab_imports(source: str, filename: str, package: tuple[str, ...]) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    tree = ast.parse(source, filename=filename)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -54,7 +58,7 @@ def lab_imports(path: Path, root: Path = REPO) -> list[tuple[int, tuple[str, ...
             if mod[:1] != ["lab_utils"]:
                 continue
             found += [(node.lineno, (*mod[1:], alias.name)) for alias in node.names]
-    return found
+    return tuple(found)
 
 
 def layer_of(dotted: tuple[str, ...]) -> str:

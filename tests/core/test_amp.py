@@ -29,6 +29,7 @@ def amp_runs(tmp_path_factory):
     return {k: r.run_dir for k, r in results.items()}
 
 
+@pytest.mark.slow
 def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(amp_runs):
     rows = runfiles.read_metrics(amp_runs["fp16_ddp"])
     assert [r["step"] for r in rows if r["skipped"]] == [OVERFLOW]
@@ -42,6 +43,7 @@ def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(amp_runs):
     assert report.tier == 3, report.format()
 
 
+@pytest.mark.slow
 def test_bf16_on_cpu_is_bitwise_against_the_emulated_reference(amp_runs):
     report = parity.compare(amp_runs["bf16_emul"], amp_runs["bf16_ddp"])
     assert report.tier == 3, report.format()

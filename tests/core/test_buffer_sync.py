@@ -41,6 +41,7 @@ def bn_runs(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_two_rank_log_has_no_deprecation_warning_from_ddp(bn_runs):
     run = bn_runs / "bn_ddp"
     logs = [run / "output.log", *sorted((run / "logs").rglob("*.log"))]
@@ -52,6 +53,7 @@ def test_two_rank_log_has_no_deprecation_warning_from_ddp(bn_runs):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_emulated_ranks_end_with_the_real_ranks_running_stats(bn_runs):
     """DDP copies rank 0's buffers before the FIRST micro-batch of a no_sync window (the forward after a
     synchronising one), not before the last: emulated rank 1's running stats must equal real rank 1's, bit for
@@ -71,6 +73,7 @@ def test_emulated_ranks_end_with_the_real_ranks_running_stats(bn_runs):
     assert beats[0]["running_stats"] != beats[1]["running_stats"]
 
 
+@pytest.mark.slow
 def test_wrap_probe_measures_both_buffer_arguments(runs_dir):
     """What each argument copies at the wrap, on a rank whose buffers differ from rank 0's, and which warns."""
     probe = probes.launch_wrap_probe("wrap", 2, seed=42, backend="auto")

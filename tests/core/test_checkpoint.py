@@ -33,6 +33,7 @@ def full_run(runs_dir):
     return runs_dir / "full"
 
 
+@pytest.mark.slow
 def test_stop_and_resume_is_bitwise_and_keeps_the_metrics(runs_dir, full_run):
     _launch("first4", 2, KEYS[1:] + ["steps=4"]).raise_for_status()
     assert sorted(p.name for p in (runs_dir / "first4" / "checkpoints").iterdir()) == \
@@ -47,6 +48,7 @@ def test_stop_and_resume_is_bitwise_and_keeps_the_metrics(runs_dir, full_run):
     assert json.loads((runs_dir / "resumed" / runfiles.RESULT).read_text())["resumed_from"] == 4
 
 
+@pytest.mark.slow
 def test_article_style_checkpoint_resume_is_caught(runs_dir, full_run):
     """The article's §5.2 checkpoint (model, optimizer, epoch) has no data position: resumed, the data restarts
     at the epoch's start, and the report finds the first differing step at the checkpoint. Not a port-bug SUITE
@@ -60,6 +62,7 @@ def test_article_style_checkpoint_resume_is_caught(runs_dir, full_run):
     assert not r.bitwise and r.tier < 3 and r.first_diff_step == 4, r.format()
 
 
+@pytest.mark.slow
 def test_checkpoint_layout_is_plain_and_cpu(full_run):
     state = checkpoint.load_checkpoint(full_run / "checkpoints" / "step_000004.pt")  # weights_only=True
     assert state["step"] == 4 and state["samples"] == 4 * 16
@@ -68,6 +71,7 @@ def test_checkpoint_layout_is_plain_and_cpu(full_run):
     assert state["optimizer"]["state"], "optimizer moments missing"
 
 
+@pytest.mark.slow
 def test_two_rank_checkpoint_resumed_by_the_emulated_reference_is_bitwise(runs_dir, full_run):
     """The step is the data position at any layout: a 2-rank checkpoint, continued by one process laying
     each batch out as 2 ranks, ends bitwise equal to the uninterrupted 2-rank run."""
@@ -79,6 +83,7 @@ def test_two_rank_checkpoint_resumed_by_the_emulated_reference_is_bitwise(runs_d
 
 # log_sync_every=3 (the workshop preset batches too): steps 3 and 4 are still in StepLog's buffer when rank 1 is
 # killed at step 5; unless the log is flushed with checkpoint 4, the restart's metrics.jsonl misses step 3.
+@pytest.mark.slow
 @pytest.mark.parametrize("sync_every", [1, 3])
 def test_elastic_restart_resumes_past_a_kill_bitwise(runs_dir, full_run, sync_every):
     res = _launch("killed", 2, KEYS + ["fault=kill", "fault_rank=1", "fault_step=5", "resume=auto",
@@ -94,6 +99,7 @@ def test_elastic_restart_resumes_past_a_kill_bitwise(runs_dir, full_run, sync_ev
     assert r.tier == 3 and r.bitwise, r.format()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["atomic", "naive"])
 def test_a_kill_in_the_middle_of_a_save(runs_dir, how):
     """Rank 0 dies halfway through writing step 4's checkpoint. Atomic: step_000004.pt does not exist (only

@@ -29,6 +29,7 @@ def recorded(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_a_float_twin_of_your_single_run_calibrates_the_verdict(recorded):
     report = parity.compare(recorded / "single", recorded / "ddp", noise_runs=[recorded / "single_twin"])
     assert report.calibrated and report.tier >= 2, report.format()
@@ -40,6 +41,7 @@ def test_a_float_twin_of_your_single_run_calibrates_the_verdict(recorded):
     assert bug.exit_code == 1 and bug.top.code == "sampler_epoch", bug.format()
 
 
+@pytest.mark.slow
 def test_the_single_run_dealt_out_like_ranks_is_bitwise_equal_to_ddp(recorded):
     report = parity.compare(recorded / "single_as_2_ranks", recorded / "ddp")
     assert report.tier == 3, report.format()
@@ -47,6 +49,7 @@ def test_the_single_run_dealt_out_like_ranks_is_bitwise_equal_to_ddp(recorded):
     assert plain.tier < 3, "the plain single run sums in another order: only the dealt-out one is bitwise"
 
 
+@pytest.mark.slow
 def test_the_folder_follows_the_runfiles_contract(recorded):
     run = recorded / "ddp"
     for name in (runfiles.CONFIG, runfiles.METRICS, runfiles.MODEL, runfiles.RESULT):
@@ -63,6 +66,7 @@ def test_the_folder_follows_the_runfiles_contract(recorded):
     assert metrics[-1]["samples"] == 8 * 16
 
 
+@pytest.mark.slow
 def test_single_vs_two_ranks_is_unchanged_and_doctor_says_so(recorded):
     report = parity.compare(recorded / "single", recorded / "ddp")
     assert report.tier >= 2, report.format()
@@ -75,6 +79,7 @@ def test_single_vs_two_ranks_is_unchanged_and_doctor_says_so(recorded):
     assert sa == sb  # the same samples in every step: DistributedSampler(1 replica) vs 2 replicas, same seed
 
 
+@pytest.mark.slow
 def test_doctor_finds_the_forgotten_set_epoch_from_the_sample_ids(recorded):
     d = doctor.diagnose_runs(recorded / "single", recorded / "no_set_epoch")
     assert d.exit_code == 1 and d.top.code == "sampler_epoch", d.format()

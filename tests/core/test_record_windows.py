@@ -51,6 +51,7 @@ def doctor(runs, b, capsys, *extra) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_the_ddp_side_saves_a_window_state_every_k_steps(runs):
     assert windows.steps(runs / "ddp") == [4, 8, 12, 16, 20, 24]
     assert windows.steps(runs / "single") == []  # window_every=0: none
@@ -60,6 +61,7 @@ def test_the_ddp_side_saves_a_window_state_every_k_steps(runs):
     assert runfiles.read_config(runs / "ddp")["config"]["window_every"] == EVERY
 
 
+@pytest.mark.slow
 def test_a_replay_folder_is_what_the_judgement_reads(runs):
     for name in ("ddp_replay", "ddp_twin"):
         assert [m["step"] for m in runfiles.read_metrics(runs / name)] == list(range(24))
@@ -71,6 +73,7 @@ def test_a_replay_folder_is_what_the_judgement_reads(runs):
     assert late[-1]["step"] == 20 and late[-1]["max_abs_param_diff"] > 1e-4  # after the bug's epoch: B is elsewhere
 
 
+@pytest.mark.slow
 def test_a_correct_port_is_within_every_window(runs, capsys):
     code, d = doctor(runs, "ddp", capsys)
     assert code == 0, d
@@ -78,6 +81,7 @@ def test_a_correct_port_is_within_every_window(runs, capsys):
     assert all(w["first_over"] is None and not w["unjudged"] for w in d["windows"]["windows"])
 
 
+@pytest.mark.slow
 def test_a_late_bug_is_caught_at_its_first_step_and_only_in_its_window(runs, capsys):
     code, d = doctor(runs, "late", capsys)
     assert code == 1 and d["windows"]["first_over"] == BUG_STEP, d
@@ -90,12 +94,14 @@ def test_a_late_bug_is_caught_at_its_first_step_and_only_in_its_window(runs, cap
     assert d["causes"][0]["code"] == "sampler_epoch"
 
 
+@pytest.mark.slow
 def test_compare_takes_the_replay_too(runs, capsys):
     assert cli.main(["compare", str(runs / "single"), str(runs / "late"), "--json", "--replay",
                      str(runs / "late_replay"), str(runs / "late_twin")]) == 0
     assert json.loads(capsys.readouterr().out)["windows"]["first_over"] == BUG_STEP
 
 
+@pytest.mark.slow
 def test_a_replay_of_another_run_is_refused(runs, capsys):
     code = cli.main(["doctor", str(runs / "single"), str(runs / "late"), "--replay", str(runs / "single"),
                      str(runs / "ddp_twin")])

@@ -130,6 +130,7 @@ def _probe_records(run_dir):
     return list(probes.read_probe(run_dir).values())  # any probe's probe/rank*.json, in rank order
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_match_batchnorm_over_the_whole_batch_and_torch_refuses_cpu(runs_dir):
     """Real ranks (float64): forward, input gradient, summed affine gradients and running stats within 1e-12 of
     nn.BatchNorm on the full batch; plain BatchNorm per rank is far off; nn.SyncBatchNorm on CPU: ValueError."""
@@ -146,6 +147,7 @@ def test_two_gloo_ranks_match_batchnorm_over_the_whole_batch_and_torch_refuses_c
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="nn.SyncBatchNorm needs CUDA tensors (2 ranks may "
                     "share one GPU over gloo); this machine has no CUDA device")
+@pytest.mark.slow
 def test_lab_sync_bn_agrees_with_torch_sync_batchnorm_on_cuda(runs_dir):
     result = _probe(runs_dir, "t_sync_bn_cuda", device="cuda")
     result.raise_for_status()
@@ -155,6 +157,7 @@ def test_lab_sync_bn_agrees_with_torch_sync_batchnorm_on_cuda(runs_dir):
             assert max(case["lab"].values()) < 1e-10, case
 
 
+@pytest.mark.slow
 def test_two_ranks_with_lab_sync_bn_are_bitwise_equal_to_the_emulated_reference(runs_dir):
     keys = {"model": "bn_net", "steps": 3, "sync_bn": "lab", "grad_accum_steps": 2}
     ddp = launcher.launch("t_sbn_ddp", 2, keys, timeout=600, progress=False, runs_dir=runs_dir)

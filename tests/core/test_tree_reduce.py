@@ -115,6 +115,7 @@ def runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_bn_net_is_bitwise_at_1_and_4_ranks_and_across_a_4_to_2_resize(runs):
     """One tree, any W: losses, fingerprints, every final tensor (BatchNorm's running stats and counters
     included, which torch's own per-rank update would leave W-dependent) and the probe outputs."""
@@ -130,6 +131,7 @@ def test_bn_net_is_bitwise_at_1_and_4_ranks_and_across_a_4_to_2_resize(runs):
     assert int(weights["bn1.num_batches_tracked"]) == 4 * 8  # one count per chunk, as one process counts
 
 
+@pytest.mark.slow
 def test_a_users_own_script_is_bitwise_at_1_and_2_ranks(runs):
     """TreeAccumulator outside train.py: tests/outside/tree_outside_example.py, a few added lines."""
     report = parity.compare(runs / "out1", runs / "out2")

@@ -10,6 +10,8 @@ from processes import stray_children
 
 from lab_utils.launch import forked_ranks
 
+pytestmark = pytest.mark.slow  # every test here starts processes (see tests/conftest.py)
+
 
 def _allreduce_rank(rank, world_size, init, out, fail_rank):
     import torch

@@ -33,6 +33,7 @@ def wait_until_rank1_is_deaf(run_dir, proc=None, within: float = 300) -> None:
     raise AssertionError(f"rank 1 never reached step 2 within {within} s: {read_heartbeats(run_dir)}")
 
 
+@pytest.mark.slow
 def test_ok_run_writes_its_files(shared_run):
     r = shared_run(2, FAST)  # the same run is test_multinode's standalone reference: launched once
     assert r.ok, str(r)
@@ -47,6 +48,7 @@ def test_ok_run_writes_its_files(shared_run):
     assert launched["command_line"] == r.command_line and "lab_utils.launch.elastic_driver" in launched["cmd"]
 
 
+@pytest.mark.slow
 def test_hang_is_named_and_stopped(runs_dir):
     """Caught by the stall timeout (no heartbeat from any rank for 8 s), long before the overall timeout (the
     backstop); then the same stop path as at that timeout: the rank named, its stack dumped, the tree stopped."""
@@ -77,6 +79,7 @@ def test_a_held_stall_counts_from_the_release(tmp_path):
     assert not stalled(tmp_path, None, now=1e9)
 
 
+@pytest.mark.slow
 def test_crash_shows_the_failing_ranks_traceback(runs_dir):
     r = launcher.launch("crash", 2, FAST + ["fault=crash", "fault_rank=1", "fault_step=2"], timeout=300,
                         progress=False)
@@ -86,6 +89,7 @@ def test_crash_shows_the_failing_ranks_traceback(runs_dir):
     assert not leftovers(r.run_dir)
 
 
+@pytest.mark.slow
 def test_killed_rank_is_reported_by_signal(runs_dir):
     r = launcher.launch("kill", 2, FAST + ["fault=kill", "fault_rank=1", "fault_step=2"], timeout=300,
                         progress=False)
@@ -94,6 +98,7 @@ def test_killed_rank_is_reported_by_signal(runs_dir):
     assert not leftovers(r.run_dir)
 
 
+@pytest.mark.slow
 def test_single_process_crash_and_hang(runs_dir):
     """Also launch_many: failures come back as results, in the order given, unless raise_on_failure."""
     out = launcher.launch_many({"crash": ("crash1", 1, FAST + ["fault=crash", "fault_step=1"]),
@@ -126,6 +131,7 @@ def test_bad_input_fails_before_launch(runs_dir, nproc, keys, fragment):
     assert not (runs_dir / "bad").exists()  # nothing was launched, nothing written
 
 
+@pytest.mark.slow
 def test_abort_is_blamed_on_the_aborting_rank_not_its_sigtermed_peer(runs_dir):
     """Rank 1 dies by SIGABRT while rank 0 is outside any collective, so the agent SIGTERMs rank 0 (as a rank
     blocked in NCCL is). torchrun's summary lists rank 0 first; the root cause is still rank 1."""
@@ -141,6 +147,7 @@ def test_abort_is_blamed_on_the_aborting_rank_not_its_sigtermed_peer(runs_dir):
     assert not leftovers(r.run_dir)
 
 
+@pytest.mark.slow
 def test_rank_ignoring_sigterm_is_killed_when_the_run_stalls(runs_dir):
     """The stall timeout (10 s without a heartbeat) stops the run long before the overall timeout (the
     backstop); rank 1 survives the SIGTERM, so only the SIGKILL after the grace ends it."""
@@ -158,6 +165,7 @@ def test_rank_ignoring_sigterm_is_killed_when_the_run_stalls(runs_dir):
     assert not leftovers(r.run_dir)  # right away: launch() returns only once the tree is gone
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
 def test_launcher_stopped_by_a_signal_leaves_nothing(runs_dir, sig):
     """`ddp-lab run` stopped as `timeout`, a CI job limit or a closing terminal stops it (SIGTERM, SIGHUP), or
@@ -183,6 +191,7 @@ def test_launcher_stopped_by_a_signal_leaves_nothing(runs_dir, sig):
         assert json.loads((runs_dir / name / "launch.json").read_text())["status"] == "stopped"
 
 
+@pytest.mark.slow
 def test_kernel_restart_mid_run_leaves_nothing(runs_dir):
     """A notebook's kernel restarted (SIGKILL to its process group) while a cell runs a launch: the driver is
     in a session of its own, so only the parent-death signal chain stops the run."""

@@ -25,6 +25,7 @@ def assert_nothing_left(run_dir, within: float = 10):
     assert not names, names
 
 
+@pytest.mark.slow
 def test_two_simulated_nodes_are_bitwise_the_standalone_run(runs_dir, shared_run):
     two = launcher.launch("two", 1, FAST, timeout=300, progress=False, nnodes=2)
     one = shared_run(2, FAST)  # the plain 2-rank run (test_launcher reads the same one): another launch than two
@@ -39,6 +40,7 @@ def test_two_simulated_nodes_are_bitwise_the_standalone_run(runs_dir, shared_run
     assert_nothing_left(two.run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad_rank", [0, 1])
 def test_crash_on_either_node_names_the_rank(runs_dir, bad_rank):
     start = time.time()
@@ -51,6 +53,7 @@ def test_crash_on_either_node_names_the_rank(runs_dir, bad_rank):
     assert_nothing_left(r.run_dir)
 
 
+@pytest.mark.slow
 def test_hang_on_a_node_is_stopped_named_and_its_stack_dumped(runs_dir):
     """Caught by the stall timeout (8 s without a heartbeat), long before the overall timeout (the backstop);
     then the same stop path as at that timeout, across both nodes."""
@@ -103,6 +106,7 @@ def _run_nodes(cmds, timeout=180):
                 os.killpg(p.pid, 9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["docs/multinode.md", "scripts/slurm/ddp_lab.sbatch"])
 def test_documented_multinode_command_runs_as_two_simulated_nodes(runs_dir, source):
     text = (REPO / source).read_text()
@@ -125,6 +129,7 @@ def test_sbatch_script_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(REPO / "scripts/slurm/ddp_lab.sbatch")]).returncode == 0
 
 
+@pytest.mark.slow
 def test_fixed_master_port_clashes_and_standalone_does_not(runs_dir):
     start = time.time()
     out = ch09_launching.port_clash("pc", {"steps": 6, "backend": "gloo", "n_samples": 256}, timeout=300,
@@ -144,6 +149,7 @@ def test_fixed_master_port_clashes_and_standalone_does_not(runs_dir):
         assert_nothing_left(r.run_dir)
 
 
+@pytest.mark.slow
 def test_detail_names_mismatched_collectives_and_pg_timeout_blames_the_waiter(runs_dir):
     out = ch09_launching.mismatch_runs("mm", timeout=300, pg_timeout=8)
     shape = out["shape_DETAIL"]
@@ -158,6 +164,7 @@ def test_detail_names_mismatched_collectives_and_pg_timeout_blames_the_waiter(ru
         assert_nothing_left(r.run_dir)
 
 
+@pytest.mark.slow
 def test_rank_without_heartbeat_is_never_signalled(tmp_path):
     """dump_stacks signals only processes named by a heartbeat (SIGUSR1 would kill one without the handler)."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -170,6 +177,7 @@ def test_rank_without_heartbeat_is_never_signalled(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_single_process_hang_caught_by_stall_timeout_with_its_stack(runs_dir):
     """One process (no agent, no per-rank logs): the stall timeout still catches the hang long before the overall
     timeout, and the dump is read back from output.log."""
@@ -189,6 +197,7 @@ NETNS_REASON = netns.unavailable_reason()
 needs_netns = pytest.mark.skipif(NETNS_REASON is not None, reason=f"network namespaces unavailable: {NETNS_REASON}")
 
 
+@pytest.mark.slow
 @needs_netns
 def test_two_real_hosts_bitwise_and_wrong_interface_and_address_named_nothing_left(runs_dir, shared_run):
     """One rank per namespace, c10d on host 0's data address, gloo: bitwise the standalone 2-rank run. Beside it,
@@ -226,6 +235,7 @@ def test_two_real_hosts_bitwise_and_wrong_interface_and_address_named_nothing_le
         assert_nothing_left(r.run_dir)
 
 
+@pytest.mark.slow
 def test_wrong_rendezvous_address_named_on_simulated_nodes(runs_dir):
     """The same wrong address on the loopback simulation (every box): node 1 told a port where no store listens."""
     r = launcher.launch("wrong_addr", 1, FAST, timeout=240, progress=False, nnodes=2,

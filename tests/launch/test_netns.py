@@ -37,6 +37,7 @@ def _connect(host: netns.Host, ip: str, port: int = 29399) -> str:
     return host.run(sys.executable, "-c", CONNECT, ip, str(port), timeout=60).stdout.splitlines()[0]
 
 
+@pytest.mark.slow
 @needs_netns
 def test_two_hosts_data_reaches_the_peer_mgmt_does_not_and_all_goes_away():
     with netns.Hosts(2) as hosts:
@@ -71,6 +72,7 @@ def route_dev(host: netns.Host, ip: str) -> str:
     return line.split(" dev ")[1].split()[0]
 
 
+@pytest.mark.slow
 @needs_netns
 def test_teardown_on_an_exception_kills_what_runs_inside():
     """A process left running in a namespace (one that ignores SIGTERM, in a session of its own) is killed, and
@@ -95,6 +97,7 @@ def test_teardown_on_an_exception_kills_what_runs_inside():
     assert netns.gone(hosts), _listing()
 
 
+@pytest.mark.slow
 @needs_netns
 def test_a_sigkilled_owner_leaves_nothing_after_the_next_hosts():
     """An owner killed by SIGKILL runs no teardown; the next Hosts() removes what it left (its pid is gone)."""
@@ -117,6 +120,7 @@ REFUSE = ("import os, sys\nfrom lab_utils.launch import netns\n"
           "try:\n    netns.Hosts(2).__enter__()\nexcept netns.NetnsUnavailable as e:\n    print('refused:', e)\n")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run the refusal as another user")
 def test_refused_clearly_when_not_root():
     # the interpreter lives under /root here, so the child starts as root and drops it before asking
@@ -127,6 +131,7 @@ def test_refused_clearly_when_not_root():
                                        "CAP_NET_ADMIN)"], out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="as non-root the not-root refusal comes first")
 def test_refused_clearly_without_ip(tmp_path):
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -137,6 +142,7 @@ def test_refused_clearly_without_ip(tmp_path):
     assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
 
 
+@pytest.mark.slow
 def test_lab_netns_off_refuses_before_anything():
     before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     out = subprocess.run([sys.executable, "-c", REFUSE], capture_output=True, text=True,

@@ -35,6 +35,7 @@ def pair(tmp_path_factory):
     }, max_workers=2, runs_dir=root, timeout=300, raise_on_failure=True)
 
 
+@pytest.mark.slow
 def test_forked_ranks_give_the_exec_paths_numbers_bitwise(pair):
     assert _records(pair["forked"].run_dir) == _records(pair["execd"].run_dir)
     a, b = (read_heartbeats(pair[k].run_dir) for k in ("forked", "execd"))
@@ -63,6 +64,7 @@ def _while_hanging(tmp_path, extra_env=None):
     return thread, out, run_dir, driver, {r: b["pid"] for r, b in beats.items()}
 
 
+@pytest.mark.slow
 def test_ranks_are_forked_from_the_zygote_and_exec_d_when_it_is_off(tmp_path):
     for extra_env, forked in ((None, True), ({"LAB_ZYGOTE": "off"}, False)):
         folder = tmp_path / ("on" if forked else "off")
@@ -107,6 +109,7 @@ sys.stdin.read()  # keep the zygote's parent (this process) alive until the test
 """
 
 
+@pytest.mark.slow
 def test_a_sigkilled_client_takes_its_rank_with_it(tmp_path):
     """torch's agent SIGKILLs a worker that outlives its SIGTERM: with the zygote that worker is the client,
     which cannot pass a SIGKILL on, so the zygote must end the rank itself, while it (and its driver) live on:
@@ -146,6 +149,7 @@ def test_which_launches_use_it(script, env, reason):
     assert start.reason.startswith(reason) and start.fork is reason.startswith("forked")
 
 
+@pytest.mark.slow
 def test_a_single_process_is_forked_from_the_launch_zygote_with_its_own_command_and_environment(tmp_path):
     """One plain process (nproc=1): forked from the caller's launch zygote, showing `python scripts/train.py ...`,
     with the run's environment (the heartbeat records the error file the launcher set for it), and bitwise
@@ -221,6 +225,7 @@ sys.stdin.read()  # alive until the test kills it
 """
 
 
+@pytest.mark.slow
 def test_the_launch_zygote_ends_with_its_caller(tmp_path):
     """A caller SIGKILLed (a kernel restart) runs no clean-up: its launch zygote must end by itself, since
     no leftover check looks for it (its command line names no run)."""

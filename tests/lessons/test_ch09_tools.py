@@ -20,6 +20,7 @@ def test_prefixed_lines_reads_role_and_local_rank(tmp_path):
     assert ch09.prefixed_lines(log) == [("default_role", "0", "[train] step 1"), ("gpu-b:", "1", "hello")]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path(ch09.PY_SPY).exists(), reason="py-spy not installed")
 def test_py_spy_dump_names_the_waiting_function(tmp_path):
     script = tmp_path / "waiter.py"
@@ -36,6 +37,7 @@ def test_py_spy_dump_names_the_waiting_function(tmp_path):
         proc.wait()
 
 
+@pytest.mark.slow
 def test_py_spy_dump_of_a_dead_pid_says_why():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
@@ -43,6 +45,7 @@ def test_py_spy_dump_of_a_dead_pid_says_why():
     assert "Thread" not in text and text  # an error, not an empty dump
 
 
+@pytest.mark.slow
 def test_launch_layout_reads_each_workers_torchrun_variables(tmp_path):
     r = launcher.launch("ch09t_layout", 1, {"steps": 2, "backend": "gloo", "n_samples": 64}, timeout=180,
                         progress=False, nnodes=2, runs_dir=tmp_path)
@@ -59,6 +62,7 @@ def test_launch_layout_reads_each_workers_torchrun_variables(tmp_path):
     assert len(fig.axes[0].patches) == 1 + 2 + 2  # the store, two agents, two workers
 
 
+@pytest.mark.slow
 def test_launch_layout_refuses_a_run_without_the_variables(tmp_path):
     r = launcher.launch("ch09t_one", 1, {"steps": 1}, timeout=120, progress=False, runs_dir=tmp_path)
     beat = r.run_dir / "progress" / "rank0.json"

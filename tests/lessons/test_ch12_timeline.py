@@ -41,12 +41,14 @@ def killed(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_metrics_hold_each_step_once_and_the_lost_steps_are_kept_apart(killed):
     assert [(m["step"], m["attempt"]) for m in runfiles.read_metrics(killed)] == \
         [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 1)]
     assert [(m["step"], m["attempt"]) for m in resume.redone_metrics(killed)] == [(3, 0), (4, 0)]
 
 
+@pytest.mark.slow
 def test_the_timeline_draws_the_lost_steps_grey_and_the_kill_after_them(killed):
     fig = bl.plot_timeline({"run": killed}, {"run": 5})
     lines = {line.get_gid(): line for line in fig.axes[0].get_lines() if line.get_gid()}

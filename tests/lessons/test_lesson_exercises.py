@@ -35,6 +35,7 @@ def test_no_sync_is_read_at_the_forward():
                     "no no_sync": [3, 3]}
 
 
+@pytest.mark.slow
 def test_rank0_eval_through_the_wrapper_hangs_and_through_module_does_not():
     # rank 0 starts 3 s late: only the trap's collectives have the 2 s timeout (CI saw DDP's construction time out)
     trap = ch08_checkpoints.rank0_eval_trap(timeout_s=2, late_s=3)
@@ -50,6 +51,7 @@ def _stuck_rank(rank, *args):
     time.sleep(600)
 
 
+@pytest.mark.slow
 def test_rank0_eval_trap_kills_stuck_ranks_and_names_them(monkeypatch):
     monkeypatch.setattr(ch08_checkpoints, "_eval_trap_rank", _stuck_rank)
     monkeypatch.setattr(ch08_checkpoints, "TRAP_GRACE_S", 1.0)

@@ -88,6 +88,7 @@ def test_read_probe_without_a_run_names_the_folder(tmp_path):
 
 
 # ------------------------------------------------------------------ the 2-rank wrap probe (real torchrun)
+@pytest.mark.slow
 def test_wrap_probe_two_ranks(runs_dir):
     probe = probes.launch_wrap_probe("wrap", 2, seed=42, backend="auto")
     assert sorted(probe) == [0, 1] and [probe[r]["seed"] for r in (0, 1)] == [42, 43]

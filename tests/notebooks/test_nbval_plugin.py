@@ -70,6 +70,7 @@ def test_verdict_failure_leads_with_the_claim_and_quotes_verdicts_show():
     assert "not printed" in verdict_failure(cell, [])
 
 
+@pytest.mark.slow
 def test_nbval_run_reports_the_claim_and_saves_what_it_executed(tmp_path):
     cells = ["import ipywidgets as w\nfrom tqdm.auto import tqdm\nfor i in tqdm(range(3)):\n    pass",
              "w.IntSlider(3)",
