@@ -81,6 +81,7 @@ def _batches(ds, visits, num_workers):
     return list(loader)
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_keyed_batches_identical_across_worker_counts():
     visits = [N + i for i in (5, 0, 17, 63, 2, 40, 11, 8)] + list(range(2 * N, 2 * N + 16))
     ds = DigitsDataset(augment="keyed", seed=3, n=N)

@@ -45,6 +45,7 @@ def test_int64_draw_is_the_dataloader_base_seed():
 
 
 # ------------------------------------------------------------------ worker_seeds
+@pytest.mark.slow  # DataLoader worker processes
 @pytest.mark.parametrize("with_generator", [False, True])
 def test_worker_seed_is_base_seed_plus_worker_id(with_generator):
     torch.manual_seed(42)
@@ -54,6 +55,7 @@ def test_worker_seed_is_base_seed_plus_worker_id(with_generator):
     assert all(seed == s["expected_base_seed"] + w for w, seed in s["workers"].items())
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_worker_seeds_follow_the_process_seed_only_without_a_generator():
     out = {}
     for main_seed in (42, 43):
