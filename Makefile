@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: lab test nbval setup lint notebooks strip bench clean
+.PHONY: lab test test-fast nbval setup lint notebooks strip bench clean
 
 $(VENV)/.lab-installed: pyproject.toml
 	@if [ ! -x $(PY) ]; then \
@@ -61,6 +61,11 @@ test: setup
 	LAB_BROWSER_EXECUTED=$(CURDIR)/build/executed \
 	  $(PY) -m pytest tests/browser/check_notebooks.py -q -n 2 --dist load --durations=0
 
+# pytest without the tests marked slow (they start processes or take over ~2 s; tests/conftest.py): the
+# edit-test loop, under a minute on the 2-core CI box. `make test` still runs every test.
+test-fast: setup
+	$(PY) -m pytest tests -q -m "not slow" --durations=10
+
 # The chapters under nbval alone, headless (a GPU box without Chromium; docs/workshop.md "The day before"):
 # make nbval [NB=notebooks/01_unchanged.ipynb]. Executed copies go to build/executed/ (open them in JupyterLab).
 # NBVAL_WORKERS: notebooks at a time (default 2); NBVAL_ARGS: more pytest arguments (e.g. --junitxml=FILE).
@@ -80,7 +85,7 @@ strip: setup
 	cd $(dir $(NB)) && $(abspath $(PY)) -m lab_utils.nbbuild refresh $(notdir $(NB))
 
 # docs/checklist.md is generated from every chapter's "What to change in your script" bullets
-# (lab_utils/checklist.py); tests/test_checklist.py fails when the committed file is not what this writes.
+# (lab_utils/checklist.py); tests/notebooks/test_checklist.py fails when the committed file is not what this writes.
 .PHONY: checklist
 checklist: setup
 	$(PY) -m lab_utils.checklist

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two (or N) real hosts on this box, as Linux network namespaces (lab_utils/launch/netns.py): each host has its own
 # addresses and two interfaces, `data` (10.213.1.i/24, all hosts on one bridge) and `mgmt` (10.213.2.i/24, a link
-# that reaches no other host). Needs root and iproute2 (`ip`). Chapter 09 and tests/test_netns.py make them
+# that reaches no other host). Needs root and iproute2 (`ip`). Chapter 09 and tests/launch/test_netns.py make them
 # themselves; this script is for trying things by hand.
 #
 #   sudo scripts/two_hosts.sh up [N]   # make N hosts (default 2) and hold them until Ctrl-C / SIGTERM

@@ -61,7 +61,7 @@ GRAD_FLOOR = FLOOR_ULPS * 2.0 ** -23
 LOSS_CAP = 0.05
 GRAD_CAP = 0.5
 
-# The tier-2 rule in words: the one text README.md, docs/design.md and chapter 01 show (tests/test_noise.py
+# The tier-2 rule in words: the one text README.md, docs/design.md and chapter 01 show (tests/analysis/test_noise.py
 # keeps them equal).
 RULE = (f"tier 2 (step-wise): at every step, |Δloss| and the relative |Δgrad_norm| of B against A stay within "
         f"{MARGIN:g}x the float-noise envelope of A's float twins (the running maximum of each twin's distance "

@@ -6,7 +6,7 @@ name `cause` (a code of `parity.CAUSES`); `expected="pass"`: a correct port, whi
 Tier 2 is judged against the float-noise envelope of the single run's float twin (`twin`, lab_utils/analysis/noise.py),
 so the same table holds at the toy size (`make test`) and at a real one (`SIZES["4x256"]`, 150 steps:
 `ddp-lab bench portbugs`), where fixed tolerances call correct ports tier 1.
-tests/test_port_bugs.py runs every entry with real processes; chapters 05-11 append their bugs to `SUITE`,
+tests/analysis/test_port_bugs.py runs every entry with real processes; chapters 05-11 append their bugs to `SUITE`,
 and a `ddp-lab doctor` can run the same table. This module is data plus pure helpers: it launches nothing
 (analysis side: it may import runfiles and parity, never the launcher or the training code).
 """

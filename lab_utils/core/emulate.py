@@ -25,7 +25,7 @@ def emulated_step(wl, model, loader_iters: list, cfg: dict, device: torch.device
     and with broadcast_buffers a rank takes rank 0's buffers, as they were at that point, before each forward
     that DDP broadcasts before: the forward after a synchronising one (`step.rank_step` says which). Under
     no_sync accumulation that is micro-batch 0, so rank r >= 1 ends the step with rank 0's buffers updated by
-    its own micro-batches. tests/test_buffer_sync.py checks every emulated rank's final running stats against
+    its own micro-batches. tests/core/test_buffer_sync.py checks every emulated rank's final running stats against
     a real 2-rank run's, bit for bit.
 
     scaler / loss_factors (amp=fp16, chapter 11): each rank's micro-batch losses go through the same

@@ -27,12 +27,12 @@ Judging your port (chapter 01, lab_utils/analysis/noise.py). Record three runs, 
   (`like_ranks(batch, W)`: DistributedSampler gives rank r the items r, r+W, r+2W, ... of each global batch),
   each `(loss_r / W).backward()`, logging `sum(loss_r) / W`. For W a power of two that is exactly DDP's
   arithmetic (x 1/W is exact; a sum of two has one order), so `ddp-lab compare` gives tier 3 against W = 2 ranks.
-  tests/test_record.py proves both on tests/outside/multigpu_torchrun_recorded.py (`micro_batches=`, `layout=`).
+  tests/core/test_record.py proves both on tests/outside/multigpu_torchrun_recorded.py (`micro_batches=`, `layout=`).
 
 Rules it keeps:
 - **It does not change your training.** No random draws (the fingerprint is integer arithmetic; the
   gathers are collectives without randomness), no change to gradients, parameters or the model's mode
-  except inside close's probe forward, which restores it. tests/test_record.py checks the RNG state and the
+  except inside close's probe forward, which restores it. tests/core/test_record.py checks the RNG state and the
   final weights with and without it.
 - **Make it after `init_process_group`** (it reads the rank and world size from torch.distributed) and before
   `DDP(model)` (so the initial fingerprints are each rank's own, before the wrap copies rank 0's).

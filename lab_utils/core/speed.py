@@ -6,7 +6,7 @@ What each speed key does to a rank (the keys themselves are in config.py):
   on torch 2.9+ both keep the old flags and the new `fp32_precision` settings agreeing, whereas setting
   `torch.backends.cuda.matmul.fp32_precision` / `torch.backends.cudnn.conv.fp32_precision` directly makes any
   later read of `allow_tf32` (by torch or a library) raise "a mix of the legacy and new APIs" (torch 2.13,
-  measured in tests/test_speed.py). CUDA only (config refuses it elsewhere: distenv.check_cuda_keys).
+  measured in tests/core/test_speed.py). CUDA only (config refuses it elsewhere: distenv.check_cuda_keys).
 - `compile`: `model.compile()` before the DDP wrap (scripts/train.py), CUDA only.
 - `fused_optimizer`: `torch.optim.AdamW(fused=True)` (scripts/train.py), on CPU too.
 - `bucket_cap_mb`: DDP's gradient bucket size (core/ddp.py).

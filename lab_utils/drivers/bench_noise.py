@@ -6,7 +6,7 @@ judged with one float twin at a time, in envelopes (B's distance from A over the
 A correct pair's worst step must sit well below the margin, a bug's first step outside far above it. The files:
 docs/measured/cpu2/noise_envelope_4x256/ (GPT 4x256, 150 steps, 2-core CPU, gloo) and
 docs/measured/h200/noise_growth/ (the workshop preset, 150 steps, one H200, fp32 and bf16); each folder's README
-says how each run was made. tests/test_noise.py asserts the margin against this table. Below it, per scale, the
+says how each run was made. tests/analysis/test_noise.py asserts the margin against this table. Below it, per scale, the
 windows' side from the committed `ddp-lab bench late` rows (docs/measured/**/late_*.json): the correct ports'
 worst window and the bugs' first window out, in envelopes; then the floor and the caps.
 """

@@ -6,7 +6,7 @@ Each entry's single run and 2-rank port (lab_utils/analysis/portbugs.SUITE) run 
 state after every step (so a bug that starts at step 2 has B's own state to replay from); the doctor names the
 first step outside float noise and `--ops` the first operation in it (lab_utils/analysis/ops.py). Printed per
 entry: first_op (step, phase, module, op, |Δ| / bound) or null, and the worst |Δ| / bound of every phase: a
-correct port's worst ratio is how far its float noise stays below the bound. tests/test_doctor_ops.py asserts
+correct port's worst ratio is how far its float noise stays below the bound. tests/analysis/test_doctor_ops.py asserts
 the rows the issue fixed (data, forward of the first BatchNorm, reduction, optimizer, null).
 """
 

@@ -19,7 +19,7 @@ this process's pid, so a later Hosts() also removes what a SIGKILLed one left (i
 Where namespaces cannot be made (not Linux, not root, no `ip`, a kernel or sandbox without netns; or
 LAB_NETNS=off, for a box where nothing should touch the network setup), Hosts()
 raises NetnsUnavailable with the reason, before creating anything; `unavailable_reason()` says it without raising.
-Chapter 09 and tests/test_netns.py use it; scripts/two_hosts.sh is the same from a shell.
+Chapter 09 and tests/launch/test_netns.py use it; scripts/two_hosts.sh is the same from a shell.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (compute capability, native bf16, the link between GPUs, the P2P probe) in notebooks/11_mixed_precision.ipynb.
 
 The decisions are pure functions of what the box reports (`bf16_line`, `gpu_link`, `p2p_skip_reason`), so
-tests/test_preflight_gating.py checks them for boxes this one is not (a T4, two T4s on PCIe, one GPU)."""
+tests/launch/test_preflight_gating.py checks them for boxes this one is not (a T4, two T4s on PCIe, one GPU)."""
 
 from __future__ import annotations
 
