@@ -15,12 +15,12 @@ set -uo pipefail
 export PYTHONPATH=$PWD OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 LAB_RUNS_DIR=/tmp/speed_runs
 log="$OUT/speed.txt"
 { python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA')"
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; } > "$log"
+  echo "commit $(cat COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)"; } > "$log"
 # A CPU dry run of this very script: PRESET=cpu STEPS=6 WARMUP=2 OUT=/tmp/x bash scripts/device/h200_speed.sh
 B="python3 -m lab_utils bench speed --preset ${PRESET:-workshop} --steps ${STEPS:-25} --warmup ${WARMUP:-5}"
 timeout ${LIMIT_1:-170} $B --ranks 1 --json "$OUT/speed_1.json" >> "$log" 2>&1; echo "rc ranks=1: $?" >> "$log"
 timeout ${LIMIT_2:-230} $B --ranks 2 --variants ${VARIANTS_2:-tf32,fused,small_buckets,one_bucket,no_overlap,eager_again,compile} --json "$OUT/speed_2.json" >> "$log" 2>&1; echo "rc ranks=2: $?" >> "$log"
-python3 - "$OUT" "$(git rev-parse HEAD 2>/dev/null || echo unknown)" <<'PY'
+python3 - "$OUT" "$(cat COMMIT 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown)" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 parts = [json.loads(p.read_text()) for p in (out / "speed_1.json", out / "speed_2.json") if p.exists()]

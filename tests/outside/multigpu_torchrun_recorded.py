@@ -24,7 +24,8 @@
 #   - micro_batches=N (RECORD: what a user adds to judge a port): each batch summed as N micro-batches, each
 #     (loss / N).backward(): layout=contiguous is the float twin of the single run; layout=ranks deals the batch
 #     out as N DistributedSampler ranks would, the single-process emulation that is bitwise equal to N ranks;
-#   - exit with os._exit after the process group is destroyed (the gloo exit race, lab_utils/core/distenv.py).
+#   - the process ends inside main with os._exit, right after the process group is destroyed and while main's
+#     objects (the DDP model) are still alive (`exit_now`: why, measured, in its docstring).
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, DataLoader
@@ -230,9 +231,23 @@ def main(keys: dict):
     rec.close(trainer.model)  # RECORD: rank 0 writes model.pt and result.json
     if WORLD_SIZE > 1:
         destroy_process_group()
+    exit_now()  # PATCH: not `return`: releasing main's objects after destroy_process_group can hang
+
+
+def exit_now() -> None:  # PATCH
+    """End the process here, without releasing main's objects and without interpreter finalization.
+
+    Measured (torch 2.13 CPU, gloo, 2 ranks, 3 launches at once on 2 busy cores): when main returned and the
+    process then called os._exit, 5 of 64 launches hung, one rank alive after the other had exited, until the
+    launcher's timeout (twice in CI's nbval, 300 s each). faulthandler put the hung rank's main thread at the
+    `main(...)` line with main's frame gone: in releasing main's locals (the DDP model, which holds the gloo
+    group) after destroy_process_group, with gloo's run-loop thread still alive. Ending inside main skips that
+    release, as scripts/train.py does (lab_utils/core/distenv.exit_process: the same race at finalization)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     main(dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg))  # PATCH: key=value, as the lab passes
-    sys.stdout.flush()
-    os._exit(0)  # PATCH: skip interpreter finalization (gloo's exit race, lab_utils/distenv.exit_process)
+    exit_now()  # PATCH: the replay (one process) returns here

@@ -56,12 +56,15 @@ def main(out_dir: str, steps: int) -> None:
     rec.close(model)  # RECORD:
     if world > 1:
         dist.destroy_process_group()
+    # End here, with main's objects (the DDP model, which holds the gloo group) still alive, and without interpreter
+    # finalization, as scripts/train.py does (lab_utils.core.distenv.exit_process). Returning first hung a rank
+    # at exit: releasing those objects after destroy_process_group races gloo's run-loop thread (seen here:
+    # rank 1 idle at the `main(...)` line for 300 s; the same script shape hung 5 of 64 2-rank launches,
+    # tests/outside/multigpu_torchrun_recorded.py's exit_now).
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     keys = dict(a.split("=", 1) for a in sys.argv[1:])
     main(keys["out_dir"], int(keys.get("steps", 10)))
-    # End without interpreter finalization, as scripts/train.py does (lab_utils.core.distenv.exit_process): a gloo
-    # worker thread can race it and hang or abort the exit (seen here: rank 1 idle at this line for 300 s).
-    sys.stdout.flush()
-    os._exit(0)
