@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -68,11 +68,13 @@ class OpsReport:
     first_op: dict | None      # {step, phase, module, op, max_abs_diff, bound}; None: nothing beyond float noise
     worst: dict[str, dict]     # per phase: the op closest to (or furthest past) its bound
     checked: int               # comparisons made
+    diffs: list[OpDiff] = field(default_factory=list)  # every comparison, in the order the step runs them
 
     def to_dict(self) -> dict:
         """Strict JSON: a ratio past an exact check (bound 0) or over a shape change is null, with its |d| and bound."""
         d = asdict(self)
-        for w in d["worst"].values():
+        d["diffs"] = [{**asdict(o), "ratio": o.ratio} for o in self.diffs]
+        for w in (*d["worst"].values(), *d["diffs"]):
             w["ratio"] = w["ratio"] if math.isfinite(w["ratio"]) else None
         return d
 
@@ -232,7 +234,7 @@ def judge(tr: dict) -> OpsReport:
                               "bound": o.bound}
     first_op = None if first is None else {"step": tr["step"], "phase": first.phase, "module": first.module,
                                            "op": first.op, "max_abs_diff": first.max_abs_diff, "bound": first.bound}
-    return OpsReport(tr["step"], tr["start"], first_op, worst, len(ops))
+    return OpsReport(tr["step"], tr["start"], first_op, worst, len(ops), ops)
 
 
 def step_to_trace(first_diverging: int | None, first_diff: int | None) -> int | None:

@@ -15,6 +15,7 @@ if not matplotlib.get_backend().lower().startswith(("module://", "nbagg", "ipymp
     matplotlib.use("Agg")  # headless (CI, make lab); notebooks keep their inline backend
 import matplotlib.pyplot as plt  # noqa: E402
 
+from lab_utils.analysis.ops import PHASES  # noqa: E402
 from lab_utils.analysis.parity import LOSS_TOL  # noqa: E402
 from lab_utils.core.runfiles import read_metrics  # noqa: E402
 
@@ -199,3 +200,45 @@ def plot_windows(reports: dict, path: str | Path | None = None, title: str = "")
     left.set(title="whole run: B vs A from step 0", xlabel="step", ylabel="|Δloss|")
     right.set(title="windows: B vs A's program from B's own state", xlabel="step   (grey: window starts)")
     return _finish(fig, (left, right), title, path)
+
+
+PHASE_COLOURS = {"data": "#762a83", "forward": "#1b7837", "backward": "#2166ac", "reduction": "#b2182b",
+                 "optimizer": "#e08214"}
+
+
+def plot_ops(reports: dict, path: str | Path | None = None, title: str = ""):
+    """`doctor --ops`, drawn: one panel per pair ({label: OpsReport}), every comparison of the replayed step in the
+    order the step runs it (x), its |Δ| / bound on a log axis (y), coloured by phase; the bound is the line at 1,
+    the first op past it is circled and named. An exact check that fails (sample ids, integer inputs: bound 0) is
+    drawn on the top edge, an exact agreement (Δ = 0) on the bottom edge."""
+    fig, axes = plt.subplots(1, len(reports), figsize=(5.2 * len(reports), 4.2), squeeze=False, sharey=True)
+    finite = [o.ratio for r in reports.values() for o in r.diffs if 0 < o.ratio < float("inf")] or [1.0]
+    low, high = min(min(finite), 1e-3) / 10, max(max(finite), 10.0) * 10
+    for ax, (label, rep) in zip(axes[0], reports.items(), strict=True):
+        ax.set_yscale("log")
+        ax.set_ylim(low, high)
+        for ph in PHASES:
+            xs = [k for k, o in enumerate(rep.diffs) if o.phase == ph]
+            if not xs:
+                continue
+            ys = [min(max(rep.diffs[k].ratio, low * 1.5), high / 1.5) for k in xs]
+            ax.scatter(xs, ys, s=12, color=PHASE_COLOURS[ph], label=ph, clip_on=False)
+        ax.axhline(1.0, color="grey", lw=1, ls="--", label="bound (float noise)")
+        f = rep.first_op
+        if f is not None:
+            k = next(k for k, o in enumerate(rep.diffs) if o.out)
+            y = min(max(rep.diffs[k].ratio, low * 1.5), high / 1.5)
+            ax.plot([k], [y], "o", ms=12, mfc="none", color="black")
+            right = k > len(rep.diffs) / 2
+            ax.annotate(f"{f['phase']}: {f['op']}", (k, y), textcoords="offset points", fontsize=8,
+                        xytext=(-8 if right else 8, -16), ha="right" if right else "left")
+        ax.set(title=f"{label}\nstep {rep.step}: " + ("first op " + rep.first_op["phase"] if f else
+                                                       "none beyond float noise"),
+               xlabel="comparison, in the order the step runs", xlim=(-1, max(len(rep.diffs), 10)))
+        ax.legend(**LEGEND)
+    axes[0][0].set_ylabel("|Δ| / bound (log)\ntop edge: exact check failed; bottom: Δ = 0")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    _save(fig, path)
+    return fig

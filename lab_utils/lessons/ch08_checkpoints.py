@@ -25,15 +25,13 @@ def _launch(p, name: str, nproc: int, keys: dict, kw: dict | None = None) -> lau
 
 
 def launch_many(specs: dict[str, tuple], p, max_workers: int = 3) -> dict[str, launcher.RunResult]:
-    """{key: (run name, nproc, keys[, launch kwargs])} launched at once (each process one thread, so overlap
-    changes wall time, not numbers). Failures are returned, not raised: some runs here are meant to fail.
-    Prints each command and its status."""
-    with ThreadPoolExecutor(max_workers=chapter.workers(max_workers, len(specs))) as pool:
-        futures = {k: pool.submit(_launch, p, *spec) for k, spec in specs.items()}
-    results = {k: f.result() for k, f in futures.items()}
-    for r in results.values():
-        print(f"$ {r.command_line}   # {r.status}")
-    return results
+    """{key: (run name, nproc, keys[, launch kwargs])} launched at once through launcher.launch_many (each
+    process one thread, so overlap changes wall time, not numbers), with the chapter's backend, steps and timeout
+    unless a spec says otherwise. Failures are returned, not raised: some runs here are meant to fail. Prints
+    each command and its status."""
+    full = {k: (name, nproc, {"backend": p.backend, "steps": p.steps, **keys},
+                {"timeout": p.timeout, **(kw[0] if kw else {})}) for k, (name, nproc, keys, *kw) in specs.items()}
+    return launcher.launch_many(full, max_workers=chapter.workers(max_workers, len(specs)), print_commands=True)
 
 
 def launch_in_background(spec: tuple, p):

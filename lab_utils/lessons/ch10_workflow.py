@@ -175,3 +175,12 @@ def late_specs(prefix: str = "ch10_late_") -> dict:
     from lab_utils.drivers import bench_late
 
     return {k: (prefix + s[0], *s[1:]) for k, s in bench_late.specs("toy").items() if k in LATE_CASES}
+
+
+def doctor_ops(run_a: Path, run_b: Path):
+    """`ddp-lab doctor A B --ops` as a call: the diagnosis with the first differing step (or, for a correct port,
+    the first step not bitwise) replayed op by op for A's program and B's (analysis/ops.py, core/op_trace.py)."""
+    from lab_utils.analysis import doctor
+    from lab_utils.core import op_trace
+
+    return doctor.add_ops(doctor.diagnose_runs(run_a, run_b), op_trace.trace, op_trace.OpsUnsupported)

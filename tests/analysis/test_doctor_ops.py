@@ -84,10 +84,26 @@ def test_cli_json_and_not_judged(runs, tmp_path):
     out = json.loads(p.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
     assert set(out["first_op"]) == {"step", "phase", "module", "op", "max_abs_diff", "bound"}
     assert out["first_op"]["phase"] == "data" and out["ops_not_judged"] is None
+    diffs = out["ops"]["diffs"]  # every comparison, in order (what plot_ops draws): the first one out is first_op
+    assert len(diffs) == out["ops"]["checked"] and diffs[0]["op"] == "sample ids" and diffs[0]["ratio"] is None
     # the same bug without window states: step 2 cannot be replayed from B's own state -> not judged, exit 3
     p = cli(a, b.parent / "no_windows", "--ops", "--windows", "off")
     assert p.returncode == 3, p.stdout + p.stderr
     assert "not judged" in p.stdout and "window_every" in p.stdout
+
+
+def test_plot_ops_draws_each_comparison_and_circles_the_first_out():
+    a = [ops.OpDiff("data", None, "sample ids", 0.0, 0.0), ops.OpDiff("forward", "lin", "output", 1e-6, 1e-3),
+         ops.OpDiff("reduction", "lin", "grad lin.weight", 5.0, 1e-3)]
+    rep = ops.OpsReport(0, 0, {"step": 0, "phase": "reduction", "module": "lin", "op": "grad lin.weight",
+                               "max_abs_diff": 5.0, "bound": 1e-3}, {}, 3, a)
+    from lab_utils.analysis.plotting import plot_ops
+
+    fig = plot_ops({"bug": rep, "correct": ops.OpsReport(0, 0, None, {}, 2, a[:2])})
+    bug, correct = fig.axes[:2]
+    assert sum(len(c.get_offsets()) for c in bug.collections) == 3 and "first op reduction" in bug.get_title()
+    assert "none beyond float noise" in correct.get_title() and len(correct.lines) == 1  # the bound, no circle
+    assert len(bug.lines) == 2  # the bound and the circle on the first op out
 
 
 def test_the_bound_can_fail():
