@@ -192,7 +192,11 @@ class Recorder:
 
     def close(self, model: torch.nn.Module, probe_inputs: torch.Tensor | None = None) -> None:
         """Rank 0 writes model.pt (no `module.` prefix), result.json and, given `probe_inputs`, probe.pt (the final
-        model's eval-mode outputs on them). Every rank calls it (a barrier keeps the others until it is written)."""
+        model's eval-mode outputs on them). Every rank calls it (a barrier keeps the others until it is written).
+
+        On gloo, end the process after `destroy_process_group()` while your DDP model is still alive (`os._exit(0)`
+        at the end of main, as tests/outside/multigpu_torchrun_recorded.py's `exit_now`): returning from main first
+        hung a rank at exit in 5 of 64 2-rank launches on a busy 2-core box."""
         if self.is_main:
             net = _unwrap(model)
             runfiles.save_atomic({k: v.detach().to("cpu").clone() for k, v in net.state_dict().items()},
