@@ -98,7 +98,9 @@ def _cmd_doctor(args) -> int:
 
     try:
         diagnosis = doctor.diagnose_runs(args.run_a, args.run_b, noise_runs=args.noise, replay=_replay(args))
-        if args.ops:  # the first step outside float noise, replayed op by op in this process (core/op_trace.py)
+        if args.ops_traces:  # a recorded script's step, traced by the script itself (core/op_record.py)
+            doctor.add_recorded_ops(diagnosis, *args.ops_traces)
+        elif args.ops:  # the first step outside float noise, replayed op by op in this process (core/op_trace.py)
             from lab_utils.core import op_trace
 
             doctor.add_ops(diagnosis, op_trace.trace, op_trace.OpsUnsupported)
@@ -281,6 +283,10 @@ def parser() -> argparse.ArgumentParser:
                    help="replay the first step outside float noise for A's program and B's (B's ranks emulated) "
                         "from B's state before it (a window state or checkpoint of RUN_B) and name the first "
                         "operation outside float noise: data, forward (module), backward, reduction or optimizer")
+    s.add_argument("--ops-traces", nargs=2, metavar=("TRACE_A", "TRACE_B"),
+                   help="--ops for your own recorded script: the folders its trace runs wrote (replay_from=RUN_B "
+                        "trace_step=S, B's program first, then A's with trace_state=TRACE_B; "
+                        "lab_utils/core/op_record.py)")
     _add_noise(s)
     s.set_defaults(func=_cmd_doctor)
 

@@ -34,6 +34,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from lab_utils.analysis import causes, ops, parity
 from lab_utils.analysis.causes import MEDIUM, NAMED, Candidate
 from lab_utils.analysis.parity import ParityReport
@@ -241,8 +243,35 @@ def add_ops(diagnosis: Diagnosis, trace, unsupported: type[Exception]) -> Diagno
     step = ops.step_to_trace(diagnosis.first_diverging_step, diagnosis.first_diff_step)
     if step is None:
         return diagnosis
+
     try:
         diagnosis.ops = ops.judge(trace(*diagnosis.paths, step))
     except unsupported as e:
         diagnosis.ops_not_judged = str(e)
+    return diagnosis
+
+
+TRACE_FILE = "ops_trace.pt"  # lab_utils/core/op_record.TRACE: what a recorded script's trace run writes
+
+
+def add_recorded_ops(diagnosis: Diagnosis, trace_a: str | Path, trace_b: str | Path) -> Diagnosis:
+    """`--ops-traces TA TB`: a recorded script's step traced by the script itself (lab_utils/core/op_record.py:
+    A's program and B's from B's state), judged op by op. The traced step must be the one the doctor names (the
+    first outside float noise, else the first not bitwise); another step is not judged, with the step to trace."""
+    diagnosis.ops_asked = True
+    want = ops.step_to_trace(diagnosis.first_diverging_step, diagnosis.first_diff_step)
+    loaded = []
+    for folder in (trace_a, trace_b):
+        path = Path(folder) / TRACE_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{folder} holds no {TRACE_FILE}: run your script with replay_from=B "
+                                    f"trace_step=S out_dir={folder} (lab_utils/core/op_record.py)")
+        loaded.append(torch.load(path, map_location="cpu", weights_only=True))
+    if want is None:
+        return diagnosis
+    if loaded[0]["step"] != want or loaded[1]["step"] != want:
+        diagnosis.ops_not_judged = (f"the traces are of step {loaded[0]['step']} (A) and {loaded[1]['step']} (B); "
+                                    f"the doctor names step {want}: trace that step (trace_step={want})")
+        return diagnosis
+    diagnosis.ops = ops.judge_recorded(*loaded)
     return diagnosis

@@ -226,15 +226,49 @@ def judge(tr: dict) -> OpsReport:
     ops = data_ops(tr["a"], tr["b"], amp)
     if not any(o.out for o in ops):
         ops += forward_ops(tr["a"], tr["b"], amp) + grad_ops(tr, amp)
+    return _report(tr["step"], tr["start"], ops)
+
+
+def _report(step: int, start: int, ops: list[OpDiff]) -> OpsReport:
     first = next((o for o in ops if o.out), None)
     worst: dict[str, dict] = {}
     for o in ops:
         if o.phase not in worst or o.ratio > worst[o.phase]["ratio"]:
             worst[o.phase] = {"module": o.module, "op": o.op, "ratio": o.ratio, "max_abs_diff": o.max_abs_diff,
                               "bound": o.bound}
-    first_op = None if first is None else {"step": tr["step"], "phase": first.phase, "module": first.module,
+    first_op = None if first is None else {"step": step, "phase": first.phase, "module": first.module,
                                            "op": first.op, "max_abs_diff": first.max_abs_diff, "bound": first.bound}
-    return OpsReport(tr["step"], tr["start"], first_op, worst, len(ops), ops)
+    return OpsReport(step, start, first_op, worst, len(ops), ops)
+
+
+# An adaptive optimizer turns a float-noise sign flip of a near-zero gradient into a full-size update; judging
+# updates needs A's optimizer on B's gradients (op_trace's a_update), which a recorded trace cannot run.
+ADAPTIVE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Adafactor")
+
+
+def judge_recorded(ta: dict, tb: dict) -> OpsReport:
+    """Two traces of a recorded script's step (lab_utils/core/op_record.py: A's program and B's, from B's state):
+    the sample ids; each module's output, B's rows against A's rows of the same input; the loss; every gradient
+    after the step's reduction; the update (plain optimizers only: ADAPTIVE). fp32 bounds (REL["none"])."""
+    if ta["step"] != tb["step"]:
+        raise ValueError(f"the traces are of other steps (A {ta['step']}, B {tb['step']}): trace both at one step")
+    ca, cb = Counter(ta["ids"]), Counter(tb["ids"])
+    ops = [OpDiff("data", None, "sample ids", float(sum((ca - cb).values()) + sum((cb - ca).values())), 0.0)]
+    if not ops[0].out:
+        for module, rows_a in ta["forward"].items():
+            rows_b = tb["forward"].get(module, {})
+            shared = [k for k in rows_a if k in rows_b]
+            if shared:
+                ops.append(_diff("forward", module, "output", torch.stack([rows_a[k] for k in shared]),
+                                 torch.stack([rows_b[k] for k in shared]), "none"))
+        ops.append(_diff("forward", "loss", "step loss", torch.tensor([ta["loss"]]), torch.tensor([tb["loss"]]),
+                         "none"))
+        ops += [_diff("reduction", _module(n), f"grad {n} (after the reduction)", g, tb["grads"][n], "none")
+                for n, g in ta["grads"].items() if n in tb["grads"]]
+        if tb["optimizer"] not in ADAPTIVE:
+            ops += [_diff("optimizer", _module(n), f"update {n}", u, tb["update"][n], "none")
+                    for n, u in ta["update"].items() if n in tb["update"]]
+    return _report(tb["step"], tb["start"], ops)
 
 
 def step_to_trace(first_diverging: int | None, first_diff: int | None) -> int | None:

@@ -106,6 +106,28 @@ def test_plot_ops_draws_each_comparison_and_circles_the_first_out():
     assert len(bug.lines) == 2  # the bound and the circle on the first op out
 
 
+def _recorded(grad_scale=1.0, ids=(1, 2, 3, 4), optimizer="SGD", row=0.0):
+    """A trace as lab_utils/core/op_record.py writes it: two samples' rows of one module, a loss, a gradient."""
+    g = torch.tensor([[0.5, -0.25], [1.0, 2.0]], dtype=torch.float64)
+    return {"step": 3, "start": 0, "micro": 1, "optimizer": optimizer, "ids": list(ids), "loss": 0.75,
+            "forward": {"lin": {"k1": torch.tensor([1.0, 2.0], dtype=torch.float64) + row,
+                                "k2": torch.tensor([3.0, -1.0], dtype=torch.float64)}},
+            "grads": {"lin.weight": g * grad_scale}, "update": {"lin.weight": -0.1 * g * grad_scale}}
+
+
+def test_recorded_traces_are_judged_in_the_order_a_step_runs():
+    a = _recorded()
+    assert ops.judge_recorded(a, _recorded()).first_op is None  # the same program: nothing out
+    assert ops.judge_recorded(a, _recorded(ids=(1, 2, 3, 3))).first_op["phase"] == "data"  # another sample drawn
+    assert ops.judge_recorded(a, _recorded(row=1e-2)).first_op["module"] == "lin"  # a forward op, before the rest
+    out = ops.judge_recorded(a, _recorded(grad_scale=2.0))  # DDP averaged a sum: the gradient doubled
+    assert out.first_op["phase"] == "reduction" and out.first_op["op"].startswith("grad lin.weight")
+    adam = ops.judge_recorded(_recorded(optimizer="AdamW"), _recorded(optimizer="AdamW"))
+    assert "optimizer" not in {o.phase for o in adam.diffs}  # no update judged without A's optimizer on B's grads
+    with pytest.raises(ValueError, match="other steps"):
+        ops.judge_recorded(a, {**_recorded(), "step": 4})
+
+
 def test_the_bound_can_fail():
     z = torch.zeros(3)
     assert ops._diff("reduction", "m", "g", z, z + 1e-30, "none").out  # exact zeros must stay exact

@@ -109,6 +109,37 @@ def test_a_replay_of_another_run_is_refused(runs, capsys):
     assert code == 2 and "did not take B's state" in err and len(err.strip().splitlines()) == 1
 
 
+def _trace(runs, b: str, step: int, tag: str, **b_keys) -> tuple:
+    """The script's own trace runs (core/op_record.py): B's program first (its ranks emulated, layout=ranks,
+    B's own switches), then A's from B's state at the step."""
+    script, base = _outside_script(), {k: str(v) for k, v in KEYS.items()}
+    tb, ta = runs / f"{tag}_trace_b", runs / f"{tag}_trace_a"
+    script.main({**base, **b_keys, "out_dir": str(tb), "replay_from": str(runs / b), "trace_step": str(step),
+                 "micro_batches": "2", "layout": "ranks"})
+    script.main({**base, "out_dir": str(ta), "replay_from": str(runs / b), "trace_step": str(step),
+                 "trace_state": str(tb)})
+    return ta, tb
+
+
+@pytest.mark.slow
+def test_ops_traces_of_a_recorded_script_name_the_first_op(runs, capsys):
+    ta, tb = _trace(runs, "late", BUG_STEP, "late", skip_set_epoch=str(BUG_EPOCH))
+    code, d = doctor(runs, "late", capsys, "--ops-traces", str(ta), str(tb))
+    assert code == 1 and d["first_op"]["phase"] == "data" and d["first_op"]["step"] == BUG_STEP, d["ops"]
+    assert d["ops"]["start"] == BUG_STEP  # from B's own window state at the step
+    # the correct port: its first step not bitwise, traced, is nothing beyond float noise in any op
+    _, ok = doctor(runs, "ddp", capsys)
+    step = ok["first_diverging_step"] if ok["first_diverging_step"] is not None else ok["first_diff_step"]
+    ta, tb = _trace(runs, "ddp", step, "ddp")
+    code, d = doctor(runs, "ddp", capsys, "--ops-traces", str(ta), str(tb))
+    assert code == 0 and d["first_op"] is None and d["ops_not_judged"] is None, d["ops"]
+    phases = {o["phase"] for o in d["ops"]["diffs"]}
+    assert {"data", "forward", "reduction", "optimizer"} <= phases, phases  # SGD: the update is judged too
+    # a trace of another step than the doctor names is not judged, and says which step to trace
+    code, d = doctor(runs, "late", capsys, "--ops-traces", str(ta), str(tb))
+    assert code == 3 and f"trace_step={BUG_STEP}" in d["ops_not_judged"], d
+
+
 # ------------------------------------------------------------------ in this process: the recorder's rules
 
 

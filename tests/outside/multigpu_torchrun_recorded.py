@@ -19,6 +19,8 @@
 #   - window_every=k (RECORD:): the recorder saves the training state every k steps (windows/, rank 0);
 #     replay_from=B (RECORD:, one process): this single-GPU program replayed from B's window states by
 #     record.replay, micro_batches=2 for its float twin: what `ddp-lab doctor A B --replay R T` judges B against;
+#     with trace_step=S (RECORD:) it instead traces step S op by op (core/op_record.py; trace_state=TB on A's
+#     side loads B's trace's state): what `ddp-lab doctor A B --ops-traces TA TB` judges;
 #   - skip_set_epoch=E (PATCH: a planted late bug): set_epoch is not called in epoch E (as after a resume that
 #     enters the loop past it), so every rank sees epoch E-1's order again in epoch E, and the right one after;
 #   - micro_batches=N (RECORD: what a user adds to judge a port): each batch summed as N micro-batches, each
@@ -39,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # RECORD: the lab's package, from a clone
 from lab_utils.core import record  # noqa: E402  RECORD:
+from lab_utils.core import op_record  # noqa: E402  RECORD: doctor --ops-traces
 
 WORLD_SIZE = int(os.environ.get("WORLD_SIZE", "1"))  # PATCH: one process when not under torchrun
 RANK = int(os.environ.get("RANK", "0"))  # PATCH
@@ -193,9 +196,13 @@ def replay(keys: dict):  # RECORD: this single-GPU program from B's window state
     trainer = Trainer(model, prepare_dataloader(dataset, gbs, seed), optimizer, 10**9, "", None, steps, True,
                       layout=keys.get("layout", os.environ.get("LAYOUT", "contiguous")))
 
-    def batches():  # the single run's data order: every epoch's batches, set_epoch(epoch) before each
-        for epoch in range(10**6):
-            trainer.train_data.sampler.set_epoch(epoch)
+    set_epoch = keys.get("set_epoch", "true") == "true"  # PATCH: B's program, when a trace runs it (trace_step)
+    skip = int(keys.get("skip_set_epoch", os.environ.get("SKIP_SET_EPOCH", -1)))
+
+    def batches():  # the program's data order: every epoch's batches, set_epoch(epoch) before each (the switches:
+        for epoch in range(10**6):  # a trace of B's program keeps B's own data bug)
+            if set_epoch and epoch != skip:
+                trainer.train_data.sampler.set_epoch(epoch)
             yield from trainer.train_data
 
     data = batches()
@@ -205,9 +212,12 @@ def replay(keys: dict):  # RECORD: this single-GPU program from B's window state
         trainer.micro_batches = micro
         return trainer._forward_backward_step(source.to(DEVICE), targets.to(DEVICE)), idx
 
+    micro = int(keys.get("micro_batches", os.environ.get("MICRO_BATCHES", 1)))
+    if "trace_step" in keys:  # RECORD: one step traced op by op, for doctor --ops-traces (core/op_record.py)
+        return op_record.trace(keys["replay_from"], trainer.model, optimizer, train_step, keys["out_dir"],
+                               int(keys["trace_step"]), micro=micro, state_from=keys.get("trace_state"))
     record.replay(keys["replay_from"], trainer.model, optimizer, train_step, keys["out_dir"], steps,
-                  micro=int(keys.get("micro_batches", os.environ.get("MICRO_BATCHES", 1))),
-                  config={"script": "multigpu_torchrun_recorded.py", "seed": seed})
+                  micro=micro, config={"script": "multigpu_torchrun_recorded.py", "seed": seed})
 
 
 def main(keys: dict):
