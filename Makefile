@@ -7,6 +7,10 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 export OMP_NUM_THREADS ?= 1
+# Set-up installs without byte-compiling (scripts/pip_install.py: uv, or pip); each module is compiled the first
+# time a process imports it and kept. A box that sets PYTHONDONTWRITEBYTECODE (this project's CI box does) would
+# otherwise compile torch again in every one of the hundreds of processes a test run starts (+2.5 s CPU each).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: lab test test-fast nbval setup lint notebooks strip bench clean
 
@@ -23,9 +27,9 @@ $(VENV)/.lab-installed: pyproject.toml
 	  echo "setup: keeping torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
 	else \
 	  echo "setup: installing $(TORCH_SPEC) $(TORCH_PIP_ARGS)"; \
-	  $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; \
+	  $(PY) scripts/pip_install.py $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"; \
 	fi
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) scripts/pip_install.py -e ".[dev]"
 	@touch $@
 
 setup: $(VENV)/.lab-installed
@@ -34,7 +38,8 @@ lab: setup
 	$(VENV)/bin/ddp-lab preflight
 	$(VENV)/bin/ddp-lab demo
 
-# Fast checks first (ruff, then pytest, slowest tests listed), then the chapters, each executed about once:
+# ruff first; then one pytest session runs the tests and every chapter under nbval together (slowest listed); then
+# the browser step. Each chapter is executed about once:
 # - nbval runs every chapter headless on gloo (--nbval-lax: each verdict cell's table against its committed output,
 #   after the sanitizers in notebooks/nbval_sanitize.cfg), as the series promises and as its users run it as a
 #   regression suite. notebooks/conftest.py reports a failed verdict cell as the claims that changed, and, with
@@ -46,18 +51,20 @@ lab: setup
 #   Only 00_preflight, the chapter every learner runs first, is run again from the menu (LAB_BROWSER_LIVE), so the
 #   live path (kernel, widget messages while cells run) stays tested; two canaries, a broken notebook run live and
 #   run under nbval then rendered, must have every defect reported. Screenshots go to build/screenshots/.
-# Each step runs two at a time (pytest-xdist): a run's processes wait on each other (rendezvous, collectives, the
-# hang tests' timeouts) and leave a core idle. --dist loadfile keeps a file's tests on one worker, so its module
-# fixtures launch once and a notebook's cells share one kernel. --timeout: a test stuck for 15 minutes fails with
-# its stack (pytest-timeout) rather than holding CI until its limit; the slowest test takes about 1 minute here.
+# Why the tests and the chapters share one session, three at a time (pytest-xdist): the 2-core box is busy, but a
+# run's processes also wait on each other (rendezvous, collectives, the hang tests' timeouts), and as two steps of
+# two workers each step ended on one long file with a core idle. One session of three keeps both cores fed; the
+# chapters come first so the longest files start early. The tests set their own LAB_RUNS_DIR (tests/conftest.py),
+# so the chapters' one below applies to the chapters only. --dist loadfile keeps a file's tests on one worker, so
+# its module fixtures launch once and a notebook's cells share one kernel. --timeout: a test stuck for 15 minutes
+# fails with its stack (pytest-timeout) rather than holding CI until its limit; the slowest item takes ~1.5 min here.
 NBVAL = $(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg \
 	--nbval-cell-timeout 900
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests -q -n 2 --dist loadfile --durations=25 --timeout=900
 	rm -rf build/executed build/nbval-runs
 	LAB_NBVAL_SAVE=$(CURDIR)/build/executed LAB_RUNS_DIR=$(CURDIR)/build/nbval-runs \
-	  $(NBVAL) notebooks -q -n 2 --dist loadfile --durations=10
+	  $(NBVAL) notebooks tests -q -n 3 --dist loadfile --durations=25 --timeout=900
 	LAB_BROWSER_EXECUTED=$(CURDIR)/build/executed \
 	  $(PY) -m pytest tests/browser/check_notebooks.py -q -n 2 --dist load --durations=0
 
