@@ -125,6 +125,7 @@ class LaunchRequest:
 
     @property
     def world_size(self) -> int:
+        """nproc per node x nodes."""
         return self.nproc * self.topology.nnodes
 
     def quiet(self) -> LaunchRequest:

@@ -81,7 +81,7 @@ def _resolve(request: LaunchRequest) -> tuple[dict, dict, Path]:
         raise config_mod.ConfigError("out_dir is set by the launcher (runs/NAME); do not pass it")
     run_dir = Path(request.environment.runs_dir or runfiles.runs_dir()) / request.name
     given["out_dir"] = str(run_dir)
-    cfg = config_mod.resolve(given, nproc * nnodes)  # the world size is nproc per node x nodes
+    cfg = config_mod.resolve(given, request.world_size)
     distenv.check_launchable(cfg, nproc)
     if nnodes > 1:
         node_gpus(cfg, nproc, nnodes)  # raises when simulated nodes would share a GPU under NCCL
@@ -173,8 +173,8 @@ def launch(request: LaunchRequest) -> RunResult:
     extra_env, max_restarts = started_with.extra_env, started_with.max_restarts
     progress, echo = request.output.progress, request.output.echo
     given, cfg, run_dir = _resolve(request)  # raises before any start
-    log_dir = _prepare_folder(run_dir, nproc * nnodes)
-    env = environment(cfg, log_dir, nproc * nnodes, extra_env, max_restarts)
+    log_dir = _prepare_folder(run_dir, request.world_size)
+    env = environment(cfg, log_dir, request.world_size, extra_env, max_restarts)
     argv = config_mod.to_argv(given)
     if nnodes > 1:
         gpus = node_gpus(cfg, nproc, nnodes)

@@ -31,7 +31,7 @@ def _launch(p, name: str, nproc: int, keys: dict, kw: dict | None = None) -> lau
 
 
 def launch_many(specs: dict[str, tuple], p, max_workers: int = 3) -> dict[str, launcher.RunResult]:
-    """{key: (run name, nproc, keys[, launch kwargs])} launched at once through launcher.launch_many (each
+    """{key: (run name, nproc, keys[, launch options])} launched at once through launcher.launch_many (each
     process one thread, so overlap changes wall time, not numbers), with the chapter's backend, steps and timeout
     unless a spec says otherwise. Failures are returned, not raised: some runs here are meant to fail. Prints
     each command and its status."""
