@@ -55,14 +55,21 @@ def run_dir(name: str) -> Path:
     return runfiles.runs_dir() / name
 
 
+def run_request(name: str, nproc: int, p: Params, quiet: bool = False, max_restarts: int = 0,
+                **keys) -> launcher.LaunchRequest:
+    """The request a notebook's run makes: steps and backend from the parameters cell unless given, its timeout,
+    a progress bar unless `quiet`."""
+    keys.setdefault("steps", p.steps)
+    keys.setdefault("backend", p.backend)
+    return launcher.request(name, nproc, dict(keys), timeout=p.timeout, progress=not quiet,
+                            max_restarts=max_restarts)
+
+
 def run(name: str, nproc: int, p: Params, quiet: bool = False, max_restarts: int = 0, **keys) -> launcher.RunResult:
     """Launch one run for a notebook (steps and backend from the parameters cell unless given), print the exact
     command it used, and raise with the failing rank's traceback if it did not finish. `max_restarts`: torchrun's
     elastic restart of every rank after a failure (chapter 12)."""
-    keys.setdefault("steps", p.steps)
-    keys.setdefault("backend", p.backend)
-    result = launcher.launch(name, nproc, dict(keys), timeout=p.timeout, progress=not quiet,
-                             max_restarts=max_restarts)
+    result = launcher.launch(run_request(name, nproc, p, quiet, max_restarts, **keys))
     if not quiet:
         print(f"$ {result.command_line}")
     return result.raise_for_status()
@@ -80,13 +87,12 @@ def run_many(specs: dict[str, tuple[str, int, dict]], p: Params, max_workers: in
     """Launch independent runs at once: `specs` = {key: (run name, nproc, keys[, max_restarts])}; returns
     {key: RunResult}. `max_workers`: how many at once on 2 cores (more where there are more: `workers`).
     Each training process uses one thread and a fixed reduction order, so overlapping runs changes their wall
-    time, never their numbers. Prints each command; raises with the first failing rank's traceback."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=workers(max_workers, len(specs))) as pool:
-        futures = {key: pool.submit(run, spec[0], spec[1], p, True, *spec[3:], **spec[2])
-                   for key, spec in specs.items()}
-    results = {key: f.result() for key, f in futures.items()}
+    time, never their numbers. Raises with the first failing rank's traceback (in `specs` order) once every run
+    has ended; else prints each command."""
+    requests = {key: run_request(spec[0], spec[1], p, True, *spec[3:], **spec[2]) for key, spec in specs.items()}
+    results = launcher.launch_many(requests, max_workers=workers(max_workers, len(specs)))
+    for r in results.values():
+        r.raise_for_status()
     for r in results.values():
         print(f"$ {r.command_line}   # {r.status}")
     return results

@@ -27,16 +27,16 @@ def _cmd_run(args) -> int:
         from lab_utils.launch import twins
 
         twins.twin_keys(args.overrides, args.nproc)
-    result = launcher.launch(args.name, args.nproc, args.overrides, timeout=args.timeout,
-                             progress=not args.quiet, echo=args.echo, nnodes=args.nnodes)
+    request = launcher.request(args.name, args.nproc, args.overrides, timeout=args.timeout,
+                               progress=not args.quiet, echo=args.echo, nnodes=args.nnodes)
+    result = launcher.launch(request)
     print(result)
     if result.command:
         print(f"$ {result.command_line}")  # the plain torchrun (or python) line this run is equivalent to
     if result.ok:
         print(f"wrote {result.run_dir}/ (config.json, metrics.jsonl, model.pt, logs/)")
     if result.ok and args.twin:
-        twin = twins.launch_twin(args.name, args.nproc, args.overrides, timeout=args.timeout,
-                                 progress=not args.quiet, echo=args.echo, nnodes=args.nnodes)
+        twin = twins.launch_twin(request)
         print(twin)
         if twin.command:
             print(f"$ {twin.command_line}")

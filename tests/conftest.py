@@ -43,8 +43,9 @@ def shared_run(tmp_path_factory):
         key = (str(script), nproc, tuple(sorted((k, repr(v)) for k, v in given.items())))
         if key not in cache:
             name = f"shared_n{nproc}_{hashlib.sha256(repr(key).encode()).hexdigest()[:10]}"
-            cache[key] = launcher.launch(name, nproc, given, timeout=300, progress=False, runs_dir=root,
-                                         script=script)
+            cache[key] = launcher.launch(launcher.request(name, nproc, given, timeout=300, progress=False,
+                                                          runs_dir=root,
+                                                          script=script))
         return cache[key]
 
     return run

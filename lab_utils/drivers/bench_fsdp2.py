@@ -53,14 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000", "window_every=0", f"device={device}"]
     rows = []
     for w in worlds:
-        ref = launcher.launch(f"bench_fsdp2_emulated_{w}", 1, base + [f"emulate_ranks={w}"], timeout=args.timeout,
-                              progress=False)
+        ref = launcher.launch(launcher.request(f"bench_fsdp2_emulated_{w}", 1, base + [f"emulate_ranks={w}"],
+                                               timeout=args.timeout, progress=False))
         ref.raise_for_status()
         n_bytes = sum(t.numel() * 4 for t in torch.load(ref.run_dir / "model.pt", weights_only=True).values()
                       if t.is_floating_point())
         for wrap, how in ROWS:
-            r = launcher.launch(f"bench_fsdp2_{wrap}_{how}_{w}", w, base + [f"wrap={wrap}", f"grad_reduction={how}"],
-                                timeout=args.timeout, progress=False)
+            r = launcher.launch(launcher.request(f"bench_fsdp2_{wrap}_{how}_{w}", w,
+                                                 base + [f"wrap={wrap}", f"grad_reduction={how}"],
+                                                 timeout=args.timeout, progress=False))
             if not r.ok:
                 print(f"{wrap} {how} at {w} ranks: FAILED\n{r}", file=sys.stderr)
                 rows.append({"ranks": w, "wrap": wrap, "reduction": how, "ms_per_step": None})

@@ -41,19 +41,20 @@ def main(argv: list[str] | None = None) -> int:
     mbs = args.micro_batch_size or gbs // 8
     base = [f"preset={args.preset}", f"steps={args.steps}", "log_every=1000", "sampler=global",
             f"micro_batch_size={mbs}"]
-    tree_ref = launcher.launch("bench_hook_tree_1", 1, base + ["grad_reduction=tree"], timeout=args.timeout,
-                               progress=False)
+    tree_ref = launcher.launch(launcher.request("bench_hook_tree_1", 1, base + ["grad_reduction=tree"],
+                                                timeout=args.timeout, progress=False))
     tree_ref.raise_for_status()
     rows = []
     for w in worlds:
-        ref = launcher.launch(f"bench_hook_emulated_{w}", 1, base + [f"emulate_ranks={w}"], timeout=args.timeout,
-                              progress=False)
+        ref = launcher.launch(launcher.request(f"bench_hook_emulated_{w}", 1, base + [f"emulate_ranks={w}"],
+                                               timeout=args.timeout, progress=False))
         ref.raise_for_status()
         n = sum(t.numel() for t in torch.load(ref.run_dir / "model.pt", weights_only=True).values()
                 if t.is_floating_point())
         for how in (*ordered_reduce.CHOICES, "tree", "tree_halving"):
             keys = ["grad_reduction=tree", "tree_comm=halving"] if how == "tree_halving" else [f"grad_reduction={how}"]
-            r = launcher.launch(f"bench_hook_{how}_{w}", w, base + keys, timeout=args.timeout, progress=False)
+            r = launcher.launch(launcher.request(f"bench_hook_{how}_{w}", w, base + keys, timeout=args.timeout,
+                                                 progress=False))
             if not r.ok:
                 print(f"{how} at {w} ranks: FAILED\n{r}", file=sys.stderr)
                 rows.append({"ranks": w, "reduction": how, "ms_per_step": None})

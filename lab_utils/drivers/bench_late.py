@@ -61,8 +61,9 @@ CASES = (
 
 
 def specs(size: str, amp: str = "none", constant_lr: bool = False) -> dict:
-    """launch_many specs of every run a size needs: A, its twin, one port per case. constant_lr: no warm-up and
-    cosine (the float twins then drift faster and the whole run goes blind sooner; no lr_restart case)."""
+    """Every run a size needs as specs (launcher.requests_from_specs makes them requests): A, its twin, one port
+    per case. constant_lr: no warm-up and cosine (the float twins then drift faster and the whole run goes blind
+    sooner; no lr_restart case)."""
     common, ckpt, fault = SIZES[size]
     common = (*(k for k in common if not (constant_lr and k in SCHEDULE)), f"amp={amp}")
     suffix, twin_keys = twins.twin_keys(list(common), 1)
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             if not (root / s[0] / runfiles.RESULT).exists()}
     if todo:
         print(f"launching {len(todo)} run(s) into {root}/: {', '.join(s[0] for s in todo.values())}", flush=True)
-        launcher.launch_many(todo, max_workers=2, raise_on_failure=True, timeout=args.timeout)
+        launcher.launch_many(launcher.requests_from_specs(todo, timeout=args.timeout), max_workers=2,
+                             raise_on_failure=True)
     rows = judge(root, args.size, progress=True, constant_lr=args.constant_lr)
     print(table(rows))
     if args.json:

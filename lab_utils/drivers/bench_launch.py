@@ -42,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     rows, failures = [], Counter()
     start = time.time()
     for i in range(args.launches):
-        r = launcher.launch(f"bench_launch_{i % 2}", args.nproc, [f"steps={args.steps}", "n_samples=256"],
-                            timeout=120, progress=False, extra_env=extra, script=script)
+        r = launcher.launch(launcher.request(f"bench_launch_{i % 2}", args.nproc,
+                                             [f"steps={args.steps}", "n_samples=256"], timeout=120, progress=False,
+                                             extra_env=extra, script=script))
         train_s = None
         if r.ok and not args.probe:
             train_s = json.loads((r.run_dir / "result.json").read_text())["seconds"]

@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, ks in ((1, bug.single), (2, bug.ddp)):
             k = keys(ks, args.steps)
             specs[portbugs.run_name(n, k)] = (n, k)
-    launcher.launch_many({name: (name, n, list(k)) for name, (n, k) in specs.items()}, max_workers=2,
-                         timeout=900, raise_on_failure=True)
+    launcher.launch_many({name: launcher.request(name, n, list(k), timeout=900) for name, (n, k) in specs.items()},
+                         max_workers=2, raise_on_failure=True)
     root = runfiles.runs_dir()
     rows = []
     for bug in bugs:

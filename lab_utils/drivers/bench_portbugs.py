@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if (root / name / runfiles.RESULT).exists():
             print(f"[{i}/{len(runs)}] {name}: already there", flush=True)
             continue
-        result = launcher.launch(name, nproc, list(keys), timeout=args.timeout, progress=False)
+        result = launcher.launch(launcher.request(name, nproc, list(keys), timeout=args.timeout, progress=False))
         print(f"[{i}/{len(runs)}] {name} ({nproc} proc, {' '.join(keys)}): {result.status} in {result.seconds:.0f} s "
               f"({time.time() - t0:.0f} s so far)", flush=True)
         result.raise_for_status()

@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(e))
     rows, dirs = [], {}
     for name, nproc, keys in cases:
-        r = launcher.launch(f"bench_scaling_{len(rows)}", nproc, base + keys, timeout=900, progress=False,
-                            extra_env=LAB_OFF_ENV if keys is LAB_OFF else None)
+        r = launcher.launch(launcher.request(f"bench_scaling_{len(rows)}", nproc, base + keys, timeout=900,
+                                             progress=False, extra_env=LAB_OFF_ENV if keys is LAB_OFF else None))
         if not r.ok:
             print(f"{name}: FAILED\n{r}", file=sys.stderr)
             rows.append({"case": name, "nproc": nproc, "tokens_per_s": None})

@@ -113,9 +113,10 @@ def run_world(args, world: int, names: list[str], cuda: bool, prefix: str = "ben
     `save(rows)` after each row, so a bench stopped half-way keeps what it measured."""
     base = base_keys(args)
     ref_name = f"{prefix}_{REFERENCE}_{world}"
-    ref = launcher.launch(ref_name, world, base, timeout=args.timeout, progress=False)
+    ref_request = launcher.request(ref_name, world, base, timeout=args.timeout, progress=False)
+    ref = launcher.launch(ref_request)
     ref.raise_for_status()
-    twin = twins.launch_twin(ref_name, world, base, timeout=args.timeout, progress=False)
+    twin = twins.launch_twin(ref_request)
     twin.raise_for_status()
     rows = [{"ranks": world, "variant": REFERENCE, "keys": [],
              **judge(ref.run_dir, twin.run_dir, ref.run_dir, args.warmup), "twin": str(twin.run_dir)}]
@@ -126,7 +127,8 @@ def run_world(args, world: int, names: list[str], cuda: bool, prefix: str = "ben
         if why:
             rows.append({"ranks": world, "variant": name, "keys": keys, "skipped": why, "ms_per_step": None})
             continue
-        r = launcher.launch(f"{prefix}_{name}_{world}", world, base + keys, timeout=args.timeout, progress=False)
+        r = launcher.launch(launcher.request(f"{prefix}_{name}_{world}", world, base + keys, timeout=args.timeout,
+                                             progress=False))
         if not r.ok:
             print(f"{name} at {world} ranks: FAILED\n{r}", file=sys.stderr)
             rows.append({"ranks": world, "variant": name, "keys": keys, "skipped": "FAILED", "ms_per_step": None})

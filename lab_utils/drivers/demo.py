@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     for name, nproc, keys, what in RUNS:
         print(f"\n== {name}: {what}")
-        result = launcher.launch(name, nproc, [f"steps={args.steps}", *keys], timeout=300)
+        result = launcher.launch(launcher.request(name, nproc, [f"steps={args.steps}", *keys], timeout=300))
         if not result.ok:
             print(result)
             return 1

@@ -4,7 +4,8 @@ Taught in notebooks/00_preflight.ipynb (and used by every chapter, the CLI and t
 
 N ranks run under torch's own launcher API (lab_utils/launch/elastic_driver.py: `elastic_launch`, what torchrun
 runs); `RunResult.command_line` is the equivalent `torchrun ...` line, to copy. What it guarantees:
-- bad keys/values fail *before* anything starts (config.resolve + distenv.check_launchable);
+- bad keys/values fail *before* anything starts (the LaunchRequest checks its own values when it is made;
+  then config.resolve + distenv.check_launchable);
 - progress: a bar driven by rank 0's metrics.jsonl (tqdm in a terminal, a widget in a notebook; in a log,
   such as CI's, one line per run instead of one per redraw);
 - nothing is left behind. Workers run in sessions of their own, so killing a process group misses them:
@@ -23,7 +24,8 @@ runs); `RunResult.command_line` is the equivalent `torchrun ...` line, to copy. 
   `--nnodes N --node-rank k` with a c10d rendezvous on 127.0.0.1 (a free port, the same rdzv id), exactly
   as on N hosts; the same timeout, clean-up and root-cause guarantees hold across all of them.
 
-This module is the public face (RunResult, launch, launch_many); the parts, one job each:
+This module is the public face (RunResult, launch, launch_many, and launch_request's LaunchRequest, request,
+requests_from_specs); the parts, one job each: launch_request.py (what one launch needs, checked),
 run_result.py (RunResult, RunFailed), launch_commands.py (the command lines and the ranks' environment),
 process_tree.py (every process started, to stop them all), supervise.py (stop signals, the poll loop,
 progress), launch_diagnose.py (hang naming, stack dumps, failures and the root cause).
@@ -31,10 +33,10 @@ progress), launch_diagnose.py (hang naming, stack dumps, failures and the root c
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import time
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,54 +57,35 @@ from lab_utils.launch.launch_commands import (
     node_gpus,
 )
 from lab_utils.launch.launch_diagnose import DUMP_WAIT, classify, dump_stacks, merge_node_failures
+from lab_utils.launch.launch_request import LaunchRequest, request, requests_from_specs
 from lab_utils.launch.process_tree import ProcessTree
 from lab_utils.launch.run_result import RunFailed, RunResult
 from lab_utils.launch.supervise import PEER_GRACE, popen, progress_bar, redeliver, supervise
 
 # The launcher's public face: the names chapters, the CLI, drivers, tests and notebooks use as `launcher.X`.
 # The command lines live in launch_commands, supervision in supervise, diagnosis in launch_diagnose.
-__all__ = ["DUMP_WAIT", "REPO", "TORCHRUN", "TRAIN", "ProcessTree", "RunFailed", "RunResult", "build_command",
-           "bytecode_cache", "dump_stacks", "free_port", "launch", "launch_many", "master_port_command",
-           "node_command"]
+__all__ = ["DUMP_WAIT", "REPO", "TORCHRUN", "TRAIN", "LaunchRequest", "ProcessTree", "RunFailed", "RunResult",
+           "build_command", "bytecode_cache", "dump_stacks", "free_port", "launch", "launch_many",
+           "master_port_command", "node_command", "request", "requests_from_specs"]
 
 
-# --- the jobs of launch(), in order: validate, prepare the folder, build the commands, supervise, diagnose
+# --- the jobs of launch(), in order: validate (the request did, when it was made), resolve the keys, prepare the
+# folder, build the commands, supervise, diagnose
 
 
-def _validate(name: str, nproc: int, overrides, timeout: float, runs_dir: Path | None, nnodes: int = 1
-              ) -> tuple[dict, dict, Path]:
+def _resolve(request: LaunchRequest) -> tuple[dict, dict, Path]:
     """(given keys, resolved config, run folder), or ConfigError before anything is written or started."""
-    if not isinstance(nproc, int) or nproc < 1:
-        raise config_mod.ConfigError(f"nproc={nproc!r} must be a positive integer")
-    if not isinstance(nnodes, int) or nnodes < 1:
-        raise config_mod.ConfigError(f"nnodes={nnodes!r} must be a positive integer")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or ""):
-        raise config_mod.ConfigError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
-    if timeout is None or timeout <= 0:
-        raise config_mod.ConfigError(f"timeout={timeout!r} must be > 0 seconds")
-    given = config_mod.parse_overrides(overrides or [])
+    nproc, nnodes = request.nproc, request.topology.nnodes
+    given = config_mod.parse_overrides(request.overrides or [])
     if "out_dir" in given:
         raise config_mod.ConfigError("out_dir is set by the launcher (runs/NAME); do not pass it")
-    run_dir = Path(runs_dir or runfiles.runs_dir()) / name
+    run_dir = Path(request.environment.runs_dir or runfiles.runs_dir()) / request.name
     given["out_dir"] = str(run_dir)
-    cfg = config_mod.resolve(given, nproc * nnodes)  # the world size is nproc per node x nodes
+    cfg = config_mod.resolve(given, request.world_size)
     distenv.check_launchable(cfg, nproc)
     if nnodes > 1:
         node_gpus(cfg, nproc, nnodes)  # raises when simulated nodes would share a GPU under NCCL
     return given, cfg, run_dir
-
-
-def _check_hosts(nnodes: int, hosts, endpoints, rdzv_conf) -> None:
-    if (hosts is not None or endpoints is not None) and nnodes < 2:
-        raise config_mod.ConfigError("hosts= and endpoints= are for nnodes >= 2")
-    if hosts is not None and len(hosts) < nnodes:
-        raise config_mod.ConfigError(f"hosts: {len(hosts)} host(s) for nnodes={nnodes}")
-    if endpoints is not None and (len(endpoints) != nnodes or
-                                  not all(e is None or re.fullmatch(r"[\w.:-]+:\d+", e) for e in endpoints)):
-        raise config_mod.ConfigError(f"endpoints={endpoints!r}: one HOST:PORT (or None) per node, {nnodes} in all")
-    if rdzv_conf is not None and not all(re.fullmatch(r"\w+", str(k)) and re.fullmatch(r"[\w.]+", str(v))
-                                         for k, v in rdzv_conf.items()):
-        raise config_mod.ConfigError(f"rdzv_conf={rdzv_conf!r}: KEY=VALUE pairs of words (join_timeout=20)")
 
 
 def _host_args(hosts, k: int, rdzv_conf: dict | None, overridden: bool = False) -> dict:
@@ -162,45 +145,36 @@ def _started(plans: list[start_plan.Plan]) -> str:
     return lines[0] if len(set(lines)) <= 1 else "; ".join(f"node {k}: {line}" for k, line in enumerate(lines))
 
 
-def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None, timeout: float = 600,
-           progress: bool = True, echo: bool = False, runs_dir: Path | None = None,
-           extra_env: dict | None = None, script: Path = TRAIN, max_restarts: int = 0, nnodes: int = 1,
-           runner: str = "driver", master_port: int | None = None, stall_timeout: float | None = None,
-           hosts=None, endpoints: list[str | None] | None = None, rdzv_conf: dict | None = None,
-           peer_grace: float | None = None, hold=None) -> RunResult:
-    """Run the training script as `name` with `nproc` processes per node; return a RunResult (never hangs).
+def launch(request: LaunchRequest) -> RunResult:
+    """Run what `request` asks (launch_request.py: the script as its name, nproc processes per node, its keys,
+    topology, supervision, environment and output) and return a RunResult (never hangs). The request checked its
+    own values when it was made; the keys are resolved here, before anything is written or started.
 
-    nnodes > 1: that many nodes simulated on this box (a node agent each, c10d rendezvous on 127.0.0.1).
-    runner="torchrun": start the equivalent `torchrun ...` line itself instead of the elastic driver (chapter 09
-    shows torchrun's own output; failures then come from the output, not failures.json).
-    master_port: the article's fixed `--master-addr 127.0.0.1 --master-port PORT` instead of `--standalone`.
-    extra_env: added to the ranks' environment; a value None removes that variable.
-    stall_timeout: also call it a hang when no rank has written a heartbeat for that many seconds (after the
-    first one): a hang is caught that long after it starts, however slow the start-up was.
-    hosts (nnodes > 1): a netns.Hosts; node k runs in hosts[k] (`ip netns exec`), the rendezvous on host 0's
-    data address, each agent publishing its own data address (chapter 09's two real hosts).
-    endpoints (nnodes > 1): per node, a rendezvous endpoint HOST:PORT to give that node instead of the right one
-    (None: the right one), to show what a wrong address does. rdzv_conf: torchrun's --rdzv-conf for every node
-    (join_timeout, read_timeout). peer_grace: seconds the other nodes get, once one node has failed, before the
-    launcher stops them (default supervise.PEER_GRACE; a rank stuck in its own connect never notices the peer).
-    hold (a threading.Event): with stall_timeout, the hang is not called before the event is set, and the stall
-    counts from then (chapter 09's hang keeps its port until the clashing job has tried it, however slow that
-    job's start on a busy box); the overall timeout still applies.
+    Topology: nnodes > 1 simulates that many nodes on this box (or runs them on netns hosts), master_port uses the
+    article's fixed port instead of `--standalone`. Environment: runner="torchrun" starts the equivalent `torchrun
+    ...` line itself instead of the elastic driver (chapter 09 shows torchrun's own output; failures then come from
+    the output, not failures.json). Supervision: stall_timeout calls a hang that long after the last heartbeat,
+    however slow the start-up was; hold delays that call until an event is set; peer_grace bounds how long the
+    other nodes run once one has failed (a rank stuck in its own connect never notices the peer).
 
     If this process gets SIGTERM or SIGHUP meanwhile, the run is stopped, launch.json written, a line
     printed, and then the signal does what it would have done without us (by default: end this process)."""
-    if runner not in ("driver", "torchrun"):
-        raise config_mod.ConfigError(f"runner={runner!r} must be 'driver' or 'torchrun'")
-    if peer_grace is not None and not peer_grace >= 0:
-        raise config_mod.ConfigError(f"peer_grace={peer_grace!r} must be >= 0 seconds")
-    if stall_timeout is not None and not stall_timeout > 0:
-        raise config_mod.ConfigError(f"stall_timeout={stall_timeout!r} must be > 0 seconds")
-    if master_port is not None and (nnodes > 1 or not 0 < int(master_port) < 65536):
-        raise config_mod.ConfigError(f"master_port={master_port!r}: one node only, a port in 1..65535")
-    _check_hosts(nnodes, hosts, endpoints, rdzv_conf)
-    given, cfg, run_dir = _validate(name, nproc, overrides, timeout, runs_dir, nnodes)  # raises before any start
-    log_dir = _prepare_folder(run_dir, nproc * nnodes)
-    env = environment(cfg, log_dir, nproc * nnodes, extra_env, max_restarts)
+    if not isinstance(request, LaunchRequest):
+        raise TypeError(f"launch() takes a LaunchRequest, not {type(request).__name__}: "
+                        "launch(request(name, nproc, keys, timeout=..., ...))")
+    name, nproc, timeout = request.name, request.nproc, request.timeout
+    # the groups' fields as the local names the steps below use (not dataclasses.astuple: it deep-copies, and
+    # `hold` must stay the caller's Event, `hosts` the caller's namespaces)
+    topology, supervision, started_with = request.topology, request.supervision, request.environment
+    nnodes, hosts, endpoints = topology.nnodes, topology.hosts, topology.endpoints
+    rdzv_conf, master_port = topology.rdzv_conf, topology.master_port
+    stall_timeout, peer_grace, hold = supervision.stall_timeout, supervision.peer_grace, supervision.hold
+    script, runner = started_with.script, started_with.runner
+    extra_env, max_restarts = started_with.extra_env, started_with.max_restarts
+    progress, echo = request.output.progress, request.output.echo
+    given, cfg, run_dir = _resolve(request)  # raises before any start
+    log_dir = _prepare_folder(run_dir, request.world_size)
+    env = environment(cfg, log_dir, request.world_size, extra_env, max_restarts)
     argv = config_mod.to_argv(given)
     if nnodes > 1:
         gpus = node_gpus(cfg, nproc, nnodes)
@@ -244,26 +218,26 @@ def launch(name: str, nproc: int = 1, overrides: list[str] | dict | None = None,
     return result
 
 
-def launch_many(specs: dict, *, max_workers: int, raise_on_failure: bool = False, print_commands: bool = False,
-                **common) -> dict[str, RunResult]:
-    """Several independent launches at once: `specs` = {key: (run name, nproc, keys[, launch kwargs])};
-    returns {key: RunResult} in the order of `specs`. `common`: launch() kwargs for every run (a spec's own
-    kwargs win); progress is off unless given (overlapping bars would garble each other).
+def launch_many(requests: dict[Hashable, LaunchRequest], *, max_workers: int, raise_on_failure: bool = False,
+                print_commands: bool = False) -> dict[Hashable, RunResult]:
+    """Several independent launches at once: `requests` = {key: LaunchRequest}; returns {key: RunResult} in the
+    order of `requests`. Each runs without its progress bar (overlapping bars would garble each other); all else,
+    ports, events and hosts included, is as its request says. Tuples of (run name, nproc, keys[, options]) become
+    requests through requests_from_specs.
 
     max_workers: how many run at once (the caller sizes it for the box: chapter.workers on 2 cores). Each
     training process uses one thread and a fixed reduction order, so overlapping runs changes their wall time,
     never their numbers. Every run finishes (or is stopped) before this returns; then raise_on_failure raises
-    RunFailed with the first failed run's report (in `specs` order), and print_commands prints each run's
+    RunFailed with the first failed run's report (in `requests` order), and print_commands prints each run's
     command line and status."""
     if not isinstance(max_workers, int) or max_workers < 1:
         raise config_mod.ConfigError(f"max_workers={max_workers!r} must be a positive integer")
-    common.setdefault("progress", False)
-
-    def one(name: str, nproc: int, overrides, kwargs: dict | None = None) -> RunResult:
-        return launch(name, nproc, overrides, **{**common, **(kwargs or {})})
-
-    with ThreadPoolExecutor(max_workers=min(max_workers, max(1, len(specs)))) as pool:
-        futures = {key: pool.submit(one, *spec) for key, spec in specs.items()}
+    for key, req in requests.items():
+        if not isinstance(req, LaunchRequest):
+            raise TypeError(f"launch_many: {key!r} is a {type(req).__name__}, not a LaunchRequest "
+                            "(requests_from_specs makes them from (name, nproc, keys[, options]) tuples)")
+    with ThreadPoolExecutor(max_workers=min(max_workers, max(1, len(requests)))) as pool:
+        futures = {key: pool.submit(launch, req.quiet()) for key, req in requests.items()}
     results = {key: f.result() for key, f in futures.items()}
     if print_commands:
         for r in results.values():
@@ -272,3 +246,4 @@ def launch_many(specs: dict, *, max_workers: int, raise_on_failure: bool = False
         for r in results.values():
             r.raise_for_status()
     return results
+

@@ -2,7 +2,7 @@
 
     with netns.Hosts(2) as hosts:          # needs root and iproute2's `ip`
         hosts[0].data_ip, hosts[1].data_ip  # 10.213.1.1, 10.213.1.2
-        launcher.launch("x", 1, keys, nnodes=2, hosts=hosts)   # one node agent in each namespace
+        launcher.launch(launcher.request("x", 1, keys, nnodes=2, hosts=hosts))   # a node agent in each namespace
 
 Each host is a namespace `l<pid><k>h<i>` with
 - `lo` (up), as on any host;

@@ -115,9 +115,9 @@ def p2p_probe(gpus: int, timeout: float = 60) -> str:
     skip = p2p_skip_reason(gpus, dist.is_nccl_available())
     if skip:
         return skip
-    result = launcher.launch("preflight_p2p", 2, ["steps=1", "backend=nccl", f"pg_timeout={timeout / 2:g}"],
-                             timeout=timeout, progress=False,
-                             script=launcher.REPO / "scripts" / "probes" / "p2p_probe.py")
+    keys = ["steps=1", "backend=nccl", f"pg_timeout={timeout / 2:g}"]
+    result = launcher.launch(launcher.request("preflight_p2p", 2, keys, timeout=timeout, progress=False,
+                                              script=launcher.REPO / "scripts" / "probes" / "p2p_probe.py"))
     if not result.ok:
         return (f"FAILED ({result.status} after {result.seconds:.0f} s): set NCCL_P2P_DISABLE=1 "
                 f"(docs/workshop.md)")
@@ -133,8 +133,8 @@ def run(nproc: int = 2, timeout: float = 120, progress: bool = False) -> tuple[b
     info["p2p"] = p2p_probe(len(info["gpus"]))
     for key, value in info.items():
         print(f"{key:>13}: {value}")
-    result = launcher.launch("preflight", nproc, ["steps=1"], timeout=timeout, progress=progress,
-                             script=launcher.REPO / "scripts" / "probes" / "preflight_worker.py")
+    result = launcher.launch(launcher.request("preflight", nproc, ["steps=1"], timeout=timeout, progress=progress,
+                                              script=launcher.REPO / "scripts" / "probes" / "preflight_worker.py"))
     info["launch"] = {"status": result.status, "seconds": round(result.seconds, 2)}
     ok = result.ok
     if ok:

@@ -17,8 +17,8 @@ PROBES = launcher.REPO / "scripts" / "probes"
 def launch_wrap_probe(name: str, nproc: int = 2, seed: int = 42, backend: str = "auto", timeout: float = 300):
     """Run scripts/probes/wrap_probe.py as runs/NAME with `nproc` ranks; return {rank: record}. `timeout`: as a
     training run's (chapter.params' LAB_TIMEOUT default): on a loaded box the 2-rank start-up alone can pass 2 min."""
-    result = launcher.launch(name, nproc, {"seed": seed, "backend": backend, "steps": 1}, timeout=timeout,
-                             progress=False, script=PROBES / "wrap_probe.py")
+    result = launcher.launch(launcher.request(name, nproc, {"seed": seed, "backend": backend, "steps": 1},
+                                              timeout=timeout, progress=False, script=PROBES / "wrap_probe.py"))
     result.raise_for_status()
     return read_probe(result.run_dir)
 
@@ -41,19 +41,14 @@ def launch_flags_probes(specs: dict[str, tuple[str, str, dict]], nproc: int = 2,
     all at once; returns {key: (RunResult, {rank: record} or None)}. A failed probe is returned, not raised:
     the find_unused_parameters=false run is *meant* to fail (its RunResult carries the rank's traceback).
     Overlapping launches change the probes' seconds, not their conclusions: the timed copies alternate."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    def one(name, mode, keys):
-        result = launcher.launch(name, nproc, {"steps": 3, "backend": backend, **keys}, timeout=timeout,
-                                 progress=False, script=FLAGS_PROBE,
-                                 # a fixed mmap threshold: big blocks go back to the OS when freed, so RSS
-                                 # deltas in the bucket_view probe count live tensors, not allocator history
-                                 extra_env={"LAB_FLAGS_PROBE": mode, "MALLOC_MMAP_THRESHOLD_": "131072"})
-        return result, (read_probe(result.run_dir) if result.ok else None)
-
-    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        futures = {k: pool.submit(one, *spec) for k, spec in specs.items()}
-    out = {k: f.result() for k, f in futures.items()}
+    requests = {k: launcher.request(name, nproc, {"steps": 3, "backend": backend, **keys}, timeout=timeout,
+                                    progress=False, script=FLAGS_PROBE,
+                                    # a fixed mmap threshold: big blocks go back to the OS when freed, so RSS
+                                    # deltas in the bucket_view probe count live tensors, not allocator history
+                                    extra_env={"LAB_FLAGS_PROBE": mode, "MALLOC_MMAP_THRESHOLD_": "131072"})
+                for k, (name, mode, keys) in specs.items()}
+    results = launcher.launch_many(requests, max_workers=len(specs))
+    out = {k: (result, read_probe(result.run_dir) if result.ok else None) for k, result in results.items()}
     for k, (result, _) in out.items():
         print(f"$ LAB_FLAGS_PROBE={specs[k][1]} {result.command_line}   # {result.status}")
     return out

@@ -75,12 +75,13 @@ def ensure(run_a: Path, run_b: Path, timeout: float = 1800, progress: bool = Tru
     where = run_b / runfiles.REPLAYS
     names = (run_a.name, f"{run_a.name}{float_twin.SEPARATOR}{suffix}")
     stamp = _stamp(run_a, keys, run_b)
-    todo = {n: (n, 1, k) for n, k in zip(names, (keys, twin), strict=True) if not _fresh(where / n, stamp)}
+    todo = {n: launcher.request(n, 1, k, timeout=timeout, runs_dir=where)
+            for n, k in zip(names, (keys, twin), strict=True) if not _fresh(where / n, stamp)}
     if todo:
         if progress:
             print(f"replaying {run_a.name}'s program from {len(windows.steps(run_b))} window states of "
                   f"{run_b.name} (and its float twin) into {where}/", flush=True)
-        results = launcher.launch_many(todo, max_workers=2, runs_dir=where, timeout=timeout)
+        results = launcher.launch_many(todo, max_workers=2)
         failed = [r for r in results.values() if not r.ok]
         if failed:
             raise NoReplay(f"the replay {failed[0].name} failed: {failed[0].message}")

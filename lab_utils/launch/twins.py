@@ -7,6 +7,8 @@ NAME-twin-SUFFIX, where `--noise auto` finds it.
 
 from __future__ import annotations
 
+import dataclasses
+
 from lab_utils.core import config, float_twin
 from lab_utils.launch import launcher
 
@@ -17,7 +19,9 @@ def twin_keys(overrides, nproc: int) -> tuple[str, dict]:
     return float_twin.twin_of(given, config.resolve(given, world_size=nproc))
 
 
-def launch_twin(name: str, nproc: int, overrides, **launch_kwargs) -> launcher.RunResult:
-    """Launch the float twin of run `name` (same nproc, same keys but the twin's) as NAME-twin-SUFFIX."""
-    suffix, keys = twin_keys(overrides, nproc)
-    return launcher.launch(f"{name}{float_twin.SEPARATOR}{suffix}", nproc, keys, **launch_kwargs)
+def launch_twin(request: launcher.LaunchRequest) -> launcher.RunResult:
+    """Launch the float twin of the run `request` asks for (same nproc and options, the twin's keys) as
+    NAME-twin-SUFFIX."""
+    suffix, keys = twin_keys(request.overrides, request.nproc)
+    return launcher.launch(dataclasses.replace(request, name=f"{request.name}{float_twin.SEPARATOR}{suffix}",
+                                               overrides=keys))

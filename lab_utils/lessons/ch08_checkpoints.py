@@ -18,25 +18,31 @@ from lab_utils.launch import forked_ranks, launcher
 PROBES = REPO / "scripts" / "probes"
 
 
-def _launch(p, name: str, nproc: int, keys: dict, kw: dict | None = None) -> launcher.RunResult:
+def _request(p, name: str, nproc: int, keys: dict, kw: dict | None = None) -> launcher.LaunchRequest:
+    """A spec (run name, nproc, keys[, launch options]) as a request: the chapter's backend, steps and timeout
+    unless the spec says otherwise, no progress bar."""
     kw = dict(kw or {})
     keys = {"backend": p.backend, "steps": p.steps, **keys}
-    return launcher.launch(name, nproc, keys, timeout=kw.pop("timeout", p.timeout), progress=False, **kw)
+    return launcher.request(name, nproc, keys, timeout=kw.pop("timeout", p.timeout), progress=False, **kw)
+
+
+def _launch(p, name: str, nproc: int, keys: dict, kw: dict | None = None) -> launcher.RunResult:
+    return launcher.launch(_request(p, name, nproc, keys, kw))
 
 
 def launch_many(specs: dict[str, tuple], p, max_workers: int = 3) -> dict[str, launcher.RunResult]:
-    """{key: (run name, nproc, keys[, launch kwargs])} launched at once through launcher.launch_many (each
+    """{key: (run name, nproc, keys[, launch options])} launched at once through launcher.launch_many (each
     process one thread, so overlap changes wall time, not numbers), with the chapter's backend, steps and timeout
     unless a spec says otherwise. Failures are returned, not raised: some runs here are meant to fail. Prints
     each command and its status."""
-    full = {k: (name, nproc, {"backend": p.backend, "steps": p.steps, **keys},
-                {"timeout": p.timeout, **(kw[0] if kw else {})}) for k, (name, nproc, keys, *kw) in specs.items()}
-    return launcher.launch_many(full, max_workers=chapter.workers(max_workers, len(specs)), print_commands=True)
+    requests = {k: _request(p, *spec) for k, spec in specs.items()}
+    return launcher.launch_many(requests, max_workers=chapter.workers(max_workers, len(specs)), print_commands=True)
 
 
 def launch_in_background(spec: tuple, p):
     """Start one launch on a thread of its own and return its Future (`.result()` is the RunResult): a run that
-    is meant to hang until its timeout waits while the others work."""
+    is meant to hang until its timeout waits while the others work. Not launch_many, which returns only once its
+    runs have ended: the caller needs this one running while it launches the others."""
     pool = ThreadPoolExecutor(max_workers=1)
     future = pool.submit(_launch, p, *spec)
     pool.shutdown(wait=False)

@@ -1,8 +1,8 @@
 """Chapter 09's lesson logic: launching and the NCCL environment (article §6), from real launches.
 
-Every function here starts real jobs through `launcher.launch` and returns what they did (RunResults and
-the lines of their logs); notebooks/09_launching.ipynb calls them and shows the evidence. Launch side: it
-may import the launcher, never be imported by the rank side.
+Every function here starts real jobs through `launcher.launch` or `launcher.launch_many` and returns what they
+did (RunResults and the lines of their logs); notebooks/09_launching.ipynb calls them and shows the evidence.
+Launch side: it may import the launcher, never be imported by the rank side.
 """
 
 from __future__ import annotations
@@ -74,23 +74,25 @@ def port_clash(prefix: str, keys: dict, timeout: float, stall_timeout: float = 2
     clash_done = threading.Event()
 
     def holder():
-        out["hang"] = launcher.launch(f"{prefix}_hang", 2, dict(keys, fault="hang", fault_rank=1, fault_step=2),
-                                      timeout=timeout, progress=False, master_port=port,
-                                      stall_timeout=stall_timeout, hold=clash_done)
+        out["hang"] = launcher.launch(launcher.request(
+            f"{prefix}_hang", 2, dict(keys, fault="hang", fault_rank=1, fault_step=2), timeout=timeout,
+            progress=False, master_port=port, stall_timeout=stall_timeout, hold=clash_done))
 
     thread = threading.Thread(target=holder)
     thread.start()
     try:
         if not wait_for_port(port, timeout):
             raise RuntimeError(f"the hang job never listened on port {port}")
+        # Not launcher.launch_many: it returns only once every run has ended, and the hang must be released
+        # (clash_done) as soon as the clash has ended, not after the standalone run too; and py-spy is no launch.
         with ThreadPoolExecutor(max_workers=3) as pool:
             # the folder was made afresh before the agent listened, so the heartbeats it reads are this run's
             spy = pool.submit(spy_on_hang, runfiles.runs_dir() / f"{prefix}_hang", 1, 2, timeout)
-            clash = pool.submit(launcher.launch, f"{prefix}_clash", 2, dict(keys, steps=2), timeout=timeout,
-                                progress=False, master_port=port, runner="torchrun",
-                                extra_env={"OMP_NUM_THREADS": None})  # unset: torchrun prints its notice
-            standalone = pool.submit(launcher.launch, f"{prefix}_standalone", 2, keys, timeout=timeout,
-                                     progress=False)
+            clash = pool.submit(launcher.launch, launcher.request(
+                f"{prefix}_clash", 2, dict(keys, steps=2), timeout=timeout, progress=False, master_port=port,
+                runner="torchrun", extra_env={"OMP_NUM_THREADS": None}))  # unset: torchrun prints its notice
+            standalone = pool.submit(launcher.launch, launcher.request(f"{prefix}_standalone", 2, keys,
+                                                                       timeout=timeout, progress=False))
             out["clash"] = clash.result()
             clash_done.set()
             out["standalone"], out["spy"] = standalone.result(), spy.result()
@@ -131,16 +133,12 @@ def mismatch_runs(prefix: str, timeout: float, pg_timeout: float = 10) -> dict:
     errors: NCCL does not check sizes itself (not measured here on GPUs), and its watchdog has its own timing."""
     specs = {"shape_DETAIL": ("shape", "DETAIL", 60), "shape_OFF": ("shape", "OFF", 60),
              "stuck": ("stuck", "OFF", pg_timeout)}
-
-    def one(key, mode, debug, pg):
-        return launcher.launch(f"{prefix}_{key}", 2, {"steps": 1, "backend": "gloo", "device": "cpu",
-                                                      "pg_timeout": pg},
-                               timeout=timeout, progress=False, script=MISMATCH_PROBE,
-                               extra_env={"LAB_MISMATCH": mode, "TORCH_DISTRIBUTED_DEBUG": debug})
-
-    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        futures = {k: pool.submit(one, k, *v) for k, v in specs.items()}
-    out = {k: f.result() for k, f in futures.items()}
+    requests = {key: launcher.request(f"{prefix}_{key}", 2,
+                                      {"steps": 1, "backend": "gloo", "device": "cpu", "pg_timeout": pg},
+                                      timeout=timeout, progress=False, script=MISMATCH_PROBE,
+                                      extra_env={"LAB_MISMATCH": mode, "TORCH_DISTRIBUTED_DEBUG": debug})
+                for key, (mode, debug, pg) in specs.items()}
+    out = launcher.launch_many(requests, max_workers=len(specs))
     for k, r in out.items():
         print(f"$ LAB_MISMATCH={specs[k][0]} TORCH_DISTRIBUTED_DEBUG={specs[k][1]} {r.command_line}   # {r.status}")
     return out
@@ -158,8 +156,8 @@ def step_seconds(run_dir: str | Path, skip: int = 2) -> float:
 def threads_runs(prefix: str, keys: dict, timeout: float, counts=(1, 2)) -> dict:
     """One process per thread count, one after another (a timing must not share the cores with another run):
     {threads: RunResult}. OMP_NUM_THREADS is set from the `threads` key by the launcher."""
-    return {t: launcher.launch(f"{prefix}_threads{t}", 1, dict(keys, threads=t), timeout=timeout,
-                               progress=False).raise_for_status() for t in counts}
+    return {t: launcher.launch(launcher.request(f"{prefix}_threads{t}", 1, dict(keys, threads=t), timeout=timeout,
+                                                progress=False)).raise_for_status() for t in counts}
 
 
 def nccl_lines(log: str | Path) -> dict[str, list[str]]:
@@ -216,7 +214,8 @@ def _two_node_runs(prefix: str, keys: dict, timeout: float, hosts: netns.Hosts |
     reference = None
     if real and backend_here(keys.get("backend", "auto"), 2, keys.get("device", "auto")) != "gloo":
         keys = dict(keys, backend="gloo")
-        reference = launcher.launch(f"{prefix}_standalone_gloo", 2, keys, timeout=timeout, progress=False)
+        reference = launcher.launch(launcher.request(f"{prefix}_standalone_gloo", 2, keys, timeout=timeout,
+                                                     progress=False))
     right_env = {"GLOO_SOCKET_IFNAME": netns.DATA_IF} if real else {}
     wrong = f"{hosts[0].mgmt_ip}:{netns.FIRST_PORT}" if real else f"127.0.0.1:{launcher.free_port()}"
     specs = {"two_node": (keys, right_env, None, None),
@@ -225,14 +224,11 @@ def _two_node_runs(prefix: str, keys: dict, timeout: float, hosts: netns.Hosts |
         specs["wrong_if"] = (dict(keys, pg_timeout=WRONG_IF_PG_TIMEOUT), {"GLOO_SOCKET_IFNAME": netns.MGMT_IF},
                              None, None)
 
-    def one(key, run_keys, env, endpoints, conf):
-        return launcher.launch(f"{prefix}_{key}", 1, run_keys, timeout=timeout, progress=False, nnodes=2,
-                               hosts=hosts, extra_env=env, endpoints=endpoints, rdzv_conf=conf,
-                               peer_grace=WRONG_IF_PEER_GRACE if key == "wrong_if" else None)
-
-    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        futures = {k: pool.submit(one, k, *v) for k, v in specs.items()}
-    return {"reference": reference, **{k: f.result() for k, f in futures.items()}}
+    requests = {key: launcher.request(f"{prefix}_{key}", 1, run_keys, timeout=timeout, progress=False, nnodes=2,
+                                      hosts=hosts, extra_env=env, endpoints=endpoints, rdzv_conf=conf,
+                                      peer_grace=WRONG_IF_PEER_GRACE if key == "wrong_if" else None)
+                for key, (run_keys, env, endpoints, conf) in specs.items()}
+    return {"reference": reference, **launcher.launch_many(requests, max_workers=len(specs))}
 
 
 def two_hosts(prefix: str, keys: dict, timeout: float) -> dict:
@@ -276,6 +272,8 @@ def first_wave(prefix: str, keys: dict, timeout: float, stall_timeout: float = 2
     timeouts): port_clash's three jobs, two_hosts (two nodes on real hosts or simulated, the same keys as
     `standalone`) and mismatch_runs (`mm`). Returns port_clash's dict plus "two_node" (the right 2-node run),
     "nodes" (two_hosts' dict) and "mm"."""
+    # Not launcher.launch_many: what runs at once here are the lessons' own functions (a hang that holds its port
+    # for a clash, namespaces made and torn down around their runs), each launching through it or launch().
     with ThreadPoolExecutor(max_workers=3) as pool:
         clash = pool.submit(port_clash, prefix, keys, timeout, stall_timeout)
         nodes = pool.submit(two_hosts, prefix, keys, timeout)
@@ -296,12 +294,12 @@ def live_nccl_runs(prefix: str, keys: dict, timeout: float) -> dict | None:
     if not (torch.cuda.is_available() and torch.cuda.device_count() >= 2):
         return None
     env = {"NCCL_DEBUG": "INFO"}
-    with ThreadPoolExecutor(max_workers=1) as pool:  # one at a time: both want the same two GPUs
-        p2p = pool.submit(launcher.launch, f"{prefix}_nccl_p2p", 2, dict(keys, backend="nccl"), timeout=timeout,
-                          progress=False, extra_env=env)
-        nop2p = pool.submit(launcher.launch, f"{prefix}_nccl_nop2p", 2, dict(keys, backend="nccl"),
-                            timeout=timeout, progress=False, extra_env=dict(env, NCCL_P2P_DISABLE="1"))
-        return {"p2p": p2p.result().raise_for_status(), "nop2p": nop2p.result().raise_for_status()}
+    requests = {"p2p": launcher.request(f"{prefix}_nccl_p2p", 2, dict(keys, backend="nccl"), timeout=timeout,
+                                        progress=False, extra_env=env),
+                "nop2p": launcher.request(f"{prefix}_nccl_nop2p", 2, dict(keys, backend="nccl"), timeout=timeout,
+                                          progress=False, extra_env=dict(env, NCCL_P2P_DISABLE="1"))}
+    # one at a time: both want the same two GPUs
+    return launcher.launch_many(requests, max_workers=1, raise_on_failure=True)
 
 
 def frames(stack: str) -> list[tuple[str, int, str, str]]:

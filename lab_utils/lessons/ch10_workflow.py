@@ -168,10 +168,11 @@ LATE_CASES = ("A", "twin", "correct", "late_set_epoch")
 
 
 def late_specs(prefix: str = "ch10_late_") -> dict:
-    """launch_many specs of lesson 5: `ddp-lab bench late --size toy`'s single run A with its float twin, the
-    correct 2-rank port and the port with set_epoch=false. lr=0.03 with a warm-up and cosine: the tiny GPT's
-    twins go blind (their bound past 1% of the loss) by step ~35, and 1280 samples at global batch 16 put the
-    first epoch boundary at step 80, well inside that blind zone."""
+    """The runs of lesson 5 as specs (launcher.requests_from_specs makes them requests): `ddp-lab bench late
+    --size toy`'s single run A with its float twin, the correct 2-rank port and the port with set_epoch=false.
+    lr=0.03 with a warm-up and cosine: the tiny GPT's twins go blind (their bound past 1% of the loss) by step
+    ~35, and 1280 samples at global batch 16 put the first epoch boundary at step 80, well inside that blind
+    zone."""
     from lab_utils.drivers import bench_late
 
     return {k: (prefix + s[0], *s[1:]) for k, s in bench_late.specs("toy").items() if k in LATE_CASES}

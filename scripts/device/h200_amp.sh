@@ -55,7 +55,7 @@ for label, (kind, ref, port) in tiers.items():
         twin = f"{rname}{float_twin.SEPARATOR}{suffix}"
         specs[twin] = (twin, 1, [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in tkeys.items()])
     pairs[label] = (rname, pname, twin)
-results = launcher.launch_many(specs, max_workers=4, timeout=300, progress=False)
+results = launcher.launch_many(launcher.requests_from_specs(specs, timeout=300), max_workers=4)
 failed = {k: str(r) for k, r in results.items() if not r.ok}
 root = runfiles.runs_dir()
 lines, rows = [f"torch {torch.__version__}, {gpus} GPU(s): {torch.cuda.get_device_name(0) if gpus else '-'}", ""], []

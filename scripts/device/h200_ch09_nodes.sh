@@ -34,7 +34,8 @@ gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
 doc = {"torch": torch.__version__, "gpus": gpus, "netns": netns.unavailable_reason() or "available"}
 keys = dict(steps=12, n_samples=256)
 try:  # 1. the old request
-    old = launcher.launch("old_auto_two_node", 1, dict(keys, backend="auto"), timeout=200, progress=False, nnodes=2)
+    old = launcher.launch(launcher.request("old_auto_two_node", 1, dict(keys, backend="auto"), timeout=200,
+                                           progress=False, nnodes=2))
     doc["old_auto_two_node"] = old.status
 except ConfigError as e:
     doc["old_auto_two_node"] = f"refused: {e}"
@@ -42,7 +43,7 @@ backend = c.backend_here("auto", ranks=2)
 doc["backend_here"] = backend
 keys["backend"] = backend
 t = time.time()
-one = launcher.launch("standalone", 2, keys, timeout=200, progress=False)
+one = launcher.launch(launcher.request("standalone", 2, keys, timeout=200, progress=False))
 doc["standalone"] = {"status": one.status, "seconds": round(one.seconds, 1)}
 nodes = c.two_hosts("gpu", keys, timeout=200)
 ref = nodes["reference"] or one

@@ -117,8 +117,9 @@ def test_article_7_1_check_corrected_epoch_boundary_at_step_3(runs_dir):
     """§7.1: 100 samples, "diverges in the first 10 steps = seeds or data split; later = float noise". At the
     article's global batch of 32 an epoch is 3.125 steps: a forgotten set_epoch parts at step 3, not 'noise'."""
     keys = {"steps": 6, "n_samples": 100, "global_batch_size": 32}
-    launcher.launch("s", 1, keys, timeout=300, progress=False).raise_for_status()
-    launcher.launch("p", 2, {**keys, "set_epoch": False}, timeout=300, progress=False).raise_for_status()
+    launcher.launch(launcher.request("s", 1, keys, timeout=300, progress=False)).raise_for_status()
+    launcher.launch(launcher.request("p", 2, {**keys, "set_epoch": False}, timeout=300,
+                                     progress=False)).raise_for_status()
     d = doctor.diagnose_runs(runs_dir / "s", runs_dir / "p")
     assert d.top.code == "sampler_epoch" and d.first_diverging_step == 3, d.format()
     assert d.report.loss_diffs[2] <= d.report.loss_tol < d.report.loss_diffs[3], d.format()

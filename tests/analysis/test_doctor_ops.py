@@ -43,8 +43,8 @@ def runs(tmp_path_factory):
     specs["no_windows"] = (2, no_windows)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAB_RUNS_DIR", str(root))
-        launcher.launch_many({n: (n, p, list(k)) for n, (p, k) in specs.items()}, max_workers=2, timeout=600,
-                             raise_on_failure=True)
+        launcher.launch_many(launcher.requests_from_specs({n: (n, p, list(k)) for n, (p, k) in specs.items()},
+                                                          timeout=600), max_workers=2, raise_on_failure=True)
         yield lambda name: (root / portbugs.run_name(1, _keys(BUGS[name].single)),
                             root / portbugs.run_name(2, _keys(BUGS[name].ddp)))
 

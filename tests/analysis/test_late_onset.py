@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # every test here rea
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     root = tmp_path_factory.mktemp("late")
-    launcher.launch_many(bench_late.specs("toy"), max_workers=2, raise_on_failure=True, runs_dir=root, timeout=300)
+    launcher.launch_many(launcher.requests_from_specs(bench_late.specs("toy"), runs_dir=root, timeout=300),
+                         max_workers=2, raise_on_failure=True)
     return root
 
 

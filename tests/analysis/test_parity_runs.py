@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # every test here starts processes (see tests/con
 def test_tier2_single_vs_two_ranks_and_tier3_against_emulation(runs_dir):
     keys = ["steps=40"]
     for name, nproc, extra in [("single", 1, []), ("ddp2", 2, []), ("emu2", 1, ["emulate_ranks=2"])]:
-        launcher.launch(name, nproc, keys + extra, timeout=300, progress=False).raise_for_status()
+        launcher.launch(launcher.request(name, nproc, keys + extra, timeout=300, progress=False)).raise_for_status()
     t2 = parity.compare(runs_dir / "single", runs_dir / "ddp2")
     assert t2.tier == 2 and t2.max_abs_loss_diff <= 1e-6 and not t2.bitwise, t2.format()
     t3 = parity.compare(runs_dir / "emu2", runs_dir / "ddp2")
@@ -23,7 +23,8 @@ def test_tier2_single_vs_two_ranks_and_tier3_against_emulation(runs_dir):
 def test_batchnorm_emulation_is_bitwise_buffers_included(runs_dir):
     """BatchNorm: the emulated reference reproduces DDP's broadcast_buffers (rank 0's running stats)."""
     keys = ["model=bn_net", "steps=10", "global_batch_size=32", "grad_accum_steps=2"]
-    launcher.launch("bn_emu", 1, keys + ["emulate_ranks=2"], timeout=300, progress=False).raise_for_status()
-    launcher.launch("bn_ddp", 2, keys, timeout=300, progress=False).raise_for_status()
+    launcher.launch(launcher.request("bn_emu", 1, keys + ["emulate_ranks=2"], timeout=300,
+                                     progress=False)).raise_for_status()
+    launcher.launch(launcher.request("bn_ddp", 2, keys, timeout=300, progress=False)).raise_for_status()
     r = parity.compare(runs_dir / "bn_emu", runs_dir / "bn_ddp")
     assert r.tier == 3 and r.bitwise and "bn1.running_mean" in r.per_tensor, r.format()

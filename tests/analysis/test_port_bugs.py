@@ -28,12 +28,13 @@ def suite_runs(tmp_path_factory):
         # idle. Overlap changes wall time only: each rank uses one thread and a fixed reduction order.
         needed = {portbugs.run_name(nproc, keys): (nproc, keys) for nproc, keys in portbugs.runs_needed().values()}
         specs = {name: (name, nproc, list(keys)) for name, (nproc, keys) in needed.items()}
-        launcher.launch_many(specs, max_workers=2, timeout=600, raise_on_failure=True)
+        launcher.launch_many(launcher.requests_from_specs(specs, timeout=600), max_workers=2, raise_on_failure=True)
 
         def get(nproc, keys):
             name = portbugs.run_name(nproc, keys)
             if not (root / name / "result.json").exists():
-                launcher.launch(name, nproc, list(keys), timeout=600, progress=False).raise_for_status()
+                launcher.launch(launcher.request(name, nproc, list(keys), timeout=600,
+                                                 progress=False)).raise_for_status()
             return root / name
 
         yield get
@@ -127,8 +128,9 @@ def test_unused_parameter_with_the_flag_off_is_an_error_not_a_tier(runs_dir):
     DDP's reducer raises on the next step; the launcher must report it as a crash with the rank's own error."""
     from lab_utils.launch import probes
 
-    result = launcher.launch("pb_unused_off", 2, {"steps": 3, "find_unused_parameters": False}, timeout=600,
-                             progress=False, script=probes.FLAGS_PROBE, extra_env={"LAB_FLAGS_PROBE": "unused"})
+    result = launcher.launch(launcher.request("pb_unused_off", 2, {"steps": 3, "find_unused_parameters": False},
+                                              timeout=600, progress=False, script=probes.FLAGS_PROBE,
+                                              extra_env={"LAB_FLAGS_PROBE": "unused"}))
     assert result.status == "crashed", str(result)
     assert "Expected to have finished reduction in the prior iteration" in result.message + result.traceback, \
         str(result)

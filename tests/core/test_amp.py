@@ -24,8 +24,8 @@ def amp_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("amp_runs")
     specs = {"fp16_emul": ("fp16_emul", 1, FP16 + ["emulate_ranks=2"]), "fp16_ddp": ("fp16_ddp", 2, FP16),
              "bf16_emul": ("bf16_emul", 1, BF16 + ["emulate_ranks=2"]), "bf16_ddp": ("bf16_ddp", 2, BF16)}
-    results = launcher.launch_many(specs, max_workers=2, raise_on_failure=True, timeout=600, progress=False,
-                                   runs_dir=root)
+    results = launcher.launch_many(launcher.requests_from_specs(specs, timeout=600, progress=False, runs_dir=root),
+                                   max_workers=2, raise_on_failure=True)
     return {k: r.run_dir for k, r in results.items()}
 
 

@@ -35,9 +35,9 @@ def bn_runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("runs")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LAB_RUNS_DIR", str(d))
-        launcher.launch("bn_ddp", 2, BN, timeout=300, progress=False).raise_for_status()
-        launcher.launch("bn_emu", 1, BN + ["emulate_ranks=2", "checkpoint_every=6"], timeout=300,
-                        progress=False).raise_for_status()
+        launcher.launch(launcher.request("bn_ddp", 2, BN, timeout=300, progress=False)).raise_for_status()
+        launcher.launch(launcher.request("bn_emu", 1, BN + ["emulate_ranks=2", "checkpoint_every=6"], timeout=300,
+                                         progress=False)).raise_for_status()
     return d
 
 

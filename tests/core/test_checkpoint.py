@@ -19,7 +19,7 @@ KEYS = ["steps=8", "checkpoint_every=2", "dropout=0.1"]  # dropout keyed: no RNG
 
 
 def _launch(name, nproc, keys, **kw):
-    return launcher.launch(name, nproc, keys, timeout=300, progress=False, **kw)
+    return launcher.launch(launcher.request(name, nproc, keys, timeout=300, progress=False, **kw))
 
 
 def _weights_equal(a, b) -> bool:

@@ -41,7 +41,8 @@ def runs(tmp_path_factory):
         "bf16_emul2": ("bf16_emul2", 1, {**KEYS, "amp": "bf16", "emulate_ranks": 2}),
         "bf16_ordered2": ("bf16_ordered2", 2, {**KEYS, "amp": "bf16", "wrap": "fsdp2", "grad_reduction": "ordered"}),
     }
-    launcher.launch_many(specs, max_workers=2, raise_on_failure=True, runs_dir=root, timeout=300)
+    launcher.launch_many(launcher.requests_from_specs(specs, runs_dir=root, timeout=300), max_workers=2,
+                         raise_on_failure=True)
     return root
 
 
@@ -104,16 +105,16 @@ def resumed(runs):
     world size, 4 ranks to 2 (its reference: the emulated 4 ranks resumed as emulated 2)."""
     ordered = {**KEYS, "wrap": "fsdp2", "grad_reduction": "ordered"}
     half = {"steps": 6, "checkpoint_every": 6}
-    launcher.launch_many({
+    launcher.launch_many(launcher.requests_from_specs({
         "half4": ("half4", 4, {**ordered, **half}),
         "ehalf4": ("ehalf4", 1, {**KEYS, **half, "emulate_ranks": 4, "grad_reduction": "ordered"}),
-    }, max_workers=2, raise_on_failure=True, runs_dir=runs, timeout=300)
+    }, runs_dir=runs, timeout=300), max_workers=2, raise_on_failure=True)
     ckpt = "checkpoints/step_000006.pt"
-    launcher.launch_many({
+    launcher.launch_many(launcher.requests_from_specs({
         "res4to2": ("res4to2", 2, {**ordered, "resume": str(runs / "half4" / ckpt)}),
         "eres4to2": ("eres4to2", 1, {**KEYS, "emulate_ranks": 2, "grad_reduction": "ordered",
-                                     "resume": str(runs / "ehalf4" / ckpt)}),
-    }, max_workers=2, raise_on_failure=True, runs_dir=runs, timeout=300)
+                                                                  "resume": str(runs / "ehalf4" / ckpt)}),
+    }, runs_dir=runs, timeout=300), max_workers=2, raise_on_failure=True)
     return runs
 
 

@@ -31,7 +31,7 @@ def test_bytes_per_rank():
 
 def test_bad_value_is_refused_before_launch(tmp_path):
     with pytest.raises(ConfigError, match="grad_reduction"):
-        launcher.launch("bad", 2, ["grad_reduction=bucketwise"], runs_dir=tmp_path)
+        launcher.launch(launcher.request("bad", 2, ["grad_reduction=bucketwise"], runs_dir=tmp_path))
     assert not (tmp_path / "bad").exists()
 
 # The real 4-rank runs (ordered: tier 3 against emulate_ranks=4; stock: tier 2, not bitwise) are two entries of

@@ -24,8 +24,8 @@ def recorded(tmp_path_factory):
             "single_twin": (1, KEYS, {"MICRO_BATCHES": "2"}),
             "single_as_2_ranks": (1, KEYS, {"MICRO_BATCHES": "2", "LAYOUT": "ranks"})}
     for name, (nproc, keys, env) in runs.items():
-        launcher.launch(name, nproc, keys, timeout=300, progress=False, runs_dir=root, script=SCRIPT,
-                        extra_env=env).raise_for_status()
+        launcher.launch(launcher.request(name, nproc, keys, timeout=300, progress=False, runs_dir=root, script=SCRIPT,
+                                         extra_env=env)).raise_for_status()
     return root
 
 

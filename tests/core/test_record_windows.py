@@ -36,7 +36,8 @@ def runs(tmp_path_factory):
     specs = {"single": ("single", 1, KEYS),
              "ddp": ("ddp", 2, {**KEYS, "window_every": EVERY}),
              "late": ("late", 2, {**KEYS, "window_every": EVERY}, {"extra_env": {"SKIP_SET_EPOCH": str(BUG_EPOCH)}})}
-    launcher.launch_many(specs, max_workers=2, raise_on_failure=True, runs_dir=root, timeout=300, script=SCRIPT)
+    launcher.launch_many(launcher.requests_from_specs(specs, runs_dir=root, timeout=300, script=SCRIPT), max_workers=2,
+                         raise_on_failure=True)
     script = _outside_script()
     for b in ("ddp", "late"):  # the replay (micro=1) and its float twin (micro=2), from B's window states
         for name, micro in ((f"{b}_replay", 1), (f"{b}_twin", 2)):

@@ -114,7 +114,8 @@ def runs(tmp_path_factory):
         "small_buckets": ("small_buckets", 2, {**KEYS, "bucket_cap_mb": 0.02}),
         "no_overlap": ("no_overlap", 2, {**KEYS, "overlap": "none"}),
     }
-    launcher.launch_many(specs, max_workers=2, raise_on_failure=True, runs_dir=root, timeout=300)
+    launcher.launch_many(launcher.requests_from_specs(specs, runs_dir=root, timeout=300), max_workers=2,
+                         raise_on_failure=True)
     return root
 
 

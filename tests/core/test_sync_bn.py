@@ -122,8 +122,8 @@ def test_sync_bn_keys_fail_before_launch():
 
 
 def _probe(runs_dir, name, device="cpu", mode=""):
-    return launcher.launch(name, 2, {"steps": 1, "device": device}, timeout=600, progress=False,
-                           runs_dir=runs_dir, script=PROBE, extra_env={"LAB_SYNC_BN_PROBE": mode})
+    return launcher.launch(launcher.request(name, 2, {"steps": 1, "device": device}, timeout=600, progress=False,
+                                            runs_dir=runs_dir, script=PROBE, extra_env={"LAB_SYNC_BN_PROBE": mode}))
 
 
 def _probe_records(run_dir):
@@ -160,9 +160,9 @@ def test_lab_sync_bn_agrees_with_torch_sync_batchnorm_on_cuda(runs_dir):
 @pytest.mark.slow
 def test_two_ranks_with_lab_sync_bn_are_bitwise_equal_to_the_emulated_reference(runs_dir):
     keys = {"model": "bn_net", "steps": 3, "sync_bn": "lab", "grad_accum_steps": 2}
-    ddp = launcher.launch("t_sbn_ddp", 2, keys, timeout=600, progress=False, runs_dir=runs_dir)
-    emu = launcher.launch("t_sbn_emu", 1, {**keys, "emulate_ranks": 2}, timeout=600, progress=False,
-                          runs_dir=runs_dir)
+    ddp = launcher.launch(launcher.request("t_sbn_ddp", 2, keys, timeout=600, progress=False, runs_dir=runs_dir))
+    emu = launcher.launch(launcher.request("t_sbn_emu", 1, {**keys, "emulate_ranks": 2}, timeout=600, progress=False,
+                                           runs_dir=runs_dir))
     ddp.raise_for_status(), emu.raise_for_status()
     report = parity.compare(emu.run_dir, ddp.run_dir)
     assert report.tier == 3, report.format()

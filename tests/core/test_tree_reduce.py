@@ -92,7 +92,7 @@ def test_bad_chunking_is_refused_naming_the_keys(keys, world, message):
 
 def test_refused_before_launch(tmp_path):
     with pytest.raises(ConfigError, match="not a power of two"):
-        launcher.launch("bad", 2, [*TREE, "global_batch_size=24"], runs_dir=tmp_path)
+        launcher.launch(launcher.request("bad", 2, [*TREE, "global_batch_size=24"], runs_dir=tmp_path))
     assert not (tmp_path / "bad").exists()
 
 
@@ -105,13 +105,13 @@ def runs(tmp_path_factory):
     """Every real run of this module: the independent ones 3 at a time (mostly process start-up on 2 cores),
     then the resize, which needs the 4-rank checkpoint."""
     root = tmp_path_factory.mktemp("tree") / "runs"
-    launcher.launch_many({
+    launcher.launch_many(launcher.requests_from_specs({
         "w1": ("w1", 1, BN_KEYS),
         "w4stop": ("w4stop", 4, [*BN_KEYS, "steps=2", "checkpoint_every=2", "tree_comm=halving"]),
         "out1": ("out1", 1, {"steps": 6}, {"script": SCRIPT}), "out2": ("out2", 2, {"steps": 6}, {"script": SCRIPT}),
-    }, max_workers=3, runs_dir=root, timeout=300, raise_on_failure=True)
-    launcher.launch("w4to2", 2, [*BN_KEYS, f"resume={root / 'w4stop'}"], runs_dir=root, timeout=300,
-                    progress=False).raise_for_status()
+    }, runs_dir=root, timeout=300), max_workers=3, raise_on_failure=True)
+    launcher.launch(launcher.request("w4to2", 2, [*BN_KEYS, f"resume={root / 'w4stop'}"], runs_dir=root, timeout=300,
+                                     progress=False)).raise_for_status()
     return root
 
 

@@ -53,8 +53,8 @@ def test_hang_is_named_and_stopped(runs_dir):
     """Caught by the stall timeout (no heartbeat from any rank for 8 s), long before the overall timeout (the
     backstop); then the same stop path as at that timeout: the rank named, its stack dumped, the tree stopped."""
     start = time.time()
-    r = launcher.launch("hang", 2, FAST + ["fault=hang", "fault_rank=1", "fault_step=3"], timeout=300,
-                        progress=False, stall_timeout=8)
+    r = launcher.launch(launcher.request("hang", 2, FAST + ["fault=hang", "fault_rank=1", "fault_step=3"], timeout=300,
+                                         progress=False, stall_timeout=8))
     assert time.time() - start < 150
     assert r.status == "hang" and "hang: no heartbeat from any rank for 8 s" in r.message, str(r)
     assert r.failing_rank == 1, r.message  # rank 1 is behind; rank 0 waits for it in the all-reduce
@@ -81,8 +81,8 @@ def test_a_held_stall_counts_from_the_release(tmp_path):
 
 @pytest.mark.slow
 def test_crash_shows_the_failing_ranks_traceback(runs_dir):
-    r = launcher.launch("crash", 2, FAST + ["fault=crash", "fault_rank=1", "fault_step=2"], timeout=300,
-                        progress=False)
+    r = launcher.launch(launcher.request("crash", 2, FAST + ["fault=crash", "fault_rank=1", "fault_step=2"],
+                                         timeout=300, progress=False))
     assert r.status == "crashed" and r.failing_rank == 1
     assert "injected fault: crash on rank 1 at step 2" in r.message
     assert "inject_fault" in r.traceback and "Traceback" in r.traceback
@@ -91,8 +91,8 @@ def test_crash_shows_the_failing_ranks_traceback(runs_dir):
 
 @pytest.mark.slow
 def test_killed_rank_is_reported_by_signal(runs_dir):
-    r = launcher.launch("kill", 2, FAST + ["fault=kill", "fault_rank=1", "fault_step=2"], timeout=300,
-                        progress=False)
+    r = launcher.launch(launcher.request("kill", 2, FAST + ["fault=kill", "fault_rank=1", "fault_step=2"], timeout=300,
+                                         progress=False))
     assert r.status == "crashed" and r.failing_rank == 1
     assert "SIGKILL" in r.message
     assert not leftovers(r.run_dir)
@@ -101,9 +101,9 @@ def test_killed_rank_is_reported_by_signal(runs_dir):
 @pytest.mark.slow
 def test_single_process_crash_and_hang(runs_dir):
     """Also launch_many: failures come back as results, in the order given, unless raise_on_failure."""
-    out = launcher.launch_many({"crash": ("crash1", 1, FAST + ["fault=crash", "fault_step=1"]),
-                                "abort": ("abort1", 1, FAST + ["fault=abort", "fault_step=1"])},
-                               max_workers=2, timeout=300)
+    specs = {"crash": ("crash1", 1, FAST + ["fault=crash", "fault_step=1"]),
+             "abort": ("abort1", 1, FAST + ["fault=abort", "fault_step=1"])}
+    out = launcher.launch_many(launcher.requests_from_specs(specs, timeout=300), max_workers=2)
     assert list(out) == ["crash", "abort"] and [r.name for r in out.values()] == ["crash1", "abort1"]
     r = out["crash"]
     assert r.status == "crashed" and "injected fault" in r.message and "inject_fault" in r.traceback
@@ -111,9 +111,9 @@ def test_single_process_crash_and_hang(runs_dir):
     assert r.status == "crashed" and r.failing_rank == 0 and "SIGABRT" in r.message, str(r)
     assert r.command_line.startswith("python scripts/train.py ")  # what ran after the exec, to copy
     # the overall timeout (one process, no stall timeout): a hang, reported by raise_on_failure after the stop
+    hang = launcher.request("hang1", 1, FAST + ["fault=hang", "fault_step=1"], timeout=8)
     with pytest.raises(launcher.RunFailed, match=r"(?s)run 'hang1': hang .*no exit after the 8 s timeout"):
-        launcher.launch_many({"hang": ("hang1", 1, FAST + ["fault=hang", "fault_step=1"], {"timeout": 8})},
-                             max_workers=1, timeout=300, raise_on_failure=True)
+        launcher.launch_many({"hang": hang}, max_workers=1, raise_on_failure=True)
     assert not leftovers(runs_dir / "hang1")
 
 
@@ -127,7 +127,7 @@ def test_single_process_crash_and_hang(runs_dir):
 ])
 def test_bad_input_fails_before_launch(runs_dir, nproc, keys, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("*", r"\*")):
-        launcher.launch("bad", nproc, keys, timeout=10, progress=False)
+        launcher.launch(launcher.request("bad", nproc, keys, timeout=10, progress=False))
     assert not (runs_dir / "bad").exists()  # nothing was launched, nothing written
 
 
@@ -135,8 +135,8 @@ def test_bad_input_fails_before_launch(runs_dir, nproc, keys, fragment):
 def test_abort_is_blamed_on_the_aborting_rank_not_its_sigtermed_peer(runs_dir):
     """Rank 1 dies by SIGABRT while rank 0 is outside any collective, so the agent SIGTERMs rank 0 (as a rank
     blocked in NCCL is). torchrun's summary lists rank 0 first; the root cause is still rank 1."""
-    r = launcher.launch("abort", 2, FAST + ["fault=abort", "fault_rank=1", "fault_step=2"], timeout=300,
-                        progress=False)
+    r = launcher.launch(launcher.request("abort", 2, FAST + ["fault=abort", "fault_rank=1", "fault_step=2"],
+                                         timeout=300, progress=False))
     assert r.status == "crashed" and r.failing_rank == 1, str(r)
     assert "SIGABRT" in r.message and "SIGTERM" not in r.message
     doc = json.loads((r.run_dir / "failures.json").read_text())
@@ -152,8 +152,8 @@ def test_rank_ignoring_sigterm_is_killed_when_the_run_stalls(runs_dir):
     """The stall timeout (10 s without a heartbeat) stops the run long before the overall timeout (the
     backstop); rank 1 survives the SIGTERM, so only the SIGKILL after the grace ends it."""
     start = time.time()
-    r = launcher.launch("deaf", 2, FAST + ["fault=ignore_term", "fault_rank=1", "fault_step=2"], timeout=300,
-                        progress=False, stall_timeout=10)
+    r = launcher.launch(launcher.request("deaf", 2, FAST + ["fault=ignore_term", "fault_rank=1", "fault_step=2"],
+                                         timeout=300, progress=False, stall_timeout=10))
     assert r.status == "hang" and r.failing_rank == 1, str(r)
     assert "hang: no heartbeat from any rank for 10 s" in r.message, str(r)
     assert r.heartbeats[1]["step"] == 2  # rank 1 reached the fault, so it was ignoring SIGTERM when stopped
@@ -203,8 +203,8 @@ def test_kernel_restart_mid_run_leaves_nothing(runs_dir):
     try:
         kc.start_channels()
         kc.wait_for_ready(timeout=120)
-        kc.execute(f"from lab_utils.launch import launcher\nlauncher.launch('kernel', 2, {DEAF!r}, timeout=900, "
-                   "progress=False)")
+        kc.execute(f"from lab_utils.launch import launcher\nlauncher.launch(launcher.request('kernel', 2, {DEAF!r}, "
+                   "timeout=900, progress=False))")
         wait_until_rank1_is_deaf(runs_dir / "kernel")
         km.restart_kernel(now=True)
         left = nothing_left_within(runs_dir / "kernel", 15)

@@ -27,7 +27,7 @@ def assert_nothing_left(run_dir, within: float = 10):
 
 @pytest.mark.slow
 def test_two_simulated_nodes_are_bitwise_the_standalone_run(runs_dir, shared_run):
-    two = launcher.launch("two", 1, FAST, timeout=300, progress=False, nnodes=2)
+    two = launcher.launch(launcher.request("two", 1, FAST, timeout=300, progress=False, nnodes=2))
     one = shared_run(2, FAST)  # the plain 2-rank run (test_launcher reads the same one): another launch than two
     assert two.ok and one.ok, f"{two}\n{one}"
     assert parity.compare(one.run_dir, two.run_dir).tier == 3
@@ -44,8 +44,8 @@ def test_two_simulated_nodes_are_bitwise_the_standalone_run(runs_dir, shared_run
 @pytest.mark.parametrize("bad_rank", [0, 1])
 def test_crash_on_either_node_names_the_rank(runs_dir, bad_rank):
     start = time.time()
-    r = launcher.launch(f"crash{bad_rank}", 1, FAST + ["fault=crash", f"fault_rank={bad_rank}", "fault_step=3"],
-                        timeout=300, progress=False, nnodes=2)
+    keys = FAST + ["fault=crash", f"fault_rank={bad_rank}", "fault_step=3"]
+    r = launcher.launch(launcher.request(f"crash{bad_rank}", 1, keys, timeout=300, progress=False, nnodes=2))
     assert r.status == "crashed" and r.failing_rank == bad_rank, str(r)
     assert f"injected fault: crash on rank {bad_rank}" in r.traceback
     assert time.time() - start < 300 + 10
@@ -58,8 +58,8 @@ def test_hang_on_a_node_is_stopped_named_and_its_stack_dumped(runs_dir):
     """Caught by the stall timeout (8 s without a heartbeat), long before the overall timeout (the backstop);
     then the same stop path as at that timeout, across both nodes."""
     start = time.time()
-    r = launcher.launch("hang", 1, FAST + ["fault=hang", "fault_rank=1", "fault_step=2"], timeout=300,
-                        progress=False, nnodes=2, stall_timeout=8)
+    r = launcher.launch(launcher.request("hang", 1, FAST + ["fault=hang", "fault_rank=1", "fault_step=2"], timeout=300,
+                                         progress=False, nnodes=2, stall_timeout=8))
     assert r.status == "hang" and r.failing_rank == 1, str(r)
     assert "hang: no heartbeat from any rank for 8 s" in r.message and "rank 1 is behind" in r.message, str(r)
     assert time.time() - start < 150
@@ -76,9 +76,9 @@ def test_hang_on_a_node_is_stopped_named_and_its_stack_dumped(runs_dir):
 
 def test_bad_nnodes_fails_before_launch(runs_dir):
     with pytest.raises(ConfigError, match="nnodes"):
-        launcher.launch("bad", 1, FAST, nnodes=0)
+        launcher.launch(launcher.request("bad", 1, FAST, nnodes=0))
     with pytest.raises(ConfigError, match="master_port"):
-        launcher.launch("bad", 1, FAST, nnodes=2, master_port=29500)
+        launcher.launch(launcher.request("bad", 1, FAST, nnodes=2, master_port=29500))
     assert not (runs_dir / "bad").exists()
 
 
@@ -181,13 +181,13 @@ def test_rank_without_heartbeat_is_never_signalled(tmp_path):
 def test_single_process_hang_caught_by_stall_timeout_with_its_stack(runs_dir):
     """One process (no agent, no per-rank logs): the stall timeout still catches the hang long before the overall
     timeout, and the dump is read back from output.log."""
-    r = launcher.launch("one_hang", 1, FAST + ["fault=hang", "fault_step=2"], timeout=280, progress=False,
-                        stall_timeout=6)
+    r = launcher.launch(launcher.request("one_hang", 1, FAST + ["fault=hang", "fault_step=2"], timeout=280,
+                                         progress=False, stall_timeout=6))
     assert r.status == "hang" and r.failing_rank == 0 and "no heartbeat from any rank for 6 s" in r.message, str(r)
     assert r.seconds < 200
     assert ch09_launching.innermost(r.stacks[0]) == "inject_fault: time.sleep(3600)", r.stacks
     with pytest.raises(ConfigError, match="stall_timeout"):
-        launcher.launch("bad", 1, FAST, stall_timeout=0)
+        launcher.launch(launcher.request("bad", 1, FAST, stall_timeout=0))
     assert_nothing_left(r.run_dir)
 
 
@@ -238,8 +238,9 @@ def test_two_real_hosts_bitwise_and_wrong_interface_and_address_named_nothing_le
 @pytest.mark.slow
 def test_wrong_rendezvous_address_named_on_simulated_nodes(runs_dir):
     """The same wrong address on the loopback simulation (every box): node 1 told a port where no store listens."""
-    r = launcher.launch("wrong_addr", 1, FAST, timeout=240, progress=False, nnodes=2,
-                        endpoints=[None, f"127.0.0.1:{launcher.free_port()}"], rdzv_conf=ch09_launching.SHORT_RDZV)
+    r = launcher.launch(launcher.request("wrong_addr", 1, FAST, timeout=240, progress=False, nnodes=2,
+                                         endpoints=[None, f"127.0.0.1:{launcher.free_port()}"],
+                                         rdzv_conf=ch09_launching.SHORT_RDZV))
     assert r.status == "crashed" and r.failing_node == 1, str(r)
     assert ch09_launching.rendezvous_errors(r) == "node 0: RendezvousTimeoutError; node 1: RendezvousConnectionError"
     assert "--rdzv-conf=join_timeout=20,read_timeout=10,is_host=0" in r.command_lines[1]
@@ -249,11 +250,11 @@ def test_wrong_rendezvous_address_named_on_simulated_nodes(runs_dir):
 
 def test_bad_host_arguments_fail_before_launch(runs_dir):
     with pytest.raises(ConfigError, match="endpoints"):
-        launcher.launch("bad", 1, FAST, nnodes=2, endpoints=["127.0.0.1:1"])
+        launcher.launch(launcher.request("bad", 1, FAST, nnodes=2, endpoints=["127.0.0.1:1"]))
     with pytest.raises(ConfigError, match="nnodes >= 2"):
-        launcher.launch("bad", 1, FAST, endpoints=[None])
+        launcher.launch(launcher.request("bad", 1, FAST, endpoints=[None]))
     with pytest.raises(ConfigError, match="rdzv_conf"):
-        launcher.launch("bad", 1, FAST, nnodes=2, rdzv_conf={"join_timeout": "1,is_host=1"})
+        launcher.launch(launcher.request("bad", 1, FAST, nnodes=2, rdzv_conf={"join_timeout": "1,is_host=1"}))
     assert not (runs_dir / "bad").exists()
 
 

@@ -54,7 +54,7 @@ def test_bf16_on_a_t4_is_refused_before_launch(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: T4)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     with pytest.raises(config.ConfigError, match="amp=bf16 needs native bf16.*use amp=fp16"):
-        launcher.launch("t4_bf16", 1, ["amp=bf16", "steps=1"], runs_dir=tmp_path, progress=False)
+        launcher.launch(launcher.request("t4_bf16", 1, ["amp=bf16", "steps=1"], runs_dir=tmp_path, progress=False))
     assert not (tmp_path / "t4_bf16").exists()  # refused before the run folder was written
     config.resolve(["amp=fp16", "steps=1"], 1)  # fp16 is what a T4 runs
     config.resolve(["amp=bf16", "device=cpu"], 1)  # on the CPU bf16 is not gated

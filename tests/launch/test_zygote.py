@@ -29,10 +29,10 @@ def _records(run_dir):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("zygote")
-    return launcher.launch_many({
+    return launcher.launch_many(launcher.requests_from_specs({
         "forked": ("forked", 2, KEYS),
         "execd": ("execd", 2, KEYS, {"extra_env": {"LAB_ZYGOTE": "off"}}),
-    }, max_workers=2, runs_dir=root, timeout=300, raise_on_failure=True)
+    }, runs_dir=root, timeout=300), max_workers=2, raise_on_failure=True)
 
 
 @pytest.mark.slow
@@ -47,8 +47,8 @@ def _while_hanging(tmp_path, extra_env=None):
     """Start a 2-rank run whose rank 1 hangs at step 1; yield (driver pid, {rank: pid}) while it hangs."""
     out = {}
     keys = ["steps=50", "n_samples=256", "fault=hang", "fault_rank=1", "fault_step=1"]
-    thread = threading.Thread(target=lambda: out.setdefault("r", launcher.launch(
-        "hang", 2, keys, timeout=120, progress=False, runs_dir=tmp_path, extra_env=extra_env)))
+    thread = threading.Thread(target=lambda: out.setdefault("r", launcher.launch(launcher.request(
+        "hang", 2, keys, timeout=120, progress=False, runs_dir=tmp_path, extra_env=extra_env))))
     thread.start()
     run_dir = tmp_path / "hang"
     deadline = time.time() + 120
@@ -154,17 +154,17 @@ def test_a_single_process_is_forked_from_the_launch_zygote_with_its_own_command_
     """One plain process (nproc=1): forked from the caller's launch zygote, showing `python scripts/train.py ...`,
     with the run's environment (the heartbeat records the error file the launcher set for it), and bitwise
     the numbers of the exec'd process."""
-    runs = launcher.launch_many({
+    runs = launcher.launch_many(launcher.requests_from_specs({
         "forked": ("forked1", 1, KEYS),
         "execd": ("execd1", 1, KEYS, {"extra_env": {"LAB_ZYGOTE": "off"}}),
-    }, max_workers=2, runs_dir=tmp_path, timeout=300, raise_on_failure=True)
+    }, runs_dir=tmp_path, timeout=300), max_workers=2, raise_on_failure=True)
     assert _records(runs["forked"].run_dir) == _records(runs["execd"].run_dir)
     beat = read_heartbeats(runs["forked"].run_dir)[0]
     assert beat["error_file"] == str(runs["forked"].run_dir / "logs" / "0" / "error.json")
     out, run_dir = {}, tmp_path / "hang1"
     keys = ["steps=50", "n_samples=256", "fault=hang", "fault_rank=0", "fault_step=1"]
-    thread = threading.Thread(target=lambda: out.setdefault("r", launcher.launch(
-        "hang1", 1, keys, timeout=15, progress=False, runs_dir=tmp_path)))  # its timeout ends it
+    thread = threading.Thread(target=lambda: out.setdefault("r", launcher.launch(launcher.request(
+        "hang1", 1, keys, timeout=15, progress=False, runs_dir=tmp_path))))  # its timeout ends it
     thread.start()
     try:
         deadline = time.time() + 15
@@ -219,7 +219,7 @@ def test_the_start_plan_says_fork_or_exec_and_why(monkeypatch):
 CALLER = """
 import json, sys
 from lab_utils.launch import launch_zygote, launcher
-launcher.launch("one", 1, ["steps=1"], progress=False, runs_dir=sys.argv[1]).raise_for_status()
+launcher.launch(launcher.request("one", 1, ["steps=1"], progress=False, runs_dir=sys.argv[1])).raise_for_status()
 print(json.dumps([z.proc.pid for z in launch_zygote._zygotes.values()]), flush=True)
 sys.stdin.read()  # alive until the test kills it
 """

@@ -47,8 +47,9 @@ def test_py_spy_dump_of_a_dead_pid_says_why():
 
 @pytest.mark.slow
 def test_launch_layout_reads_each_workers_torchrun_variables(tmp_path):
-    r = launcher.launch("ch09t_layout", 1, {"steps": 2, "backend": "gloo", "n_samples": 64}, timeout=180,
-                        progress=False, nnodes=2, runs_dir=tmp_path)
+    r = launcher.launch(launcher.request("ch09t_layout", 1, {"steps": 2, "backend": "gloo", "n_samples": 64},
+                                         timeout=180,
+                                         progress=False, nnodes=2, runs_dir=tmp_path))
     r.raise_for_status()
     layout = ch09.launch_layout(r)
     ws = layout["workers"]
@@ -64,7 +65,7 @@ def test_launch_layout_reads_each_workers_torchrun_variables(tmp_path):
 
 @pytest.mark.slow
 def test_launch_layout_refuses_a_run_without_the_variables(tmp_path):
-    r = launcher.launch("ch09t_one", 1, {"steps": 1}, timeout=120, progress=False, runs_dir=tmp_path)
+    r = launcher.launch(launcher.request("ch09t_one", 1, {"steps": 1}, timeout=120, progress=False, runs_dir=tmp_path))
     beat = r.run_dir / "progress" / "rank0.json"
     text = beat.read_text().replace('"torchrun"', '"was_torchrun"')
     beat.write_text(text)
