@@ -43,7 +43,7 @@ class Facts:
         self.ddp_wrapped = self._ddp_wrapped_names()
         self.print_override = any(
             isinstance(a, ast.Assign) and any(dotted(t) in ("builtins.print", "__builtin__.print") for t in a.targets)
-            for m in project.modules.values() for a in ast.walk(m.tree))
+            for m in project.modules.values() for a in m.nodes)
 
     # --- shared facts
     def _ddp_wrapped_names(self) -> dict[str, dict[str, int]]:
@@ -54,7 +54,7 @@ class Facts:
         out = {}
         for m in self.p.modules.values():
             names = {}
-            for a in ast.walk(m.tree):
+            for a in m.nodes:
                 v = a.value if isinstance(a, ast.Assign) else None
                 while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
                         "to", "cuda", "train", "eval") and isinstance(v.func.value, ast.Call):
@@ -150,7 +150,7 @@ class Facts:
         return None
 
     def any_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
-        for a in ast.walk(m.tree):
+        for a in m.nodes:
             if not (isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)):
                 continue
             v = a.value
@@ -177,7 +177,7 @@ class Facts:
             self._models_cache = {}
         if m.rel not in self._models_cache:
             names = set(self.ddp_wrapped.get(m.rel, {}))
-            for a in ast.walk(m.tree):
+            for a in m.nodes:
                 if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
                         "batchnorm" in callee(a.value).lower() or self.model_class(m, dotted(a.targets[0]))):
                     names |= {dotted(t) for t in a.targets}
@@ -236,7 +236,7 @@ class Facts:
         """Every attribute and name leaf in the project (`no_sync`, `SyncBatchNorm` used anywhere)."""
         if "names" not in self.cache:
             self.cache["names"] = {dotted(n).split(".")[-1] for mm in self.p.modules.values()
-                                   for n in ast.walk(mm.tree) if isinstance(n, (ast.Name, ast.Attribute))}
+                                   for n in mm.nodes if isinstance(n, (ast.Name, ast.Attribute))}
         return self.cache["names"]
 
     # --- entry scripts (ch02)
@@ -301,7 +301,7 @@ class Facts:
                                                   text))
         targets = self.p.resolve(m, c)
         if not targets:
-            defined = {n.name for n in ast.walk(m.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            defined = {n.name for n in m.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             return bool(UNSEEN_SAVER.match(callee(c))) and callee(c) not in defined and (
                 isinstance(c.func, ast.Name) or root(c.func.value) in m.imports)
         return any(tf.name == callee(c) and re.search(r"save|checkpoint|serialize", tf.name.lower())

@@ -29,7 +29,7 @@ class Guards:
                     self.leaky_fns.add(f.name)
         for m in project.modules.values():
             names = set()
-            for a in ast.walk(m.tree):
+            for a in m.nodes:
                 if isinstance(a, ast.Assign) and self.classify(m, a.value) == "rank0":
                     names |= {dotted(t) for t in a.targets}
             self.flags[m.rel] = names
@@ -40,7 +40,7 @@ class Guards:
         guard (`if rank == 0: logger = Logger(...)`). Calls on them, and tests of them (`if writer:`), run on rank 0
         alone; elsewhere the name is None (or never bound)."""
         out = set()
-        for a in ast.walk(m.tree):
+        for a in m.nodes:
             if not (isinstance(a, ast.Assign) and len(a.targets) == 1):
                 continue
             v, name = a.value, dotted(a.targets[0])
@@ -49,7 +49,7 @@ class Guards:
                 out.add(name)
             elif isinstance(v, ast.Call) and self.kind(m, a) == "rank0" and not any(
                     isinstance(b, ast.Assign) and b is not a and dotted(b.targets[0]) == name and not (
-                        isinstance(b.value, ast.Constant) and b.value.value is None) for b in ast.walk(m.tree)
+                        isinstance(b.value, ast.Constant) and b.value.value is None) for b in m.nodes
                     if isinstance(b, ast.Assign) and len(b.targets) == 1):
                 out.add(name)
         return out

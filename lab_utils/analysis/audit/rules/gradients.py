@@ -43,7 +43,7 @@ def _divided_later(m: Module, c: ast.Call) -> bool:
 def sum_loss_unscaled(f: Facts, m: Module):
     if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (involves(n.left, WORLDISH)
                                                                        or involves(n.right, WORLDISH))
-           for n in ast.walk(m.tree)):
+           for n in m.nodes):
         return  # the sum is scaled by the world size somewhere
     for c in m.calls:
         if any(k.arg == "reduction" and const_str(k.value) == "sum" for k in c.keywords) and \
@@ -160,7 +160,7 @@ def hard_coded_master_port(f: Facts, m: Module):
     urls = {dotted(kw(c, "init_method")) for mm in f.p.modules.values() for c in mm.calls
             if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), (ast.Name, ast.Attribute))}
     reported: set[str] = set()
-    for a in sorted((a for a in ast.walk(m.tree) if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
+    for a in sorted((a for a in m.nodes if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
         if _env_fallback(m, a):
             continue
         if any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets) and \
@@ -195,7 +195,7 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
     loss-scaler helper given `update_grad=(i + 1) % accum == 0`, whatever the counter is called; or the
     accumulation count used by name (`loss / accum_steps`)."""
     out = []
-    for loop in (n for n in ast.walk(m.tree) if isinstance(n, (ast.For, ast.While))):
+    for loop in (n for n in m.nodes if isinstance(n, (ast.For, ast.While))):
         if not _backward_each_iteration(loop):
             continue
         gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and any(
@@ -213,7 +213,7 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
     if not out and any(isinstance(c, ast.Call) and callee(c) == "backward" for c in m.calls):
         # the count used by name in a module that runs backward (`loss / accum_steps`); a string formatted with
         # it (`"%d" % args.accum_iter`) is no arithmetic
-        out = [n for n in ast.walk(m.tree) if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
+        out = [n for n in m.nodes if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
                and involves(n.right, ACCUMISH) and not isinstance(n.left, (ast.Constant, ast.JoinedStr))]
     return sorted(out, key=lambda n: n.lineno)
 
@@ -237,7 +237,7 @@ def accumulation_without_no_sync(f: Facts, m: Module):
       "world_size: the global batch shrinks by world_size")
 def batch_and_accum_divided(f: Facts, m: Module):
     divided = {"batch": None, "accum": None}
-    for n in ast.walk(m.tree):
+    for n in m.nodes:
         target, value = None, None
         if isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.FloorDiv)):
             target, value = dotted(n.target), n.value
@@ -273,7 +273,7 @@ def _world_holding(m: Module) -> set[str]:
     """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint)."""
     out: set[str] = set()
     for _ in range(3):
-        for a in ast.walk(m.tree):
+        for a in m.nodes:
             if isinstance(a, ast.Assign) and _grows(a.value, out):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out
@@ -291,7 +291,7 @@ def _grows(v: ast.AST, holding: set[str]) -> bool:
       "through a global batch that grows with it): at two ranks every step uses another lr than the single run")
 def lr_grows_with_world_size(f: Facts, m: Module):
     holding = _world_holding(m)
-    for n in ast.walk(m.tree):
+    for n in m.nodes:
         if isinstance(n, ast.Assign) and any(LR_NAME.search(dotted(t).split(".")[-1]) and not NOT_LR.search(
                 dotted(t)) for t in n.targets) and _grows(n.value, holding):
             where = ast.unparse(n)

@@ -44,7 +44,7 @@ def _strips_prefix(f: Facts) -> bool:
     """Some project code strips the `module.` prefix when it loads (`k.replace("module.", "")`, `k[7:]`,
     `consume_prefix_in_state_dict_if_present`): a prefixed checkpoint loads into the plain model."""
     for mm in f.p.modules.values():
-        for n in ast.walk(mm.tree):
+        for n in mm.nodes:
             if isinstance(n, ast.Constant) and n.value in ("module.", "module") and isinstance(
                     mm.parent.get(id(n)), ast.Call) and callee(mm.parent[id(n)]) in (
                     "replace", "startswith", "removeprefix", "lstrip", "sub"):
@@ -61,7 +61,7 @@ def _strips_prefix(f: Facts) -> bool:
       "prefix, so the checkpoint does not load into the plain model")
 def save_without_module(f: Facts, m: Module):
     wrapped = f.ddp_wrapped.get(m.rel, {})
-    data_parallel = {dotted(t) for a in ast.walk(m.tree) if isinstance(a, ast.Assign) and isinstance(
+    data_parallel = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(
         a.value, ast.Call) and callee(a.value) == "DataParallel" for t in a.targets}
     if not wrapped or _strips_prefix(f):
         return

@@ -82,7 +82,7 @@ def _single_value(m: Module, name: str, depth: int = 0) -> float | None:
     if depth > 4:
         return 0
     consts, sources = [], []
-    for a in ast.walk(m.tree):
+    for a in m.nodes:
         if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets):
             if not involves_rank(a.value, m.rank_tainted):
                 if isinstance(a.value, ast.Constant) and isinstance(a.value.value, (int, float)):
@@ -142,7 +142,7 @@ def _inline(m: Module, expr: ast.AST, depth: int = 3) -> ast.AST:
     if depth == 0 or not isinstance(expr, (ast.Name, ast.Attribute)) or RANKISH.search(
             dotted(expr).split(".")[-1]) or dotted(expr) not in m.rank_tainted:
         return expr
-    defs = [a.value for a in ast.walk(m.tree) if isinstance(a, ast.Assign) and len(a.targets) == 1
+    defs = [a.value for a in m.nodes if isinstance(a, ast.Assign) and len(a.targets) == 1
             and dotted(a.targets[0]) == dotted(expr)]
     return _inline(m, defs[0], depth - 1) if len(defs) == 1 else expr
 
@@ -183,7 +183,7 @@ def seed_per_rank(f: Facts, m: Module):
 @rule("peek-iterator", "02_seeds", "next(iter(loader)) makes an extra iterator that draws a seed from the global "
       "RNG: every later draw is shifted from the single run's")
 def peek_iterator(f: Facts, m: Module):
-    loaders = {dotted(t) for a in ast.walk(m.tree) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+    loaders = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                and callee(a.value) == "DataLoader" for t in a.targets}
     for c in m.calls:
         if not (callee(c) == "next" and c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "iter"
