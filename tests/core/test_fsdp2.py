@@ -4,14 +4,17 @@ grad_reduction=ordered must give the emulated reference's bits (tier 3, every lo
 weights) at 4 ranks and after a resume from 4 ranks to 2, with gradient accumulation and clipping on; stock
 FSDP2 at 4 ranks must differ in the last bits and still pass as tier 2 against the single run's float twin,
 window by window, with the doctor saying "no bug"; a forgotten set_epoch, clipping each rank's own shards and
-the gradient sync left off are caught with their causes. Bad combinations are refused before anything
-launches, naming the key."""
+the gradient sync left off are caught with their causes. checkpoint_format=sharded (torch.distributed.checkpoint)
+must resume to the same bits at 4 -> 4 and 4 -> 2 ranks and convert to the full checkpoint's bits; a checkpoint of
+rank 0's shards alone (fsdp2_bug=rank0_saves_sharded) must fail its resume on every rank, naming it. Bad
+combinations are refused before anything launches, naming the key."""
 
 import pytest
 import torch
 
 from lab_utils.analysis import doctor, parity
 from lab_utils.core import config as config_mod
+from lab_utils.core import sharded_checkpoint
 from lab_utils.launch import launcher, replay
 
 pytestmark = pytest.mark.timeout(600)
@@ -98,22 +101,40 @@ def test_fsdp2_setup_bugs_are_caught_from_the_data_with_their_cause(runs, bug):
     assert any(c.code == "fsdp2_setup" for c in d.causes)  # the key's own fix is listed too
 
 
+# The resumed fixture's launches, by key (the rank0_saves_sharded resume is expected to fail: its test reads it)
+RESUMES: dict[str, launcher.RunResult] = {}
+
+
 @pytest.fixture(scope="module")
 def resumed(runs):
     """Stopped at step 6 (a checkpoint: the full state gathered from the shards) and resumed to 12 at another
-    world size, 4 ranks to 2 (its reference: the emulated 4 ranks resumed as emulated 2)."""
+    world size, 4 ranks to 2 (its reference: the emulated 4 ranks resumed as emulated 2).
+    checkpoint_format=sharded (core/sharded_checkpoint.py): the same 4-rank half, its checkpoint written by every
+    rank through torch.distributed.checkpoint, resumed at 4 ranks and at 2 (DCP reshards); and the port bug
+    rank0_saves_sharded (2 steps, 2 ranks) resumed at 2 ranks, which must fail. One pair of batches for all
+    (two at a time on the 2-core box), so the sharded runs add the least wall time."""
     ordered = {**KEYS, "wrap": "fsdp2", "grad_reduction": "ordered"}
+    sharded = {**ordered, "checkpoint_format": "sharded"}
     half = {"steps": 6, "checkpoint_every": 6}
     launcher.launch_many({
         "half4": ("half4", 4, {**ordered, **half}),
+        "shalf4": ("shalf4", 4, {**sharded, **half}),
         "ehalf4": ("ehalf4", 1, {**KEYS, **half, "emulate_ranks": 4, "grad_reduction": "ordered"}),
+        "bughalf2": ("bughalf2", 2, {**sharded, "steps": 2, "checkpoint_every": 2,
+                                     "fsdp2_bug": "rank0_saves_sharded"}),
     }, max_workers=2, raise_on_failure=True, runs_dir=runs, timeout=300)
-    ckpt = "checkpoints/step_000006.pt"
-    launcher.launch_many({
+    ckpt, folder = "checkpoints/step_000006.pt", str(runs / "shalf4" / "checkpoints" / "step_000006")
+    RESUMES.update(launcher.launch_many({
+        "sres4to4": ("sres4to4", 4, {**sharded, "resume": folder}),
+        "sres4to2": ("sres4to2", 2, {**sharded, "resume": folder}),
         "res4to2": ("res4to2", 2, {**ordered, "resume": str(runs / "half4" / ckpt)}),
         "eres4to2": ("eres4to2", 1, {**KEYS, "emulate_ranks": 2, "grad_reduction": "ordered",
                                      "resume": str(runs / "ehalf4" / ckpt)}),
-    }, max_workers=2, raise_on_failure=True, runs_dir=runs, timeout=300)
+        "bugres2": ("bugres2", 2, {**ordered, "resume": str(runs / "bughalf2" / "checkpoints/step_000002.pt")}),
+    }, max_workers=2, runs_dir=runs, timeout=300))
+    for key, r in RESUMES.items():
+        if key != "bugres2":
+            r.raise_for_status()
     return runs
 
 
@@ -122,6 +143,48 @@ def test_resume_is_bitwise_at_another_world_size(resumed, a, b):
     wa, wb = torch.load(resumed / a / "model.pt"), torch.load(resumed / b / "model.pt")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert parity.compare(resumed / a, resumed / b).tier == 3
+
+
+def _equal_weights(a, b) -> bool:
+    wa, wb = torch.load(a / "model.pt"), torch.load(b / "model.pt")
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("a, b", [("ordered4", "sres4to4"),   # the uninterrupted run, same world size
+                                  ("eres4to2", "sres4to2"),   # its emulated reference, 4 -> 2 ranks
+                                  ("res4to2", "sres4to2")])   # the same resume through the full checkpoint
+def test_sharded_resume_is_bitwise(resumed, a, b):
+    assert _equal_weights(resumed / a, resumed / b)
+    assert parity.compare(resumed / a, resumed / b).tier == 3
+
+
+def test_a_sharded_checkpoint_is_one_dcp_folder_that_converts_to_the_full_state(resumed, tmp_path):
+    """One folder per checkpoint, one shard file per rank (no rank wrote the full state); torch's converter
+    (dcp_to_torch_save) turns it into one file with the same bits as the full checkpoint of the same run."""
+    folder = resumed / "shalf4" / "checkpoints" / "step_000006"
+    assert sorted(p.name for p in folder.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
+    assert not list(folder.parent.glob("*.tmp"))  # renamed once complete
+    converted = sharded_checkpoint.to_torch_save(folder, tmp_path / "full.pt")
+    full = torch.load(resumed / "half4" / "checkpoints" / "step_000006.pt", weights_only=True)
+    assert converted["model"].keys() == full["model"].keys()
+    assert all(torch.equal(converted["model"][k], full["model"][k]) for k in full["model"])
+    names = list(full["model"])  # the GPT's parameters are its state dict (no buffers): index i = name i
+    moments = [(converted["optimizer"]["state"][names[i]][m], s[m]) for i, s in full["optimizer"]["state"].items()
+               for m in ("exp_avg", "exp_avg_sq", "step")]
+    assert moments and all(torch.equal(x, y) for x, y in moments)
+
+
+def test_rank0_saving_its_shards_fails_the_resume_on_every_rank_naming_it(resumed):
+    """fsdp2_bug=rank0_saves_sharded: the run itself ends fine (the bug is silent until a resume); the resume
+    stops on every rank before any collective, fast (no timeout, no hang), saying the file is rank 0's shards."""
+    ckpt = resumed / "bughalf2" / "checkpoints" / "step_000002.pt"
+    assert ckpt.is_file() and not (ckpt.parent / "step_000002").exists()
+    r = RESUMES["bugres2"]
+    assert r.status == "crashed" and r.seconds < 60, (r.status, r.seconds)
+    log = (resumed / "bugres2" / "output.log").read_text()
+    for rank in (0, 1):  # each rank raised it itself: nobody was left waiting in a collective
+        assert f"[default_role{rank}]:RuntimeError: resume=" in log
+    assert "what rank 0 of 2 FSDP2 ranks holds" in log and "fsdp2_bug=rank0_saves_sharded" in log
 
 
 @pytest.mark.parametrize("keys, named", [
