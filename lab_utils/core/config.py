@@ -130,6 +130,10 @@ KEYS: dict[str, Key] = {
                      "(checkpoint_format=sharded: rank 0 alone torch.saves its own shards, DDP's rule kept)",
                      choices=("none", "optimizer_before_wrap", "root_not_wrapped", "sync_left_off",
                               "rank0_saves_sharded")),
+    "fsdp2_mp": Key(str, "none", "wrap=fsdp2's MixedPrecisionPolicy: bf16 = param_dtype=bfloat16 (the gathered "
+                    "weights, the forward and backward in bf16) and reduce_dtype=float32 (gradients reduce-scattered "
+                    "in fp32); the sharded weights and the optimizer stay fp32 (lab_utils/core/fsdp2.py)",
+                    choices=("none", "bf16")),
     "grad_reduction": Key(str, "allreduce", "allreduce: DDP's stock hook (the backend picks the summation order); "
                           "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W; "
                           "tree: each micro-batch's gradient apart, summed in one binary tree over the global "
@@ -342,9 +346,19 @@ def _check_fsdp2(cfg: dict) -> None:
     """wrap=fsdp2 (lab_utils/core/fsdp2.py): what the lab has built and measured for it so far. Each refusal
     names the key, before anything launches."""
     if cfg["wrap"] != "fsdp2":
-        if cfg["fsdp2_bug"] != "none":
-            raise ConfigError(f"fsdp2_bug={cfg['fsdp2_bug']} needs wrap=fsdp2")
+        for key in ("fsdp2_bug", "fsdp2_mp"):
+            if cfg[key] != "none":
+                raise ConfigError(f"{key}={cfg[key]} needs wrap=fsdp2")
         return
+    if cfg["fsdp2_mp"] != "none" and cfg["amp"] != "none":
+        raise ConfigError(f"wrap=fsdp2 with fsdp2_mp={cfg['fsdp2_mp']} and amp={cfg['amp']}: one mixed precision at "
+                          f"a time (the policy casts the weights, autocast the ops): set amp=none")
+    if cfg["fsdp2_mp"] == "bf16" and _on_cuda(cfg["device"]):
+        import torch
+
+        problem = bf16_refusal([torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())])
+        if problem:
+            raise ConfigError(problem.replace("amp=bf16", "fsdp2_mp=bf16", 1))
     if cfg["fsdp2_bug"] == "sync_left_off" and cfg["grad_accum_steps"] < 2:
         raise ConfigError("wrap=fsdp2 with fsdp2_bug=sync_left_off: needs grad_accum_steps >= 2 (the sync is "
                           "turned off for all but the last micro-batch, and this bug never turns it back on)")
