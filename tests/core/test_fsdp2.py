@@ -10,12 +10,14 @@ rank 0's shards alone (fsdp2_bug=rank0_saves_sharded) must fail its resume on ev
 combinations are refused before anything launches, naming the key. fsdp2_mp=bf16 (MixedPrecisionPolicy) is measured
 at tier 1 against the fp32 emulation."""
 
+import json
+
 import pytest
 import torch
 
 from lab_utils.analysis import doctor, parity
 from lab_utils.core import config as config_mod
-from lab_utils.core import sharded_checkpoint
+from lab_utils.core import runfiles, sharded_checkpoint
 from lab_utils.launch import launcher, replay
 
 pytestmark = pytest.mark.timeout(600)
@@ -129,14 +131,18 @@ def resumed(runs):
     world size, 4 ranks to 2 (its reference: the emulated 4 ranks resumed as emulated 2).
     checkpoint_format=sharded (core/sharded_checkpoint.py): the same 4-rank half, its checkpoint written by every
     rank through torch.distributed.checkpoint, resumed at 4 ranks and at 2 (DCP reshards); and the port bug
-    rank0_saves_sharded (2 steps, 2 ranks) resumed at 2 ranks, which must fail. One pair of batches for all
+    rank0_saves_sharded (2 steps, 2 ranks) resumed at 2 ranks, which must fail. The sharded half is killed once
+    mid-checkpoint and restarted (fault=kill_in_save, max_restarts=1). One pair of batches for all
     (two at a time on the 2-core box), so the sharded runs add the least wall time."""
     ordered = {**KEYS, "wrap": "fsdp2", "grad_reduction": "ordered"}
     sharded = {**ordered, "checkpoint_format": "sharded"}
     half = {"steps": 6, "checkpoint_every": 6}
     launcher.launch_many({
         "half4": ("half4", 4, {**ordered, **half}),
-        "shalf4": ("shalf4", 4, {**sharded, **half}),
+        # killed between its step-6 shards and their rename (fault=kill_in_save), restarted by torchrun: it must
+        # resume from step 3 (the .tmp skipped) and write step 6 again, the checkpoint the resumes below read
+        "shalf4": ("shalf4", 4, {**sharded, "steps": 6, "checkpoint_every": 3, "fault": "kill_in_save",
+                                 "fault_step": 5, "resume": "auto"}, {"max_restarts": 1}),
         "ehalf4": ("ehalf4", 1, {**KEYS, **half, "emulate_ranks": 4, "grad_reduction": "ordered"}),
         "bughalf2": ("bughalf2", 2, {**sharded, "steps": 2, "checkpoint_every": 2,
                                      "fsdp2_bug": "rank0_saves_sharded"}),
@@ -176,6 +182,17 @@ def test_sharded_resume_is_bitwise(resumed, a, b):
     assert parity.compare(resumed / a, resumed / b).tier == 3
 
 
+def test_a_crash_before_the_rename_leaves_the_previous_sharded_checkpoint_to_resume(resumed):
+    """Rank 0 was killed after every shard of step 6 was on disk, before the rename: the restart resumed from
+    step 3 (a resume that took the .tmp folder would say 6), redid steps 3-5 and wrote step 6 again; the
+    resumes from that folder are bitwise (test_sharded_resume_is_bitwise)."""
+    result = json.loads((resumed / "shalf4" / runfiles.RESULT).read_text())
+    assert result["attempt"] == 1 and result["resumed_from"] == 3, result
+    assert [m["step"] for m in runfiles.read_metrics(resumed / "shalf4")] == list(range(6))
+    folder = resumed / "shalf4" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["step_000003", "step_000006"]  # the .tmp renamed over
+
+
 def test_a_sharded_checkpoint_is_one_dcp_folder_that_converts_to_the_full_state(resumed, tmp_path):
     """One folder per checkpoint, one shard file per rank (no rank wrote the full state); torch's converter
     (dcp_to_torch_save) turns it into one file with the same bits as the full checkpoint of the same run."""
@@ -194,15 +211,19 @@ def test_a_sharded_checkpoint_is_one_dcp_folder_that_converts_to_the_full_state(
 
 def test_rank0_saving_its_shards_fails_the_resume_on_every_rank_naming_it(resumed):
     """fsdp2_bug=rank0_saves_sharded: the run itself ends fine (the bug is silent until a resume); the resume
-    stops on every rank before any collective, fast (no timeout, no hang), saying the file is rank 0's shards."""
+    stops at the load, before the wrap and any collective, fast (no timeout, no hang), saying the file is rank
+    0's shards. Which rank's error torchrun reports first is a race (it stops the others), so each rank's
+    heartbeat is read instead: none got past the load."""
     ckpt = resumed / "bughalf2" / "checkpoints" / "step_000002.pt"
     assert ckpt.is_file() and not (ckpt.parent / "step_000002").exists()
     r = RESUMES["bugres2"]
     assert r.status == "crashed" and r.seconds < 60, (r.status, r.seconds)
     log = (resumed / "bugres2" / "output.log").read_text()
-    for rank in (0, 1):  # each rank raised it itself: nobody was left waiting in a collective
-        assert f"[default_role{rank}]:RuntimeError: resume=" in log
     assert "what rank 0 of 2 FSDP2 ranks holds" in log and "fsdp2_bug=rank0_saves_sharded" in log
+    for rank in (0, 1):  # init_param_hash is the first beat after the load, the wrap's comes after it
+        path = resumed / "bugres2" / runfiles.PROGRESS / f"rank{rank}.json"  # none: stopped before its first beat
+        beat = json.loads(path.read_text()) if path.exists() else {"phase": "setup"}
+        assert beat["phase"] == "setup" and "init_param_hash" not in beat, beat
 
 
 @pytest.mark.parametrize("keys, named", [
