@@ -175,8 +175,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
             if env.is_main:  # DDP guard: rank 0 keeps the log
                 log.flush()  # the records up to the checkpoint reach the disk with it: a resume keeps them
             if cfg["checkpoint_format"] == "sharded":  # FSDP2: every rank writes its own shards (dcp.save)
-                checkpoint.save_training_checkpoint(model, optimizer, out, step + 1, cfg, rank_buffers, env.is_main,
-                                                    die_midway=kills_in_save(cfg, step))
+                checkpoint.save_training_checkpoint(model, optimizer, out, step + 1, cfg, rank_buffers, env.is_main)
             else:  # env.sharded (FSDP2): every rank gathers the full state (a collective), rank 0 writes it
                 ckpt = checkpoint.training_state(model, optimizer, step + 1, cfg, len(wl.dataset), rank_buffers,
                                                  style=cfg["checkpoint_style"]) if env.is_main or env.sharded else None

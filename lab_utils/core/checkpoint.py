@@ -112,17 +112,16 @@ def resume_position(step: int, cfg: dict, rank_buffers: list | None = None) -> d
 
 
 def save_training_checkpoint(model, optimizer, out_dir, step: int, cfg: dict, rank_buffers: list,
-                             is_main: bool, die_midway: bool = False) -> None:
+                             is_main: bool) -> None:
     """checkpoint_format=sharded (wrap=fsdp2): every rank calls it. The correct port writes every rank's shards
-    through DCP; fsdp2_bug=rank0_saves_sharded has rank 0 alone torch.save its own shards (the bug).
-    die_midway (fault=kill_in_save): rank 0 dies after the shards are written, before the folder's rename."""
+    through DCP; fsdp2_bug=rank0_saves_sharded has rank 0 alone torch.save its own shards (the bug)."""
     position = resume_position(step, cfg, rank_buffers)
     if cfg["fsdp2_bug"] == "rank0_saves_sharded":
         if is_main:  # BUG: DDP's "only rank 0 saves", but rank 0 holds 1/W of the state
             sharded_checkpoint.save_rank0_only(model, optimizer, position, checkpoint_path(out_dir, step))
         return
     sharded_checkpoint.save(model, optimizer, position, sharded_checkpoint.folder(Path(out_dir) / CHECKPOINTS, step),
-                            is_main, die_before_rename=die_midway)
+                            is_main)
 
 
 def write_checkpoint(state: dict, path: str | Path, how: str = "atomic", die_midway: bool = False) -> None:

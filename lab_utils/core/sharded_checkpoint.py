@@ -59,13 +59,9 @@ def is_sharded(path: str | Path) -> bool:
 
 
 def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, position: dict, path: Path,
-         is_main: bool, die_before_rename: bool = False) -> None:
+         is_main: bool) -> None:
     """Every rank calls it (dcp.save is a collective). `position`: what resume needs besides the weights and
-    the optimizer (checkpoint.resume_position); rank 0 writes it beside the shards.
-
-    die_before_rename (fault=kill_in_save): rank 0 SIGKILLs itself after dcp.save, before the rename, the
-    last moment a crash can hit this checkpoint: every byte is on disk under the .tmp name, and a resume must
-    still take the checkpoint before it (tests/core/test_fsdp2.py restarts such a run and checks it did)."""
+    the optimizer (checkpoint.resume_position); rank 0 writes it beside the shards."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if is_main:  # a .tmp left by a crashed attempt must not mix its old shards with these
@@ -75,10 +71,6 @@ def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, position: dic
     dist.barrier()  # the folder exists, emptied, before any rank writes into it
     model_state, optim_state = get_state_dict(model, optimizer)  # this rank's shards (DTensors), no gather
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)
-    if is_main and die_before_rename:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
     if is_main:  # dcp.save has returned: .metadata is written, so is every rank's shard file
         if path.exists():  # the same step written again (a run resumed in its own folder before this step)
             shutil.rmtree(path)

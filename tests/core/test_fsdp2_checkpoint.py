@@ -16,6 +16,7 @@ SHARDED = {"wrap": "fsdp2", "checkpoint_format": "sharded", "checkpoint_every": 
     (SHARDED, 1, "checkpoint_format=sharded needs 2\\+ ranks"),
     ({**SHARDED, "checkpoint_style": "article"}, 2, "checkpoint_format=sharded with checkpoint_style=article"),
     ({**SHARDED, "checkpoint_write": "naive"}, 2, "checkpoint_format=sharded with checkpoint_write=naive"),
+    ({**SHARDED, "fault": "kill_in_save", "fault_step": 1}, 2, "checkpoint_format=sharded with fault=kill_in_save"),
     ({"wrap": "fsdp2", "fsdp2_bug": "rank0_saves_sharded"}, 2, "fsdp2_bug=rank0_saves_sharded is a bug of the "),
     ({"fsdp2_bug": "rank0_saves_sharded", "checkpoint_format": "sharded", "checkpoint_every": 2}, 2,
      "checkpoint_format=sharded with wrap=ddp"),
