@@ -75,7 +75,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
     start = resume.step_of(ckpt_path, state) if state else 0
     if state:
         resume.check(state, cfg, ckpt_path)
-        model.load_state_dict(state["model"])  # before the wrap: DDP then broadcasts what rank 0 loaded
+        # before the wrap: DDP then broadcasts what rank 0 loaded (checkpoint_format=sharded: after the wrap)
+        checkpoint.load_model_state(model, state, ckpt_path, sharded_run=env.distributed and cfg["wrap"] == "fsdp2")
     if cfg["nudge_init"] and not state:  # a float twin (parity --noise): the last bits of the initial weights
         workloads.nudge(model, cfg["nudge_init"])
     heart.beat(init_param_hash=runfiles.fingerprint(model))
@@ -88,8 +89,8 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
         model = ddp.wrap(model, cfg, env.device) if cfg["wrap"] == "ddp" else fsdp2.wrap(model, cfg, env.device)
         heart.beat(param_hash_after_wrap=runfiles.fingerprint(model))
     optimizer = early or build_optimizer(model, cfg)
-    if state:  # (FSDP2: the full state is sharded into this rank's part: core/fsdp2.py)
-        checkpoint.load_optimizer_state(model, optimizer, state["optimizer"])
+    if state:  # (FSDP2: the full state is sharded into this rank's part, or dcp.load reads this rank's shards)
+        checkpoint.restore_after_wrap(model, optimizer, state)
     # grad_reduction=tree (chapter 13): C chunks per global batch in one binary tree (the comm hook under DDP)
     chunks = cfg["global_batch_size"] // cfg["micro_batch_size"]
     tree = TreeAccumulator(model, chunks, comm=cfg["tree_comm"]) if cfg["grad_reduction"] == "tree" else None
@@ -171,13 +172,16 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
                     lr=optimizer.param_groups[0]["lr"], samples=(step + 1) * cfg["global_batch_size"],
                     param_hash=param_hash, **amp_log)
         if cfg["checkpoint_every"] and (step + 1) % cfg["checkpoint_every"] == 0:
-            # env.sharded (FSDP2): every rank gathers the full state (a collective), rank 0 writes it
-            ckpt = checkpoint.training_state(model, optimizer, step + 1, cfg, len(wl.dataset), rank_buffers,
-                                             style=cfg["checkpoint_style"]) if env.is_main or env.sharded else None
-            if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
+            if env.is_main:  # DDP guard: rank 0 keeps the log
                 log.flush()  # the records up to the checkpoint reach the disk with it: a resume keeps them
-                checkpoint.write_checkpoint(ckpt, checkpoint.checkpoint_path(out, step + 1), cfg["checkpoint_write"],
-                                            die_midway=kills_in_save(cfg, step))
+            if cfg["checkpoint_format"] == "sharded":  # FSDP2: every rank writes its own shards (dcp.save)
+                checkpoint.save_training_checkpoint(model, optimizer, out, step + 1, cfg, rank_buffers, env.is_main)
+            else:  # env.sharded (FSDP2): every rank gathers the full state (a collective), rank 0 writes it
+                ckpt = checkpoint.training_state(model, optimizer, step + 1, cfg, len(wl.dataset), rank_buffers,
+                                                 style=cfg["checkpoint_style"]) if env.is_main or env.sharded else None
+                if env.is_main:  # DDP guard: one writer, the .module's state (§5.2); the others wait below
+                    checkpoint.write_checkpoint(ckpt, checkpoint.checkpoint_path(out, step + 1),
+                                                cfg["checkpoint_write"], die_midway=kills_in_save(cfg, step))
             if env.distributed:  # DDP: nobody starts step k+1 before checkpoint k is on disk
                 torch.distributed.barrier()
         if window_states.due(cfg, step + 1):  # compare/doctor judge a port window by window from these

@@ -41,8 +41,8 @@ CAUSES = {
                  "or no gradient reached them",
     "replicas": "the ranks' copies of the weights parted: a parameter updated from each rank's own gradient, "
                 "never reduced over ranks",
-    "fsdp2_setup": "FSDP2 set up wrong: the optimizer built before fully_shard, the root module not sharded, or "
-                   "the gradient sync left off",
+    "fsdp2_setup": "FSDP2 set up wrong: the optimizer built before fully_shard, the root module not sharded, "
+                   "the gradient sync left off, or a checkpoint of rank 0's shards only",
 }
 CLIP_RATIO_SPREAD = 0.05  # grad_norm B/A moving by more than this over 10 steps is no constant factor
 SCALE_RTOL = 0.01  # how close grad_norm_B / grad_norm_A must be to world_size or 1/world_size
@@ -161,8 +161,8 @@ def randomness(c: dict) -> str | None:
 # Every other key that differs changes training: the doctor never says "no bug" while one does.
 BOOKKEEPING = {"out_dir", "log_every", "log_sync_every", "fingerprint", "backend", "device", "threads", "pg_timeout",
                "emulate_ranks", "micro_batch_size", "grad_accum_steps", "no_sync", "steps", "nudge_init",
-               "window_every", "replay_from", "checkpoint_every", "checkpoint_write", "resume", "fault",
-               "fault_rank", "fault_step", "grad_reduction", "tree_comm", "bucket_cap_mb",
+               "window_every", "replay_from", "checkpoint_every", "checkpoint_write", "checkpoint_format", "resume",
+               "fault", "fault_rank", "fault_step", "grad_reduction", "tree_comm", "bucket_cap_mb",
                "gradient_as_bucket_view", "find_unused_parameters",
                "wrap"}  # ddp or fsdp2: the same mean of the same gradients, in another float order
 
@@ -474,6 +474,9 @@ FSDP2_BUGS = {  # config key fsdp2_bug -> what the run did, and the fix
                         "stay plain tensors whose gradients no rank reduces — call fully_shard(model) last",
     "sync_left_off": "set_requires_gradient_sync(False) for accumulation, never set back to True before the last "
                      "micro-batch: no gradient is ever reduce-scattered — turn it on for the last backward",
+    "rank0_saves_sharded": "only rank 0 saved the checkpoint (DDP's rule), but under FSDP2 rank 0 holds 1/W of "
+                           "the state: a resume from it cannot load the full weights — save with every rank "
+                           "(checkpoint_format=sharded: dcp.save) or gather the full state first",
 }
 
 

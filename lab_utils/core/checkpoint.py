@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from lab_utils.core import fsdp2, runfiles
+from lab_utils.core import fsdp2, runfiles, sharded_checkpoint
 from lab_utils.core.ddp import unwrap
 
 
@@ -96,10 +96,32 @@ def training_state(model, optimizer, step: int, cfg: dict, n_data: int, rank_buf
     if style == "article":
         epoch = step * cfg["global_batch_size"] // n_data  # the epoch it is in; where in it is lost
         return {"model": cpu_state(model), "optimizer": optimizer_state(model, optimizer), "epoch": epoch}
+    return {**resume_position(step, cfg, rank_buffers), "model": cpu_state(model),
+            "optimizer": optimizer_state(model, optimizer)}
+
+
+def resume_position(step: int, cfg: dict, rank_buffers: list | None = None) -> dict:
+    """What a lab checkpoint holds besides the weights and the optimizer (see training_state): the step (= the
+    data position), the keys that say which samples it means, the emulated ranks' buffers. The one place this
+    is built: the full checkpoint embeds it, the sharded one (core/sharded_checkpoint.py) stores it beside
+    its shards."""
     return {"format": CKPT_FORMAT, "step": step, "samples": step * cfg["global_batch_size"],
             "global_batch_size": cfg["global_batch_size"], "data_seed": cfg["data_seed"],
-            "sampler": cfg["sampler"], "model": cpu_state(model), "optimizer": optimizer_state(model, optimizer),
+            "sampler": cfg["sampler"],
             "rank_buffers": cpu_copy(rank_buffers) if rank_buffers and len(rank_buffers) > 1 else []}
+
+
+def save_training_checkpoint(model, optimizer, out_dir, step: int, cfg: dict, rank_buffers: list,
+                             is_main: bool) -> None:
+    """checkpoint_format=sharded (wrap=fsdp2): every rank calls it. The correct port writes every rank's shards
+    through DCP; fsdp2_bug=rank0_saves_sharded has rank 0 alone torch.save its own shards (the bug)."""
+    position = resume_position(step, cfg, rank_buffers)
+    if cfg["fsdp2_bug"] == "rank0_saves_sharded":
+        if is_main:  # BUG: DDP's "only rank 0 saves", but rank 0 holds 1/W of the state
+            sharded_checkpoint.save_rank0_only(model, optimizer, position, checkpoint_path(out_dir, step))
+        return
+    sharded_checkpoint.save(model, optimizer, position, sharded_checkpoint.folder(Path(out_dir) / CHECKPOINTS, step),
+                            is_main)
 
 
 def write_checkpoint(state: dict, path: str | Path, how: str = "atomic", die_midway: bool = False) -> None:
@@ -131,10 +153,67 @@ def write_checkpoint(state: dict, path: str | Path, how: str = "atomic", die_mid
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> dict:
     """Load a training checkpoint onto `device` (map_location: a checkpoint written from cuda:0 loads on a
-    CPU box or on cuda:1), with weights_only=True: only tensors and plain containers are unpickled."""
+    CPU box or on cuda:1), with weights_only=True: only tensors and plain containers are unpickled.
+    A sharded checkpoint (a DCP folder): its resume position only, and SHARDED naming the folder; the weights
+    and the optimizer are loaded after the wrap (restore_after_wrap)."""
+    if sharded_checkpoint.is_sharded(path):
+        return {**sharded_checkpoint.load_position(path), SHARDED: str(path)}
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # a truncated file: say which file, and why it can happen
         raise RuntimeError(f"cannot load checkpoint {path}: {type(e).__name__}: {e} (a write cut short? "
                            f"checkpoint_write=naive leaves half a file when the writer dies)") from e
 
+
+
+SHARDED = "sharded_folder"  # in a loaded state: the DCP folder the weights and optimizer come from
+
+
+def load_model_state(model: torch.nn.Module, state: dict, path: str | Path, sharded_run: bool) -> None:
+    """Before the wrap: a full checkpoint's weights into the plain model (DDP then broadcasts them, fully_shard
+    shards them). A sharded one loads after the wrap, and only into a sharded run (wrap=fsdp2 on several ranks;
+    any other run is told how to convert it). Shapes are checked first, on every rank alike (the same file, the
+    same model), so a wrong file stops every rank here, before any collective, with a message that says what
+    the file holds."""
+    if SHARDED in state:
+        if not sharded_run:
+            raise RuntimeError(f"resume={path}: a sharded (torch.distributed.checkpoint) checkpoint loads into "
+                               f"wrap=fsdp2 runs of several ranks; for this run convert it first: python -m "
+                               f"torch.distributed.checkpoint.format_utils dcp_to_torch {path} OUT.pt")
+        return
+    check_model_shapes(model, state["model"], path)
+    model.load_state_dict(state["model"])
+
+
+def check_model_shapes(model: torch.nn.Module, weights: dict, path: str | Path) -> None:
+    """Refuse a checkpoint whose tensors do not have the model's shapes, naming them. When every tensor is
+    what rank 0 of W ranks holds under FSDP2 (fully_shard splits dim 0 as torch.chunk: rank 0 keeps the first
+    ceil(n / W) rows), the file is one rank's shards, and the message says so."""
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items() if k in weights}
+    got = {k: tuple(weights[k].shape) for k in own}
+    wrong = [k for k in own if got[k] != own[k]]
+    if not wrong:
+        return
+
+    def rank0_shard(w: int) -> bool:
+        return all(g[1:] == o[1:] and len(g) == len(o) and g[0] == -(-o[0] // w) for g, o in
+                   ((got[k], own[k]) for k in own if own[k]))
+
+    world = next((w for w in range(2, 1 + max(o[0] for o in own.values() if o)) if rank0_shard(w)), None)
+    k = wrong[0]
+    raise RuntimeError(
+        f"resume={path}: {len(wrong)} of {len(own)} tensors do not have the model's shape (first: {k} is {got[k]} "
+        f"in the checkpoint, {own[k]} in the model)" + (
+            f": every tensor is the first 1/{world} of its rows, what rank 0 of {world} FSDP2 ranks holds. The file "
+            f"holds rank 0's shards, not the full state: a sharded state dict saved by rank 0 alone (DDP's rule "
+            f"kept under FSDP2: fsdp2_bug=rank0_saves_sharded). Save with every rank: checkpoint_format=sharded "
+            f"(dcp.save of every rank's shards) or full (the state gathered first)" if world else ""))
+
+
+def restore_after_wrap(model: torch.nn.Module, optimizer, state: dict) -> None:
+    """After the wrap and the optimizer: a sharded checkpoint's weights and optimizer (dcp.load, every rank),
+    or a full checkpoint's optimizer state (its weights were loaded before the wrap)."""
+    if SHARDED in state:
+        sharded_checkpoint.load(model, optimizer, state[SHARDED])
+    else:
+        load_optimizer_state(model, optimizer, state["optimizer"])

@@ -126,8 +126,14 @@ KEYS: dict[str, Key] = {
                 "lab_utils/core/fsdp2.py)", choices=("ddp", "fsdp2")),
     "fsdp2_bug": Key(str, "none", "wrap=fsdp2's port bugs: optimizer_before_wrap (the optimizer built on the "
                      "parameters fully_shard replaces), root_not_wrapped (fully_shard on the blocks only), "
-                     "sync_left_off (set_requires_gradient_sync(False) never turned back on)",
-                     choices=("none", "optimizer_before_wrap", "root_not_wrapped", "sync_left_off")),
+                     "sync_left_off (set_requires_gradient_sync(False) never turned back on), rank0_saves_sharded "
+                     "(checkpoint_format=sharded: rank 0 alone torch.saves its own shards, DDP's rule kept)",
+                     choices=("none", "optimizer_before_wrap", "root_not_wrapped", "sync_left_off",
+                              "rank0_saves_sharded")),
+    "fsdp2_mp": Key(str, "none", "wrap=fsdp2's MixedPrecisionPolicy: bf16 = param_dtype=bfloat16 (the gathered "
+                    "weights, the forward and backward in bf16) and reduce_dtype=float32 (gradients reduce-scattered "
+                    "in fp32); the sharded weights and the optimizer stay fp32 (lab_utils/core/fsdp2.py)",
+                    choices=("none", "bf16")),
     "grad_reduction": Key(str, "allreduce", "allreduce: DDP's stock hook (the backend picks the summation order); "
                           "ordered: all-gather and sum in rank order, bitwise equal to emulate_ranks=W at any W; "
                           "tree: each micro-batch's gradient apart, summed in one binary tree over the global "
@@ -156,6 +162,10 @@ KEYS: dict[str, Key] = {
                        "window at a time (what compare/doctor launch; lab_utils/core/windows.py)", optional=True),
     "checkpoint_style": Key(str, "lab", "lab: model, optimizer, step (= data position) for exact resume; "
                             "article: model, optimizer, epoch as the article's §5.2", choices=("lab", "article")),
+    "checkpoint_format": Key(str, "full", "full: the full state gathered, rank 0 writes step_NNNNNN.pt; sharded "
+                             "(wrap=fsdp2): every rank writes its own shards with torch.distributed.checkpoint into "
+                             "step_NNNNNN/, resharded on load at any world size (core/sharded_checkpoint.py)",
+                             choices=("full", "sharded")),
     "checkpoint_write": Key(str, "atomic", "atomic: temp file + os.replace; naive: torch.save(path) in place",
                             choices=("atomic", "naive")),
     "resume": Key(str, None, "unset = fresh; auto = newest checkpoint in out_dir/checkpoints (else fresh); "
@@ -316,7 +326,7 @@ def resolve(overrides: list[str] | dict[str, Any], world_size: int) -> dict[str,
     cfg["micro_batch_size"], cfg["grad_accum_steps"] = mbs, acc
     if cfg["fault"] != "none" and cfg["fault_rank"] >= ranks and world_size > 1:
         raise ConfigError(f"fault_rank={cfg['fault_rank']} but world_size is {world_size}")
-    _check_checkpoints(cfg)
+    _check_checkpoints(cfg, world_size)
     if cfg["model"] == "gpt" and cfg["n_embd"] % cfg["n_head"]:
         raise ConfigError(f"n_embd={cfg['n_embd']} is not divisible by n_head={cfg['n_head']}")
     if cfg["augment"] != "none" and cfg["model"] != "bn_net":
@@ -336,9 +346,19 @@ def _check_fsdp2(cfg: dict) -> None:
     """wrap=fsdp2 (lab_utils/core/fsdp2.py): what the lab has built and measured for it so far. Each refusal
     names the key, before anything launches."""
     if cfg["wrap"] != "fsdp2":
-        if cfg["fsdp2_bug"] != "none":
-            raise ConfigError(f"fsdp2_bug={cfg['fsdp2_bug']} needs wrap=fsdp2")
+        for key in ("fsdp2_bug", "fsdp2_mp"):
+            if cfg[key] != "none":
+                raise ConfigError(f"{key}={cfg[key]} needs wrap=fsdp2")
         return
+    if cfg["fsdp2_mp"] != "none" and cfg["amp"] != "none":
+        raise ConfigError(f"wrap=fsdp2 with fsdp2_mp={cfg['fsdp2_mp']} and amp={cfg['amp']}: one mixed precision at "
+                          f"a time (the policy casts the weights, autocast the ops): set amp=none")
+    if cfg["fsdp2_mp"] == "bf16" and _on_cuda(cfg["device"]):
+        import torch
+
+        problem = bf16_refusal([torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())])
+        if problem:
+            raise ConfigError(problem.replace("amp=bf16", "fsdp2_mp=bf16", 1))
     if cfg["fsdp2_bug"] == "sync_left_off" and cfg["grad_accum_steps"] < 2:
         raise ConfigError("wrap=fsdp2 with fsdp2_bug=sync_left_off: needs grad_accum_steps >= 2 (the sync is "
                           "turned off for all but the last micro-batch, and this bug never turns it back on)")
@@ -436,15 +456,39 @@ def bf16_refusal(capabilities: list[tuple[int, int]]) -> str | None:
             f"{', '.join(f'{a}.{b}' for a, b in low)}: use amp=fp16 (torch.amp.GradScaler) or amp=none")
 
 
-def _check_checkpoints(cfg: dict) -> None:
-    """checkpoint_every, resume, fault=kill_in_save (chapter 08)."""
+def _check_checkpoints(cfg: dict, world_size: int) -> None:
+    """checkpoint_every, checkpoint_format, resume, fault=kill_in_save (chapter 08)."""
     import os
+
+    # a sharded checkpoint (a DCP folder, core/sharded_checkpoint.py) loads into a sharded run only
+    if cfg["resume"] not in (None, "auto") and os.path.isfile(os.path.join(cfg["resume"], ".metadata")) \
+            and (cfg["wrap"] != "fsdp2" or world_size < 2):
+        raise ConfigError(f"resume={cfg['resume']!r} is a sharded (torch.distributed.checkpoint) checkpoint: it "
+                          f"loads into wrap=fsdp2 on 2+ ranks; for this run convert it first: python -m "
+                          f"torch.distributed.checkpoint.format_utils dcp_to_torch {cfg['resume']} OUT.pt")
 
     if cfg["resume"] not in (None, "auto") and not os.path.exists(cfg["resume"]):
         raise ConfigError(f"resume={cfg['resume']!r}: no such checkpoint file or run folder (or use auto)")
     if cfg["replay_from"] is not None and not os.path.isdir(os.path.join(cfg["replay_from"], "windows")):
         raise ConfigError(f"replay_from={cfg['replay_from']!r}: no windows/ folder there (a run recorded with "
                           f"window_every > 0)")
+    if cfg["checkpoint_format"] == "sharded":
+        if world_size < 2:
+            raise ConfigError(f"checkpoint_format=sharded needs 2+ ranks (world_size is {world_size}): one process "
+                              f"holds the full state and writes checkpoint_format=full")
+        wanted = {"wrap": "fsdp2", "checkpoint_style": "lab", "checkpoint_write": "atomic"}
+        for key, value in wanted.items():  # what the sharded path is built for; the rest would be ignored silently
+            if cfg[key] != value:
+                raise ConfigError(f"checkpoint_format=sharded with {key}={cfg[key]}: needs {key}={value} (every "
+                                  f"rank writes its shards through torch.distributed.checkpoint, atomically as a "
+                                  f"folder, with the lab's resume position)")
+        if cfg["fault"] == "kill_in_save":  # measured once (commit 13300bf), left out: its restart cost CI 17 s
+            raise ConfigError("checkpoint_format=sharded with fault=kill_in_save: the kill is built for the full "
+                              "checkpoint's one file only")
+    if cfg["fsdp2_bug"] == "rank0_saves_sharded" and not (cfg["checkpoint_format"] == "sharded"
+                                                          and cfg["checkpoint_every"]):
+        raise ConfigError("fsdp2_bug=rank0_saves_sharded is a bug of the sharded checkpoint: needs "
+                          "checkpoint_format=sharded and checkpoint_every > 0")
     if cfg["fault"] == "kill_in_save" and (not cfg["checkpoint_every"]
                                            or (cfg["fault_step"] + 1) % cfg["checkpoint_every"]):
         raise ConfigError(f"fault=kill_in_save fires in the checkpoint written after step fault_step="

@@ -12,6 +12,9 @@ is the same as DDP's: the mean of the ranks' gradients.
   them as ((g0 + g1) + g2) + ..., exactly as chapter 12's DDP hook and the emulated reference do, so the run
   has the same bits as `emulate_ranks=W` and as ordered DDP.
 
+- fsdp2_mp=bf16: FSDP2's MixedPrecisionPolicy (param_dtype=bf16, reduce_dtype=fp32): other arithmetic than
+  the fp32 single run, judged (tier 1 against the fp32 emulation on the toy), not promised.
+
 What differs from DDP and matters here: fully_shard does NOT broadcast rank 0's weights (every rank must
 build the same initial model: seed_mode=lab does; the article's seed + rank would shard four different
 models into one), and the full weights exist on no rank, so reading them (fingerprints, model.pt, window
@@ -34,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from lab_utils.core.ordered_reduce import rank_order_sum
@@ -82,10 +85,14 @@ def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> torch.nn.Mo
     # in-place op on it would skip its hook. No code here writes to the logits in place (loss_fn reads them
     # into cross_entropy), so the warning says nothing about these runs: it is silenced for this message only.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPTinyGPT\) returned a view tensor")
+    # fsdp2_mp=bf16: each all-gather casts the fp32 shards to bf16 (the forward and backward run on bf16 weights),
+    # the gradients go back to fp32 before the reduce-scatter, and the optimizer updates the fp32 shards
+    mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} \
+        if cfg.get("fsdp2_mp") == "bf16" else {}
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
+        fully_shard(block, mesh=mesh, **mp)
     if cfg.get("fsdp2_bug") != "root_not_wrapped":  # BUG when skipped: the embeddings, final norm and head stay
-        fully_shard(model, mesh=mesh)               # plain tensors, their gradients never reduced over ranks
+        fully_shard(model, mesh=mesh, **mp)         # plain tensors, their gradients never reduced over ranks
     if cfg["grad_reduction"] == "ordered":
         for module in model.modules():
             if isinstance(module, FSDPModule):

@@ -7,7 +7,9 @@ Taught in notebooks/08_checkpoints.ipynb (what a checkpoint holds: lab_utils/cor
 - a checkpoint file, or a run folder (its newest checkpoint): continue another run's checkpoint here.
 
 Atomic writes (checkpoint.write_checkpoint) leave only complete files under the step_*.pt names (a write cut
-short leaves step_*.pt.tmp, which the search skips), so "newest by step" is "newest complete".
+short leaves step_*.pt.tmp, which the search skips), so "newest by step" is "newest complete". A sharded
+checkpoint (checkpoint_format=sharded, core/sharded_checkpoint.py) is a folder step_NNNNNN/, renamed from
+step_NNNNNN.tmp/ once complete: the same rule.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import os
 import re
 from pathlib import Path
 
-from lab_utils.core import runfiles
+from lab_utils.core import runfiles, sharded_checkpoint
 from lab_utils.core.checkpoint import CHECKPOINTS
 
-_NAME = re.compile(r"step_(\d{6,})\.pt")
+_NAME = re.compile(r"step_(\d{6,})(\.pt)?")  # a file step_NNNNNN.pt, or a sharded checkpoint's folder
 
 
 def attempt() -> int:
@@ -29,11 +31,13 @@ def attempt() -> int:
 
 
 def newest(folder: str | Path) -> Path | None:
-    """The checkpoint with the highest step in `folder` (a checkpoints/ folder or a run folder), or None."""
+    """The checkpoint with the highest step in `folder` (a checkpoints/ folder or a run folder), or None. When a
+    step has both a file and a sharded folder (two formats in one folder), either is that step's state."""
     folder = Path(folder)
     if (folder / CHECKPOINTS).is_dir():
         folder = folder / CHECKPOINTS
-    found = [(int(m.group(1)), p) for p in folder.glob("step_*.pt") if (m := _NAME.fullmatch(p.name))]
+    found = [(int(m.group(1)), p) for p in folder.glob("step_*") if (m := _NAME.fullmatch(p.name))
+             and (p.is_file() if m.group(2) else sharded_checkpoint.is_sharded(p))]
     return max(found)[1] if found else None
 
 
@@ -44,10 +48,12 @@ def find(spec: str | None, out_dir: str | Path) -> Path | None:
     if spec == "auto":
         return newest(Path(out_dir) / CHECKPOINTS)
     path = Path(spec)
+    if sharded_checkpoint.is_sharded(path):  # a folder that is itself a checkpoint
+        return path
     if path.is_dir():
         found = newest(path)
         if found is None:
-            raise FileNotFoundError(f"resume={spec}: no step_*.pt checkpoint in that folder")
+            raise FileNotFoundError(f"resume={spec}: no step_* checkpoint in that folder")
         return found
     if not path.is_file():
         raise FileNotFoundError(f"resume={spec}: no such checkpoint file or folder")
