@@ -17,6 +17,7 @@ from .syntax import (
     EVALISH,
     OTHER_SEEDS,
     REDUCEISH,
+    REDUCING,
     SEED_HELPER,
     TORCH_SEEDS,
     callee,
@@ -101,8 +102,8 @@ class Facts:
 
     def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
         """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
-        def collective_helper(c):
-            return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES, depth=2)
+        def collective_helper(c):  # a helper that reduces (a barrier or a broadcast averages nothing)
+            return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING, depth=2)
                        for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
         red: set[str] = set()
         for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
@@ -111,8 +112,9 @@ class Facts:
         # a model is no reduced value: convert_sync_batchnorm(model) or DDP(model) does not make model(x)'s loss
         # an average over ranks; what the model's forward returns is judged by forward_reduced instead
         models = self.model_names(m)
-        changed = True
         nodes = list(ast.walk(scope))
+        local = self._local_names(m, nodes, models)
+        changed = True
         while changed:
             changed = False
             for a in nodes:
@@ -126,11 +128,11 @@ class Facts:
                     targets, value = [a.func.value], a.args[0] if a.args else a.keywords[0].value
                 if value is None:
                     continue
+                read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))}
                 hit = any(isinstance(n, ast.Call) and (REDUCEISH.search(callee(n)) and "batchnorm" not in
                                                        callee(n).lower() or collective_helper(n)
                                                        or self.forward_reduced(m, n))
-                          for n in ast.walk(value)) or any(
-                    root(n) in red for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute)))
+                          for n in ast.walk(value)) or (read & red and not read & (local - red))
                 if not hit:
                     continue
                 for t in targets:
@@ -140,6 +142,24 @@ class Facts:
                             red.add(r)
                             changed = True
         return red
+
+    def _local_names(self, m: Module, nodes: list, models: set[str]) -> set[str]:
+        """Names holding this rank's own activations: what the model returns (unless its forward reduces) and
+        what is computed from it. A value mixing one of them with a reduced value is still this rank's own:
+        `subloss = -(q * log_softmax(x)).mean()` with q from a distributed Sinkhorn, x the local logits."""
+        local: set[str] = set()
+        for _ in range(4):
+            for a in nodes:
+                if not isinstance(a, (ast.Assign, ast.AugAssign)) or a.value is None:
+                    continue
+                calls = [n for n in ast.walk(a.value) if isinstance(n, ast.Call)]
+                if any(REDUCEISH.search(callee(n)) for n in calls):
+                    continue
+                if any(root(n.func) in models and not self.forward_reduced(m, n) for n in calls) or any(
+                        root(n) in local for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
+                    for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
+                        local |= {root(e) for e in (t.elts if isinstance(t, ast.Tuple) else [t])} - {""}
+        return local - models
 
     def model_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
         """The project nn.Module class a name holds: `model = BarlowTwins(args).cuda(gpu)` (DDP(model) keeps it).

@@ -214,8 +214,23 @@ class Project:
         for c in self._candidates(m, mod, None, level):  # `from pkg.mod import name` → the module pkg/mod.py
             rel = self._rel(c)
             if rel in self.modules:
-                return self.modules[rel]
+                return self._reexported(self.modules[rel], attr)
+        for c in self._candidates(m, mod, None, level):  # `from data import build_loader`, data/ without its
+            d = (c.parent if c.name == "__init__.py" else c.with_suffix("")).resolve()  # __init__.py here
+            defs = [mm for mm in self.modules.values() if mm.path.resolve().parent == d
+                    and (attr in mm.functions or attr in mm.classes)]
+            if len(defs) == 1:
+                return defs[0]
         return None
+
+    def _reexported(self, mod: Module, attr: str, depth: int = 2) -> Module:
+        """The module that defines `attr` when `mod` only re-exports it (`from .build import build_loader` in a
+        package's __init__.py); `mod` itself otherwise."""
+        if depth and attr not in mod.functions and attr not in mod.classes and attr in mod.imports:
+            target = self.module_for(mod, attr)
+            if target is not None and target is not mod:
+                return self._reexported(target, attr, depth - 1)
+        return mod
 
     def imports_of(self, m: Module) -> set[str]:
         """The project modules `m` reaches through its imports, transitively (m excluded)."""

@@ -18,6 +18,9 @@ REDUCEISH = re.compile(r"reduce|gather|average|allreduce|sync|mean_over|dist_mea
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier",
                "reduce", "gather", "scatter", "reduce_scatter", "all_to_all", "reduce_scatter_tensor",
                "all_gather_into_tensor", "monitored_barrier", "gather_object", "scatter_object_list"}
+# the collectives that combine values over ranks (a barrier or a broadcast averages nothing)
+REDUCING = {"all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
+            "reduce_scatter_tensor", "gather", "gather_object"}
 LOG_CALLS = {"print", "info", "log", "write", "add_scalar", "add_scalars", "set_description", "set_postfix",
              "log_metrics", "warning", "debug"}
 TORCH_SEEDS = {"torch.manual_seed", "manual_seed", "seed_everything", "set_seed", "pl.seed_everything",

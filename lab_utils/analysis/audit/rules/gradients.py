@@ -9,7 +9,7 @@ import re
 from ..facts import Facts
 from ..project import Module
 from ..registry import rule
-from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
+from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, const_value, dotted, involves, involves_rank, kw
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
 
@@ -190,6 +190,14 @@ def _backward_each_iteration(loop: ast.AST) -> bool:
                for c in ast.walk(loop))
 
 
+def _counts_micro_batches(test: ast.AST) -> bool:
+    """A step gate that counts micro-batches, however it is written: `(i + 1) % accum == 0`, or YOLOv5's
+    `ni - last_opt_step >= accumulate` (a comparison against the accumulation count)."""
+    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(test)) or any(
+        isinstance(c, ast.Compare) and any(involves(x, ACCUMISH) for x in (c.left, *c.comparators))
+        and not any(isinstance(o, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for o in c.ops) for c in ast.walk(test))
+
+
 def _accumulation_steps(m: Module) -> list[ast.AST]:
     """Where a loop steps the optimizer only every N-th backward: `if (i + 1) % accum == 0: opt.step()`, a
     loss-scaler helper given `update_grad=(i + 1) % accum == 0`, whatever the counter is called; or the
@@ -198,9 +206,8 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
     for loop in (n for n in m.nodes if isinstance(n, (ast.For, ast.While))):
         if not _backward_each_iteration(loop):
             continue
-        gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and any(
-            isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(n.test))
-            and any(_steps(c) for s in n.body for c in ast.walk(s))]
+        gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and _counts_micro_batches(n.test)
+                 and any(_steps(c) for s in n.body for c in ast.walk(s))]
         inside = {id(c) for g in gated for s in g.body for c in ast.walk(s)}
         if gated and not any(_steps(c) and id(c) not in inside and not any(k.arg == "update_grad" for k in c.keywords)
                              for c in ast.walk(loop)):
@@ -263,6 +270,31 @@ def batchnorm_without_sync(f: Facts, m: Module):
     if bns and not ({"SyncBatchNorm", "convert_sync_batchnorm"} & f.all_names()):
         yield bns[0], ("BatchNorm under DDP without SyncBatchNorm: each rank normalises with its own micro-batch's "
                        "statistics — nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
+        return
+    converts = [c for c in m.calls if callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model")]
+    flags = [_off_by_default(f, m, c) for c in converts]
+    if converts and all(flags):  # offering --sync-bn says the model has BatchNorm; the default run goes without
+        yield converts[0], (f"SyncBatchNorm only with --{flags[0]}, which is off by default: the default DDP run "
+                            "normalises each rank's micro-batch with its own statistics, unlike the single run — "
+                            "turn the flag on when you compare the port")
+
+
+def _off_by_default(f: Facts, m: Module, c: ast.Call) -> str | None:
+    """The command-line flag a call runs under when that flag is a store_true left off by default
+    (`if opt.sync_bn and cuda and RANK != -1:` with `--sync-bn` store_true): its name, else None."""
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, ast.If):
+        n = m.parent.get(id(n))
+    if n is None:
+        return None
+    attrs = {x.attr for x in ast.walk(n.test) if isinstance(x, ast.Attribute)}
+    for mm in f.p.modules.values():
+        for a in mm.calls:
+            opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
+            if callee(a) == "add_argument" and opt and opt[2:].replace("-", "_") in attrs and const_str(
+                    kw(a, "action")) == "store_true" and const_value(kw(a, "default")) is not True:
+                return opt[2:]
+    return None
 
 
 LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)

@@ -49,7 +49,35 @@ def _loss_carriers(scope: ast.AST) -> set[str]:
                 LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for v in fed for n in ast.walk(v)
                 if isinstance(n, (ast.Name, ast.Attribute))):
             out.add(root(c.func.value))
+    # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
+    # losses, top1])` ... `progress.display(i)`
+    for _ in range(2):
+        for a in ast.walk(scope):
+            if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+                    isinstance(n, ast.Name) and n.id in out for arg in [*a.value.args, *[k.value for k in
+                                                                                         a.value.keywords]]
+                    for n in ast.walk(arg)):
+                out |= {dotted(t) for t in a.targets} - {""}
     return out - {""}
+
+
+def _rank0_loggers(f: Facts, m: Module) -> set[str]:
+    """Loggers whose console output only rank 0 has, whatever their names: `logger = create_logger(out,
+    dist_rank=dist.get_rank())` where the project helper adds its StreamHandler (or basicConfig) under a rank-0
+    guard. Every rank calls logger.info(...), but what the user reads is rank 0's."""
+    cache = f.cache.setdefault("rank0_loggers", {})
+    if m.rel not in cache:
+        out = set()
+        for a in ast.walk(m.tree):
+            if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)):
+                continue
+            for tm, tf in f.p.resolve(m, a.value):
+                consoles = [c for c in ast.walk(tf) if isinstance(c, ast.Call)
+                            and callee(c) in ("StreamHandler", "basicConfig")]
+                if consoles and all(f.g.effective(tm, c) == "rank0" for c in consoles):
+                    out |= {dotted(t) for t in a.targets} - {""}
+        cache[m.rel] = out
+    return cache[m.rel]
 
 
 def _meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
@@ -124,13 +152,15 @@ def rank0_local_loss(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
         forced = kw(c, "force")
         prints = callee(c) == "print" or _meter_prints(f, m, c) == "print"
-        if not (kind == "rank0" or (prints and f.print_override and kind is None and not forced)):
+        console0 = kind is None and isinstance(c.func, ast.Attribute) and dotted(c.func.value) in _rank0_loggers(f, m)
+        if not (kind == "rank0" or console0 or (prints and f.print_override and kind is None and not forced)):
             continue
         block, where = _guard_block(m, c), (m.enclosing(c), frozenset(lossy))
         if block in per_block or where in per_block:
             continue  # one finding per guarded block, and per loss in a function: one defect, one finding
         per_block |= {block, where}
-        how = "through the builtins.print override (setup_for_distributed), " if kind is None else ""
+        how = "" if kind is not None else "through a logger whose console is rank 0's, " if console0 else \
+            "through the builtins.print override (setup_for_distributed), "
         yield c, (f"rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own micro-batch's "
                   "loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging")
 

@@ -45,6 +45,25 @@ def _sampler_context(f: Facts, m: Module):
     return made, [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "set_epoch"]
 
 
+def _persistent_loaders(f: Facts, m: Module) -> list[str]:
+    """Project DataLoader subclasses that make their iterator once, in __init__ (`self.iterator =
+    super().__iter__()`, YOLOv5's InfiniteDataLoader), and that the code running with `m` uses."""
+    out = []
+    related = f.p.related(m)
+    for mm in related:
+        for name, cls in mm.classes.items():
+            init = mm.functions.get(f"{name}.__init__")
+            if init is None or not any(dotted(b).endswith("DataLoader") for b in cls.bases) or not any(
+                    isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
+                        callee(a.value) == "iter" or callee(a.value) == "__iter__") for a in ast.walk(init)):
+                continue
+            used = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                       for u in related for n in ast.walk(u.tree))
+            if used:
+                out.append(name)
+    return out
+
+
 @rule("set-epoch-missing", "03_samplers", "a shuffling DistributedSampler whose set_epoch is never called (or only "
       "under a switch the sampler ignores): every epoch repeats epoch 0's order", needs_ddp=False)
 def set_epoch_missing(f: Facts, m: Module):
@@ -91,8 +110,17 @@ def set_epoch_late(f: Facts, m: Module):
                           "iterator already fixed the epoch's order, so this epoch repeats the previous one's; call "
                           "set_epoch first, then iter(loader)")
             continue
+        if mm.enclosing(c, (ast.For, ast.While)) is None:
+            continue
+        persistent = _persistent_loaders(f, mm)
+        if persistent:
+            yield mm, c, (f"set_epoch here, but the loader is {persistent[0]}, whose iterator is made once in "
+                          "its __init__ and never re-made: its workers prefetch the next epoch's indices before "
+                          "this call, so the new epoch's order is drawn with the old epoch (epoch 1 repeats epoch "
+                          "0's) — set the epoch before the iterator draws it, or re-make the iterator each epoch")
+            continue
         fn = mm.enclosing(c)
-        if fn is None or mm.enclosing(c, (ast.For, ast.While)) is None:
+        if fn is None:
             continue
         iters = [s for s in ast.walk(fn) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
                  and callee(s.value) in ("iter", "cycle", "sample_data", "infinite_loader")

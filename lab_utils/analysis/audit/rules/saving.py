@@ -77,14 +77,35 @@ def save_without_module(f: Facts, m: Module):
                       f"or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
 
 
+def _loaded_into_a_state_dict(m: Module, c: ast.Call) -> bool:
+    """What is loaded is a checkpoint when it goes into load_state_dict, whatever its file is called:
+    `checkpoint = torch.load(chkpt_path)` ... `model_g.load_state_dict(checkpoint['model_g'])`."""
+    a = m.parent.get(id(c))
+    if not (isinstance(a, ast.Assign) and len(a.targets) == 1):
+        return False
+    name, scope = dotted(a.targets[0]), m.enclosing(c) or m.tree
+    return any(isinstance(n, ast.Call) and callee(n) == "load_state_dict" and any(
+        isinstance(x, (ast.Name, ast.Attribute)) and dotted(x) == name for arg in n.args for x in ast.walk(arg))
+        for n in ast.walk(scope)) and not _saves_cpu_tensors(m)
+
+
+def _saves_cpu_tensors(m: Module) -> bool:
+    """The module writes its checkpoints as CPU tensors (`state_dict[k] = param.cpu()` then torch.save, KAIR's
+    save_network): loading them back maps nothing to the GPU that saved them."""
+    return any(any(isinstance(c, ast.Call) and dotted(c.func) in ("torch.save", "th.save") for c in ast.walk(fn))
+               and any(isinstance(c, ast.Call) and callee(c) == "cpu" for c in ast.walk(fn))
+               for fn in m.functions.values())
+
+
 @rule("load-without-map-location", "08_checkpoints", "torch.load of a checkpoint without map_location in rank "
       "code: every rank maps the tensors to the GPU that saved them, so all ranks fill GPU 0")
 def load_without_map_location(f: Facts, m: Module):
     if not (f.p.mentions_ddp(m) or m.rank_tainted):
         return
     for c in m.calls:
-        if dotted(c.func) in ("torch.load", "th.load") and len(c.args) < 2 and re.search(
-                r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|\.pth?\b", ast.unparse(c), re.I) and \
+        if dotted(c.func) in ("torch.load", "th.load") and len(c.args) < 2 and (re.search(
+                r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|\.pth?\b", ast.unparse(c), re.I)
+                or _loaded_into_a_state_dict(m, c)) and \
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO"):
             yield c, (f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device that saved "

@@ -4,6 +4,7 @@ iterator that draws from the global RNG."""
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 
 from ..facts import Facts
@@ -14,6 +15,7 @@ from ..syntax import (
     LOADERISH,
     RANKISH,
     SPAWNS,
+    WORLDISH,
     callee,
     const_str,
     dotted,
@@ -115,17 +117,24 @@ def _single_value(m: Module, name: str, depth: int = 0) -> float | None:
                 return d.value
     return 0
 
-def _seed_value(m: Module, expr: ast.AST, rank_value) -> float | None:
-    """The seed an expression gives with every rank-holding name set by rank_value(name), other names 1000."""
+def _seed_value(m: Module, expr: ast.AST, rank_value, world: int = 2) -> float | None:
+    """The seed an expression gives with every rank-holding name set by rank_value(name), the world size set to
+    `world` (2 for the DDP run, 1 for the single run: `global_seed * world_size + rank` moves rank 0's seed too),
+    other names 1000."""
+    def value(n, name):
+        if is_rankish_node(n, m.rank_tainted):
+            return rank_value(name)
+        return world if WORLDISH.search(dotted(n.func if isinstance(n, ast.Call) else n)) else 1000
+
     class Sub(ast.NodeTransformer):
         def visit_Name(s, n):
-            return ast.Constant(rank_value(n.id) if is_rankish_node(n, m.rank_tainted) else 1000)
+            return ast.Constant(value(n, n.id))
 
         def visit_Attribute(s, n):
-            return ast.Constant(rank_value(dotted(n)) if is_rankish_node(n, m.rank_tainted) else 1000)
+            return ast.Constant(value(n, dotted(n)))
 
         def visit_Call(s, n):
-            return ast.Constant(rank_value("get_rank") if is_rankish_node(n, m.rank_tainted) else 1000)
+            return ast.Constant(value(n, "get_rank"))
     try:
         warnings.simplefilter("ignore", SyntaxWarning)
         body = Sub().visit(ast.parse(ast.unparse(expr), mode="eval").body)
@@ -147,6 +156,29 @@ def _inline(m: Module, expr: ast.AST, depth: int = 3) -> ast.AST:
     return _inline(m, defs[0], depth - 1) if len(defs) == 1 else expr
 
 
+SETUP_USE = re.compile(r"update|requires_grad|^eval$|^train$|^to$|cuda|half|float")
+
+
+def _read_by_rank0_only(f: Facts, m: Module, fn: ast.AST, copy: ast.Call) -> bool:
+    """A per-rank copy no other rank ever reads has no consequence: DiT's `ema = deepcopy(model)` is updated on
+    every rank but saved (`ema.state_dict()`) under `if rank == 0` alone. Setting it up or updating it
+    (`requires_grad(ema, False)`, `update_ema(ema, model.module)`, `ema.eval()`) reads nothing out."""
+    a = m.parent.get(id(copy))
+    if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)):
+        return False
+    name, reads = a.targets[0].id, []
+    for n in ast.walk(fn):
+        if not (isinstance(n, ast.Name) and n.id == name and n.lineno > a.lineno and isinstance(n.ctx, ast.Load)):
+            continue
+        user = m.parent.get(id(n))
+        call = user if isinstance(user, ast.Call) else m.parent.get(id(user))
+        if isinstance(call, ast.Call) and SETUP_USE.search(callee(call)) and (
+                n in call.args[:1] or call.func is user):
+            continue
+        reads.append(n)
+    return bool(reads) and all(f.g.effective(m, n) == "rank0" for n in reads)
+
+
 @rule("seed-per-rank", "02_seeds", "rank 0's seed differs from the single run's (`seed + 1 + RANK`, RANK = -1 "
       "alone), or a per-rank init is copied (EMA) before the wrap: rank 0's init is not the single run's",
       needs_ddp=False)
@@ -158,12 +190,18 @@ def seed_per_rank(f: Facts, m: Module):
         if not involves_rank(arg, m.rank_tainted, skip_conditional=True):
             continue
         at0 = _seed_value(m, arg, lambda name: 0)
-        single = _seed_value(m, arg, lambda name: _single_value(m, name) or 0)
+        single = _seed_value(m, arg, lambda name: _single_value(m, name) or 0, world=1)
         if at0 is not None and single is not None and at0 != single:
-            yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)} = "
-                     f"seed{at0 - 1000:+g}, but the single run (rank variable {single - at0 + 0:+g} from rank 0's "
-                     f"value) seeds seed{single - 1000:+g}: rank 0's init and draws are not the single run's; "
-                     "make rank 0's seed equal the single run's (e.g. seed + max(rank, 0))")
+            if at0 == _seed_value(m, arg, lambda name: 0, world=1):
+                yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)} = "
+                         f"seed{at0 - 1000:+g}, but the single run (rank variable {single - at0 + 0:+g} from rank 0's "
+                         f"value) seeds seed{single - 1000:+g}: rank 0's init and draws are not the single run's; "
+                         "make rank 0's seed equal the single run's (e.g. seed + max(rank, 0))")
+            else:
+                yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)}, which moves with the world "
+                         "size: at 2 ranks rank 0's seed is not the single run's (unless the base seed is 0), so "
+                         "rank 0's init, which DDP broadcasts, is not the single run's; make rank 0's seed the "
+                         "single run's (e.g. seed + rank)")
             continue
         fn = m.enclosing(c) or m.tree
         wrap = min((a.lineno for a in ast.walk(fn) if isinstance(a, ast.Call) and f.is_ddp_call(m, a)),
@@ -172,7 +210,7 @@ def seed_per_rank(f: Facts, m: Module):
                   (wrap is None or a.lineno < wrap) and (callee(a) in ("deepcopy", "ModelEMA", "ModelEmaV2",
                                                                          "ExponentialMovingAverage", "EMA")
                                                          or "ema" in callee(a).lower())]
-        if wrap is not None and copies:
+        if wrap is not None and copies and not _read_by_rank0_only(f, m, fn, copies[0]):
             yield Hit(copies[0], f"{ast.unparse(copies[0])} copies each rank's own init "
                      f"(seeded per rank at line {c.lineno}) before the DDP wrap (line {wrap}), which broadcasts "
                      "rank 0's weights to the wrapped model only: ranks other than 0 keep another copy — make "
