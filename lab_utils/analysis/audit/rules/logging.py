@@ -68,7 +68,7 @@ def _rank0_loggers(f: Facts, m: Module) -> set[str]:
     cache = f.cache.setdefault("rank0_loggers", {})
     if m.rel not in cache:
         out = set()
-        for a in ast.walk(m.tree):
+        for a in m.nodes:
             if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)):
                 continue
             for tm, tf in f.p.resolve(m, a.value):

@@ -58,7 +58,7 @@ def _persistent_loaders(f: Facts, m: Module) -> list[str]:
                         callee(a.value) == "iter" or callee(a.value) == "__iter__") for a in ast.walk(init)):
                 continue
             used = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                       for u in related for n in ast.walk(u.tree))
+                       for u in related for n in u.nodes)
             if used:
                 out.append(name)
     return out
