@@ -153,7 +153,7 @@ def train(cfg: dict, env: distenv.DistEnv) -> None:
             scaler.unscale_(optimizer)
         clipped_inside = cfg["clip_bug"] in ("no_sync_window", "micro_batch")
         max_norm = cfg["grad_clip"] if cfg["grad_clip"] > 0 and not clipped_inside else float("inf")
-        grad_norm = fsdp2.clip_grad_norm_(params, max_norm, ordered=cfg["grad_reduction"] == "ordered",
+        grad_norm = fsdp2.clip_grad_norm_(params, max_norm, ordered=cfg["grad_reduction"] in ("ordered", "tree"),
                                           local_bug=cfg["clip_bug"] == "local_shards")
         amp_log = {}
         if scaler is None:

@@ -6,7 +6,8 @@ name `cause` (a code of `parity.CAUSES`); `expected="pass"`: a correct port, whi
 Tier 2 is judged against the float-noise envelope of the single run's float twin (`twin`, lab_utils/analysis/noise.py),
 so the same table holds at the toy size (`make test`) and at a real one (`SIZES["4x256"]`, 150 steps:
 `ddp-lab bench portbugs`), where fixed tolerances call correct ports tier 1.
-tests/analysis/test_port_bugs.py runs every entry with real processes; chapters 05-11 append their bugs to `SUITE`,
+tests/analysis/test_port_bugs.py runs every entry with real processes; chapters 05-13 append their bugs to `SUITE`,
+chapter 14 (FSDP2) has its own `FSDP2_SUITE` (`ddp-lab bench portbugs --suite fsdp2`),
 and a `ddp-lab doctor` can run the same table. This module is data plus pure helpers: it launches nothing
 (analysis side: it may import runfiles and parity, never the launcher or the training code).
 """
@@ -139,6 +140,53 @@ SUITE: list[PortBug] = [
     PortBug("clip_after_unscale_fp16", "ch11", _keys(FP16, CLIP), _keys(FP16, CLIP), "pass",
             lesson="fp16: scaler.scale(loss).backward(), scaler.unscale_, clip once, scaler.step, scaler.update"),
 ]
+
+
+# ---- chapter 14 (FSDP2, wrap=fsdp2): FSDP2's own port bugs and its correct ports, judged exactly as DDP's.
+# Two micro-batches and clipping below the norm on every run: where a sharded gradient is easiest to get wrong.
+# FSDP2 ranks cannot share a GPU over gloo (distenv.check_sharded_device), so every run of this suite, its single
+# runs included, is on the CPU: the same table on a laptop and on a GPU box with fewer GPUs than ranks, each pair
+# compared on one device. (Chapter 14 runs FSDP2 on the GPUs where every rank has its own.)
+FSDP2_DEVICE = "device=cpu"
+FSDP2 = (CLIP, ACC2, "wrap=fsdp2")
+
+
+def _fkeys(*extra: str) -> tuple[str, ...]:
+    return _keys(*extra, FSDP2_DEVICE)
+
+
+FSDP2_SUITE: list[PortBug] = [
+    PortBug("fsdp2_optimizer_before_wrap", "ch14", _fkeys(CLIP, ACC2),
+            _fkeys(*FSDP2, "fsdp2_bug=optimizer_before_wrap"), "catch", "no_update",
+            lesson="the optimizer built before fully_shard holds the replaced parameters: "
+            "the sharded ones never change"),
+    PortBug("fsdp2_root_not_wrapped", "ch14", _fkeys(CLIP, ACC2), _fkeys(*FSDP2, "fsdp2_bug=root_not_wrapped"),
+            "catch", "replicas", lesson="fully_shard on the blocks only: the root's own weights (embeddings, "
+            "head) stay plain, their gradients never reduced, so the ranks' copies part"),
+    PortBug("fsdp2_sync_left_off", "ch14", _fkeys(CLIP, ACC2), _fkeys(*FSDP2, "fsdp2_bug=sync_left_off"), "catch",
+            "no_update", lesson="set_requires_gradient_sync(False) for accumulation and never True again: nothing "
+            "is reduce-scattered"),
+    PortBug("fsdp2_clip_local_shards", "ch14", _fkeys(CLIP, ACC2), _fkeys(*FSDP2, "clip_bug=local_shards"), "catch",
+            "grad_clip", lesson="clip_grad_norm_ on p.grad.to_local(): each rank clips its shards by its own norm"),
+    PortBug("fsdp2_set_epoch_forgotten", "ch03 + ch14", _fkeys(CLIP, ACC2, f"n_samples={EPOCH_SAMPLES}"),
+            _fkeys(*FSDP2, f"n_samples={EPOCH_SAMPLES}", "set_epoch=false"), "catch", "sampler_epoch",
+            lesson="DDP's set_epoch bug survives the move to FSDP2"),
+    PortBug("fsdp2_plain_port", "ch14", _fkeys(CLIP, ACC2), _fkeys(*FSDP2), "pass",
+            lesson="stock FSDP2: fully_shard per block then the root, optimizer after, sync on the last micro-batch"),
+    PortBug("fsdp2_sync_every_micro_batch", "ch14", _fkeys(CLIP, ACC2), _fkeys(*FSDP2, "no_sync=false"), "pass",
+            lesson="no set_requires_gradient_sync(False): a reduce-scatter per micro-batch costs time, not the tier"),
+    PortBug("fsdp2_stock_4_ranks", "ch14 (article §1.1 tier 3)",
+            _fkeys(CLIP, ACC2, "sampler=global", "emulate_ranks=4"),
+            _fkeys(*FSDP2, "sampler=global"), "not_bitwise", nproc=4,
+            lesson="stock FSDP2 at 4 ranks: the backend's reduce-scatter order, last bits off (tier 2 only)"),
+    PortBug("fsdp2_ordered_4_ranks", "ch14", _fkeys(CLIP, ACC2, "sampler=global", "emulate_ranks=4"),
+            _fkeys(*FSDP2, "sampler=global", "grad_reduction=ordered"), "bitwise", nproc=4,
+            lesson="grad_reduction=ordered: all-to-all, sum in rank order: the emulated reference's bits"),
+    PortBug("fsdp2_tree_4_ranks", "ch13 + ch14", _fkeys(CLIP, *TREE), _fkeys(CLIP, *TREE, "wrap=fsdp2"), "bitwise",
+            nproc=4, lesson="grad_reduction=tree under FSDP2: a reduce-scatter per chunk, one tree, one process's "
+            "bits"),
+]
+SUITES = {"ddp": SUITE, "fsdp2": FSDP2_SUITE}
 
 
 def run_name(nproc: int, keys: tuple[str, ...]) -> str:

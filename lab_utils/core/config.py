@@ -363,7 +363,11 @@ def _check_fsdp2(cfg: dict) -> None:
         raise ConfigError("wrap=fsdp2 with fsdp2_bug=sync_left_off: needs grad_accum_steps >= 2 (the sync is "
                           "turned off for all but the last micro-batch, and this bug never turns it back on)")
     refused = {"model": (cfg["model"] != "gpt", "the blocks it shards are the GPT's (model=gpt)"),
-               "grad_reduction": (cfg["grad_reduction"] == "tree", "allreduce (stock) or ordered"),
+               "grad_reduction": (cfg["grad_reduction"] == "tree" and (cfg["fsdp2_mp"] != "none"
+                                                                      or cfg["fsdp2_bug"] == "sync_left_off"),
+                                  "fsdp2_mp=none and no fsdp2_bug=sync_left_off (the tree promises the fp32 "
+                                  "single run's bits, and it reduce-scatters every chunk: there is no sync to "
+                                  "leave off)"),
                "amp": (cfg["amp"] == "fp16", "none or bf16 (no sharded GradScaler here)"),
                "compile": (cfg["compile"], "false"),
                "seed_mode": (cfg["seed_mode"] != "lab", "lab: fully_shard does not broadcast rank 0's weights, "

@@ -11,6 +11,11 @@ is the same as DDP's: the mean of the ranks' gradients.
 - grad_reduction=ordered: `OrderedReduceScatter` divides by W, all-gathers every rank's gradient and adds
   them as ((g0 + g1) + g2) + ..., exactly as chapter 12's DDP hook and the emulated reference do, so the run
   has the same bits as `emulate_ranks=W` and as ordered DDP.
+- grad_reduction=tree: `TreeReduceScatter` sums nothing in the backward. Every chunk (micro-batch) is reduce-
+  scattered on its own; each rank receives its shard of every rank's chunk gradient and keeps them apart, in
+  one binary counter per source rank (rank r's contiguous chunks); at the last chunk it finishes the W subtrees
+  and the top levels in rank order: chapter 13's one tree over all C chunks, the bits of one process at any W.
+  The price: C/W reduce-scatters a step instead of one (no no_sync window), and W·log2(C/W)+W shard buffers.
 
 - fsdp2_mp=bf16: FSDP2's MixedPrecisionPolicy (param_dtype=bf16, reduce_dtype=fp32): other arithmetic than
   the fp32 single run, judged (tier 1 against the fp32 emulation on the toy), not promised.
@@ -41,6 +46,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from lab_utils.core.ordered_reduce import rank_order_sum
+from lab_utils.core.tree_reduce import BinaryCounter, tree_sum
 
 # torch's interface for a custom reduce-scatter (FSDPModule.set_custom_reduce_scatter takes an instance). It is
 # not exported under a public name in torch 2.13; the method that takes it is public.
@@ -74,6 +80,45 @@ class OrderedReduceScatter(ReduceScatter):
         return None
 
 
+class TreeReduceScatter(ReduceScatter):
+    """grad_reduction=tree under FSDP2 (one instance per fully_shard module). Called once per chunk's backward
+    with this rank's unsharded gradient of that chunk: an all-to-all hands every rank its shard of every rank's
+    chunk gradient, pushed into the counter of the rank it came from. Rank r's chunks are the contiguous
+    r·C/W ... (r+1)·C/W - 1 (the global sampler), so after C/W calls counter r holds the subtree over exactly
+    those chunks, and the tree over the W roots is the whole tree, leaves in global chunk order (tree_reduce's
+    `BinaryCounter`, as one process and DDP's `tree_hook` form it), divided by C. Earlier calls output zeros;
+    TreeAccumulator drops those gradients before the last chunk's backward."""
+
+    def __init__(self, chunks: int):
+        self.chunks = chunks
+        self.counters: list[BinaryCounter] = []
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        world = dist.get_world_size(group)
+        # fp32 and bf16 reduce dtypes ask for AVG; the tree divides once, by C, at the end (AVG's /W would be
+        # another rounding per chunk at W = 2, 4, ... and none at W = 1)
+        if op not in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
+            raise ValueError(f"grad_reduction=tree: FSDP2 asked for reduce op {op}; only AVG and SUM are summed "
+                             f"as a tree here")
+        received = torch.empty_like(input_tensor)
+        dist.all_to_all_single(received, input_tensor.contiguous(), group=group)
+        n = output_tensor.numel()
+        if not self.counters:
+            self.counters = [BinaryCounter() for _ in range(world)]
+        for counter, leaf in zip(self.counters, received.view(-1)[: world * n].view(world, n), strict=True):
+            counter.push([leaf.clone()])  # its own buffer: the counter adds into it in place
+        if self.counters[0].pushed < self.chunks // world:
+            output_tensor.zero_()
+            return None
+        roots = [counter.root()[0] for counter in self.counters]
+        self.counters = []  # the next step starts a new tree
+        output_tensor.view(-1).copy_(tree_sum(roots).div_(self.chunks))
+        return None
+
+
 def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> torch.nn.Module:  # FSDP2:
     """fully_shard each transformer block, then the root (torchtitan's layout: a block's weights are gathered
     just before it runs and freed after). In place: the model becomes an FSDPModule with DTensor parameters.
@@ -93,10 +138,11 @@ def wrap(model: torch.nn.Module, cfg: dict, device: torch.device) -> torch.nn.Mo
         fully_shard(block, mesh=mesh, **mp)
     if cfg.get("fsdp2_bug") != "root_not_wrapped":  # BUG when skipped: the embeddings, final norm and head stay
         fully_shard(model, mesh=mesh, **mp)         # plain tensors, their gradients never reduced over ranks
-    if cfg["grad_reduction"] == "ordered":
+    if cfg["grad_reduction"] in ("ordered", "tree"):
+        chunks = cfg["global_batch_size"] // cfg["micro_batch_size"] if cfg["grad_reduction"] == "tree" else 0
         for module in model.modules():
             if isinstance(module, FSDPModule):
-                module.set_custom_reduce_scatter(OrderedReduceScatter())
+                module.set_custom_reduce_scatter(TreeReduceScatter(chunks) if chunks else OrderedReduceScatter())
     return model
 
 

@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -274,11 +275,13 @@ class TreeAccumulator:
     `chunks` is C, the chunk count of the *global* batch; this rank must be given its C/W contiguous chunks
     (rank r: chunks r*C/W ... (r+1)*C/W - 1). Under DDP it registers `tree_hook` on the model (so register no
     other hook) and the model must not use gradient_as_bucket_view (the kept gradients would be views of one
-    bucket)."""
+    bucket). Under FSDP2 (`fully_shard`) the tree is formed by fsdp2.TreeReduceScatter, which fsdp2.wrap
+    installs: every chunk's backward reduce-scatters, and only the last chunk's output is kept."""
 
     def __init__(self, model: torch.nn.Module, chunks: int, group=None, comm: str = "allgather"):
         self.model = model
-        self.distributed = isinstance(model, DDP)
+        self.sharded = any(isinstance(m, FSDPModule) for m in model.modules())
+        self.distributed = isinstance(model, DDP) or self.sharded
         self.world = dist.get_world_size(group) if self.distributed else 1
         problem = chunk_problem(chunks, self.world)
         if problem:
@@ -286,7 +289,7 @@ class TreeAccumulator:
         self.chunks, self.group = chunks, group
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.state = TreeHookState(self.params, chunks, group)
-        if self.distributed:
+        if self.distributed and not self.sharded:
             if model.gradient_as_bucket_view:
                 raise ValueError("grad_reduction=tree needs gradient_as_bucket_view=false")
             if comm not in COMMS:
@@ -314,7 +317,12 @@ class TreeAccumulator:
             mb = next(batches)
             last = c == per_rank - 1
             self.bn.begin_chunk()
-            if self.distributed and not last:
+            if self.sharded:  # FSDP2: each chunk reduce-scattered alone; the earlier chunks' zeros dropped
+                for p in self.params:
+                    p.grad = None
+                loss = loss_of(mb)
+                loss.backward()
+            elif self.distributed and not last:
                 with self.model.no_sync():  # DDP: no communication until the rank's last chunk
                     loss = loss_of(mb)
                     loss.backward()
@@ -323,8 +331,8 @@ class TreeAccumulator:
                 loss.backward()
             self.bn.end_chunk()
             losses.append(loss.detach().float().reshape(1))
-            if not (self.distributed and last):
-                counter.push(self._take_grads())
+            if not self.distributed or not (self.sharded or last):  # DDP's hook adds the last chunk's
+                counter.push(self._take_grads())                       # (TreeReduceScatter keeps its own)
         if not self.distributed:
             for p, g in zip(self.params, counter.root(), strict=True):
                 p.grad = g.div_(self.chunks)

@@ -219,7 +219,7 @@ def launch(request: LaunchRequest) -> RunResult:
 
 
 def launch_many(requests: dict[Hashable, LaunchRequest], *, max_workers: int, raise_on_failure: bool = False,
-                print_commands: bool = False) -> dict[Hashable, RunResult]:
+                print_commands: bool = False, on_done=None) -> dict[Hashable, RunResult]:
     """Several independent launches at once: `requests` = {key: LaunchRequest}; returns {key: RunResult} in the
     order of `requests`. Each runs without its progress bar (overlapping bars would garble each other); all else,
     ports, events and hosts included, is as its request says. Tuples of (run name, nproc, keys[, options]) become
@@ -229,7 +229,8 @@ def launch_many(requests: dict[Hashable, LaunchRequest], *, max_workers: int, ra
     training process uses one thread and a fixed reduction order, so overlapping runs changes their wall time,
     never their numbers. Every run finishes (or is stopped) before this returns; then raise_on_failure raises
     RunFailed with the first failed run's report (in `requests` order), and print_commands prints each run's
-    command line and status."""
+    command line and status. on_done(key, RunResult), if given, is called as each run ends (a long batch's
+    progress lines; from the pool's threads, one at a time per run)."""
     if not isinstance(max_workers, int) or max_workers < 1:
         raise config_mod.ConfigError(f"max_workers={max_workers!r} must be a positive integer")
     for key, req in requests.items():
@@ -238,6 +239,8 @@ def launch_many(requests: dict[Hashable, LaunchRequest], *, max_workers: int, ra
                             "(requests_from_specs makes them from (name, nproc, keys[, options]) tuples)")
     with ThreadPoolExecutor(max_workers=min(max_workers, max(1, len(requests)))) as pool:
         futures = {key: pool.submit(launch, req.quiet()) for key, req in requests.items()}
+        for key, future in futures.items() if on_done else ():
+            future.add_done_callback(lambda f, key=key: f.exception() or on_done(key, f.result()))
     results = {key: f.result() for key, f in futures.items()}
     if print_commands:
         for r in results.values():

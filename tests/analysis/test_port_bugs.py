@@ -1,6 +1,7 @@
 """The port-bug suite: every bug the series teaches is caught (below tier 2, right cause), every correct
 port passes (tier >= 2), judged against the float twin of each single run (tier 2 = within its float-noise
-envelope). Real 2-rank gloo runs through the launcher; the table is lab_utils/portbugs.SUITE. The same table
+envelope). Real 2-rank gloo runs through the launcher; the tables are lab_utils/portbugs.SUITE (DDP) and
+FSDP2_SUITE (chapter 14: FSDP2's own bugs, its correct ports, and its ordered and tree reductions). The same table
 at GPT 4x256 x 150 steps is `ddp-lab bench portbugs` (about 40 minutes on 2 cores: a benchmark, not a test).
 
 Runs are shared between the parametrized cases (one module-wide runs folder, one run per distinct
@@ -12,9 +13,11 @@ import math
 import pytest
 
 from lab_utils.analysis import doctor, parity, portbugs
-from lab_utils.analysis.portbugs import SUITE
+from lab_utils.analysis.portbugs import FSDP2_SUITE, SUITE
 from lab_utils.core import float_twin, runfiles
 from lab_utils.launch import launcher
+
+ALL = SUITE + FSDP2_SUITE
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,7 @@ def suite_runs(tmp_path_factory):
         # Every distinct run up front, two at a time: a toy launch is mostly process start-up (python + torch
         # imports, single-threaded), so two overlapping launches keep both cores busy where one leaves ~1/4
         # idle. Overlap changes wall time only: each rank uses one thread and a fixed reduction order.
-        needed = {portbugs.run_name(nproc, keys): (nproc, keys) for nproc, keys in portbugs.runs_needed().values()}
+        needed = {portbugs.run_name(nproc, keys): (nproc, keys) for nproc, keys in portbugs.runs_needed(ALL).values()}
         specs = {name: (name, nproc, list(keys)) for name, (nproc, keys) in needed.items()}
         launcher.launch_many(launcher.requests_from_specs(specs, timeout=600), max_workers=2, raise_on_failure=True)
 
@@ -50,7 +53,7 @@ def report_for(bug, suite_runs, calibrated: bool = True) -> parity.ParityReport:
     return parity.compare(suite_runs(1, bug.single), suite_runs(bug.nproc, bug.ddp), noise_runs=noise)
 
 
-@pytest.mark.parametrize("bug", SUITE, ids=[b.name for b in SUITE])
+@pytest.mark.parametrize("bug", ALL, ids=[b.name for b in ALL])
 def test_port_bug_suite(bug, suite_runs):
     report = report_for(bug, suite_runs)
     assert report.calibrated, report.format()
@@ -63,7 +66,7 @@ def test_port_bug_suite(bug, suite_runs):
     assert portbugs.doctor_problems(bug, diagnosis) == [], diagnosis.format()
 
 
-@pytest.mark.parametrize("bug", [b for b in SUITE if b.expected == "catch"], ids=lambda b: b.name)
+@pytest.mark.parametrize("bug", [b for b in ALL if b.expected == "catch"], ids=lambda b: b.name)
 def test_bugs_leave_the_envelope_at_their_onset_by_decades(bug, suite_runs):
     """A bug is not merely outside the envelope: at its first step out it sits at least 100 envelopes away
     (the margin), while the envelope there is still at ulp level."""
@@ -96,20 +99,31 @@ def test_the_grad_norm_rule_is_what_catches_sum_loss_under_adamw(suite_runs):
 
 
 def test_suite_table_is_well_formed():
-    names = [b.name for b in SUITE]
+    names = [b.name for b in ALL]
     assert len(names) == len(set(names))
-    assert {b.expected for b in SUITE} == set(portbugs.EXPECTED)
+    assert {b.expected for b in SUITE} == {b.expected for b in FSDP2_SUITE} == set(portbugs.EXPECTED)
+    assert all("wrap=fsdp2" in b.ddp for b in FSDP2_SUITE) and not any("wrap=fsdp2" in b.ddp for b in SUITE)
     # Singles are shared: fewer runs than two per case, or the suite would cost twice the wall time; and one
     # float twin per distinct single run, no more.
-    needed = portbugs.runs_needed()
+    needed = portbugs.runs_needed(ALL)
     twins = [n for n in needed if float_twin.SEPARATOR in n]
-    singles = {portbugs.run_name(1, b.single) for b in SUITE}
-    assert len(needed) - len(twins) < 2 * len(SUITE)
+    singles = {portbugs.run_name(1, b.single) for b in ALL}
+    assert len(needed) - len(twins) < 2 * len(ALL)
     assert sorted(n.split(float_twin.SEPARATOR)[0] for n in twins) == sorted(singles)
     with pytest.raises(ValueError, match="not one of parity.CAUSES"):
         portbugs.PortBug("x", "", (), (), "catch", "no_such_cause")
     with pytest.raises(ValueError, match="names a cause"):
         portbugs.PortBug("x", "", (), (), "pass", "global_batch")
+
+
+@pytest.mark.parametrize("bug", [b for b in FSDP2_SUITE if any(k.startswith("fsdp2_bug=") for k in b.ddp)],
+                         ids=lambda b: b.name)
+def test_fsdp2_setup_bugs_list_the_keys_own_fix_too(bug, suite_runs):
+    """Caught from the data first (the suite's test); the doctor also lists the fsdp2_bug key's own fix
+    (fsdp2_setup), since the two folders' configs name it."""
+    diagnosis = doctor.diagnose_runs(suite_runs(1, bug.single), suite_runs(bug.nproc, bug.ddp),
+                                     noise_runs=[twin_of(bug, suite_runs)])
+    assert any(c.code == "fsdp2_setup" for c in diagnosis.causes), [c.code for c in diagnosis.causes]
 
 
 def test_tree_entries_share_one_single_run_whose_twin_is_a_tree_too():

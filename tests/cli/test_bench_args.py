@@ -28,3 +28,6 @@ def test_fsdp2_bytes_received():
     assert bench_fsdp2.bytes_received(n, 4, "ddp", "ordered") == pytest.approx(3 * n)       # all-gather: (W-1) N
     assert bench_fsdp2.bytes_received(n, 4, "fsdp2", "allreduce") == pytest.approx(2.25 * n)  # 2 gathers + RS
     assert bench_fsdp2.bytes_received(n, 4, "fsdp2", "ordered") == pytest.approx(3 * n)     # + the norm's gather
+    # the tree, 2 micro-batches a rank: gathers and all-to-all twice, the norm's gather once
+    assert bench_fsdp2.bytes_received(n, 4, "fsdp2", "tree", 2) == pytest.approx(5.25 * n)
+    assert bench_fsdp2.bytes_received(n, 4, "ddp", "tree", 2) == pytest.approx(3 * n)      # the W subtree roots

@@ -8,7 +8,7 @@ when the line it names lies in another file; the registry turns each into a
     def set_epoch_missing(f, m): ...
 
 `scope`: "module" (every project module), "entry" (scripts only). `needs_ddp`: the rule speaks only when the
-project sets up DDP somewhere (a DDP wrap or init_process_group)."""
+project sets up DDP somewhere (a DDP wrap, init_process_group, or FSDP's fully_shard)."""
 
 from __future__ import annotations
 
