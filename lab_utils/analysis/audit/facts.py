@@ -14,6 +14,7 @@ from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
     DDP_NAMES,
+    EVAL_WORD,
     EVALISH,
     OTHER_SEEDS,
     REDUCEISH,
@@ -63,8 +64,29 @@ class Facts:
                 if isinstance(v, ast.Call) and (self.is_ddp_call(m, v) or callee(v) in wrappers):
                     for t in a.targets:
                         names[dotted(t)] = a.lineno
-            out[m.rel] = names
+            out[m.rel] = self._aliases_of_wrapped(m, names)
         return out
+
+    @staticmethod
+    def _aliases_of_wrapped(m: Module, names: dict[str, int]) -> dict[str, int]:
+        """Names that hold the wrapper too: a copy (`self.model = model`), or one arm of a choice
+        (`save_model = self.ema.ema if use_ema else self.model`: the wrapper whenever the switch is off). An arm
+        that unwraps (`model.module if ... else model`) makes no alias."""
+        def held(v):
+            return isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in names
+        for _ in range(3):  # a copy of a copy
+            for a in m.nodes:
+                if not isinstance(a, ast.Assign) or isinstance(a.targets[0], ast.Tuple):
+                    continue
+                v = a.value
+                arms = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
+                unwraps = any(dotted(x).endswith(".module") or isinstance(x, ast.Call) and any(
+                    held(y) for y in ast.walk(x)) for x in arms)
+                if any(held(x) and names[dotted(x)] < a.lineno or held(x) and dotted(x).startswith("self.")
+                       for x in arms) and not unwraps:
+                    for t in a.targets:
+                        names.setdefault(dotted(t), a.lineno)
+        return names
 
     @staticmethod
     def is_ddp_call(m: Module, c: ast.Call) -> bool:
@@ -308,7 +330,28 @@ class Facts:
         if any(steps(n) for sc in scope for n in ast.walk(sc)):
             return True
         # the step in a helper this function calls (`batch_loss = self._run_batch(...)`, then print(batch_loss))
-        return fn is not None and self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2)
+        if fn is None:
+            return False
+        return self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2) or self._hook_of_a_step_loop(m, fn, steps)
+
+    def _hook_of_a_step_loop(self, m: Module, fn: ast.AST, steps) -> bool:
+        """A hook that a training loop calls next to its step (`for self.iter in ...: self.train_one_iter();
+        self.after_iter()`, the step in the first and the loss log in the second): the loop around a call of `fn`
+        steps, itself or through the other hooks it calls."""
+        cache = self.cache.setdefault("step_hooks", {})
+        if id(fn) not in cache:
+            cache[id(fn)] = False
+            if any(EVAL_WORD.fullmatch(w) for w in fn.name.split("_")) or any(
+                    "no_grad" in dotted(d) for d in fn.decorator_list):
+                return False  # the evaluation the epoch loop runs after training: its loss is no training loss
+            for cm, call in self.p.callers(m, fn):
+                loop = cm.enclosing(call, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef))
+                if isinstance(loop, (ast.For, ast.While)) and any(steps(n) or isinstance(n, ast.Call) and any(
+                        self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2)
+                        for tm, tf in self.p.resolve(cm, n)) for n in ast.walk(loop)):
+                    cache[id(fn)] = True
+                    break
+        return cache[id(fn)]
 
     def is_save(self, m: Module, c: ast.Call) -> bool:
         """A checkpoint save: torch.save of model/optimizer state into a file, or a project helper named like a

@@ -5,9 +5,19 @@ functions, helpers and methods followed, callers, reachability)."""
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from pathlib import Path
 
 from .syntax import DIST_SWITCH, ENTRY_CALLS, RANKISH, WORLDISH, callee, dotted, involves_rank, is_switch_value
+
+
+@lru_cache(maxsize=1 << 16)
+def _real(p: Path) -> Path:
+    """p.resolve(), remembered: import resolution asks for the same few paths ~10^5 times in a big project
+    (two thirds of YOLOv5's 76-s audit went to realpath before this)."""
+    return p.resolve()
+
+DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap
 
 
 class AuditError(ValueError):
@@ -25,9 +35,6 @@ class Module:
         # Every node, in ast.walk's order, listed once: the rules walk whole modules thousands of times (before
         # this list, the corpus test spent 80% of its time in ast.walk), and a parsed tree never changes.
         self.nodes: list[ast.AST] = list(ast.walk(self.tree))
-        # Every node, in ast.walk's order, listed once: the rules walk whole modules thousands of times (before
-        # this list, the corpus test spent 80% of its time in ast.walk), and a parsed tree never changes.
-        self.nodes: list[ast.AST] = list(self.nodes)
         self.path, self.rel = path, rel
         self.parent: dict[int, ast.AST] = {}
         for n in self.nodes:
@@ -123,6 +130,8 @@ class Project:
                 for target in self._candidates(m, mod, attr, level):
                     if target.exists() and str(self._rel(target)) not in self.modules:
                         queue.append(self._load(target))
+        # every module is loaded: module_for's answer for (module, name) can no longer change
+        self._module_for_cache: dict[tuple[str, str], Module | None] = {}
         self.ddp = any(self.mentions_ddp(m) for m in self.modules.values())
         self._reach_cache: dict[tuple[str, str], set] = {}
         self._imports_cache: dict[str, set[str]] = {}
@@ -164,7 +173,7 @@ class Project:
 
     def _rel(self, p: Path) -> str:
         try:
-            return str(p.resolve().relative_to(self.root.resolve()))
+            return str(_real(p).relative_to(_real(self.root)))
         except ValueError:
             return str(p)
 
@@ -172,7 +181,9 @@ class Project:
         rel = self._rel(p)
         if rel not in self.modules:
             try:
-                text = p.read_text()
+                # utf-8-sig: a file saved with a byte-order mark is valid Python (the interpreter skips the
+                # BOM), but ast.parse of the decoded text rejects U+FEFF
+                text = p.read_text(encoding="utf-8-sig")
             except UnicodeDecodeError:
                 raise AuditError(f"{p}: not a text file") from None
             self.modules[rel] = Module(p, rel, text)
@@ -186,8 +197,8 @@ class Project:
                 base = base.parent
             bases = [base]
         else:  # absolute: from the importing file's folder up to the root (scripts add the root to sys.path)
-            bases, b = [], m.path.parent.resolve()
-            root = self.root.resolve()
+            bases, b = [], _real(m.path.parent)
+            root = _real(self.root)
             while True:
                 bases.append(b)
                 if b == root or root not in b.parents:
@@ -199,13 +210,22 @@ class Project:
             out += [d.with_suffix(".py") if parts else d / "__init__.py", d / "__init__.py"]
             if attr:
                 out.append(d / f"{attr}.py")
-        root = self.root.resolve()
-        return [p for p in out if root in p.resolve().parents or p.resolve().parent == root]
+        root = _real(self.root)
+        return [p for p in out if root in _real(p).parents or _real(p).parent == root]
 
     def module_for(self, m: Module, local: str) -> Module | None:
         """The project module a local import name refers to (`dist_util`, `utils`, `distrib`)."""
         if local not in m.imports:
             return None
+        cache = getattr(self, "_module_for_cache", None)  # absent while __init__ still loads modules
+        if cache is None:
+            return self._module_for(m, local)
+        key = (m.rel, local)
+        if key not in cache:
+            cache[key] = self._module_for(m, local)
+        return cache[key]
+
+    def _module_for(self, m: Module, local: str) -> Module | None:
         mod, attr, level = m.imports[local]
         for c in self._candidates(m, mod, attr, level):
             rel = self._rel(c)
@@ -219,8 +239,8 @@ class Project:
             if rel in self.modules:
                 return self._reexported(self.modules[rel], attr)
         for c in self._candidates(m, mod, None, level):  # `from data import build_loader`, data/ without its
-            d = (c.parent if c.name == "__init__.py" else c.with_suffix("")).resolve()  # __init__.py here
-            defs = [mm for mm in self.modules.values() if mm.path.resolve().parent == d
+            d = _real(c.parent if c.name == "__init__.py" else c.with_suffix(""))  # __init__.py here
+            defs = [mm for mm in self.modules.values() if _real(mm.path).parent == d
                     and (attr in mm.functions or attr in mm.classes)]
             if len(defs) == 1:
                 return defs[0]
@@ -260,11 +280,12 @@ class Project:
 
     @staticmethod
     def mentions_ddp(m: Module) -> bool:
+        """DDP, the process group, or FSDP (torch's fully_shard, FSDP1's wrapper): a distributed project."""
         for _mod, attr, _ in m.imports.values():
-            if attr and ("DistributedDataParallel" in attr or attr == "init_process_group"):
+            if attr and ("DistributedDataParallel" in attr or attr in DISTRIBUTED_SETUP):
                 return True
         names = {dotted(n).split(".")[-1] for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))}
-        return bool({"DistributedDataParallel", "init_process_group"} & names) or \
+        return bool(({"DistributedDataParallel"} | DISTRIBUTED_SETUP) & names) or \
             any(callee(c) == "DDP" for c in m.calls)
 
     # --- calls between functions

@@ -14,6 +14,10 @@ BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
 ACCUMISH = re.compile(r"accum")
 LOSSISH = re.compile(r"loss", re.I)
 EVALISH = re.compile(r"val|eval|test", re.I)
+# a whole word (a name part between _ or .) that names an evaluation: `val_loader`, `cfg.TEST.SPLIT`,
+# `evaluate`; not a word that merely holds the letters (`interval`, `value`)
+EVAL_WORD = re.compile(r"val|valid|validation|eval|evaluate|evaluation|test|testing", re.I)
+TRAIN_WORD = re.compile(r"train|training", re.I)
 REDUCEISH = re.compile(r"reduce|gather|average|allreduce|sync|mean_over|dist_mean")
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier",
                "reduce", "gather", "scatter", "reduce_scatter", "all_to_all", "reduce_scatter_tensor",

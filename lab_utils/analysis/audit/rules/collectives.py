@@ -38,11 +38,75 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
         if f.g.kind(m, c) != "rank0" or f.collective(m, c):
             continue
         if isinstance(c.func, (ast.Name, ast.Attribute)) and dotted(c.func) in wrapped and \
-                f.same_scope(m, c, dotted(c.func), wrapped[dotted(c.func)]):
+                f.same_scope(m, c, dotted(c.func), wrapped[dotted(c.func)]) and \
+                _wrap_reaches(m, c, dotted(c.func), wrapped[dotted(c.func)]):
             yield c, (f"{dotted(c.func)}(...) is the DDP-wrapped model, called by rank 0 alone: with "
                       "broadcast_buffers=True (the default) and a module that has buffers its forward broadcasts them "
                       "and waits for the other ranks (a hang), and with grad on the next backward does — call "
                       f"{dotted(c.func)}.module(...) for rank-0-only evaluation"), "check-by-hand"
+            continue
+        handed = _forwarded_in_callee(f, m, c, wrapped)
+        fn = m.enclosing(c) or m.tree
+        if handed and not any(isinstance(o, ast.Call) and callee(o) == callee(c) and f.g.kind(m, o) in ("not0", None)
+                              for o in ast.walk(fn)):  # `if rank == 0: train(..., logger) else: train(...)`
+            name, inner = handed
+            yield c, (f"rank 0 alone hands the DDP-wrapped {name} to {callee(c)}(), which calls it (line "
+                      f"{inner.lineno}: `{ast.unparse(inner)[:50]}`): with broadcast_buffers=True (the default) and "
+                      "a module that has buffers that forward broadcasts them and waits for the other ranks (a "
+                      f"hang) — pass {name}.module for rank-0-only evaluation"), "check-by-hand"
+
+
+def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, int]):
+    """(wrapped name, the call that runs it) when a rank-0-only call hands the wrapper to a project function that
+    calls that parameter (`val_loss = evaluate(model, val_loader)` whose body runs `model(images)`). A wrap with
+    broadcast_buffers=False broadcasts nothing in a forward."""
+    for i, a in [*enumerate(c.args), *((k.arg, k.value) for k in c.keywords)]:
+        name = dotted(a) if isinstance(a, (ast.Name, ast.Attribute)) else ""
+        if name not in wrapped or not f.same_scope(m, c, name, wrapped[name]) or \
+                not _wrap_reaches(m, c, name, wrapped[name]) or _no_buffer_broadcast(m, wrapped[name]):
+            continue
+        for _tm, tf in f.p.resolve(m, c, exact=True):
+            if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = [x.arg for x in tf.args.args]
+            if params[:1] in (["self"], ["cls"]):
+                params = params[1:]
+            param = i if isinstance(i, str) else params[i] if i < len(params) else None
+            if any(isinstance(x, ast.Assign) and param in {dotted(t) for t in x.targets} for x in ast.walk(tf)):
+                continue  # `net = net.module` first: what it calls is no longer the wrapper
+            inner = next((x for x in ast.walk(tf) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
+                          and x.func.id == param), None)
+            if inner is not None:
+                return name, inner
+    return None
+
+
+def _no_buffer_broadcast(m: Module, line: int) -> bool:
+    """The wrap broadcasts no buffers in forward: broadcast_buffers=False, or apex's DistributedDataParallel
+    (it reduces gradients in backward only)."""
+    for a in m.nodes:
+        if isinstance(a, ast.Assign) and a.lineno == line and isinstance(a.value, ast.Call):
+            imp = m.imports.get(dotted(a.value.func).split(".")[0])
+            if "apex" in dotted(a.value.func) or imp and imp[0].startswith("apex") or any(
+                    k.arg == "broadcast_buffers" and isinstance(k.value, ast.Constant) and k.value.value is False
+                    for k in a.value.keywords):
+                return True
+    return False
+
+
+def _wrap_reaches(m: Module, c: ast.Call, owner: str, line: int) -> bool:
+    """Whether the wrapping assignment (at `line`) has run when `c` calls the name: `c` comes after it in the
+    function's flow, or sits in a loop that also holds the wrap (the next turn sees the wrapper). A forward of the
+    plain model before `model = DDP(model)` (a rank-0 reference pass) broadcasts nothing."""
+    if owner.startswith("self.") or c.lineno > line:
+        return True
+    n = m.parent.get(id(c))
+    while n is not None:
+        if isinstance(n, (ast.For, ast.While)) and any(
+                isinstance(a, ast.Assign) and a.lineno == line for a in ast.walk(n)):
+            return True
+        n = m.parent.get(id(n))
+    return False
 
 
 @rule("collective-outside-switch", "00_preflight", "the process group is set up only under a distributed switch "

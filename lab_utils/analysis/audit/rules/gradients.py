@@ -12,6 +12,7 @@ from ..registry import rule
 from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, const_value, dotted, involves, involves_rank, kw
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
+LOOPBACK_PORT = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):\d+")
 
 
 def _divided_later(m: Module, c: ast.Call) -> bool:
@@ -38,9 +39,17 @@ def _divided_later(m: Module, c: ast.Call) -> bool:
     return False
 
 
+# FSDP2's own switches for its gradient division: a project that sets one (torchtitan: factor 1.0, so the ranks'
+# gradients are summed, and the loss is divided by the token count over every rank) does not average over ranks
+# the way the rule's consequence needs
+DIVIDE_FACTOR_CALLS = {"set_gradient_divide_factor", "set_reduce_scatter_divide_factor"}
+
+
 @rule("sum-loss-unscaled", "05_ddp_flags", "reduction='sum' under DDP, never divided and without a x world_size: "
       "DDP averages the gradients over ranks, so each step is 1/world_size of the single run's")
 def sum_loss_unscaled(f: Facts, m: Module):
+    if any(callee(c) in DIVIDE_FACTOR_CALLS for mm in f.p.modules.values() for c in mm.calls):
+        return  # the reduction over ranks is not DDP's average: the 1/world_size consequence does not follow
     if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (involves(n.left, WORLDISH)
                                                                        or involves(n.right, WORLDISH))
            for n in m.nodes):
@@ -60,6 +69,24 @@ MATMUL = {"matmul", "mm", "bmm", "einsum", "cosine_similarity"}
 def _uses_in_similarity(fn: ast.AST) -> bool:
     return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) or isinstance(n, ast.Call)
                and callee(n) in MATMUL for n in ast.walk(fn))
+
+
+# calls that make a new leaf tensor: what they return has no autograd history, so gathering it loses nothing
+FRESH = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
+         "empty_like", "full_like", "from_numpy", "ByteTensor", "LongTensor", "IntTensor", "FloatTensor", "Tensor"}
+
+
+def _grad_free(scope: ast.AST, x: ast.AST) -> bool:
+    """The gathered tensor cannot carry a gradient: built by a tensor constructor (`torch.tensor([t.numel()])`,
+    the sizes gathered before an all_gather of pickled objects), directly or through every assignment of its
+    name in the scope."""
+    if isinstance(x, ast.Call):
+        return callee(x) in FRESH and not any(k.arg == "requires_grad" for k in x.keywords)
+    if not isinstance(x, ast.Name):
+        return False
+    values = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]
+    return bool(values) and all(_grad_free(scope, v) for v in values)
 
 
 def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
@@ -92,6 +119,8 @@ def gather_without_grad(f: Facts, m: Module):
                 "no_grad" in dotted(i.context_expr) for i in m.enclosing(c, (ast.With,)).items):
             continue
         if isinstance(fn, ast.FunctionDef) and any("no_grad" in dotted(d) for d in fn.decorator_list):
+            continue
+        if _grad_free(scope, x):
             continue
         owner = m.classes.get(m.class_of(fn) or "") if fn is not None else None
         backward = next((d for d in owner.body if isinstance(d, ast.FunctionDef) and d.name == "backward"),
@@ -172,10 +201,20 @@ def hard_coded_master_port(f: Facts, m: Module):
             reported |= {dotted(t) for t in a.targets}
             yield a, f"{ast.unparse(a.value)} (passed as init_method) fixes the rendezvous port: {advice}", \
                 "check-by-hand"
+    passed = any(callee(c) == "init_process_group" and kw(c, "init_method") is not None
+                 and const_str(kw(c, "init_method")) is None for mm in f.p.modules.values() for c in mm.calls)
     for c in m.calls:
         url = kw(c, "init_method") if callee(c) == "init_process_group" else None
         if url is not None and const_str(url) and _fixed_port(url):
             yield url, f"init_method={url.value!r} fixes the rendezvous port: {advice}", "check-by-hand"
+        # an option whose default is a port on this very host (`--init_method default='tcp://localhost:9999'`),
+        # in a project whose init_process_group takes its init_method from a variable: every single-host run that
+        # keeps the default rendezvous there. A remote address as default must be replaced to run at all, so it
+        # is no collision waiting to happen
+        default = kw(c, "default") if callee(c) == "add_argument" else None
+        if passed and default is not None and const_str(default) and LOOPBACK_PORT.search(default.value):
+            yield default, (f"the option's default {default.value!r} is a fixed port on this host, used by every "
+                            f"run that keeps it: {advice}"), "check-by-hand"
 
 
 def _steps(c: ast.AST) -> bool:
@@ -183,6 +222,23 @@ def _steps(c: ast.AST) -> bool:
     a loss-scaler helper told when to update (`loss_scaler(loss, opt, update_grad=...)`)."""
     return isinstance(c, ast.Call) and (callee(c) == "step" or callee(c).endswith("optimizer_step")
                                         or any(k.arg == "update_grad" for k in c.keywords))
+
+
+SCHEDULER = re.compile(r"[Ss]chedul|LR|Warmup")  # StepLR, OneCycleLR, PolynomialLRWarmup, CosineScheduler
+
+
+def _scheduler_step(m: Module, c: ast.Call) -> bool:
+    """`lr_scheduler.step()`: a learning-rate schedule advancing, no optimizer step (no parameter moves, so it
+    says nothing about where gradients stop accumulating). The receiver is named like one, or built by a
+    scheduler class (`sched = PolynomialLRWarmup(optimizer=opt, ...)`, `torch.optim.lr_scheduler.StepLR`)."""
+    if not (isinstance(c.func, ast.Attribute) and c.func.attr == "step"):
+        return False
+    owner = dotted(c.func.value)
+    if owner and re.search(r"sched", owner.split(".")[-1], re.I):
+        return True
+    return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and owner in {dotted(t) for t in a.targets}
+               and ("lr_scheduler" in dotted(a.value.func) or SCHEDULER.search(callee(a.value)))
+               for a in m.nodes)
 
 
 def _backward_each_iteration(loop: ast.AST) -> bool:
@@ -207,10 +263,10 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
         if not _backward_each_iteration(loop):
             continue
         gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and _counts_micro_batches(n.test)
-                 and any(_steps(c) for s in n.body for c in ast.walk(s))]
+                 and any(_steps(c) and not _scheduler_step(m, c) for s in n.body for c in ast.walk(s))]
         inside = {id(c) for g in gated for s in g.body for c in ast.walk(s)}
         if gated and not any(_steps(c) and id(c) not in inside and not any(k.arg == "update_grad" for k in c.keywords)
-                             for c in ast.walk(loop)):
+                             and not _scheduler_step(m, c) for c in ast.walk(loop)):
             out.append(gated[0].test)  # every step of the loop is gated: it accumulates
         for n in ast.walk(loop):
             if isinstance(n, ast.Call) and any(k.arg == "update_grad" and any(

@@ -9,7 +9,7 @@ import ast
 from ..facts import Facts
 from ..project import Module
 from ..registry import rule
-from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, root
+from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee, const_str, dotted, kw, root
 
 ABORTS = {"exit", "_exit", "abort", "stop"}
 NONFINITE = {"isfinite", "isnan", "isinf"}
@@ -32,6 +32,20 @@ def _packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
             if key and LOSSISH.search(key) and not NOT_A_LOSS.search(key):
                 out |= {root(n) for n in ast.walk(val) if isinstance(n, (ast.Name, ast.Attribute))
                         and LOSSISH.search(root(n))}
+    return out
+
+
+def _looped_losses(scope: ast.AST, names: set[str]) -> set[str]:
+    """Losses logged one by one from their container: `for k, v in loss_meter.items(): writer.add_scalar(k,
+    v.latest)`; the container's name stands for the logged values (so a reduced container still counts as
+    reduced)."""
+    out = set()
+    for loop in ast.walk(scope):
+        if not (isinstance(loop, (ast.For, ast.comprehension))
+                and {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} & names):
+            continue
+        out |= {root(n) for n in ast.walk(loop.iter) if isinstance(n, (ast.Name, ast.Attribute))
+                and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}
     return out
 
 
@@ -106,6 +120,59 @@ def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     return False
 
 
+CONSTISH = {"np", "numpy", "math", "float", "inf", "torch"}
+
+
+def _targets(a: ast.Assign) -> set[str]:
+    return {root(e) for t in a.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])} - {""}
+
+
+def _sharded(f: Facts, m: Module, call: ast.Call) -> bool:
+    """Whether a call is handed this rank's shard: a batch of an enclosing loop, or a loader built with a
+    DistributedSampler (`DataLoader(ds, sampler=sampler)` with `sampler = DistributedSampler(ds)`)."""
+    names = {root(n) for a in [*call.args, *[k.value for k in call.keywords]] for n in ast.walk(a)
+             if isinstance(n, (ast.Name, ast.Attribute))}
+    n = m.parent.get(id(call))
+    while n is not None:
+        if isinstance(n, ast.For) and names & {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)}:
+            return True
+        n = m.parent.get(id(n))
+    classes = f.sampler_classes()
+    samplers = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) for t in a.targets
+                if any(isinstance(v, ast.Call) and callee(v) in classes for v in branches(a.value))}
+    for a in m.nodes:
+        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and _targets(a) & names:
+            s = kw(a.value, "sampler") or kw(a.value, "batch_sampler")
+            if s is not None and any(isinstance(v, ast.Call) and callee(v) in classes or dotted(v) in samplers
+                                     for v in branches(s)):
+                return True
+    return False
+
+
+def _rank0_own(f: Facts, m: Module, scope: ast.AST) -> set[str]:
+    """Values rank 0 computes by itself, not a share of a global batch: what a project function called under the
+    rank-0 guard returns (`val_loss = evaluate(model, val_loader)`, rank 0 alone over a whole, unsharded set) and
+    copies of it (`min_loss = val_loss`). Rank 0's number there is the single run's; a call handed this rank's
+    batch or a DistributedSampler's loader stays local."""
+    cache = f.cache.setdefault("rank0_own", {})
+    if (m.rel, id(scope)) in cache:
+        return cache[(m.rel, id(scope))]
+
+    def source(v, own):
+        return isinstance(v, ast.Call) and f.g.kind(m, v) == "rank0" and bool(f.p.resolve(m, v)) and \
+            not _sharded(f, m, v) or isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in own
+    assigns = [a for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign))]
+    own: set[str] = set()
+    for _ in range(3):
+        own |= {t for a in assigns if isinstance(a, ast.Assign) and source(a.value, own) for t in _targets(a)}
+    for a in assigns:  # a name also fed from elsewhere (not a starting constant like np.inf) is not rank 0's own
+        if isinstance(a, ast.AugAssign) or not source(a.value, own) and any(
+                isinstance(n, ast.Name) and n.id not in CONSTISH for n in ast.walk(a.value)):
+            own -= _targets(a) if isinstance(a, ast.Assign) else {root(a.target)}
+    cache[(m.rel, id(scope))] = own
+    return own
+
+
 def _guard_block(m: Module, c: ast.AST) -> int:
     n = m.parent.get(id(c))
     while n is not None and not isinstance(n, (ast.If, ast.FunctionDef, ast.Module)):
@@ -130,11 +197,12 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
         carriers = _loss_carriers(scope)
-        lossy |= _packed_losses(scope, names - lossy) | (names & carriers)
+        lossy |= _packed_losses(scope, names - lossy) | (names & carriers) | _looped_losses(scope, names)
         if name not in LOG_CALLS:  # metric_logger.log_every(...): the meter prints what it was fed
             lossy |= {root(c.func.value)} & carriers
         lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
+        lossy -= _rank0_own(f, m, scope)
         if not lossy or not f.trains(m, c) or _reports_an_abort(m, c):
             continue
         red = f.reduced_names(m, scope)

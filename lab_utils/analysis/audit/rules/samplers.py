@@ -4,12 +4,13 @@ sampler in evaluation."""
 from __future__ import annotations
 
 import ast
+import re
 
 from ..facts import Facts
 from ..project import Module
 from ..ranks import distributed_switch
 from ..registry import rule
-from ..syntax import EVALISH, branches, callee, const_value, dotted, kw
+from ..syntax import EVAL_WORD, EVALISH, TRAIN_WORD, branches, callee, const_value, dotted, kw
 
 
 def _made(f: Facts, m: Module) -> list[ast.Call]:
@@ -153,13 +154,45 @@ def sampler_with_shuffle(f: Facts, m: Module):
                       "mutually exclusive with shuffle'; shuffle in the sampler")
 
 
+def _eval_words(node: ast.AST) -> bool:
+    """A name part or a string that names an evaluation split: 'val', `cfg.TEST.SPLIT`, `val_loader`,
+    `construct_test_loader`; not a word that merely contains the letters (`interval`, `value`)."""
+    words = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    words += [w for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))
+              for w in re.split(r"[._]", dotted(n) or getattr(n, "attr", ""))]
+    return any(EVAL_WORD.fullmatch(w) for w in words)
+
+
+def _built_for_evaluation(f: Facts, m: Module, c: ast.Call, depth: int = 3) -> bool:
+    """A sampler made in a generic helper (`create_sampler(dataset, shuffle, cfg)`, `_construct_loader(name,
+    split, ...)`) is an evaluation sampler when some chain of callers asks for an evaluation split: a call with
+    'val' or `split=cfg.TEST.SPLIT`, assigned to `val_loader`, or made inside `construct_test_loader`."""
+    if any(TRAIN_WORD.fullmatch(w) for w in re.split(r"[._ ]", _label(m, c))):
+        return False  # the training split's sampler of a helper that also builds the evaluation one
+    todo, seen = [(m, m.enclosing(c), 0)], set()
+    while todo:
+        mod, fn, d = todo.pop()
+        if fn is None or id(fn) in seen or d >= depth:
+            continue
+        seen.add(id(fn))
+        for cm, call in f.p.callers(mod, fn):
+            outer = cm.enclosing(call)
+            target = cm.parent.get(id(call))
+            if _eval_words(ast.Tuple(elts=[*call.args, *[k.value for k in call.keywords]])) or (
+                    isinstance(target, ast.Assign) and any(_eval_words(t) for t in target.targets)) or (
+                    outer is not None and any(EVAL_WORD.fullmatch(w) for w in outer.name.split("_"))):
+                return True
+            todo.append((cm, outer, d + 1))
+    return False
+
+
 @rule("eval-padding-duplicates", "08_checkpoints", "a padding DistributedSampler in evaluation plus a reduction over "
       "ranks: the padded duplicates are counted, so the metric is not the single run's")
 def eval_padding_duplicates(f: Facts, m: Module):
     for c in m.calls:
         if callee(c) not in f.sampler_classes() or not c.args:
             continue
-        if not EVALISH.search(_label(m, c)) or const_value(kw(c, "drop_last")):
+        if not (EVALISH.search(_label(m, c)) or _built_for_evaluation(f, m, c)) or const_value(kw(c, "drop_last")):
             continue
         if f.eval_loop_reduces():
             yield c, (f"{callee(c)}({ast.unparse(c.args[0])}) pads the set to a multiple of world_size with "

@@ -72,9 +72,9 @@ def save_without_module(f: Facts, m: Module):
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
                 and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
-            yield c, (f"{owner}.state_dict() after {owner} = DDP(...) (line {wrapped[owner]}): every key gets a "
-                      "'module.' prefix and the checkpoint does not load into the plain model (the single run, "
-                      f"or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
+            yield c, (f"{owner}.state_dict() where {owner} holds the DDP wrapper (line {wrapped[owner]}): every "
+                      "key gets a 'module.' prefix and the checkpoint does not load into the plain model (the single "
+                      f"run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
 
 
 def _loaded_into_a_state_dict(m: Module, c: ast.Call) -> bool:
