@@ -6,7 +6,7 @@ whose console is rank 0's) on small projects."""
 from pathlib import Path
 
 import pytest
-from test_audit import _project, rules
+from test_audit import DDP_HEAD, _project, rules
 
 from lab_utils.analysis import audit
 
@@ -333,3 +333,122 @@ def test_a_sum_loss_under_fsdp_with_its_gradient_division_turned_off():
     quiet = SUM_LOSS_FSDP.format(divide="model.set_gradient_divide_factor(1.0)\n")
     assert "sum-loss-unscaled" not in rules(quiet), rules(quiet)
     assert "sum-loss-unscaled" in rules(SUM_LOSS_FSDP.format(divide="")), rules(SUM_LOSS_FSDP.format(divide=""))
+
+
+# Held-out batch 6's classes (tests/outside/heldout_labels.json, batch 6; its first look 0.56 / 0.45 in
+# docs/results.md): each failing before its fix, written as generic code.
+GLOBAL_FORWARD = ("model = DDP(Net())\ndef estimate():\n    {local}out = []\n    for k in range(10):\n"
+                  "        out.append(model(x).item())\n    return sum(out) / len(out)\n"
+                  "for step in range(100):\n    loss = crit(model(x), y)\n    loss.backward()\n    opt.step()\n"
+                  "    if step % 10 == 0 and rank == 0:\n        est = estimate()\n        print('estimate', est)\n")
+OBJECT_GATHER = (
+    "import pickle\ndef gather_list(data):\n    buf = torch.ByteTensor(list(pickle.dumps(data)))\n"
+    "    dist.all_reduce(buf)\n    return [pickle.loads(bytes(buf))]\n"
+    "{no_grad}def {name}(q, ctx):\n    sent = [q.detach().cpu(), ctx.detach().cpu()]\n    got = gather_list(sent)\n"
+    "    all_q, all_ctx = [], []\n    for i, (rq, rctx) in enumerate(got):\n        if i != rank:\n"
+    "            all_q.append(rq)\n            all_ctx.append(rctx)\n        else:\n"
+    "            all_q.append(q)\n            all_ctx.append(ctx)\n"
+    "    scores = torch.cat(all_q) @ torch.cat(all_ctx).T\n    return scores\n"
+    "model = DDP(Net())\nfor x in loader:\n    q, ctx = model(x)\n    out = {name}(q, ctx)\n")
+CASES6 = [
+    # a function that reads the script's global wrapper, called by rank 0 alone, runs the wrapper on rank 0 alone
+    ("ddp-forward-under-rank0", GLOBAL_FORWARD.format(local="model = Net()\n    "), GLOBAL_FORWARD.format(local="")),
+    # rank 0's own estimate over its own batches is the single run's kind of number; a local of the helper that
+    # happens to share the logged name is another variable
+    ("rank0-local-loss",
+     "def estimate():\n    losses = torch.zeros(10)\n    for k in range(10):\n        losses[k] = crit(model(x), y)\n"
+     "    return losses.mean()\nmodel = DDP(Net())\nfor step in range(100):\n    loss = crit(model(x), y)\n"
+     "    loss.backward()\n    opt.step()\n    if rank == 0:\n        losses = estimate()\n"
+     "        print('est', losses)\n",
+     "model = DDP(Net())\nfor step in range(100):\n    loss = crit(model(x), y)\n    loss.backward()\n"
+     "    opt.step()\n    if rank == 0:\n        losses = loss.item()\n        print('loss', losses)\n"),
+    # a port that is a parameter's default no caller replaces is a fixed port
+    ("hard-coded-master-port",
+     "def init(port=29500):\n    os.environ['MASTER_PORT'] = str(port)\n    dist.init_process_group('gloo')\n"
+     "init(port=int(os.environ.get('PORT', 0)) or 29500 + os.getpid() % 1000)\n",
+     "def init(port=29500):\n    os.environ['MASTER_PORT'] = str(port)\n    dist.init_process_group('gloo')\n"
+     "init()\n"),
+    # the learning rate scaled by a global batch built from the GPU count under another name; not by a per-GPU
+    # batch divided from the global one
+    ("lr-grows-with-world-size",
+     "bs = int(args.batch_size / dist.get_world_size())\nargs.lr = args.lr * bs / 256\n",
+     "num_tasks = utils.get_world_size()\ntotal = args.batch_size * num_tasks\nargs.lr = args.lr * total / 256\n"),
+    # in-batch negatives exchanged as pickled, detached copies with the rank's own slot put back live
+    ("gather-without-grad", OBJECT_GATHER.format(name="loss_fn", no_grad="@torch.no_grad()\n"),
+     OBJECT_GATHER.format(name="loss_fn", no_grad="")),
+    # a flag copied from a rank-0 test says what the test says (`log_ok = chief`), not `if local_rank:`
+    ("rank0-local-loss",
+     "chief = rank == 0\nlog_ok = chief\nmodel = DDP(Net())\nfor x, y in loader:\n"
+     "    loss = crit(model(x), y)\n    loss.backward()\n    opt.step()\n    red = reduce_mean(loss)\n"
+     "    if log_ok:\n        print('loss', red.item())\n",
+     "chief = rank == 0\nlog_ok = chief\nmodel = DDP(Net())\nfor x, y in loader:\n"
+     "    loss = crit(model(x), y)\n    loss.backward()\n    opt.step()\n    if log_ok:\n"
+     "        print('loss', loss.item())\n"),
+    # a name printed outside a loop is not the loop's loss variable of the same name elsewhere in the function
+    ("every-rank-prints-loss",
+     "def train(cfg):\n    print(f'training {cfg.name}')\n    for x, y in loader:\n"
+     "        losses = {'ce': crit(model(x), y)}\n        losses['ce'].backward()\n        opt.step()\n"
+     "        if rank == 0:\n            log({name: v.item() for name, v in losses.items()})\ntrain(cfg)\n",
+     "def train(cfg):\n    print(f'training {cfg.name}')\n    for x, y in loader:\n"
+     "        losses = {'ce': crit(model(x), y)}\n        losses['ce'].backward()\n        opt.step()\n"
+     "        for name, l in losses.items():\n            print(name, l.item())\ntrain(cfg)\n"),
+]
+
+
+@pytest.mark.parametrize("rule,quiet,loud", CASES6, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES6)])
+def test_batch6_classes(rule, quiet, loud):
+    assert rule not in rules(quiet), rules(quiet)
+    assert rule in rules(loud), rules(loud)
+
+
+def test_a_seed_at_the_top_of_an_imported_helper_module(tmp_path):
+    """A helper module that seeds torch at its top level seeds every process that imports it: no no-seed; the
+    same project with the seed inside a function nobody calls: no-seed."""
+    files = {"train.py": "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel "
+             "as DDP\nfrom engine import run\ndist.init_process_group('gloo')\nmodel = DDP(Net())\nrun(model)\n",
+             "engine.py": "import torch\ntorch.manual_seed(0)\ndef run(model):\n    pass\n"}
+    assert "no-seed" not in {f.rule for f in audit.audit_paths([_project(tmp_path / "a", files)])}
+    files["engine.py"] = "import torch\ndef unused():\n    torch.manual_seed(0)\ndef run(model):\n    pass\n"
+    assert "no-seed" in {f.rule for f in audit.audit_paths([_project(tmp_path / "b", files)])}
+
+
+def test_a_loss_a_subclass_returns_to_the_base_class_loop(tmp_path):
+    """`losses = self.train_on_batch(batch)` in a base Trainer whose subclass (another file) defines it and runs
+    backward: the loop trains, so rank 0's print of those losses is its own micro-batch's."""
+    files = {"base.py": "class Trainer:\n    def train(self):\n        for batch in self.loader:\n"
+             "            losses = self.train_on_batch(batch)\n            if self.rank == 0:\n"
+             "                print('losses', losses)\n    def train_on_batch(self, batch):\n"
+             "        raise NotImplementedError\n",
+             "mine.py": "from base import Trainer\nclass MyTrainer(Trainer):\n    def train_on_batch(self, batch):\n"
+             "        loss = self.model(batch).mean()\n        loss.backward()\n        self.opt.step()\n"
+             "        return {'loss': loss}\n",
+             "run.py": "import torch, torch.distributed as dist\nfrom torch.nn.parallel import "
+             "DistributedDataParallel as DDP\nfrom mine import MyTrainer\ntorch.manual_seed(0)\n"
+             "dist.init_process_group('gloo')\nt = MyTrainer()\nt.rank = dist.get_rank()\n"
+             "t.model = DDP(Net())\nt.train()\n"}
+    found = audit.audit_paths([_project(tmp_path, files)])
+    assert any(f.rule == "rank0-local-loss" and f.path.endswith("base.py") for f in found), found
+
+
+def test_a_meter_printed_in_the_loop_header_is_reported_where_the_loss_is_fed():
+    """`for b in meter.log_every(loader)` prints what `meter.update(loss=...)` fed it: the finding names the
+    update line, the one to change."""
+    body = ("import builtins\nbuiltins.print = quiet\nclass MetricLogger:\n    def update(self, **kw):\n"
+            "        self.kw = kw\n    def log_every(self, it, n):\n        for x in it:\n            print(self.kw)\n"
+            "            yield x\nmeter = MetricLogger()\nmodel = DDP(Net())\n"
+            "for x, y in meter.log_every(loader, 10):\n    loss = crit(model(x), y)\n    loss.backward()\n"
+            "    opt.step()\n    meter.update(loss=loss.item())\n")
+    found = [f for f in audit.audit_source(DDP_HEAD + "torch.manual_seed(0)\n" + body) if f.rule == "rank0-local-loss"]
+    src = (DDP_HEAD + "torch.manual_seed(0)\n" + body).splitlines()
+    assert len(found) == 1 and "meter.update(loss=" in src[found[0].line - 1], found
+
+
+def test_a_helper_collective_reached_only_under_the_switch_through_another_helper():
+    """`reduce()` runs dist.all_reduce; `gather()` calls it; the loss calls gather() only `if world_size > 1:`:
+    no single-process run reaches it. Called unconditionally, the single-process run raises."""
+    head = "import torch.distributed as dist\nif args.distributed:\n    dist.init_process_group('gloo')\n"
+    body = ("def reduce(t):\n    return dist.all_reduce(t)\ndef gather(t):\n    reduce(t)\n    return t\n"
+            "def loss_fn(x):\n{call}    return x.sum()\nloss_fn(x)\n")
+    assert "collective-outside-switch" not in rules(body.format(call="    if world_size > 1:\n        x = gather(x)\n"),
+                                                    head)
+    assert "collective-outside-switch" in rules(body.format(call="    x = gather(x)\n"), head)

@@ -389,7 +389,16 @@ class Facts:
         if owner.startswith("self."):
             return True
         fn = m.enclosing(c)
-        return any(isinstance(a, ast.Assign) and a.lineno == line for a in ast.walk(fn or m.tree))
+        if any(isinstance(a, ast.Assign) and a.lineno == line for a in ast.walk(fn or m.tree)):
+            return True
+        # a function that reads the script's global wrapper (`def estimate_loss(): ... model(X, Y)` after a
+        # module-level `model = DDP(model)`): it binds no name of its own
+        wrap = next((a for a in m.tree.body if isinstance(a, (ast.Assign, ast.If)) and
+                     any(isinstance(x, ast.Assign) and x.lineno == line for x in ast.walk(a))), None)
+        binds = {x.arg for x in ast.walk(fn) if isinstance(x, ast.arg)} | {
+            t.id for x in ast.walk(fn) if isinstance(x, (ast.Assign, ast.For, ast.With)) for t in ast.walk(x)
+            if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)} if fn is not None else set()
+        return wrap is not None and fn is not None and "." not in owner and owner not in binds
 
 
     def collective(self, m: Module, c: ast.Call) -> bool:

@@ -314,8 +314,8 @@ class Project:
             if isinstance(base, ast.Name) and base.id == "self":
                 fn = m.enclosing(call)
                 cls = m.class_of(fn) if fn is not None else None
-                if cls and f"{cls}.{f.attr}" in m.functions:
-                    out.append((m, m.functions[f"{cls}.{f.attr}"]))
+                if cls:
+                    out.extend(self._methods(m, cls, f.attr))
             elif isinstance(base, ast.Name) and base.id in m.imports:
                 target = self.module_for(m, base.id)
                 if target is not None:
@@ -324,6 +324,46 @@ class Project:
                 target = self.module_for(m, base.value.id)  # pkg.utils.f() with `import pkg`
                 if target is not None:
                     in_module(target, f.attr)
+        return out
+
+    def _methods(self, m: Module, cls: str, attr: str) -> list[tuple[Module, ast.AST]]:
+        """What `self.attr(...)` inside class `cls` may run: the class's own method, else the nearest project base
+        class's; and every project subclass's override, since a base class's loop (`losses =
+        self.train_on_batch(batch)` in a Trainer that leaves it to its subclasses) runs the subclass's."""
+        if getattr(self, "_class_index", None) is None:
+            self._class_index: dict[str, list[tuple[Module, ast.ClassDef]]] = {}
+            self._methods_cache: dict[tuple[str, str, str], list[tuple[Module, ast.AST]]] = {}
+            for mod in self.modules.values():
+                for name, cd in mod.classes.items():
+                    self._class_index.setdefault(name, []).append((mod, cd))
+        key = (m.rel, cls, attr)
+        if key not in self._methods_cache:
+            self._methods_cache[key] = self._find_methods(m, cls, attr)
+        return self._methods_cache[key]
+
+    def _find_methods(self, m: Module, cls: str, attr: str) -> list[tuple[Module, ast.AST]]:
+        def bases(cd):
+            return [dotted(b).split(".")[-1] for b in cd.bases]
+        out, seen, todo = [], set(), [(m, m.classes[cls])] if cls in m.classes else []
+        while todo:  # the class, then up its bases until one defines attr
+            mod, cd = todo.pop(0)
+            if id(cd) in seen:
+                continue
+            seen.add(id(cd))
+            if f"{cd.name}.{attr}" in mod.functions:
+                out.append((mod, mod.functions[f"{cd.name}.{attr}"]))
+                break
+            todo += [x for b in bases(cd) for x in self._class_index.get(b, [])]
+        names, grew = {cls}, True
+        while grew:  # subclasses, at any depth
+            grew = False
+            for entries in self._class_index.values():
+                for mod, cd in entries:
+                    if cd.name not in names and set(bases(cd)) & names:
+                        names.add(cd.name)
+                        grew = True
+                        if f"{cd.name}.{attr}" in mod.functions:
+                            out.append((mod, mod.functions[f"{cd.name}.{attr}"]))
         return out
 
     def reach(self, m: Module, fn: ast.AST) -> set[tuple[str, int]]:

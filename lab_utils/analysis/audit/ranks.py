@@ -27,12 +27,18 @@ class Guards:
                     self.rank0_fns.add(f.name)
                 elif rets and any(self.classify(m, r, shallow=True) == "leaky" for r in rets):
                     self.leaky_fns.add(f.name)
+        # names that hold a rank test's answer, and copies of them (`should_log = self.should_write`): a flag
+        # says what its test says, not what a bare rank number would (`if local_rank:`, every rank but 0)
+        self.flag_kinds: dict[str, dict[str, str]] = {}
         for m in project.modules.values():
-            names = set()
-            for a in m.nodes:
-                if isinstance(a, ast.Assign) and self.classify(m, a.value) == "rank0":
-                    names |= {dotted(t) for t in a.targets}
-            self.flags[m.rel] = names
+            kinds: dict[str, str] = {}
+            self.flag_kinds[m.rel] = kinds
+            for _ in range(2):
+                for a in m.nodes:
+                    k = self.classify(m, a.value) if isinstance(a, ast.Assign) else None
+                    if k is not None:
+                        kinds.update({dotted(t): k for t in a.targets if dotted(t)})
+            self.flags[m.rel] = {n for n, k in kinds.items() if k == "rank0"}
         self.objects: dict[str, set[str]] = {m.rel: self._rank0_objects(m) for m in project.modules.values()}
 
     def _rank0_objects(self, m: Module) -> set[str]:
@@ -111,6 +117,8 @@ class Guards:
                 return "rank0"
             if RANK0_NAME.search(name.split(".")[-1]) or (not shallow and name in self.flags.get(m.rel, ())):
                 return "rank0"
+            if not shallow and name in getattr(self, "flag_kinds", {}).get(m.rel, {}):
+                return self.flag_kinds[m.rel][name]
             if involves_rank(t, m.rank_tainted) and not RANK0_NAME.search(name):
                 return "not0"  # `if local_rank:` is true on every rank but 0
         return None

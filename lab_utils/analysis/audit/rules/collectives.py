@@ -35,7 +35,9 @@ def collective_under_rank0(f: Facts, m: Module):
 def ddp_forward_under_rank0(f: Facts, m: Module):
     wrapped = f.ddp_wrapped.get(m.rel, {})
     for c in m.calls:
-        if f.g.kind(m, c) != "rank0" or f.collective(m, c):
+        kind = f.g.kind(m, c)
+        # a function only rank 0 calls runs on rank 0 alone too (`if master_process: losses = estimate_loss()`)
+        if kind != "rank0" and (kind is not None or f.g.effective(m, c) != "rank0") or f.collective(m, c):
             continue
         if isinstance(c.func, (ast.Name, ast.Attribute)) and dotted(c.func) in wrapped and \
                 f.same_scope(m, c, dotted(c.func), wrapped[dotted(c.func)]) and \
@@ -123,7 +125,7 @@ def collective_outside_switch(f: Facts, m: Module):
                 not m.entry:
             continue
         fn = m.enclosing(c)
-        if fn is not None and any(distributed_switch(cm, cc) is not None for cm, cc in f.p.callers(m, fn)):
+        if fn is not None and _called_under_switch(f, m, fn):
             continue  # the helper is only called under the switch
         if fn is not None and any(isinstance(n, ast.Call) and callee(n) in ("is_initialized", "is_available")
                                   for n in ast.walk(fn)):
@@ -133,3 +135,15 @@ def collective_outside_switch(f: Facts, m: Module):
                   f"{inits[0][1].lineno}): at two ranks it synchronises, but the "
                   "single-process run of this script raises 'Default process group has not been initialized' — "
                   "put it under the same switch (or `if dist.is_initialized():`)")
+
+
+def _called_under_switch(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> bool:
+    """A helper called under a distributed switch, directly or through helpers (`all_reduce` called by
+    `all_gather_list`, which the loss calls only `if world_size > 1:`)."""
+    for cm, cc in f.p.callers(m, fn):
+        if distributed_switch(cm, cc) is not None:
+            return True
+        outer = cm.enclosing(cc)
+        if depth and outer is not None and outer is not fn and _called_under_switch(f, cm, outer, depth - 1):
+            return True
+    return False

@@ -157,6 +157,41 @@ def gather_without_grad(f: Facts, m: Module):
             yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
                       "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
+    yield from _gathered_as_objects(f, m)
+
+
+def _detached(scope: ast.AST, v: ast.AST) -> bool:
+    """A value that is a detached copy, or a container holding one (`[q.detach(), ctx.cpu().detach_()]`),
+    directly or through the names assigned in the scope."""
+    names = {n.id for n in ast.walk(v) if isinstance(n, ast.Name)}
+    sources = [v] + [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+                     and any(isinstance(t, ast.Name) and t.id in names for t in a.targets)]
+    return any(isinstance(n, ast.Attribute) and n.attr in ("detach", "detach_") for s in sources for n in ast.walk(s))
+
+
+def _gathered_as_objects(f: Facts, m: Module):
+    """In-batch negatives exchanged as plain objects (`dist.all_gather_object`, or a project helper that pickles
+    them through a collective) from detached copies, with this rank's own slot put back from its live tensors
+    (`if i != rank: use(q) else: use(local_q)`): every rank computes the global loss, but the other ranks' rows
+    are constants, so after DDP's average the step is 1/world_size of the single run's for those terms."""
+    for c in m.calls:
+        fn = m.enclosing(c)
+        if fn is None or not c.args or not (callee(c) == "all_gather_object" or (
+                f.p.resolve(m, c) and f.collective(m, c))) or any("no_grad" in dotted(d) for d in fn.decorator_list):
+            continue
+        if not any(_detached(fn, a) for a in c.args):
+            continue
+        target = next((dotted(a.targets[0]) for a in ast.walk(fn) if isinstance(a, ast.Assign)
+                       and a.value is c), None) or (dotted(c.args[0]) if callee(c) == "all_gather_object" else None)
+        own_slot = any(isinstance(loop, ast.For) and target and target in {dotted(n) for n in ast.walk(loop.iter)}
+                       and any(isinstance(i, ast.If) and involves_rank(i.test, m.rank_tainted) for i in ast.walk(loop))
+                       for loop in ast.walk(fn))
+        if own_slot and _in_a_loss(f, m, fn):
+            yield c, (f"{ast.unparse(c)[:60]} exchanges detached copies, and only this rank's own slot is put back "
+                      "from its live tensors: every rank computes the loss over the global batch, but the other "
+                      "ranks' rows are constants, so after DDP's average the step is 1/world_size of the single "
+                      "run's for those terms — multiply the loss by world_size, or gather with "
+                      "torch.distributed.nn.functional.all_gather")
 
 
 def _fixed_port(v: ast.AST) -> str | None:
@@ -168,6 +203,30 @@ def _fixed_port(v: ast.AST) -> str | None:
         text = "".join(str(p.value) if isinstance(p, ast.Constant) else "{}" for p in v.values)
         return ast.unparse(v) if TCP_PORT.search(text) else None
     return None
+
+
+def _default_kept(f: Facts, m: Module, v: ast.AST):
+    """The constant a value really is when it is a parameter's default that every project call keeps:
+    `os.environ['MASTER_PORT'] = str(port)` in `def init_distributed(port=40112, ...)`, called as
+    `init_distributed()` or with other arguments only. None when a caller passes the parameter (or none is
+    seen: the default may be a placeholder)."""
+    if isinstance(v, ast.Call) and callee(v) in ("str", "int") and len(v.args) == 1:
+        v = v.args[0]
+    fn = m.enclosing(v)
+    if not isinstance(v, ast.Name) or not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    args = fn.args.args
+    defaults = dict(zip([a.arg for a in args][len(args) - len(fn.args.defaults):], fn.args.defaults, strict=True))
+    default = defaults.get(v.id)
+    if not (isinstance(default, ast.Constant) and isinstance(default.value, (int, str))) or any(
+            isinstance(x, ast.Assign) and v.id in {dotted(t) for t in x.targets} for x in ast.walk(fn)):
+        return None
+    position = [a.arg for a in args if a.arg not in ("self", "cls")].index(v.id)
+    sites = f.p.callers(m, fn)
+    if not sites or any(len(c.args) > position or any(k.arg in (v.id, None) for k in c.keywords)
+                        for _, c in sites):
+        return None
+    return default.value
 
 
 def _env_fallback(m: Module, node: ast.Assign) -> bool:
@@ -192,9 +251,12 @@ def hard_coded_master_port(f: Facts, m: Module):
     for a in sorted((a for a in m.nodes if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
         if _env_fallback(m, a):
             continue
-        if any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets) and \
-                const_str(a.value) is not None:
+        sets_port = any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets)
+        if sets_port and const_str(a.value) is not None:
             yield a, f"MASTER_PORT fixed to {a.value.value!r}: {advice}", "check-by-hand"
+        elif sets_port and (default := _default_kept(f, m, a.value)) is not None:
+            yield a, (f"MASTER_PORT set from a parameter whose default {default!r} no caller replaces: the port is "
+                      f"fixed: {advice}"), "check-by-hand"
         elif any(dotted(t) in urls - reported for t in a.targets) and _fixed_port(a.value):
             # args.dist_url = 'tcp://localhost:58472' ... init_method=args.dist_url; one finding per variable,
             # however many branches fix it
@@ -358,13 +420,30 @@ NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone", re.I)
 
 
 def _world_holding(m: Module) -> set[str]:
-    """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint)."""
+    """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint), and
+    names that hold the count itself, whatever they are called (`num_tasks = utils.get_world_size()`)."""
     out: set[str] = set()
     for _ in range(3):
         for a in m.nodes:
-            if isinstance(a, ast.Assign) and _grows(a.value, out):
+            count = isinstance(a, ast.Assign) and _a_count(a.value, out)
+            if isinstance(a, ast.Assign) and (count or _grows(a.value, out)):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out
+
+
+def _a_count(v: ast.AST, holding: set[str]) -> bool:
+    """The GPU count itself: `get_world_size()` (torch's or a helper's), `args.world_size`, a copy of a name
+    that holds it, `int(os.environ["WORLD_SIZE"])`; not an expression that merely uses it (`batch_size //
+    world_size` shrinks)."""
+    if isinstance(v, ast.Call) and callee(v) in ("int", "len") and len(v.args) == 1:
+        v = v.args[0]
+    if isinstance(v, ast.Subscript):
+        return const_str(v.slice) == "WORLD_SIZE"
+    if isinstance(v, ast.Call):
+        return bool(WORLDISH.search(callee(v))) or callee(v) == "get" and bool(v.args) and \
+            const_str(v.args[0]) == "WORLD_SIZE"
+    return isinstance(v, (ast.Name, ast.Attribute)) and (bool(WORLDISH.search(dotted(v).split(".")[-1]))
+                                                         or dotted(v) in holding)
 
 
 def _grows(v: ast.AST, holding: set[str]) -> bool:

@@ -35,12 +35,17 @@ def _packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
     return out
 
 
-def _looped_losses(scope: ast.AST, names: set[str]) -> set[str]:
+def _looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
     """Losses logged one by one from their container: `for k, v in loss_meter.items(): writer.add_scalar(k,
     v.latest)`; the container's name stands for the logged values (so a reduced container still counts as
-    reduced)."""
+    reduced). Only a loop around the log or a comprehension inside it: elsewhere the same name (`name`) is
+    another variable."""
     out = set()
-    for loop in ast.walk(scope):
+    loops, n = [x for x in ast.walk(c) if isinstance(x, ast.comprehension)], m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        loops += [n] if isinstance(n, ast.For) else []
+        n = m.parent.get(id(n))
+    for loop in loops:
         if not (isinstance(loop, (ast.For, ast.comprehension))
                 and {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} & names):
             continue
@@ -161,7 +166,7 @@ def _rank0_own(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     def source(v, own):
         return isinstance(v, ast.Call) and f.g.kind(m, v) == "rank0" and bool(f.p.resolve(m, v)) and \
             not _sharded(f, m, v) or isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in own
-    assigns = [a for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign))]
+    assigns = [a for a in _own_walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign))]
     own: set[str] = set()
     for _ in range(3):
         own |= {t for a in assigns if isinstance(a, ast.Assign) and source(a.value, own) for t in _targets(a)}
@@ -171,6 +176,34 @@ def _rank0_own(f: Facts, m: Module, scope: ast.AST) -> set[str]:
             own -= _targets(a) if isinstance(a, ast.Assign) else {root(a.target)}
     cache[(m.rel, id(scope))] = own
     return own
+
+
+def _own_walk(scope: ast.AST):
+    """The nodes of a scope without the bodies of the functions and classes defined in it: a helper's local
+    `losses = torch.zeros(n)` is another variable than the script's `losses = estimate_loss()`."""
+    todo = [scope]
+    while todo:
+        n = todo.pop()
+        yield n
+        todo += [c for c in ast.iter_child_nodes(n)
+                 if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
+
+
+def _fed_at(m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | None:
+    """Where the loss goes into a meter that prints it elsewhere: `metric_logger.log_every(loader, ...)` in the
+    loop header prints what `metric_logger.update(loss=loss_value)` fed it in the body; that line is the one to
+    change. None when the log call prints the loss itself."""
+    if callee(c) in LOG_CALLS or not isinstance(c.func, ast.Attribute):
+        return None
+    meter = root(c.func.value)
+    scope = m.enclosing(c) or m.tree
+    for x in sorted((x for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute)
+                     and root(x.func.value) == meter and x is not c), key=lambda x: x.lineno):
+        fed = [*x.args, *[k.value for k in x.keywords]]
+        if any(LOSSISH.search(k.arg or "") and not NOT_A_LOSS.search(k.arg or "") for k in x.keywords) or any(
+                isinstance(n, (ast.Name, ast.Attribute)) and root(n) in lossy for v in fed for n in ast.walk(v)):
+            return x
+    return None
 
 
 def _guard_block(m: Module, c: ast.AST) -> int:
@@ -197,7 +230,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
         carriers = _loss_carriers(scope)
-        lossy |= _packed_losses(scope, names - lossy) | (names & carriers) | _looped_losses(scope, names)
+        lossy |= _packed_losses(scope, names - lossy) | (names & carriers) | _looped_losses(m, c, names)
         if name not in LOG_CALLS:  # metric_logger.log_every(...): the meter prints what it was fed
             lossy |= {root(c.func.value)} & carriers
         lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
@@ -229,8 +262,11 @@ def rank0_local_loss(f: Facts, m: Module):
         per_block |= {block, where}
         how = "" if kind is not None else "through a logger whose console is rank 0's, " if console0 else \
             "through the builtins.print override (setup_for_distributed), "
-        yield c, (f"rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own micro-batch's "
-                  "loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging")
+        fed = _fed_at(m, c, lossy)
+        at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
+        yield fed or c, (f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
+                         "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before "
+                         "logging")
 
 
 @rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "

@@ -31,9 +31,12 @@ def _entry_calls(f: Facts, m: Module):
     cache = f.cache.setdefault("entry_calls", {})
     if m.rel not in cache:
         scope = f.entry_scope(m)
-        top = [n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+        # what runs at import time: the script's own top level and that of every project module it imports (a
+        # helper module that calls torch.manual_seed(0) at its top seeds every process that imports it)
+        top = [(mm, n) for mm in [m, *(f.p.modules[r] for r in sorted(f.p.imports_of(m)))] for s in mm.tree.body
+               if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
                for n in ast.walk(s) if isinstance(n, ast.Call)]
-        calls = [(m, c) for c in top] + list(f.p.calls_in(scope))
+        calls = top + list(f.p.calls_in(scope))
         ddp = any(callee(c) in ("init_process_group", "spawn") or f.is_ddp_call(mm, c) for mm, c in calls)
         cache[m.rel] = (calls, {f.seed_kind(mm, c) for mm, c in calls} - {None}) if ddp else None
     return cache[m.rel]
