@@ -1,4 +1,5 @@
-"""The real defects `ddp-lab audit` finds in Spijkervet/SimCLR and facebookresearch/DPR (tests/outside/heldout_labels.json, batch 2): does a
+"""The real defects `ddp-lab audit` finds in Spijkervet/SimCLR (tests/outside/heldout_labels.json, batch 2) and
+facebookresearch/DPR (batch 6): does a
 GatherLayer whose backward returns only grads[rank] (no all_reduce) give the single run's gradient?
 Lab-written reproduction of the mechanism (not SimCLR's code): 2 ranks on gloo, a linear encoder, an
 NT-Xent-style loss over the gathered batch divided by the global count, DDP-averaged gradients, compared with
