@@ -390,6 +390,9 @@ RETURNED = ("model = DDP(Net())\ndef one_epoch(loader):\n    acc = 0.0\n    for 
             "        loss = model(x).mean()\n        loss.backward()\n        opt.step()\n"
             "        acc += loss.item()\n    {ret}\nfor epoch in range(3):\n    mae = one_epoch(loader)\n"
             "    if rank == 0:\n        print(f'epoch {{epoch}} train {{mae:.4f}}')\n")
+LR_SCALED = ("parser.add_argument('--lr', type=float, default=None)\nif not args.lr:\n"
+             "    global_batch = args.batch_size * {world}\n    ratio = global_batch / 256\n"
+             "    ratio = ratio ** 0.5\n    args.lr = args.base_lr * ratio\n")
 CASES7 = [
     # a switch value misread: the group is set up after a chain of launcher-environment tests whose last arm returns
     # (DeiT's init_distributed_mode), as under `if args.distributed:`; a barrier after it outside any switch raises
@@ -434,6 +437,14 @@ CASES7 = [
     # meaning, not a name: what a training function returns is its running loss, whatever the caller calls it
     ("rank0-local-loss", RETURNED.format(ret="return reduce_mean(torch.tensor(acc / len(loader))).item()"),
      RETURNED.format(ret="return acc / len(loader)")),
+    # a world-size factor carried through a ratio and a root (`ratio = global_batch / 256`) still scales the lr
+    ("lr-grows-with-world-size", LR_SCALED.format(world="args.grad_accum"),
+     LR_SCALED.format(world="args.world_size * args.grad_accum")),
+    # a library's wrapper named as torch.load's maps like torch.load
+    ("load-without-map-location",
+     "from somelib import fs\nckpt = fs.torch_load(checkpoint_path, map_location='cpu')\n"
+     "model.load_state_dict(ckpt['model'])\n",
+     "from somelib import fs\nckpt = fs.torch_load(checkpoint_path)\nmodel.load_state_dict(ckpt['model'])\n"),
 ]
 
 

@@ -405,11 +405,23 @@ def _world_holding(m: Module) -> set[str]:
 
 
 def _grows(v: ast.AST, holding: set[str]) -> bool:
-    """A product with a world-size factor (`x * world_size`, `x * get_world_size()`, `x * eff_batch`)."""
-    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mult) and any(
-        involves(side, WORLDISH) or any(dotted(n) in holding for n in ast.walk(side)
-                                        if isinstance(n, (ast.Name, ast.Attribute)))
-        for side in (b.left, b.right)) for b in ast.walk(v))
+    """A product with a world-size factor (`x * world_size`, `x * get_world_size()`, `x * eff_batch`), or a value
+    that carries one on: a ratio over it (`batch_ratio = global_batch / 256`), a root of it (`batch_ratio ** 0.5`),
+    a copy of it. A world size in a divisor shrinks the value instead."""
+    def held(side):
+        return involves(side, WORLDISH) or any(dotted(n) in holding for n in ast.walk(side)
+                                               if isinstance(n, (ast.Name, ast.Attribute)))
+    if isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in holding:
+        return True
+    return any(isinstance(b, ast.BinOp) and (isinstance(b.op, ast.Mult) and any(held(s) for s in (b.left, b.right))
+                                             or isinstance(b.op, (ast.Div, ast.Pow)) and _carries(b.left, holding))
+               for b in ast.walk(v))
+
+
+def _carries(v: ast.AST, holding: set[str]) -> bool:
+    """The numerator or base of a ratio or a power is a name that grows with the GPU count."""
+    return isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in holding or isinstance(v, ast.BinOp) and \
+        _grows(v, holding)
 
 
 @rule("lr-grows-with-world-size", "01_unchanged", "the learning rate is multiplied by the GPU count (directly or "
