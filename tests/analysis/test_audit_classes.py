@@ -522,3 +522,20 @@ def test_an_evaluation_sampler_chosen_by_a_switch_argument_and_batchnorm_in_a_mo
     assert ("batchnorm-without-sync", "train.py", 7) in loud, loud
     quiet = found("quiet", "SYNC = torch.nn.SyncBatchNorm\n")
     assert not {r for r, _, _ in quiet} & {"batchnorm-without-sync"}, quiet
+
+
+def test_no_seed_at_the_setup_helpers_call_in_the_flow():
+    """An anchor where the defect is: when the group is set up in a small helper (`ddp_setup`: no loop, no wrap),
+    the missing seed belongs in the flow that calls it and then builds the model, so no-seed names that call; an
+    init_process_group in the training function itself stays the anchor."""
+    helper = ("import os, torch, torch.distributed as dist\n"
+              "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "def ddp_setup(rank, world_size):\n    os.environ['MASTER_ADDR'] = 'localhost'\n"
+              "    dist.init_process_group('nccl', rank=rank, world_size=world_size)\n"
+              "def main(rank, world_size):\n    ddp_setup(rank, world_size)\n    model = DDP(Net())\n"
+              "    for x in loader:\n        model(x).sum().backward()\nif __name__ == '__main__':\n    main(0, 1)\n")
+    inline = helper.replace("    ddp_setup(rank, world_size)\n", "    dist.init_process_group('nccl')\n").replace(
+        "    dist.init_process_group('nccl', rank=rank, world_size=world_size)\n", "    pass\n")
+    for src, text in ((helper, "ddp_setup(rank, world_size)"), (inline, "dist.init_process_group('nccl')")):
+        lines = [f.line for f in audit.audit_source(src) if f.rule == "no-seed"]
+        assert len(lines) == 1 and src.splitlines()[lines[0] - 1].strip() == text, (lines, src)
