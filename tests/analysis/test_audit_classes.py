@@ -539,3 +539,21 @@ def test_no_seed_at_the_setup_helpers_call_in_the_flow():
     for src, text in ((helper, "ddp_setup(rank, world_size)"), (inline, "dist.init_process_group('nccl')")):
         lines = [f.line for f in audit.audit_source(src) if f.rule == "no-seed"]
         assert len(lines) == 1 and src.splitlines()[lines[0] - 1].strip() == text, (lines, src)
+
+
+def test_a_helper_sampler_reported_in_the_script_only_where_its_epoch_loop_is(tmp_path):
+    """What the script-side set-epoch-missing (above) must not take in (batch 6's ZoeDepth): a script that builds
+    the loader through the helper and hands it to a trainer whose epoch loop lives in another file; the helper's
+    own line stays the finding."""
+    root = _project(tmp_path, {
+        "data.py": "from torch.utils.data import DataLoader, DistributedSampler\ndef build(ds):\n"
+                   "    return DataLoader(ds, sampler=DistributedSampler(ds))\n",
+        "trainer.py": "def fit(model, loader):\n    for epoch in range(3):\n        for x in loader:\n"
+                      "            model(x).sum().backward()\n",
+        "train.py": "import torch, torch.distributed as dist\n"
+                    "from torch.nn.parallel import DistributedDataParallel as DDP\nfrom data import build\n"
+                    "from trainer import fit\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+                    "fit(DDP(Net()), build(ds))\n",
+    })
+    found = {(f.rule, Path(f.path).name) for f in audit.audit_paths([root])}
+    assert ("set-epoch-missing", "data.py") in found and ("set-epoch-missing", "train.py") not in found, found

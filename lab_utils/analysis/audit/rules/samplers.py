@@ -79,7 +79,7 @@ def set_epoch_missing(f: Facts, m: Module):
                 "— call sampler.set_epoch(epoch) at the top of each epoch")
         yield made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}"
         site = f.entry_site(m, made[0])
-        if site is not None:  # the script whose epoch loop never calls it: where the fix goes
+        if site is not None and _has_epoch_loop(site[0]):  # the script whose epoch loop never calls it: the fix
             yield site[0], site[1], (f"{ast.unparse(site[1].func)}(...) makes a shuffling DistributedSampler "
                                      f"({m.rel}:{made[0].lineno}) whose set_epoch nothing in the project calls: "
                                      f"{what}")
@@ -92,6 +92,13 @@ def set_epoch_missing(f: Facts, m: Module):
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
+
+
+def _has_epoch_loop(m: Module) -> bool:
+    """The module runs an epoch loop itself (a loop around a loop): set_epoch would go there. A script that hands
+    the loader to a trainer in another file has its epoch loop, and the fix, elsewhere."""
+    return any(isinstance(n, (ast.For, ast.While)) and any(
+        isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in m.nodes)
 
 
 @rule("set-epoch-late", "03_samplers", "set_epoch after the loader's iterator exists (a persistent iterator): the "
