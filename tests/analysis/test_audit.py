@@ -554,10 +554,11 @@ def test_pytorch_examples_multigpu_torchrun_no_seed_and_peek():
     """pytorch/examples ddp-tutorial-series/multigpu_torchrun.py (BSD-3): it never seeds, and peeks a batch with
     next(iter(loader)) each epoch; it does call set_epoch and saves model.module (no finding there)."""
     found = audit.audit_file(OUTSIDE / "pytorch_examples_multigpu_torchrun.py")
-    assert [f.rule for f in found] == ["no-seed", "peek-iterator"], audit.format_findings(found, "multigpu")
+    assert [f.rule for f in found] == ["peek-iterator", "no-seed"], audit.format_findings(found, "multigpu")
     src = (OUTSIDE / "pytorch_examples_multigpu_torchrun.py").read_text().splitlines()
-    assert "init_process_group" in src[found[0].line - 1]
-    assert "next(iter(self.train_data))" in src[found[1].line - 1]
+    # no-seed at the flow's call of the setup helper (ddp_setup only sets up the group), where the seed belongs
+    assert "ddp_setup(" in src[found[1].line - 1] and "def " not in src[found[1].line - 1]
+    assert "next(iter(self.train_data))" in src[found[0].line - 1]
 
 
 @pytest.mark.slow
@@ -566,7 +567,7 @@ def test_cli_exit_codes_json_and_sarif(tmp_path):
                                     text=True, cwd=REPO)
     as_json = run("--json", str(OUTSIDE / "pytorch_examples_multigpu_torchrun.py"))
     rows = json.loads(as_json.stdout)
-    assert as_json.returncode == 1 and [r["rule"] for r in rows] == ["no-seed", "peek-iterator"]
+    assert as_json.returncode == 1 and [r["rule"] for r in rows] == ["peek-iterator", "no-seed"]
     assert set(rows[0]) == {"file", "line", "rule", "severity", "message", "chapter"} and rows[0]["line"] >= 1
     sarif = json.loads(run("--sarif", str(OUTSIDE / "nanogpt_train.py")).stdout)
     assert sarif["version"] == "2.1.0" and {r["ruleId"] for r in sarif["runs"][0]["results"]} == \

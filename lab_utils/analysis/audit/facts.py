@@ -22,6 +22,8 @@ from .syntax import (
     SEED_HELPER,
     TORCH_SEEDS,
     callee,
+    const_str,
+    const_value,
     dotted,
     kw,
     root,
@@ -303,6 +305,95 @@ class Facts:
                 todo += [(tm, cc) for cc in ast.walk(tf) if isinstance(cc, ast.Call)]
         return keys
 
+    def entry_site(self, m: Module, node: ast.AST, depth: int = 3) -> tuple[Module, ast.Call] | None:
+        """The call in an entry script that runs `node`'s helper (`train_ds, test_ds = dataloader.load_data(...)`
+        for a sampler made in data/dataloader.py), through up to `depth` callers: where the script's author meets
+        what the helper does. None when `node` lies in a script, or no script reaches it."""
+        todo, seen = [(m, m.enclosing(node), 0)], set()
+        while todo:
+            mod, fn, d = todo.pop(0)
+            if mod.entry or fn is None or id(fn) in seen or d >= depth:
+                continue
+            seen.add(id(fn))
+            for cm, call in sorted(self.p.callers(mod, fn), key=lambda x: (x[0].rel, x[1].lineno)):
+                if cm.entry:
+                    return cm, call
+                todo.append((cm, cm.enclosing(call), d + 1))
+        return None
+
+    def store_true_flags(self) -> dict[str, str]:
+        """Command-line flags that are off unless given: `--sync-bn` (action='store_true', default not True), by
+        the attribute argparse makes of them (`sync_bn`) -> the option as written."""
+        if "flags" not in self.cache:
+            out = {}
+            for mm in self.p.modules.values():
+                for a in mm.calls:
+                    opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
+                    if callee(a) == "add_argument" and opt and const_str(kw(a, "action")) == "store_true" and \
+                            not (isinstance(kw(a, "default"), ast.Constant) and kw(a, "default").value is True):
+                        out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
+            self.cache["flags"] = out
+        return self.cache["flags"]
+
+    def off_by_default(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
+        """The flag `node` runs under when that flag is off in the default run: an enclosing `if args.sync_bn:`
+        (or `if args.distributed and args.sync_bn:`) on a store_true option, or `if use_multi_epochs_loader:` on a
+        parameter that defaults to False and that every caller leaves out or passes such an option. Its name, or
+        None when the default run reaches `node`."""
+        found = self.flag_gate(m, node, depth)
+        return found[0] if found else None
+
+    def flag_gate(self, m: Module, node: ast.AST, depth: int = 2) -> tuple[str, ast.If] | None:
+        """(the flag, the `if` that tests it) for off_by_default()."""
+        flags = self.store_true_flags()
+        child, n = node, m.parent.get(id(node))
+        while n is not None and not isinstance(n, ast.Module):
+            if isinstance(n, ast.If) and any(child is b for b in n.body):
+                for t in (n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And)
+                          else [n.test]):
+                    if isinstance(t, ast.Attribute) and t.attr in flags:
+                        return flags[t.attr], n
+                    if isinstance(t, ast.Name) and depth:
+                        off = self._parameter_off(m, n, t.id, depth)
+                        if off:
+                            return off, n
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                break
+            child, n = n, m.parent.get(id(n))
+        return None
+
+    def _parameter_off(self, m: Module, at: ast.AST, name: str, depth: int) -> str | None:
+        """A parameter that defaults to False and that every project caller leaves out, passes False, or passes
+        a flag that is off by default: the flag's name (the parameter's when no caller names one)."""
+        fn = m.enclosing(at)
+        if fn is None:
+            return None
+        args = fn.args.args
+        defaults = dict(zip([a.arg for a in args][len(args) - len(fn.args.defaults):], fn.args.defaults,
+                            strict=True))
+        defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True)
+                         if d is not None})
+        if name not in defaults or const_value(defaults[name]) not in (False, None):
+            return None
+        sites, named = self.p.callers(m, fn), name
+        if not sites:
+            return None
+        flags = self.store_true_flags()
+        for _cm, c in sites:
+            v = kw(c, name)
+            params = [a.arg for a in args]
+            if params[:1] in (["self"], ["cls"]):
+                params = params[1:]
+            if v is None and name in params and params.index(name) < len(c.args):
+                v = c.args[params.index(name)]
+            if v is None or const_value(v) is False:
+                continue
+            if isinstance(v, ast.Attribute) and v.attr in flags:
+                named = flags[v.attr]
+                continue
+            return None
+        return named
+
     def setup_line(self, m: Module) -> ast.AST:
         """Where the entry sets up the process group: its init_process_group, a call of a helper that does,
         the DDP wrap, or the main guard."""
@@ -329,9 +420,13 @@ class Facts:
                 n.args) or any(k.arg == "update_grad" for k in n.keywords))
         if any(steps(n) for sc in scope for n in ast.walk(sc)):
             return True
-        # the step in a helper this function calls (`batch_loss = self._run_batch(...)`, then print(batch_loss))
+        # the step in a helper this function calls (`batch_loss = self._run_batch(...)`, then print(batch_loss)); at
+        # module level, the helper a script's own epoch loop calls (`mae = one_epoch(loader)`)
         if fn is None:
-            return False
+            loop = m.enclosing(node, (ast.For, ast.While))
+            return loop is not None and any(isinstance(c, ast.Call) and any(
+                self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2) for tm, tf in self.p.resolve(m, c))
+                for c in ast.walk(loop))
         return self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2) or self._hook_of_a_step_loop(m, fn, steps)
 
     def _hook_of_a_step_loop(self, m: Module, fn: ast.AST, steps) -> bool:

@@ -246,6 +246,27 @@ class Project:
                 return defs[0]
         return None
 
+    def package_member(self, m: Module, local: str, name: str) -> Module | None:
+        """The module that defines `name` for `local.name(...)`: the imported module itself, the module its
+        package __init__.py re-exports the name from (`from timm import utils` ... `utils.reduce_tensor(...)`,
+        utils/__init__.py holding `from .distributed import *`), or, when the package's __init__.py is not in
+        the audited copy, the one module of that folder that defines the name."""
+        target = self.module_for(m, local)
+        if target is not None and (name in target.functions or name in target.classes):
+            return target
+        if target is not None and name in target.imports:
+            return self._reexported(target, name)
+        if target is not None and target.path.name != "__init__.py":
+            return target
+        mod, attr, level = m.imports[local]
+        folders = {_real(c.with_suffix("")) if c.name != "__init__.py" else _real(c.parent)
+                   for c in self._candidates(m, f"{mod}.{attr}" if attr and mod else mod or attr or "", None, level)}
+        if target is not None:
+            folders.add(_real(target.path.parent))
+        defs = [mm for mm in self.modules.values() if _real(mm.path).parent in folders
+                and (name in mm.functions or name in mm.classes)]
+        return defs[0] if len(defs) == 1 else target
+
     def _reexported(self, mod: Module, attr: str, depth: int = 2) -> Module:
         """The module that defines `attr` when `mod` only re-exports it (`from .build import build_loader` in a
         package's __init__.py); `mod` itself otherwise."""
@@ -317,7 +338,7 @@ class Project:
                 if cls:
                     out.extend(self._methods(m, cls, f.attr))
             elif isinstance(base, ast.Name) and base.id in m.imports:
-                target = self.module_for(m, base.id)
+                target = self.package_member(m, base.id, f.attr)
                 if target is not None:
                     in_module(target, f.attr)
             elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in m.imports:

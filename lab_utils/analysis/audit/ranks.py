@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 
 from .project import Module, Project
-from .syntax import DIST_SWITCH, RANK0_NAME, WORLDISH, callee, dotted, involves, involves_rank
+from .syntax import DIST_SWITCH, RANK0_NAME, WORLDISH, callee, dotted, involves, involves_rank, is_switch_value
 
 
 class Guards:
@@ -195,7 +195,36 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
                 break
             if isinstance(s, ast.If) and is_switch_test(s.test) and s.body and isinstance(s.body[-1], ast.Return):
                 return s.test
+            if isinstance(s, ast.If) and _returns_unless_launched(s):
+                return s.test
         if isinstance(n, ast.FunctionDef):
             break
         child, n = n, m.parent.get(id(n))
     return None
+
+
+def _returns_unless_launched(s: ast.If) -> bool:
+    """`if "RANK" in os.environ: ... elif "SLURM_PROCID" in os.environ: ... else: args.distributed = False;
+    return` (DeiT's init_distributed_mode): a chain of tests of the launcher's environment whose last arm returns.
+    What follows runs only when a launcher started the job, as under `if args.distributed:`."""
+    tests, n = [], s
+    while True:
+        tests.append(n.test)
+        if len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If):
+            n = n.orelse[0]
+            continue
+        break
+    return bool(n.orelse) and isinstance(n.orelse[-1], ast.Return) and all(
+        is_switch_value(t) or is_switch_test(t) for t in tests)
+
+
+def switched(p: Project, m: Module, node: ast.AST, depth: int = 2) -> ast.AST | None:
+    """distributed_switch() through the callers: code in a helper that every caller calls under the switch
+    (`samplers = create_sampler(...)` only inside `if args.distributed:`) runs only in a distributed run."""
+    test = distributed_switch(m, node)
+    if test is not None or depth == 0:
+        return test
+    fn = m.enclosing(node)
+    sites = p.callers(m, fn) if fn is not None else []
+    tests = [switched(p, cm, c, depth - 1) for cm, c in sites]
+    return tests[0] if tests and all(t is not None for t in tests) else None

@@ -7,7 +7,7 @@ import ast
 
 from ..facts import Facts
 from ..project import Module
-from ..ranks import distributed_switch
+from ..ranks import distributed_switch, switched
 from ..registry import rule
 from ..syntax import callee, dotted
 
@@ -121,14 +121,16 @@ def collective_outside_switch(f: Facts, m: Module):
     for c in m.calls:
         if callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather") or "dist" not in dotted(c.func):
             continue
-        if distributed_switch(m, c) is not None or f.g.kind(m, c) is not None or m.enclosing(c) is None and \
+        if switched(f.p, m, c) is not None or f.g.kind(m, c) is not None or m.enclosing(c) is None and \
                 not m.entry:
             continue
         fn = m.enclosing(c)
-        if fn is not None and _called_under_switch(f, m, fn):
+        sites = f.p.callers(m, fn) + _apply_sites(m, fn) if fn is not None else []
+        if any(switched(f.p, cm, cc) is not None for cm, cc in sites) or fn is not None and \
+                _called_under_switch(f, m, fn):
             continue  # the helper is only called under the switch
-        if fn is not None and any(isinstance(n, ast.Call) and callee(n) in ("is_initialized", "is_available")
-                                  for n in ast.walk(fn)):
+        if fn is not None and (any(isinstance(n, ast.Call) and callee(n) in GROUP_CHECKS for n in ast.walk(fn))
+                               or _checked_first(f, m, fn)):
             continue  # the helper checks the group itself
         switch = ast.unparse(distributed_switch(*inits[0]))
         yield c, (f"{ast.unparse(c.func)}() runs whether or not `{switch}` set up the process group (line "
@@ -147,3 +149,25 @@ def _called_under_switch(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> bo
         if depth and outer is not None and outer is not fn and _called_under_switch(f, cm, outer, depth - 1):
             return True
     return False
+
+
+GROUP_CHECKS = ("is_initialized", "is_available")
+
+
+def _apply_sites(m: Module, fn: ast.AST) -> list:
+    """The calls that run an autograd.Function's forward or backward: `GatherLayer.apply(x)`. Its forward runs
+    wherever apply is called (after `if world_size == 1: return x`, say), never by its own name."""
+    cls = m.class_of(fn)
+    if cls is None or fn.name not in ("forward", "backward"):
+        return []
+    return [(m, c) for c in m.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "apply"
+            and dotted(c.func.value) == cls]
+
+
+def _checked_first(f: Facts, m: Module, fn: ast.AST) -> bool:
+    """The function returns early unless a helper says the group exists: `if not is_dist_avail_and_initialized():
+    return` (the helper calls dist.is_available() and dist.is_initialized())."""
+    return any(isinstance(s, ast.If) and s.body and isinstance(s.body[-1], ast.Return) and any(
+        isinstance(n, ast.Call) and any(f.p.function_does(tm, tf, lambda mm, cc: callee(cc) in GROUP_CHECKS, 1)
+                                        for tm, tf in f.p.resolve(m, n)) for n in ast.walk(s.test))
+        for s in fn.body)

@@ -9,7 +9,7 @@ import re
 from ..facts import Facts
 from ..project import Module
 from ..registry import rule
-from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, const_value, dotted, involves, involves_rank, kw
+from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
 LOOPBACK_PORT = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):\d+")
@@ -104,6 +104,14 @@ def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     return False
 
 
+def _callers_never_step(f: Facts, m: Module, fn: ast.AST | None) -> bool:
+    """A gather helper that the project calls only from code that never runs backward or an optimizer step
+    (an evaluation gathering features for a kNN/SVM probe): its result feeds no gradient, so the missing autograd
+    has no consequence. A helper nobody calls here (a library's) stays open."""
+    sites = f.p.callers(m, fn) if fn is not None else []
+    return bool(sites) and not any(f.trains(cm, c) for cm, c in sites)
+
+
 @rule("gather-without-grad", "05_ddp_flags", "in-batch negatives through a plain all_gather: the other ranks' "
       "features carry no gradient, so the model gets a fraction of the single run's gradient")
 def gather_without_grad(f: Facts, m: Module):
@@ -153,7 +161,7 @@ def gather_without_grad(f: Facts, m: Module):
                       "(in-batch negatives from the other ranks) are constants, and even this rank's own rows lose "
                       "the gradient through the gathered copy, so at 2 ranks the step is a fraction of the single "
                       "run's — torch.distributed.nn.functional.all_gather keeps it")
-        else:
+        elif not _callers_never_step(f, m, fn):
             yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
                       "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
@@ -382,37 +390,66 @@ def batch_and_accum_divided(f: Facts, m: Module):
 
 
 @rule("batchnorm-without-sync", "07_batchnorm", "BatchNorm under DDP without SyncBatchNorm: each rank normalises "
-      "with its own micro-batch's statistics", scope="entry")
+      "with its own micro-batch's statistics")
 def batchnorm_without_sync(f: Facts, m: Module):
-    bns = [c for c in m.calls if re.fullmatch(r"BatchNorm[123]d", callee(c))]
-    if bns and not ({"SyncBatchNorm", "convert_sync_batchnorm"} & f.all_names()):
-        yield bns[0], ("BatchNorm under DDP without SyncBatchNorm: each rank normalises with its own micro-batch's "
-                       "statistics — nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
-        return
+    if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry) and not any(
+            f.is_ddp_call(m, c) for c in m.calls):
+        return  # a library no audited script runs, and that wraps no model itself: its scripts decide
+    related = f.p.related(m)
+    bns = [c for c in m.calls if _is_batchnorm(m, c)] if m.entry else []
     converts = [c for c in m.calls if callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model")]
-    flags = [_off_by_default(f, m, c) for c in converts]
-    if converts and all(flags):  # offering --sync-bn says the model has BatchNorm; the default run goes without
-        yield converts[0], (f"SyncBatchNorm only with --{flags[0]}, which is off by default: the default DDP run "
-                            "normalises each rank's micro-batch with its own statistics, unlike the single run — "
-                            "turn the flag on when you compare the port")
+    if not converts and m.entry and not any(
+            isinstance(n, (ast.Name, ast.Attribute)) and dotted(n).split(".")[-1] in SYNC_NAMES
+            for mm in related for n in mm.nodes):
+        wrap, bn = _wrapped_batchnorm(f, m)
+        if wrap is None and bns:  # BatchNorm in the script itself, whatever model it ends up in
+            wrap, bn = bns[0], (m, bns[0])
+        if wrap is not None:
+            where = f"{bn[0].rel}:{bn[1].lineno}" if bn[0] is not m else f"line {bn[1].lineno}"
+            yield wrap, (f"the model wrapped here has BatchNorm ({where}) and nothing converts it to SyncBatchNorm: "
+                         "at 2 ranks each rank normalises with its own half-batch's statistics (and keeps its own "
+                         "running stats), unlike the single run's whole batch — "
+                         "nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
+        return
+    gates = [f.flag_gate(m, c) for c in converts]
+    if converts and all(gates):  # offering --sync-bn says the model has BatchNorm; the default run goes without
+        flag, test = gates[0]
+        yield test, (f"SyncBatchNorm only with --{flag}, which is off by default: the default DDP run "
+                     "normalises each rank's micro-batch with its own statistics, unlike the single run — "
+                     "turn the flag on when you compare the port")
 
 
-def _off_by_default(f: Facts, m: Module, c: ast.Call) -> str | None:
-    """The command-line flag a call runs under when that flag is a store_true left off by default
-    (`if opt.sync_bn and cuda and RANK != -1:` with `--sync-bn` store_true): its name, else None."""
-    n = m.parent.get(id(c))
-    while n is not None and not isinstance(n, ast.If):
-        n = m.parent.get(id(n))
-    if n is None:
-        return None
-    attrs = {x.attr for x in ast.walk(n.test) if isinstance(x, ast.Attribute)}
-    for mm in f.p.modules.values():
-        for a in mm.calls:
-            opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
-            if callee(a) == "add_argument" and opt and opt[2:].replace("-", "_") in attrs and const_str(
-                    kw(a, "action")) == "store_true" and const_value(kw(a, "default")) is not True:
-                return opt[2:]
-    return None
+SYNC_NAMES = {"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"}
+
+
+def _is_batchnorm(m: Module, c: ast.Call) -> bool:
+    """nn.BatchNorm1d/2d/3d, under any import alias (`from torch.nn import BatchNorm1d as BatchNorm`)."""
+    name = callee(c)
+    imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
+    return bool(re.fullmatch(r"BatchNorm[123]d", name) or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1]))
+
+
+def _wrapped_batchnorm(f: Facts, m: Module):
+    """(the DDP wrap, (module, BatchNorm call)) when the model a script wraps has BatchNorm in its own class or in
+    the project classes it builds, in whatever file they live (`self.model = TSCNet(...)` whose conformer blocks
+    hold BatchNorm1d in models/conformer.py); (None, None) otherwise."""
+    for w in sorted((c for c in m.calls if f.is_ddp_call(m, c) and c.args), key=lambda c: c.lineno):
+        arg = w.args[0]
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr in ("to", "cuda"):
+            arg = arg.func.value  # DDP(model.to(rank))
+        if isinstance(arg, ast.Call):
+            found = [(tm, tm.classes[tm.class_of(tf)]) for tm, tf in f.p.resolve(m, arg) if tm.class_of(tf)][:1]
+        else:
+            found = [f.any_class(m, dotted(arg))] if isinstance(arg, (ast.Name, ast.Attribute)) else []
+        for cls in (x for x in found if x is not None):
+            cm, cdef = cls
+            keys = set()
+            for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                keys |= f.p.reach(cm, meth)
+            bn = next(((mm, c) for mm, c in f.p.calls_in(keys) if _is_batchnorm(mm, c)), None)
+            if bn is not None:
+                return w, bn
+    return None, None
 
 
 LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)
@@ -447,11 +484,23 @@ def _a_count(v: ast.AST, holding: set[str]) -> bool:
 
 
 def _grows(v: ast.AST, holding: set[str]) -> bool:
-    """A product with a world-size factor (`x * world_size`, `x * get_world_size()`, `x * eff_batch`)."""
-    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mult) and any(
-        involves(side, WORLDISH) or any(dotted(n) in holding for n in ast.walk(side)
-                                        if isinstance(n, (ast.Name, ast.Attribute)))
-        for side in (b.left, b.right)) for b in ast.walk(v))
+    """A product with a world-size factor (`x * world_size`, `x * get_world_size()`, `x * eff_batch`), or a value
+    that carries one on: a ratio over it (`batch_ratio = global_batch / 256`), a root of it (`batch_ratio ** 0.5`),
+    a copy of it. A world size in a divisor shrinks the value instead."""
+    def held(side):
+        return involves(side, WORLDISH) or any(dotted(n) in holding for n in ast.walk(side)
+                                               if isinstance(n, (ast.Name, ast.Attribute)))
+    if isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in holding:
+        return True
+    return any(isinstance(b, ast.BinOp) and (isinstance(b.op, ast.Mult) and any(held(s) for s in (b.left, b.right))
+                                             or isinstance(b.op, (ast.Div, ast.Pow)) and _carries(b.left, holding))
+               for b in ast.walk(v))
+
+
+def _carries(v: ast.AST, holding: set[str]) -> bool:
+    """The numerator or base of a ratio or a power is a name that grows with the GPU count."""
+    return isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in holding or isinstance(v, ast.BinOp) and \
+        _grows(v, holding)
 
 
 @rule("lr-grows-with-world-size", "01_unchanged", "the learning rate is multiplied by the GPU count (directly or "

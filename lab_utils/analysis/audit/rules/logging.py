@@ -35,6 +35,38 @@ def _packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
     return out
 
 
+def _returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set[str]:
+    """Names holding what a project function returns when that is its own running loss: `train_mae =
+    train(model, loader, opt)` whose body ends `return loss_accum / (step + 1)` with `loss_accum += loss.item()`
+    and no reduction over ranks; the name says nothing, the function's return does."""
+    out = set()
+    for a in ast.walk(scope):
+        if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and _targets(a) & names):
+            continue
+        for tm, tf in f.p.resolve(m, a.value, exact=True):
+            rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
+            holding = _holding_a_loss(tf)
+            lossy = [r for r in rets if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in holding
+                                            for n in ast.walk(r)) and not any(
+                isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(r))]  # reduced on return
+            if lossy and len(lossy) == len(rets) and not f.reduced_names(tm, tf) & {
+                    root(n) for r in rets for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))}:
+                out |= _targets(a) & names
+    return out
+
+
+def _holding_a_loss(fn: ast.AST) -> set[str]:
+    """Names in fn that hold a loss: named so, or fed from one (`acc += loss.item()`), to a fixpoint."""
+    held = {root(n) for n in ast.walk(fn) if isinstance(n, (ast.Name, ast.Attribute))
+            and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}
+    assigns = [a for a in ast.walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None]
+    for _ in range(3):
+        for a in assigns:
+            if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held for n in ast.walk(a.value)):
+                held |= {root(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
+    return held
+
+
 def _looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
     """Losses logged one by one from their container: `for k, v in loss_meter.items(): writer.add_scalar(k,
     v.latest)`; the container's name stands for the logged values (so a reduced container still counts as
@@ -107,6 +139,9 @@ def _meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
     found = f.any_class(m, dotted(c.func.value))
     meth = found[0].functions.get(f"{found[1].name}.{c.func.attr}") if found else None
     logs = [callee(x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS] if meth else []
+    if meth is not None and not logs:  # `logger.push(metrics)`, whose class prints in a method push calls
+        keys = f.p.reach(found[0], meth)
+        logs = [callee(x) for _, x in f.p.calls_in(keys) if callee(x) in LOG_CALLS]
     return ("print" if "print" in logs else logs[0]) if logs else None
 
 
@@ -231,6 +266,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         scope = m.enclosing(c) or m.tree
         carriers = _loss_carriers(scope)
         lossy |= _packed_losses(scope, names - lossy) | (names & carriers) | _looped_losses(m, c, names)
+        lossy |= _returned_losses(f, m, scope, names - lossy)
         if name not in LOG_CALLS:  # metric_logger.log_every(...): the meter prints what it was fed
             lossy |= {root(c.func.value)} & carriers
         lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
@@ -273,6 +309,17 @@ def rank0_local_loss(f: Facts, m: Module):
       "numbers, none of them the global batch's")
 def every_rank_prints_loss(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
-        if kind is None and callee(c) == "print" and not f.print_override:
-            yield c, (f"every rank prints its own {', '.join(sorted(lossy))}: world_size interleaved numbers, none "
-                      "of them the global batch's loss — all_reduce it, then print on rank 0")
+        if kind is None and (callee(c) == "print" and not f.print_override or _root_logger_on_every_rank(f, c)):
+            yield c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
+                      f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global batch's "
+                      "loss — all_reduce it, then log on rank 0")
+
+
+def _root_logger_on_every_rank(f: Facts, c: ast.Call) -> bool:
+    """`logging.info(...)` through the root logger, which every process sets up alike (its basicConfig is under
+    no rank guard): each rank's line reaches the console, as print's would."""
+    if not (isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "logging"
+            and c.func.attr in ("info", "warning", "debug", "log", "error", "critical")):
+        return False
+    return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
+                   for mm in f.p.modules.values() for b in mm.calls)

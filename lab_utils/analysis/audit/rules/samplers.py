@@ -8,9 +8,9 @@ import re
 
 from ..facts import Facts
 from ..project import Module
-from ..ranks import distributed_switch
-from ..registry import rule
-from ..syntax import EVAL_WORD, EVALISH, TRAIN_WORD, branches, callee, const_value, dotted, kw
+from ..ranks import distributed_switch, switched
+from ..registry import Hit, rule
+from ..syntax import DIST_SWITCH, EVAL_WORD, EVALISH, TRAIN_WORD, branches, callee, const_value, dotted, kw
 
 
 def _made(f: Facts, m: Module) -> list[ast.Call]:
@@ -58,8 +58,10 @@ def _persistent_loaders(f: Facts, m: Module) -> list[str]:
                     isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
                         callee(a.value) == "iter" or callee(a.value) == "__iter__") for a in ast.walk(init)):
                 continue
+            # a loader class the default run never picks (`if use_multi_epochs_loader: loader_class = ...`,
+            # off unless --use-multi-epochs-loader) leaves the default run's order right
             used = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                       for u in related for n in u.nodes)
+                       and not f.off_by_default(u, n) for u in related for n in u.nodes)
             if used:
                 out.append(name)
     return out
@@ -73,18 +75,30 @@ def set_epoch_missing(f: Facts, m: Module):
         return
     made, set_epochs = ctx
     if not set_epochs:
-        yield made[0], ("DistributedSampler without any sampler.set_epoch(epoch) call in the project: every epoch "
-                        "repeats epoch 0's order, and the run leaves the single run at the first epoch boundary — "
-                        "call sampler.set_epoch(epoch) at the top of each epoch")
+        what = ("every epoch repeats epoch 0's order, and the run leaves the single run at the first epoch boundary "
+                "— call sampler.set_epoch(epoch) at the top of each epoch")
+        yield made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}"
+        site = f.entry_site(m, made[0])
+        if site is not None and _has_epoch_loop(site[0]):  # the script whose epoch loop never calls it: the fix
+            yield site[0], site[1], (f"{ast.unparse(site[1].func)}(...) makes a shuffling DistributedSampler "
+                                     f"({m.rel}:{made[0].lineno}) whose set_epoch nothing in the project calls: "
+                                     f"{what}")
         return
     switches = [distributed_switch(mm, c) for mm, c in set_epochs]
     if all(s is not None for s in switches) and any(
-            distributed_switch(m, c) is None and m.enclosing(c, (ast.IfExp,)) is None for c in made) and not any(
+            switched(f.p, m, c) is None and m.enclosing(c, (ast.IfExp,)) is None for c in made) and not any(
             isinstance(m.parent.get(id(x)), ast.IfExp) for x in made):
         mm, c = set_epochs[0]
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
+
+
+def _has_epoch_loop(m: Module) -> bool:
+    """The module runs an epoch loop itself (a loop around a loop): set_epoch would go there. A script that hands
+    the loader to a trainer in another file has its epoch loop, and the fix, elsewhere."""
+    return any(isinstance(n, (ast.For, ast.While)) and any(
+        isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in m.nodes)
 
 
 @rule("set-epoch-late", "03_samplers", "set_epoch after the loader's iterator exists (a persistent iterator): the "
@@ -163,7 +177,47 @@ def _eval_words(node: ast.AST) -> bool:
     return any(EVAL_WORD.fullmatch(w) for w in words)
 
 
-def _built_for_evaluation(f: Facts, m: Module, c: ast.Call, depth: int = 3) -> bool:
+def _in_training_arm(m: Module, c: ast.Call) -> bool | None:
+    """True when the sampler sits under `if is_training:` (a helper that builds either split on a switch), False
+    in that if's else arm, None when no such switch encloses it."""
+    child, n = c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and any(TRAIN_WORD.fullmatch(w) for x in ast.walk(n.test)
+                                         if isinstance(x, (ast.Name, ast.Attribute))
+                                         for w in re.split(r"[._]", dotted(x))):
+            if any(child is s for s in n.body):
+                return True
+            if any(child is s for s in n.orelse):
+                return False
+        child, n = n, m.parent.get(id(n))
+    return None
+
+
+def _choosing_argument(m: Module, c: ast.Call, call: ast.Call) -> ast.AST:
+    """The argument of `call` that makes the helper build the sampler `c`: `distributed=args.distributed` when
+    the helper builds it under `if distributed and ...:`; the call itself when no parameter decides."""
+    fn = m.enclosing(c)
+    if fn is None:
+        return call
+    params = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    n, deciding = m.parent.get(id(c)), set()
+    while n is not None and n is not fn:
+        if isinstance(n, ast.If):
+            deciding |= {x.id for x in ast.walk(n.test) if isinstance(x, ast.Name)} & params
+        n = m.parent.get(id(n))
+    # the switch that makes it a distributed sampler first (`distributed=`), then the split's (`is_training=`)
+    chosen = sorted((k for k in call.keywords if k.arg in deciding), key=lambda k: not DIST_SWITCH.search(k.arg))
+    return chosen[0].value if chosen else call
+
+
+def _built_for_evaluation(f: Facts, m: Module, c: ast.Call, depth: int = 3):
+    """The call that asks a generic helper for an evaluation split (see _evaluation_caller), or False."""
+    if _in_training_arm(m, c):
+        return False
+    return _evaluation_caller(f, m, c, depth) or False
+
+
+def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3):
     """A sampler made in a generic helper (`create_sampler(dataset, shuffle, cfg)`, `_construct_loader(name,
     split, ...)`) is an evaluation sampler when some chain of callers asks for an evaluation split: a call with
     'val' or `split=cfg.TEST.SPLIT`, assigned to `val_loader`, or made inside `construct_test_loader`."""
@@ -181,9 +235,9 @@ def _built_for_evaluation(f: Facts, m: Module, c: ast.Call, depth: int = 3) -> b
             if _eval_words(ast.Tuple(elts=[*call.args, *[k.value for k in call.keywords]])) or (
                     isinstance(target, ast.Assign) and any(_eval_words(t) for t in target.targets)) or (
                     outer is not None and any(EVAL_WORD.fullmatch(w) for w in outer.name.split("_"))):
-                return True
+                return cm, call
             todo.append((cm, outer, d + 1))
-    return False
+    return None
 
 
 @rule("eval-padding-duplicates", "08_checkpoints", "a padding DistributedSampler in evaluation plus a reduction over "
@@ -192,10 +246,15 @@ def eval_padding_duplicates(f: Facts, m: Module):
     for c in m.calls:
         if callee(c) not in f.sampler_classes() or not c.args:
             continue
-        if not (EVALISH.search(_label(m, c)) or _built_for_evaluation(f, m, c)) or const_value(kw(c, "drop_last")):
+        asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
+        if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")):
             continue
         if f.eval_loop_reduces():
-            yield c, (f"{callee(c)}({ast.unparse(c.args[0])}) pads the set to a multiple of world_size with "
-                      "repeated samples, and the evaluation loop reduces its metrics over ranks: the duplicates are "
-                      "counted, so the metric is not the single run's unless len(dataset) % world_size == 0 — shard "
-                      "without padding, or drop the padded tail"), "check-by-hand"
+            what = ("pads the set to a multiple of world_size with repeated samples, and the evaluation loop reduces "
+                    "its metrics over ranks: the duplicates are counted, so the metric is not the single run's unless "
+                    "len(dataset) % world_size == 0 — shard without padding, or drop the padded tail")
+            yield c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand"
+            if asked and asked[0] is not m and asked[0].entry:  # the script that asks the helper for it
+                yield Hit(_choosing_argument(m, c, asked[1]), f"{ast.unparse(asked[1].func)}(...) gets the "
+                          f"evaluation split's {callee(c)} ({m.rel}:{c.lineno}), which {what}", "check-by-hand",
+                          asked[0])

@@ -97,13 +97,21 @@ def _saves_cpu_tensors(m: Module) -> bool:
                for fn in m.functions.values())
 
 
+def _unseen_torch_load(f: Facts, m: Module, c: ast.Call) -> bool:
+    """A library's thin wrapper of torch.load, named so (`fs.torch_load(path)`, which forwards its keyword
+    arguments to torch.load): without map_location it maps like torch.load. A project function of that name is
+    judged by the torch.load inside it."""
+    return callee(c) == "torch_load" and not f.p.resolve(m, c)
+
+
 @rule("load-without-map-location", "08_checkpoints", "torch.load of a checkpoint without map_location in rank "
       "code: every rank maps the tensors to the GPU that saved them, so all ranks fill GPU 0")
 def load_without_map_location(f: Facts, m: Module):
     if not (f.p.mentions_ddp(m) or m.rank_tainted):
         return
     for c in m.calls:
-        if dotted(c.func) in ("torch.load", "th.load") and len(c.args) < 2 and (re.search(
+        loads = dotted(c.func) in ("torch.load", "th.load") or _unseen_torch_load(f, m, c)
+        if loads and len(c.args) < 2 and (re.search(
                 r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|\.pth?\b", ast.unparse(c), re.I)
                 or _loaded_into_a_state_dict(m, c)) and \
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (

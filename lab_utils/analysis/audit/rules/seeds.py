@@ -51,9 +51,23 @@ def no_seed(f: Facts, m: Module):
     kinds = entry[1]
     if not kinds & {"torch", "other"}:
         what = "only torch.cuda is seeded" if "cuda" in kinds else "nothing seeds torch"
-        yield f.setup_line(m), (f"{what} (in this script or the helpers it calls): rank 0's initial weights (which "
-                                "DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
-                                "compared — torch.manual_seed(seed) before building the model")
+        yield _setup_in_flow(f, m), (f"{what} (in this script or the helpers it calls): rank 0's initial weights "
+                                     "(which DDP broadcasts) and every draw differ from any single run, so the two "
+                                     "runs cannot be compared — torch.manual_seed(seed) before building the model")
+
+
+def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
+    """Where the script's flow sets up the process group, next to where the model is then built and the seed
+    belongs: the setup line, or, when that line sits in a setup helper of the script (`def ddp_setup(rank, ws):
+    os.environ[...]; init_process_group(...)`, no loop and no wrap of its own), the helper's call in the flow
+    (`ddp_setup(rank, world_size)` in main)."""
+    node = f.setup_line(m)
+    fn = m.enclosing(node) if isinstance(node, ast.Call) and callee(node) == "init_process_group" else None
+    if fn is None or any(isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and f.is_ddp_call(m, n)
+                         for n in ast.walk(fn)):
+        return node
+    sites = [c for cm, c in f.p.callers(m, fn) if cm is m]
+    return min(sites, key=lambda c: c.lineno) if sites else node
 
 
 @rule("seed-before-spawn", "02_seeds", "seeded in the parent before mp.spawn: the workers never seed torch's CPU "
