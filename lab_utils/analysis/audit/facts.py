@@ -329,8 +329,12 @@ class Facts:
             for mm in self.p.modules.values():
                 for a in mm.calls:
                     opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
-                    if callee(a) == "add_argument" and opt and const_str(kw(a, "action")) == "store_true" and \
-                            not (isinstance(kw(a, "default"), ast.Constant) and kw(a, "default").value is True):
+                    default = kw(a, "default")
+                    store_true = const_str(kw(a, "action")) == "store_true" and not (
+                        isinstance(default, ast.Constant) and default.value is True)
+                    # `--lora_reinit default=False, type=bool`: off unless given, however it is parsed
+                    false_default = isinstance(default, ast.Constant) and default.value is False
+                    if callee(a) == "add_argument" and opt and (store_true or false_default):
                         out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
             self.cache["flags"] = out
         return self.cache["flags"]
@@ -361,6 +365,17 @@ class Facts:
                 break
             child, n = n, m.parent.get(id(n))
         return None
+
+    def off_in_default_run(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
+        """off_by_default(), or the function around `node` called only under such flags (`if args.lora_reinit:
+        reinit_lora(model)`, whose body saves): the flag's name, or None when the default run reaches `node`."""
+        off = self.off_by_default(m, node)
+        if off or depth == 0:
+            return off
+        fn = m.enclosing(node)
+        sites = self.p.callers(m, fn) if fn is not None else []
+        offs = [self.off_in_default_run(cm, c, depth - 1) for cm, c in sites]
+        return offs[0] if offs and all(offs) else None
 
     def _parameter_off(self, m: Module, at: ast.AST, name: str, depth: int) -> str | None:
         """A parameter that defaults to False and that every project caller leaves out, passes False, or passes
@@ -437,7 +452,10 @@ class Facts:
         if id(fn) not in cache:
             cache[id(fn)] = False
             if any(EVAL_WORD.fullmatch(w) for w in fn.name.split("_")) or any(
-                    "no_grad" in dotted(d) for d in fn.decorator_list):
+                    "no_grad" in dotted(d) or "inference_mode" in dotted(d) for d in fn.decorator_list) or any(
+                    isinstance(s, ast.With) and any(re.search(r"no_grad|inference_mode", dotted(i.context_expr))
+                                                    for i in s.items)
+                    and any(isinstance(x, (ast.For, ast.While)) for x in ast.walk(s)) for s in ast.walk(fn)):
                 return False  # the evaluation the epoch loop runs after training: its loss is no training loss
             for cm, call in self.p.callers(m, fn):
                 loop = cm.enclosing(call, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef))

@@ -144,6 +144,7 @@ class Project:
         project.root, project.modules = Path("."), {module.rel: module}
         project.ddp = cls.mentions_ddp(module)
         project._reach_cache, project._imports_cache = {}, {}
+        project._folders = []  # no folder on disk to look for source roots in
         project._taint_parameters()
         return project
 
@@ -204,14 +205,31 @@ class Project:
                 if b == root or root not in b.parents:
                     break
                 b = b.parent
-        out = []
-        for b in bases:
-            d = b.joinpath(*parts) if parts else b
-            out += [d.with_suffix(".py") if parts else d / "__init__.py", d / "__init__.py"]
-            if attr:
-                out.append(d / f"{attr}.py")
+        def under(bs):
+            found = []
+            for b in bs:
+                d = b.joinpath(*parts) if parts else b
+                found += [d.with_suffix(".py") if parts else d / "__init__.py", d / "__init__.py"]
+                if attr:
+                    found.append(d / f"{attr}.py")
+            return found
+        out = under(bases)
+        if not level and parts and not any(p.exists() for p in out) and not (bases[0] / parts[0]).exists():
+            # a source folder the script puts on sys.path (`import _init_paths` adding lib/, `sys.path.insert(0,
+            # 'src')`): `from dataset import make_dataloader` is lib/dataset/
+            out += under(self._source_roots(parts[0]))
         root = _real(self.root)
         return [p for p in out if root in _real(p).parents or _real(p).parent == root]
+
+    def _source_roots(self, first: str) -> list[Path]:
+        """Folders under the root that hold a package or module named `first`, nearest the root first."""
+        if getattr(self, "_folders", None) is None:
+            skip = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist"}
+            self._folders = sorted((d for d in _real(self.root).rglob("*") if d.is_dir() and not
+                                    skip & set(d.relative_to(_real(self.root)).parts)),
+                                   key=lambda d: (len(d.parts), str(d)))
+            self._folders.insert(0, _real(self.root))
+        return [d for d in self._folders if (d / first).is_dir() or (d / f"{first}.py").is_file()][:3]
 
     def module_for(self, m: Module, local: str) -> Module | None:
         """The project module a local import name refers to (`dist_util`, `utils`, `distrib`)."""

@@ -16,7 +16,7 @@ LOSSISH = re.compile(r"loss", re.I)
 EVALISH = re.compile(r"val|eval|test", re.I)
 # a whole word (a name part between _ or .) that names an evaluation: `val_loader`, `cfg.TEST.SPLIT`,
 # `evaluate`; not a word that merely holds the letters (`interval`, `value`)
-EVAL_WORD = re.compile(r"val|valid|validation|eval|evaluate|evaluation|test|testing", re.I)
+EVAL_WORD = re.compile(r"val|valid|validate|validation|eval|evaluate|evaluation|test|testing|inference", re.I)
 TRAIN_WORD = re.compile(r"train|training", re.I)
 REDUCEISH = re.compile(r"reduce|gather|average|allreduce|sync|mean_over|dist_mean")
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier",

@@ -240,11 +240,29 @@ def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3):
     return None
 
 
+def _pads(f: Facts, name: str) -> bool:
+    """Whether a sampler class repeats samples to even the shards: torch's DistributedSampler does (without
+    drop_last), and so does a project subclass that keeps its __iter__; a project class of its own pads only if
+    its code does (a ceil of len / replicas, a total_size, indices extended by their own head). A class that
+    cuts contiguous, unpadded shards (`np.linspace(0, len(ds), n + 1)`) counts nothing twice."""
+    found = [(mm, cd) for mm in f.p.modules.values() for nm, cd in mm.classes.items() if nm == name]
+    if not found:
+        return True  # torch's, or a class the audited files do not hold
+    for _mm, cd in found:
+        own_iter = any(isinstance(d, ast.FunctionDef) and d.name == "__iter__" for d in cd.body)
+        if any("DistributedSampler" in dotted(b) for b in cd.bases) and not own_iter:
+            return True
+        text = ast.unparse(cd)
+        if "ceil" in text or "total_size" in text or re.search(r"indices\s*\+=|indices\s*=\s*indices\s*\+", text):
+            return True
+    return False
+
+
 @rule("eval-padding-duplicates", "08_checkpoints", "a padding DistributedSampler in evaluation plus a reduction over "
       "ranks: the padded duplicates are counted, so the metric is not the single run's")
 def eval_padding_duplicates(f: Facts, m: Module):
     for c in m.calls:
-        if callee(c) not in f.sampler_classes() or not c.args:
+        if callee(c) not in f.sampler_classes() or not c.args or not _pads(f, callee(c)):
             continue
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
         if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")):

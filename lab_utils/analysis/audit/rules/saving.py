@@ -135,11 +135,14 @@ def save_on_every_rank(f: Facts, m: Module):
         if kind in ("rank0", "not0") or f.guarded_inside(m, c):
             continue
         sites = f.p.callers(m, fn) if fn is not None else []
-        if fn is not None and dotted(c.func) in ("torch.save", "th.save") and sites and re.search(
-                r"save|checkpoint|serialize", fn.name.lower()):
-            continue  # inside a save helper: each call of the helper is judged where it is made
+        if fn is not None and sites and re.search(r"save|checkpoint|serialize", fn.name.lower()):
+            continue  # inside a save helper (torch.save or a helper of its own): each call is judged where it is made
         if fn is not None and not sites and not m.entry:
             continue  # a library function nobody in the audited files calls: its callers decide
+        if not any(f.p.mentions_ddp(r) for r in f.p.related(m)):
+            continue  # a tool no distributed script runs or imports (a checkpoint converter): one process
+        if f.off_in_default_run(m, c):
+            continue  # only under an option that is off unless given (`if args.lora_reinit:`)
         if kind == "leaky":
             yield c, (f"{ast.unparse(c.func)}(...) under a guard like `not multiprocessing_distributed or rank % "
                       "ngpus == 0`: when torchrun starts the job that flag is off, so the guard is true on every "

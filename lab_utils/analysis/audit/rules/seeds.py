@@ -200,8 +200,14 @@ def _read_by_rank0_only(f: Facts, m: Module, fn: ast.AST, copy: ast.Call) -> boo
       "alone), or a per-rank init is copied (EMA) before the wrap: rank 0's init is not the single run's",
       needs_ddp=False)
 def seed_per_rank(f: Facts, m: Module):
+    # one seed, one finding: `random.seed(s); np.random.seed(s); torch.manual_seed(s)` is reported at torch's
+    # (the model init's), the other generators only when torch is not seeded with the same value there
+    torch_seeded = {(id(m.enclosing(c)), ast.unparse(c.args[0])) for c in m.calls
+                    if c.args and f.seed_kind(m, c) == "torch"}
     for c in m.calls:
         if f.seed_kind(m, c) not in ("torch", "other") or not c.args:
+            continue
+        if f.seed_kind(m, c) == "other" and (id(m.enclosing(c)), ast.unparse(c.args[0])) in torch_seeded:
             continue
         arg = _inline(m, c.args[0])
         if not involves_rank(arg, m.rank_tainted, skip_conditional=True):
