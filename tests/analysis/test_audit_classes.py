@@ -682,7 +682,8 @@ def test_a_helper_sampler_reported_in_the_script_only_where_its_epoch_loop_is(tm
 # each failing before its fix.
 PAD_SAMPLER = ("class EvalDistributedSampler(torch.utils.data.Sampler):\n    def __init__(self, ds, n, r):\n"
                "{body}    def __iter__(self):\n        return iter(self.idx)\n"
-               "def evaluate(loader):\n    for x, y in loader:\n        s = model(x).sum()\n        dist.all_reduce(s)\n"
+               "def evaluate(loader):\n    for x, y in loader:\n        s = model(x).sum()\n"
+               "        dist.all_reduce(s)\n"
                "val_sampler = EvalDistributedSampler(val_set, world_size, rank)\n"
                "val_loader = DataLoader(val_set, sampler=val_sampler)\nevaluate(val_loader)\n")
 VALIDATE = ("model = DDP(Net())\ndef train_epoch():\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
