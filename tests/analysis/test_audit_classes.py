@@ -676,3 +676,46 @@ def test_a_helper_sampler_reported_in_the_script_only_where_its_epoch_loop_is(tm
     })
     found = {(f.rule, Path(f.path).name) for f in audit.audit_paths([root])}
     assert ("set-epoch-missing", "data.py") in found and ("set-epoch-missing", "train.py") not in found, found
+
+
+TV_HEAD = (DDP_HEAD + "import argparse\nimport torch.nn as nn\nimport torchvision.models as models\n"
+           "torch.manual_seed(0)\n")
+CASES8 = [
+    # a torchvision model factory by name builds a BatchNorm model (the ResNet family) unless the name is a family
+    # without BatchNorm (ViT, Swin, ConvNeXt, AlexNet, plain VGG): DDP without SyncBatchNorm normalises per rank
+    ("batchnorm-without-sync",
+     "p = argparse.ArgumentParser()\np.add_argument('--arch', default='vit_b_16')\nargs = p.parse_args()\n"
+     "model = models.__dict__[args.arch]()\nmodel = DDP(model.cuda())\n",
+     "p = argparse.ArgumentParser()\np.add_argument('--arch', default='resnet50')\nargs = p.parse_args()\n"
+     "model = models.__dict__[args.arch](num_classes=10)\nmodel = DDP(model.cuda())\n", TV_HEAD),
+    ("batchnorm-without-sync",
+     "model = models.resnet50()\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DDP(model)\n",
+     "model = models.resnet50()\nmodel = DDP(model)\n", TV_HEAD),
+]
+
+
+@pytest.mark.parametrize("case", CASES8, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES8)])
+def test_batch8_classes(case):
+    rule, quiet, loud, *head = case
+    found = (lambda body: rules(body, *head)) if head else rules
+    assert rule not in found(quiet), found(quiet)
+    assert rule in found(loud), found(loud)
+
+
+def test_batchnorm_in_a_model_built_by_a_factory_named_by_a_string(tmp_path):
+    """`eval('models.' + cfg.NAME + '.get_net')(cfg)`: the model is whatever the project's get_net builds; when
+    every get_net in the project builds BatchNorm, the DDP wrap without SyncBatchNorm normalises per rank. The
+    same project whose net has no BatchNorm: nothing."""
+    net = ("import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+           "        self.c = nn.Conv2d(3, 8, 3)\n        self.n = nn.{norm}(8)\n"
+           "def get_net(cfg):\n    return Net()\n")
+    files = {"train.py": "import torch, torch.distributed as dist\nfrom torch.nn.parallel import "
+             "DistributedDataParallel as DDP\nimport models\ndef main(cfg):\n    dist.init_process_group('nccl')\n"
+             "    torch.manual_seed(0)\n    model = eval('models.' + cfg.NAME + '.get_net')(cfg)\n"
+             "    model = DDP(model.cuda())\nif __name__ == '__main__':\n    main(None)\n",
+             "models/__init__.py": "from . import net\n", "models/net.py": net.format(norm="GroupNorm")}
+    assert "batchnorm-without-sync" not in {f.rule for f in audit.audit_paths([_project(tmp_path / "a", files)])}
+    files["models/net.py"] = net.format(norm="BatchNorm2d")
+    found = [(f.rule, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
+    assert ("batchnorm-without-sync", 8) in found, found
+
