@@ -719,3 +719,26 @@ def test_batchnorm_in_a_model_built_by_a_factory_named_by_a_string(tmp_path):
     found = [(f.rule, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
     assert ("batchnorm-without-sync", 8) in found, found
 
+
+def test_a_meters_collective_when_the_group_exists_only_under_the_launchers_environment(tmp_path):
+    """The group is made only past `elif "RANK" not in os.environ: return` (a later arm of an if/elif chain), so
+    a meter's barrier/all_reduce with no group check, called at every epoch end, raises in the single-process
+    run; the project's own `comm.barrier()` that tests the flag its setup sets True is no collective outside the
+    switch, nor is the meter's once it checks dist.is_initialized()."""
+    comm = ("import os, torch, torch.distributed as tdist\nready = False\ndef setup():\n    global ready\n"
+            "    if not torch.cuda.is_available():\n        return\n    elif 'RANK' not in os.environ:\n"
+            "        return\n    tdist.init_process_group('nccl')\n    ready = True\n"
+            "def barrier():\n    if ready:\n        tdist.barrier()\n")
+    meter = ("import torch, torch.distributed as tdist\nclass Meter:\n    def __init__(self):\n        self.n = 0\n"
+             "    def sync(self):\n{check}        t = torch.tensor([self.n])\n        tdist.barrier()\n"
+             "        tdist.all_reduce(t)\n        self.n = int(t[0])\n")
+    files = {"comm.py": comm, "meter.py": meter.format(check="        if not tdist.is_initialized():\n"
+                                                               "            return\n"),
+             "train.py": "import torch\nimport comm\nfrom meter import Meter\ncomm.setup()\ncomm.barrier()\n"
+             "torch.manual_seed(0)\nm = Meter()\nfor epoch in range(3):\n    m.n += 1\n    m.sync()\n"}
+    found = [(f.rule, Path(f.path).name) for f in audit.audit_paths([_project(tmp_path / "a", files)])]
+    assert not any(r == "collective-outside-switch" for r, _ in found), found
+    files["meter.py"] = meter.format(check="")
+    found = [(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
+    assert [x for x in found if x[0] == "collective-outside-switch"] == [
+        ("collective-outside-switch", "meter.py", 7)], found
