@@ -678,6 +678,10 @@ def test_a_helper_sampler_reported_in_the_script_only_where_its_epoch_loop_is(tm
     assert ("set-epoch-missing", "data.py") in found and ("set-epoch-missing", "train.py") not in found, found
 
 
+LOG_STEP = ("import logging\nlogging.basicConfig(level=logging.DEBUG)\nmodel = DDP(Net())\n"
+            "for i, (x, y) in enumerate(data):\n    loss = crit(model(x), y)\n    loss.backward()\n    opt.step()\n"
+            "    if i % 10 == 0:\n        loss_sum = loss.detach().clone()\n        dist.all_reduce(loss_sum)\n"
+            "        log_str = 'step {} '.format(i)\n        TEXTlogging.debug(log_str)\n")
 TV_HEAD = (DDP_HEAD + "import argparse\nimport torch.nn as nn\nimport torchvision.models as models\n"
            "torch.manual_seed(0)\n")
 CASES8 = [
@@ -691,6 +695,23 @@ CASES8 = [
     ("batchnorm-without-sync",
      "model = models.resnet50()\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DDP(model)\n",
      "model = models.resnet50()\nmodel = DDP(model)\n", TV_HEAD),
+    # a line of text built from the loss and logged through the root logger that every rank configures: each rank
+    # logs its own loss
+    ("every-rank-prints-loss", LOG_STEP.replace("TEXT", "log_str += 'loss {:.4f}'.format(loss_sum / 10)\n        "
+                                                 "if rank == 0:\n            "),
+     LOG_STEP.replace("TEXT", "log_str += 'loss {:.4f}'.format(loss.item())\n        ")),
+    # a dict that carries the losses, logged by a key that is no loss (a setting read before the loop), logs no loss
+    ("every-rank-prints-loss",
+     "import logging\nlogging.basicConfig(level=logging.INFO)\ndef train(model, info):\n"
+     "    logging.info('accumulating {} steps'.format(info['accum_grad']))\n    for x, y in data:\n"
+     "        info = step(model, x, y, info)\n        info['loss_dict']['loss'].backward()\n        opt.step()\n"
+     "def step(model, x, y, info):\n    loss_dict = {'loss': crit(model(x), y)}\n    info['loss_dict'] = loss_dict\n"
+     "    return info\ntrain(DDP(Net()), {})\n",
+     "import logging\nlogging.basicConfig(level=logging.INFO)\ndef train(model, info):\n    for x, y in data:\n"
+     "        info = step(model, x, y, info)\n        info['loss_dict']['loss'].backward()\n        opt.step()\n"
+     "        logging.info('loss {}'.format(info['loss_dict']['loss']))\n"
+     "def step(model, x, y, info):\n    loss_dict = {'loss': crit(model(x), y)}\n    info['loss_dict'] = loss_dict\n"
+     "    return info\ntrain(DDP(Net()), {})\n"),
 ]
 
 

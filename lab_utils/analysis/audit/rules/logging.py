@@ -100,6 +100,12 @@ def _loss_carriers(scope: ast.AST) -> set[str]:
                 LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for v in fed for n in ast.walk(v)
                 if isinstance(n, (ast.Name, ast.Attribute))):
             out.add(root(c.func.value))
+    # a line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`
+    for a in ast.walk(scope):
+        if isinstance(a, (ast.Assign, ast.AugAssign)) and _text_of(a.value) and any(
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
+                if isinstance(n, (ast.Name, ast.Attribute))):
+            out |= {dotted(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
     # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
     # losses, top1])` ... `progress.display(i)`
     for _ in range(2):
@@ -110,6 +116,22 @@ def _loss_carriers(scope: ast.AST) -> set[str]:
                     for n in ast.walk(arg)):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out - {""}
+
+
+def _text_of(v: ast.AST) -> bool:
+    """A string built from values: an f-string, `'...'.format(...)`, `'...' % (...)`."""
+    return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
+        v.func.attr == "format" and isinstance(v.func.value, ast.Constant) or isinstance(v, ast.BinOp) and \
+        isinstance(v.op, ast.Mod) and isinstance(v.left, ast.Constant) and isinstance(v.left.value, str)
+
+
+def _keyed_not_loss(values: list, name: str) -> bool:
+    """Every read of `name` in the logged values takes a key that is no loss: `info_dict['accum_grad']` of a
+    dict that also carries the losses logs a setting."""
+    reads = [n for v in values for n in ast.walk(v) if isinstance(n, ast.Name) and n.id == name]
+    keys = [const_str(n.slice) for v in values for n in ast.walk(v) if isinstance(n, ast.Subscript)
+            and isinstance(n.value, ast.Name) and n.value.id == name]
+    return bool(reads) and len(keys) == len(reads) and all(k and not LOSSISH.search(k) for k in keys)
 
 
 def _rank0_loggers(f: Facts, m: Module) -> set[str]:
@@ -272,6 +294,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
+        lossy = {n for n in lossy if not _keyed_not_loss(values, n)}
         if not lossy or not f.trains(m, c) or _reports_an_abort(m, c):
             continue
         red = f.reduced_names(m, scope)
