@@ -763,3 +763,30 @@ def test_a_meters_collective_when_the_group_exists_only_under_the_launchers_envi
     found = [(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
     assert [x for x in found if x[0] == "collective-outside-switch"] == [
         ("collective-outside-switch", "meter.py", 7)], found
+
+
+def test_a_trainers_loss_records_printed_through_a_root_logger_every_rank_gives_a_console(tmp_path):
+    """A trainer class appends each step's loss.item() to self.stats and a hook method prints their mean through
+    the root logger (`logger = getLogger()`); the project's create_logger adds the console handler on every
+    rank: each rank prints its own unreduced loss. With the console handler added on rank 0 only: quiet."""
+    log = ("import logging\ndef create_logger(path, rank):\n    console = logging.StreamHandler()\n"
+           "    logger = logging.getLogger()\n    logger.handlers = []\n{guard}logger.addHandler(console)\n"
+           "    return logger\n")
+    files = {"trainer.py": "import numpy as np\nfrom logging import getLogger\nlogger = getLogger()\n"
+             "class Trainer:\n    def __init__(self, model, opt):\n        self.model, self.opt = model, opt\n"
+             "        self.stats = {'lm': []}\n    def step(self, x, y):\n        loss = crit(self.model(x), y)\n"
+             "        self.opt.zero_grad()\n        loss.backward()\n        self.opt.step()\n"
+             "        self.stats['lm'].append(loss.item())\n    def print_stats(self):\n"
+             "        s_stat = ' || '.join('{}: {:.4f}'.format(k, np.mean(v)) for k, v in self.stats.items())\n"
+             "        logger.info('it - ' + s_stat)\n",
+             "train.py": "import os, torch, torch.distributed as dist\nfrom torch.nn.parallel import "
+             "DistributedDataParallel as DDP\nfrom trainer import Trainer\nfrom log import create_logger\n"
+             "dist.init_process_group('nccl')\nrank = int(os.environ['RANK'])\ncreate_logger('out.log', rank)\n"
+             "torch.manual_seed(0)\nt = Trainer(DDP(Net()), opt)\nfor x, y in data:\n    t.step(x, y)\n"
+             "    t.print_stats()\n",
+             "log.py": log.format(guard="    if rank == 0:\n        ")}
+    found = [(f.rule, Path(f.path).name) for f in audit.audit_paths([_project(tmp_path / "a", files)])]
+    assert ("every-rank-prints-loss", "trainer.py") not in found, found
+    files["log.py"] = log.format(guard="    ")
+    found = [(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
+    assert ("every-rank-prints-loss", "trainer.py", 16) in found, found

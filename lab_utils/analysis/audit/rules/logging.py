@@ -86,10 +86,11 @@ def _looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
     return out
 
 
-def _loss_carriers(scope: ast.AST) -> set[str]:
+def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     """Meters and records a loss is fed into, whatever their names: `meter.update(loss.item(), n)`,
-    `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss."""
-    out = set()
+    `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss. `seed`:
+    the instance's records that other methods feed (`self.stats[k].append(loss.item())`)."""
+    out = set(seed)
     for c in ast.walk(scope):
         if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
                 "update", "append", "add_", "add", "put", "extend")):
@@ -103,8 +104,8 @@ def _loss_carriers(scope: ast.AST) -> set[str]:
     # a line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`
     for a in ast.walk(scope):
         if isinstance(a, (ast.Assign, ast.AugAssign)) and _text_of(a.value) and any(
-                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
-                if isinstance(n, (ast.Name, ast.Attribute))):
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or root(n) in out
+                for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
             out |= {dotted(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
     # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
     # losses, top1])` ... `progress.display(i)`
@@ -118,10 +119,27 @@ def _loss_carriers(scope: ast.AST) -> set[str]:
     return out - {""}
 
 
+def _instance_carriers(m: Module, scope: ast.AST) -> frozenset:
+    """The `self.` records a method's class feeds a loss into anywhere (`self.stats[k].append(loss.item())` in the
+    step, printed by print_stats)."""
+    cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    if cls is None:
+        return frozenset()
+    return frozenset(n for n in _loss_carriers(m.classes[cls]) if n.startswith("self."))
+
+
+def _class_steps(m: Module, scope: ast.AST) -> bool:
+    """The method's class runs backward or an optimizer step in some method: its records of the loss are the
+    training loss's, whichever hook prints them."""
+    cls = m.classes[m.class_of(scope)]
+    return any(isinstance(n, ast.Call) and (callee(n) == "backward" or callee(n) == "step" and "optim" in dotted(
+        n.func)) for n in ast.walk(cls))
+
+
 def _text_of(v: ast.AST) -> bool:
     """A string built from values: an f-string, `'...'.format(...)`, `'...' % (...)`."""
     return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
-        v.func.attr == "format" and isinstance(v.func.value, ast.Constant) or isinstance(v, ast.BinOp) and \
+        v.func.attr in ("format", "join") and isinstance(v.func.value, ast.Constant) or isinstance(v, ast.BinOp) and \
         isinstance(v.op, ast.Mod) and isinstance(v.left, ast.Constant) and isinstance(v.left.value, str)
 
 
@@ -286,7 +304,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
-        carriers = _loss_carriers(scope)
+        held = _instance_carriers(m, scope)
+        carriers = _loss_carriers(scope, held)
         lossy |= _packed_losses(scope, names - lossy) | (names & carriers) | _looped_losses(m, c, names)
         lossy |= _returned_losses(f, m, scope, names - lossy)
         if name not in LOG_CALLS:  # metric_logger.log_every(...): the meter prints what it was fed
@@ -295,7 +314,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
         lossy = {n for n in lossy if not _keyed_not_loss(values, n)}
-        if not lossy or not f.trains(m, c) or _reports_an_abort(m, c):
+        if not lossy or not (f.trains(m, c) or lossy & carriers and held and _class_steps(m, scope)) or \
+                _reports_an_abort(m, c):
             continue
         red = f.reduced_names(m, scope)
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
@@ -332,17 +352,44 @@ def rank0_local_loss(f: Facts, m: Module):
       "numbers, none of them the global batch's")
 def every_rank_prints_loss(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
-        if kind is None and (callee(c) == "print" and not f.print_override or _root_logger_on_every_rank(f, c)):
+        if kind is None and (callee(c) == "print" and not f.print_override or _root_logger_on_every_rank(f, m, c)):
             yield c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
                       f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global batch's "
                       "loss — all_reduce it, then log on rank 0")
 
 
-def _root_logger_on_every_rank(f: Facts, c: ast.Call) -> bool:
+def _root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     """`logging.info(...)` through the root logger, which every process sets up alike (its basicConfig is under
     no rank guard): each rank's line reaches the console, as print's would."""
-    if not (isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "logging"
-            and c.func.attr in ("info", "warning", "debug", "log", "error", "critical")):
+    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("info", "warning", "debug", "log", "error",
+                                                                   "critical")):
         return False
+    if dotted(c.func.value) != "logging":
+        return isinstance(c.func.value, ast.Name) and _holds_root_logger(m, c.func.value.id) and \
+            _root_console_on_every_rank(f)
     return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
                    for mm in f.p.modules.values() for b in mm.calls)
+
+
+def _holds_root_logger(m: Module, name: str) -> bool:
+    """`logger = getLogger()` (no name): the root logger, whatever handlers the project gives it."""
+    return any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and isinstance(
+        a.value, ast.Call) and callee(a.value) == "getLogger" and not a.value.args and not a.value.keywords
+        for a in m.tree.body)
+
+
+def _root_console_on_every_rank(f: Facts) -> bool:
+    """A project helper gives the root logger a console handler under no rank guard (`console =
+    logging.StreamHandler()` ... `logger = logging.getLogger(); logger.addHandler(console)` in a create_logger
+    every rank calls): each rank's lines reach the console."""
+    for mm in f.p.modules.values():
+        for fn in mm.functions.values():
+            roots = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                     and callee(a.value) == "getLogger" and not a.value.args for t in a.targets}
+            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                        and callee(a.value) == "StreamHandler" for t in a.targets}
+            if any(isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute) and
+                   dotted(c.func.value) in roots and c.args and dotted(c.args[0]) in consoles and
+                   f.g.effective(mm, c) is None for c in ast.walk(fn)):
+                return True
+    return False
