@@ -682,6 +682,12 @@ LOG_STEP = ("import logging\nlogging.basicConfig(level=logging.DEBUG)\nmodel = D
             "for i, (x, y) in enumerate(data):\n    loss = crit(model(x), y)\n    loss.backward()\n    opt.step()\n"
             "    if i % 10 == 0:\n        loss_sum = loss.detach().clone()\n        dist.all_reduce(loss_sum)\n"
             "        log_str = 'step {} '.format(i)\n        TEXTlogging.debug(log_str)\n")
+NODE_RANK = ("import torch.multiprocessing as mp\nfrom config import cfg\n"
+             "def worker(rank, args):\nWORKER    dist.init_process_group('nccl', rank=rank, world_size=2)\n"
+             "    model = DDP(Net())\n    for i, (x, y) in enumerate(data):\n        loss = crit(model(x), y)\n"
+             "        loss.backward()\n        opt.step()\n        if i % 10 == 0 and cfg.RANK == 0:\n"
+             "            print('loss', loss.item())\n"
+             "def main(args):\n    cfg.RANK = args.rank\n    mp.spawn(worker, nprocs=2, args=(args,))\n")
 TV_HEAD = (DDP_HEAD + "import argparse\nimport torch.nn as nn\nimport torchvision.models as models\n"
            "torch.manual_seed(0)\n")
 CASES8 = [
@@ -712,6 +718,9 @@ CASES8 = [
      "        logging.info('loss {}'.format(info['loss_dict']['loss']))\n"
      "def step(model, x, y, info):\n    loss_dict = {'loss': crit(model(x), y)}\n    info['loss_dict'] = loss_dict\n"
      "    return info\ntrain(DDP(Net()), {})\n"),
+    # a rank-0 guard on a config attribute that only the launching parent sets before mp.spawn: every spawned
+    # worker re-imports the config with its default rank 0 and passes the guard
+    ("every-rank-prints-loss", NODE_RANK.replace("WORKER", "    cfg.RANK = rank\n"), NODE_RANK.replace("WORKER", "")),
 ]
 
 

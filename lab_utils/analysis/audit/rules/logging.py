@@ -136,6 +136,32 @@ def _class_steps(m: Module, scope: ast.AST) -> bool:
         n.func)) for n in ast.walk(cls))
 
 
+def _parent_only_rank(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The log's rank-0 guard reads a config attribute (`cfg.RANK == 0`) that only the launching parent sets,
+    before mp.spawn: spawned workers re-import the config with its default, so every worker of the node passes."""
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If):
+            for x in ast.walk(n.test):
+                if isinstance(x, ast.Compare) and isinstance(x.left, ast.Attribute) and "rank" in x.left.attr.lower() \
+                        and _set_only_before_spawn(f, x.left.attr):
+                    return True
+        n = m.parent.get(id(n))
+    return False
+
+
+def _set_only_before_spawn(f: Facts, attr: str) -> bool:
+    cache = f.cache.setdefault("parent_only_rank", {})
+    if attr not in cache:
+        sets = [(mm, a) for mm in f.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name) for t in a.targets)]
+        cache[attr] = bool(sets) and all(
+            (fn := mm.enclosing(a)) is not None and any(isinstance(s, ast.Call) and callee(s) == "spawn" and
+                                                        s.lineno > a.lineno for s in ast.walk(fn))
+            for mm, a in sets)
+    return cache[attr]
+
+
 def _text_of(v: ast.AST) -> bool:
     """A string built from values: an f-string, `'...'.format(...)`, `'...' % (...)`."""
     return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
@@ -320,7 +346,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         red = f.reduced_names(m, scope)
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
-        out.append((c, lossy, f.g.effective(m, c)))
+        kind = f.g.effective(m, c)
+        out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
     cache[m.rel] = out
     return out
 
@@ -365,17 +392,19 @@ def _root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
                                                                    "critical")):
         return False
     if dotted(c.func.value) != "logging":
-        return isinstance(c.func.value, ast.Name) and _holds_root_logger(m, c.func.value.id) and \
-            _root_console_on_every_rank(f)
+        return isinstance(c.func.value, ast.Name) and _holds_root_logger(m, c, c.func.value.id) and \
+            c.func.value.id not in _rank0_loggers(f, m) and _root_console_on_every_rank(f)
     return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
                    for mm in f.p.modules.values() for b in mm.calls)
 
 
-def _holds_root_logger(m: Module, name: str) -> bool:
-    """`logger = getLogger()` (no name): the root logger, whatever handlers the project gives it."""
+def _holds_root_logger(m: Module, c: ast.Call, name: str) -> bool:
+    """`logger = getLogger()` at the top of the module or in the log's function: the root logger, or a named one
+    that propagates its records to the root's handlers."""
+    fn = m.enclosing(c)
     return any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and isinstance(
-        a.value, ast.Call) and callee(a.value) == "getLogger" and not a.value.args and not a.value.keywords
-        for a in m.tree.body)
+        a.value, ast.Call) and callee(a.value) == "getLogger"
+        for a in [*m.tree.body, *(ast.walk(fn) if fn is not None else [])])
 
 
 def _root_console_on_every_rank(f: Facts) -> bool:
