@@ -799,3 +799,24 @@ def test_a_trainers_loss_records_printed_through_a_root_logger_every_rank_gives_
     files["log.py"] = log.format(guard="    ")
     found = [(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
     assert ("every-rank-prints-loss", "trainer.py", 16) in found, found
+
+
+def test_batchnorm_by_default_in_a_module_of_a_model_built_by_a_factory_these_files_lack(tmp_path):
+    """The script hands `model = init_model(args)` (a project module that is not in the copy) to a helper that
+    wraps it in DDP, and the project's conv module normalises with `norm='batch_norm'` by default: reported for a
+    check by hand at the helper's call. The same project whose module defaults to layer_norm: nothing."""
+    conv = ("import torch.nn as nn\nNORMS = {'batch_norm': nn.BatchNorm1d, 'layer_norm': nn.LayerNorm}\n"
+            "class ConvModule(nn.Module):\n    def __init__(self, ch, norm: str = '{norm}'):\n"
+            "        super().__init__()\n        self.norm = NORMS[norm](ch)\n")
+    files = {"pkg/bin/train.py": "import torch, torch.distributed as dist\nfrom pkg.utils.init_model import "
+             "init_model\nfrom pkg.utils.wrap import wrap_model\ndef main(args):\n    dist.init_process_group('nccl')\n"
+             "    torch.manual_seed(0)\n    model, cfg = init_model(args)\n    model = wrap_model(args, model)\n"
+             "if __name__ == '__main__':\n    main(None)\n",
+             "pkg/utils/wrap.py": "import torch\ndef wrap_model(args, model):\n"
+             "    return torch.nn.parallel.DistributedDataParallel(model.cuda())\n",
+             "pkg/models/conv.py": conv.replace("{norm}", "layer_norm")}
+    found = [f.rule for f in audit.audit_paths([_project(tmp_path / "a", files)])]
+    assert "batchnorm-without-sync" not in found, found
+    files["pkg/models/conv.py"] = conv.replace("{norm}", "batch_norm")
+    found = [(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
+    assert ("batchnorm-without-sync", "train.py", 8) in found, found

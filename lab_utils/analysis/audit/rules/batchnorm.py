@@ -9,7 +9,7 @@ import re
 from ..facts import Facts
 from ..project import Module
 from ..registry import rule
-from ..syntax import callee, const_str, dotted, kw
+from ..syntax import callee, const_str, dotted, kw, root
 
 
 @rule("batchnorm-without-sync", "07_batchnorm", "BatchNorm under DDP without SyncBatchNorm: each rank normalises "
@@ -27,6 +27,17 @@ def batchnorm_without_sync(f: Facts, m: Module):
         wrap, bn = _wrapped_batchnorm(f, m)
         if wrap is None and bns:  # BatchNorm in the script itself, whatever model it ends up in
             wrap, bn = bns[0], (m, bns[0])
+        if wrap is None:
+            handed = _handed_to_a_wrap_helper(f, m)
+            if handed is not None:
+                c, factory, (dm, cls, param) = handed
+                yield c, (f"{callee(c)}() wraps the model in DDP, and the model comes from {factory}(), which these "
+                          f"files do not hold; the project's {cls.name} normalises with BatchNorm by default "
+                          f"({dm.rel}:{param.lineno}: '{param.value}') and nothing converts it to SyncBatchNorm: at 2 "
+                          "ranks each rank would normalise with its own half-batch's statistics, unlike the single "
+                          "run — check whether the model holds it; nn.SyncBatchNorm.convert_sync_batchnorm(model) "
+                          "before DDP"), "check-by-hand"
+                return
         if wrap is not None:
             where = f"{bn[0].rel}:{bn[1].lineno}" if bn[0] is not m else f"line {bn[1].lineno}"
             yield wrap, (f"the model wrapped here has BatchNorm ({where}) and nothing converts it to SyncBatchNorm: "
@@ -165,4 +176,60 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
                            if _is_batchnorm(mm, x)), None)
                 if bn is not None:
                     return bn
+    return None
+
+
+BN_DEFAULT = re.compile(r"^(batch_?norm|bn)(1d|2d)?$", re.I)
+
+
+def _batchnorm_by_default(f: Facts):
+    """(module, class, default) for a project nn.Module whose __init__ picks its normalisation by a string that
+    defaults to BatchNorm (`norm: str = "batch_norm"`, then a registry of norm classes)."""
+    for mm in f.p.modules.values():
+        for cls in mm.classes.values():
+            init = mm.functions.get(f"{cls.name}.__init__")
+            if init is None or not any(dotted(b).split(".")[-1] == "Module" for b in cls.bases):
+                continue
+            for d in init.args.defaults + [x for x in init.args.kw_defaults if x is not None]:
+                if const_str(d) and BN_DEFAULT.match(const_str(d)):
+                    return mm, cls, d
+    return None
+
+
+def _handed_to_a_wrap_helper(f: Facts, m: Module):
+    """(the call, the factory's name, _batchnorm_by_default) when the script hands a model to a project helper
+    that wraps that parameter in DDP, the model comes from a project factory whose file these files lack
+    (`model = init_model(args)` from a project package module that is not here), and the project has a module
+    that is BatchNorm by default: the likely case, reported for a check by hand."""
+    default = _batchnorm_by_default(f)
+    if default is None:
+        return None
+    packages = {mm.rel.split("/")[0] for mm in f.p.modules.values()}
+    for c in sorted(m.calls, key=lambda x: x.lineno):
+        for tm, tf in f.p.resolve(m, c, exact=True):
+            if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = [a.arg for a in tf.args.args]
+            wrapped = {root(w.args[0]) for w in ast.walk(tf) if isinstance(w, ast.Call) and f.is_ddp_call(tm, w)
+                       and w.args}  # DDP(model), DDP(model.cuda())
+            for i, a in enumerate(c.args):
+                if i < len(params) and params[i] in wrapped and isinstance(a, ast.Name):
+                    factory = _unseen_factory(f, m, c, a.id, packages)
+                    if factory:
+                        return c, factory, default
+    return None
+
+
+def _unseen_factory(f: Facts, m: Module, c: ast.Call, name: str, packages: set[str]) -> str | None:
+    scope = m.enclosing(c) or m.tree
+    for a in ast.walk(scope):
+        if not (isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(a.value, ast.Call)
+                and isinstance(a.value.func, ast.Name)):
+            continue
+        targets = [x for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        fn = a.value.func.id
+        imp = m.imports.get(fn)
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and imp and \
+                f.p.module_for(m, fn) is None and (imp[2] > 0 or imp[0].split(".")[0] in packages):
+            return fn
     return None
