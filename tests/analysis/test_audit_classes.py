@@ -763,3 +763,147 @@ def test_an_import_from_a_source_folder_the_script_puts_on_sys_path(tmp_path):
                                      "    return torch.utils.data.DataLoader(ds, sampler=s)\n"}
     found = audit.audit_paths([_project(tmp_path, files)])
     assert "set-epoch-missing" not in {f.rule for f in found}, found
+
+
+LOG_STEP = ("import logging\nlogging.basicConfig(level=logging.DEBUG)\nmodel = DDP(Net())\n"
+            "for i, (x, y) in enumerate(data):\n    loss = crit(model(x), y)\n    loss.backward()\n    opt.step()\n"
+            "    if i % 10 == 0:\n        loss_sum = loss.detach().clone()\n        dist.all_reduce(loss_sum)\n"
+            "        log_str = 'step {} '.format(i)\n        TEXTlogging.debug(log_str)\n")
+NODE_RANK = ("import torch.multiprocessing as mp\nfrom config import cfg\n"
+             "def worker(rank, args):\nWORKER    dist.init_process_group('nccl', rank=rank, world_size=2)\n"
+             "    model = DDP(Net())\n    for i, (x, y) in enumerate(data):\n        loss = crit(model(x), y)\n"
+             "        loss.backward()\n        opt.step()\n        if i % 10 == 0 and cfg.RANK == 0:\n"
+             "            print('loss', loss.item())\n"
+             "def main(args):\n    cfg.RANK = args.rank\n    mp.spawn(worker, nprocs=2, args=(args,))\n")
+TV_HEAD = (DDP_HEAD + "import argparse\nimport torch.nn as nn\nimport torchvision.models as models\n"
+           "torch.manual_seed(0)\n")
+CASES8 = [
+    # a torchvision model factory by name builds a BatchNorm model (the ResNet family) unless the name is a family
+    # without BatchNorm (ViT, Swin, ConvNeXt, AlexNet, plain VGG): DDP without SyncBatchNorm normalises per rank
+    ("batchnorm-without-sync",
+     "p = argparse.ArgumentParser()\np.add_argument('--arch', default='vit_b_16')\nargs = p.parse_args()\n"
+     "model = models.__dict__[args.arch]()\nmodel = DDP(model.cuda())\n",
+     "p = argparse.ArgumentParser()\np.add_argument('--arch', default='resnet50')\nargs = p.parse_args()\n"
+     "model = models.__dict__[args.arch](num_classes=10)\nmodel = DDP(model.cuda())\n", TV_HEAD),
+    ("batchnorm-without-sync",
+     "model = models.resnet50()\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DDP(model)\n",
+     "model = models.resnet50()\nmodel = DDP(model)\n", TV_HEAD),
+    # a line of text built from the loss and logged through the root logger that every rank configures: each rank
+    # logs its own loss
+    ("every-rank-prints-loss", LOG_STEP.replace("TEXT", "log_str += 'loss {:.4f}'.format(loss_sum / 10)\n        "
+                                                 "if rank == 0:\n            "),
+     LOG_STEP.replace("TEXT", "log_str += 'loss {:.4f}'.format(loss.item())\n        ")),
+    # a dict that carries the losses, logged by a key that is no loss (a setting read before the loop), logs no loss
+    ("every-rank-prints-loss",
+     "import logging\nlogging.basicConfig(level=logging.INFO)\ndef train(model, info):\n"
+     "    logging.info('accumulating {} steps'.format(info['accum_grad']))\n    for x, y in data:\n"
+     "        info = step(model, x, y, info)\n        info['loss_dict']['loss'].backward()\n        opt.step()\n"
+     "def step(model, x, y, info):\n    loss_dict = {'loss': crit(model(x), y)}\n    info['loss_dict'] = loss_dict\n"
+     "    return info\ntrain(DDP(Net()), {})\n",
+     "import logging\nlogging.basicConfig(level=logging.INFO)\ndef train(model, info):\n    for x, y in data:\n"
+     "        info = step(model, x, y, info)\n        info['loss_dict']['loss'].backward()\n        opt.step()\n"
+     "        logging.info('loss {}'.format(info['loss_dict']['loss']))\n"
+     "def step(model, x, y, info):\n    loss_dict = {'loss': crit(model(x), y)}\n    info['loss_dict'] = loss_dict\n"
+     "    return info\ntrain(DDP(Net()), {})\n"),
+    # a rank-0 guard on a config attribute that only the launching parent sets before mp.spawn: every spawned
+    # worker re-imports the config with its default rank 0 and passes the guard
+    ("every-rank-prints-loss", NODE_RANK.replace("WORKER", "    cfg.RANK = rank\n"), NODE_RANK.replace("WORKER", "")),
+]
+
+
+@pytest.mark.parametrize("case", CASES8, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES8)])
+def test_batch8_classes(case):
+    rule, quiet, loud, *head = case
+    found = (lambda body: rules(body, *head)) if head else rules
+    assert rule not in found(quiet), found(quiet)
+    assert rule in found(loud), found(loud)
+
+
+def test_batchnorm_in_a_model_built_by_a_factory_named_by_a_string(tmp_path):
+    """`eval('models.' + cfg.NAME + '.get_net')(cfg)`: the model is whatever the project's get_net builds; when
+    every get_net in the project builds BatchNorm, the DDP wrap without SyncBatchNorm normalises per rank. The
+    same project whose net has no BatchNorm: nothing."""
+    net = ("import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+           "        self.c = nn.Conv2d(3, 8, 3)\n        self.n = nn.{norm}(8)\n"
+           "def get_net(cfg):\n    return Net()\n")
+    files = {"train.py": "import torch, torch.distributed as dist\nfrom torch.nn.parallel import "
+             "DistributedDataParallel as DDP\nimport models\ndef main(cfg):\n    dist.init_process_group('nccl')\n"
+             "    torch.manual_seed(0)\n    model = eval('models.' + cfg.NAME + '.get_net')(cfg)\n"
+             "    model = DDP(model.cuda())\nif __name__ == '__main__':\n    main(None)\n",
+             "models/__init__.py": "from . import net\n", "models/net.py": net.format(norm="GroupNorm")}
+    assert "batchnorm-without-sync" not in {f.rule for f in audit.audit_paths([_project(tmp_path / "a", files)])}
+    files["models/net.py"] = net.format(norm="BatchNorm2d")
+    found = [(f.rule, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
+    assert ("batchnorm-without-sync", 8) in found, found
+
+
+def test_a_meters_collective_when_the_group_exists_only_under_the_launchers_environment(tmp_path):
+    """The group is made only past `elif "RANK" not in os.environ: return` (a later arm of an if/elif chain), so
+    a meter's barrier/all_reduce with no group check, called at every epoch end, raises in the single-process
+    run; the project's own `comm.barrier()` that tests the flag its setup sets True is no collective outside the
+    switch, nor is the meter's once it checks dist.is_initialized()."""
+    comm = ("import os, torch, torch.distributed as tdist\nready = False\ndef setup():\n    global ready\n"
+            "    if not torch.cuda.is_available():\n        return\n    elif 'RANK' not in os.environ:\n"
+            "        return\n    tdist.init_process_group('nccl')\n    ready = True\n"
+            "def barrier():\n    if ready:\n        tdist.barrier()\n")
+    meter = ("import torch, torch.distributed as tdist\nclass Meter:\n    def __init__(self):\n        self.n = 0\n"
+             "    def sync(self):\n{check}        t = torch.tensor([self.n])\n        tdist.barrier()\n"
+             "        tdist.all_reduce(t)\n        self.n = int(t[0])\n")
+    files = {"comm.py": comm, "meter.py": meter.format(check="        if not tdist.is_initialized():\n"
+                                                               "            return\n"),
+             "train.py": "import torch\nimport comm\nfrom meter import Meter\ncomm.setup()\ncomm.barrier()\n"
+             "torch.manual_seed(0)\nm = Meter()\nfor epoch in range(3):\n    m.n += 1\n    m.sync()\n"}
+    found = [(f.rule, Path(f.path).name) for f in audit.audit_paths([_project(tmp_path / "a", files)])]
+    assert not any(r == "collective-outside-switch" for r, _ in found), found
+    files["meter.py"] = meter.format(check="")
+    found = [(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
+    assert [x for x in found if x[0] == "collective-outside-switch"] == [
+        ("collective-outside-switch", "meter.py", 7)], found
+
+
+def test_a_trainers_loss_records_printed_through_a_root_logger_every_rank_gives_a_console(tmp_path):
+    """A trainer class appends each step's loss.item() to self.stats and a hook method prints their mean through
+    the root logger (`logger = getLogger()`); the project's create_logger adds the console handler on every
+    rank: each rank prints its own unreduced loss. With the console handler added on rank 0 only: quiet."""
+    log = ("import logging\ndef create_logger(path, rank):\n    console = logging.StreamHandler()\n"
+           "    logger = logging.getLogger()\n    logger.handlers = []\n{guard}logger.addHandler(console)\n"
+           "    return logger\n")
+    files = {"trainer.py": "import numpy as np\nfrom logging import getLogger\nlogger = getLogger()\n"
+             "class Trainer:\n    def __init__(self, model, opt):\n        self.model, self.opt = model, opt\n"
+             "        self.stats = {'lm': []}\n    def step(self, x, y):\n        loss = crit(self.model(x), y)\n"
+             "        self.opt.zero_grad()\n        loss.backward()\n        self.opt.step()\n"
+             "        self.stats['lm'].append(loss.item())\n    def print_stats(self):\n"
+             "        s_stat = ' || '.join('{}: {:.4f}'.format(k, np.mean(v)) for k, v in self.stats.items())\n"
+             "        logger.info('it - ' + s_stat)\n",
+             "train.py": "import os, torch, torch.distributed as dist\nfrom torch.nn.parallel import "
+             "DistributedDataParallel as DDP\nfrom trainer import Trainer\nfrom log import create_logger\n"
+             "dist.init_process_group('nccl')\nrank = int(os.environ['RANK'])\ncreate_logger('out.log', rank)\n"
+             "torch.manual_seed(0)\nt = Trainer(DDP(Net()), opt)\nfor x, y in data:\n    t.step(x, y)\n"
+             "    t.print_stats()\n",
+             "log.py": log.format(guard="    if rank == 0:\n        ")}
+    found = [(f.rule, Path(f.path).name) for f in audit.audit_paths([_project(tmp_path / "a", files)])]
+    assert ("every-rank-prints-loss", "trainer.py") not in found, found
+    files["log.py"] = log.format(guard="    ")
+    found = [(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
+    assert ("every-rank-prints-loss", "trainer.py", 16) in found, found
+
+
+def test_batchnorm_by_default_in_a_module_of_a_model_built_by_a_factory_these_files_lack(tmp_path):
+    """The script hands `model = init_model(args)` (a project module that is not in the copy) to a helper that
+    wraps it in DDP, and the project's conv module normalises with `norm='batch_norm'` by default: reported for a
+    check by hand at the helper's call. The same project whose module defaults to layer_norm: nothing."""
+    conv = ("import torch.nn as nn\nNORMS = {'batch_norm': nn.BatchNorm1d, 'layer_norm': nn.LayerNorm}\n"
+            "class ConvModule(nn.Module):\n    def __init__(self, ch, norm: str = '{norm}'):\n"
+            "        super().__init__()\n        self.norm = NORMS[norm](ch)\n")
+    files = {"pkg/bin/train.py": "import torch, torch.distributed as dist\nfrom pkg.utils.init_model import "
+             "init_model\nfrom pkg.utils.wrap import wrap_model\ndef main(args):\n    dist.init_process_group('nccl')\n"
+             "    torch.manual_seed(0)\n    model, cfg = init_model(args)\n    model = wrap_model(args, model)\n"
+             "if __name__ == '__main__':\n    main(None)\n",
+             "pkg/utils/wrap.py": "import torch\ndef wrap_model(args, model):\n"
+             "    return torch.nn.parallel.DistributedDataParallel(model.cuda())\n",
+             "pkg/models/conv.py": conv.replace("{norm}", "layer_norm")}
+    found = [f.rule for f in audit.audit_paths([_project(tmp_path / "a", files)])]
+    assert "batchnorm-without-sync" not in found, found
+    files["pkg/models/conv.py"] = conv.replace("{norm}", "batch_norm")
+    found = [(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([_project(tmp_path / "b", files)])]
+    assert ("batchnorm-without-sync", "train.py", 8) in found, found

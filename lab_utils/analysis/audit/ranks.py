@@ -197,6 +197,8 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
                 return s.test
             if isinstance(s, ast.If) and _returns_unless_launched(s):
                 return s.test
+            if isinstance(s, ast.If) and (arm := _launch_arm_returns(s)) is not None:
+                return arm
         if isinstance(n, ast.FunctionDef):
             break
         child, n = n, m.parent.get(id(n))
@@ -216,6 +218,18 @@ def _returns_unless_launched(s: ast.If) -> bool:
         break
     return bool(n.orelse) and isinstance(n.orelse[-1], ast.Return) and all(
         is_switch_value(t) or is_switch_test(t) for t in tests)
+
+
+def _launch_arm_returns(s: ast.If) -> ast.AST | None:
+    """`if not torch.cuda.is_available(): return` `elif "RANK" not in os.environ: ...; return`: a later arm of an
+    if/elif chain that tests the launcher's environment and returns. What follows the chain runs only when a
+    launcher started the job, as under `if args.distributed:`."""
+    n = s
+    while len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If):
+        n = n.orelse[0]
+        if n.body and isinstance(n.body[-1], ast.Return) and is_switch_value(n.test):
+            return n.test
+    return None
 
 
 def switched(p: Project, m: Module, node: ast.AST, depth: int = 2) -> ast.AST | None:

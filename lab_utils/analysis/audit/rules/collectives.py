@@ -118,11 +118,13 @@ def collective_outside_switch(f: Facts, m: Module):
     inits = [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "init_process_group"]
     if not inits or not all(distributed_switch(mm, c) is not None for mm, c in inits):
         return  # the group exists in every run the script can make
-    for c in m.calls:
-        if callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather") or "dist" not in dotted(c.func):
+    flags, told = _group_flags(f), set()
+    for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
+        if callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather") or "dist" not in dotted(c.func) \
+                or not _torch_distributed(m, c):
             continue
         if switched(f.p, m, c) is not None or f.g.kind(m, c) is not None or m.enclosing(c) is None and \
-                not m.entry:
+                not m.entry or _under_flag(m, c, flags):
             continue
         fn = m.enclosing(c)
         sites = f.p.callers(m, fn) + _apply_sites(m, fn) if fn is not None else []
@@ -132,9 +134,13 @@ def collective_outside_switch(f: Facts, m: Module):
         if fn is not None and (any(isinstance(n, ast.Call) and callee(n) in GROUP_CHECKS for n in ast.walk(fn))
                                or _checked_first(f, m, fn)):
             continue  # the helper checks the group itself
+        if fn is not None and fn in told:
+            continue  # one finding per helper: its barrier and its all_reduce are one defect
+        told.add(fn)
         switch = ast.unparse(distributed_switch(*inits[0]))
-        yield c, (f"{ast.unparse(c.func)}() runs whether or not `{switch}` set up the process group (line "
-                  f"{inits[0][1].lineno}): at two ranks it synchronises, but the "
+        where = f"line {inits[0][1].lineno}" if inits[0][0] is m else f"{inits[0][0].rel}:{inits[0][1].lineno}"
+        yield c, (f"{ast.unparse(c.func)}() runs whether or not `{switch}` set up the process group ({where}): "
+                  "at two ranks it synchronises, but the "
                   "single-process run of this script raises 'Default process group has not been initialized' — "
                   "put it under the same switch (or `if dist.is_initialized():`)")
 
@@ -171,3 +177,34 @@ def _checked_first(f: Facts, m: Module, fn: ast.AST) -> bool:
         isinstance(n, ast.Call) and any(f.p.function_does(tm, tf, lambda mm, cc: callee(cc) in GROUP_CHECKS, 1)
                                         for tm, tf in f.p.resolve(m, n)) for n in ast.walk(s.test))
         for s in fn.body)
+
+
+def _torch_distributed(m: Module, c: ast.Call) -> bool:
+    """`dist.barrier()` is torch.distributed's, not a project module's wrapper of the same name (`import dist`,
+    whose barrier checks the group itself)."""
+    head = dotted(c.func).split(".")[0]
+    imp = m.imports.get(head)
+    return imp is None or ".".join(x for x in imp[:2] if x).startswith("torch")
+
+
+def _group_flags(f: Facts) -> set[str]:
+    """Names set True by the function that creates the process group (`initialized = True` after
+    init_process_group): a test of one is a test of whether the group exists."""
+    if not hasattr(f, "_group_flags"):
+        out = set()
+        for mm in f.p.modules.values():
+            for fn in mm.functions.values():
+                if any(isinstance(n, ast.Call) and callee(n) == "init_process_group" for n in ast.walk(fn)):
+                    out |= {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(
+                        n.value, ast.Constant) and n.value.value is True for t in n.targets if isinstance(t, ast.Name)}
+        f._group_flags = out
+    return f._group_flags
+
+
+def _under_flag(m: Module, c: ast.Call, flags: set[str]) -> bool:
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and any(isinstance(x, ast.Name) and x.id in flags for x in ast.walk(n.test)):
+            return True
+        n = m.parent.get(id(n))
+    return False

@@ -1,5 +1,5 @@
-"""Chapters 05-07 and 09: gradients (a sum loss, a gather without autograd, accumulation), BatchNorm, the
-rendezvous port."""
+"""Chapters 05, 06 and 09: gradients (a sum loss, a gather without autograd, accumulation), the
+rendezvous port, a learning rate that grows with the GPU count."""
 
 from __future__ import annotations
 
@@ -387,69 +387,6 @@ def batch_and_accum_divided(f: Facts, m: Module):
         yield divided["accum"], (f"both the per-GPU batch (line {divided['batch'].lineno}) and the accumulation "
                                  "steps are divided by world_size: the global batch shrinks by world_size (article "
                                  "§7.2's table) — divide one of them, and check global = micro x accum x world_size")
-
-
-@rule("batchnorm-without-sync", "07_batchnorm", "BatchNorm under DDP without SyncBatchNorm: each rank normalises "
-      "with its own micro-batch's statistics")
-def batchnorm_without_sync(f: Facts, m: Module):
-    if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry) and not any(
-            f.is_ddp_call(m, c) for c in m.calls):
-        return  # a library no audited script runs, and that wraps no model itself: its scripts decide
-    related = f.p.related(m)
-    bns = [c for c in m.calls if _is_batchnorm(m, c)] if m.entry else []
-    converts = [c for c in m.calls if callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model")]
-    if not converts and m.entry and not any(
-            isinstance(n, (ast.Name, ast.Attribute)) and dotted(n).split(".")[-1] in SYNC_NAMES
-            for mm in related for n in mm.nodes):
-        wrap, bn = _wrapped_batchnorm(f, m)
-        if wrap is None and bns:  # BatchNorm in the script itself, whatever model it ends up in
-            wrap, bn = bns[0], (m, bns[0])
-        if wrap is not None:
-            where = f"{bn[0].rel}:{bn[1].lineno}" if bn[0] is not m else f"line {bn[1].lineno}"
-            yield wrap, (f"the model wrapped here has BatchNorm ({where}) and nothing converts it to SyncBatchNorm: "
-                         "at 2 ranks each rank normalises with its own half-batch's statistics (and keeps its own "
-                         "running stats), unlike the single run's whole batch — "
-                         "nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
-        return
-    gates = [f.flag_gate(m, c) for c in converts]
-    if converts and all(gates):  # offering --sync-bn says the model has BatchNorm; the default run goes without
-        flag, test = gates[0]
-        yield test, (f"SyncBatchNorm only with --{flag}, which is off by default: the default DDP run "
-                     "normalises each rank's micro-batch with its own statistics, unlike the single run — "
-                     "turn the flag on when you compare the port")
-
-
-SYNC_NAMES = {"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"}
-
-
-def _is_batchnorm(m: Module, c: ast.Call) -> bool:
-    """nn.BatchNorm1d/2d/3d, under any import alias (`from torch.nn import BatchNorm1d as BatchNorm`)."""
-    name = callee(c)
-    imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
-    return bool(re.fullmatch(r"BatchNorm[123]d", name) or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1]))
-
-
-def _wrapped_batchnorm(f: Facts, m: Module):
-    """(the DDP wrap, (module, BatchNorm call)) when the model a script wraps has BatchNorm in its own class or in
-    the project classes it builds, in whatever file they live (`self.model = TSCNet(...)` whose conformer blocks
-    hold BatchNorm1d in models/conformer.py); (None, None) otherwise."""
-    for w in sorted((c for c in m.calls if f.is_ddp_call(m, c) and c.args), key=lambda c: c.lineno):
-        arg = w.args[0]
-        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr in ("to", "cuda"):
-            arg = arg.func.value  # DDP(model.to(rank))
-        if isinstance(arg, ast.Call):
-            found = [(tm, tm.classes[tm.class_of(tf)]) for tm, tf in f.p.resolve(m, arg) if tm.class_of(tf)][:1]
-        else:
-            found = [f.any_class(m, dotted(arg))] if isinstance(arg, (ast.Name, ast.Attribute)) else []
-        for cls in (x for x in found if x is not None):
-            cm, cdef = cls
-            keys = set()
-            for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
-                keys |= f.p.reach(cm, meth)
-            bn = next(((mm, c) for mm, c in f.p.calls_in(keys) if _is_batchnorm(mm, c)), None)
-            if bn is not None:
-                return w, bn
-    return None, None
 
 
 LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)

@@ -86,10 +86,11 @@ def _looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
     return out
 
 
-def _loss_carriers(scope: ast.AST) -> set[str]:
+def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     """Meters and records a loss is fed into, whatever their names: `meter.update(loss.item(), n)`,
-    `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss."""
-    out = set()
+    `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss. `seed`:
+    the instance's records that other methods feed (`self.stats[k].append(loss.item())`)."""
+    out = set(seed)
     for c in ast.walk(scope):
         if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
                 "update", "append", "add_", "add", "put", "extend")):
@@ -100,6 +101,12 @@ def _loss_carriers(scope: ast.AST) -> set[str]:
                 LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for v in fed for n in ast.walk(v)
                 if isinstance(n, (ast.Name, ast.Attribute))):
             out.add(root(c.func.value))
+    # a line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`
+    for a in ast.walk(scope):
+        if isinstance(a, (ast.Assign, ast.AugAssign)) and _text_of(a.value) and any(
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or root(n) in out
+                for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
+            out |= {dotted(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
     # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
     # losses, top1])` ... `progress.display(i)`
     for _ in range(2):
@@ -110,6 +117,65 @@ def _loss_carriers(scope: ast.AST) -> set[str]:
                     for n in ast.walk(arg)):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out - {""}
+
+
+def _instance_carriers(m: Module, scope: ast.AST) -> frozenset:
+    """The `self.` records a method's class feeds a loss into anywhere (`self.stats[k].append(loss.item())` in the
+    step, printed by print_stats)."""
+    cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    if cls is None:
+        return frozenset()
+    return frozenset(n for n in _loss_carriers(m.classes[cls]) if n.startswith("self."))
+
+
+def _class_steps(m: Module, scope: ast.AST) -> bool:
+    """The method's class runs backward or an optimizer step in some method: its records of the loss are the
+    training loss's, whichever hook prints them."""
+    cls = m.classes[m.class_of(scope)]
+    return any(isinstance(n, ast.Call) and (callee(n) == "backward" or callee(n) == "step" and "optim" in dotted(
+        n.func)) for n in ast.walk(cls))
+
+
+def _parent_only_rank(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The log's rank-0 guard reads a config attribute (`cfg.RANK == 0`) that only the launching parent sets,
+    before mp.spawn: spawned workers re-import the config with its default, so every worker of the node passes."""
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If):
+            for x in ast.walk(n.test):
+                if isinstance(x, ast.Compare) and isinstance(x.left, ast.Attribute) and "rank" in x.left.attr.lower() \
+                        and _set_only_before_spawn(f, x.left.attr):
+                    return True
+        n = m.parent.get(id(n))
+    return False
+
+
+def _set_only_before_spawn(f: Facts, attr: str) -> bool:
+    cache = f.cache.setdefault("parent_only_rank", {})
+    if attr not in cache:
+        sets = [(mm, a) for mm in f.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) and any(
+            isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name) for t in a.targets)]
+        cache[attr] = bool(sets) and all(
+            (fn := mm.enclosing(a)) is not None and any(isinstance(s, ast.Call) and callee(s) == "spawn" and
+                                                        s.lineno > a.lineno for s in ast.walk(fn))
+            for mm, a in sets)
+    return cache[attr]
+
+
+def _text_of(v: ast.AST) -> bool:
+    """A string built from values: an f-string, `'...'.format(...)`, `'...' % (...)`."""
+    return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
+        v.func.attr in ("format", "join") and isinstance(v.func.value, ast.Constant) or isinstance(v, ast.BinOp) and \
+        isinstance(v.op, ast.Mod) and isinstance(v.left, ast.Constant) and isinstance(v.left.value, str)
+
+
+def _keyed_not_loss(values: list, name: str) -> bool:
+    """Every read of `name` in the logged values takes a key that is no loss: `info_dict['accum_grad']` of a
+    dict that also carries the losses logs a setting."""
+    reads = [n for v in values for n in ast.walk(v) if isinstance(n, ast.Name) and n.id == name]
+    keys = [const_str(n.slice) for v in values for n in ast.walk(v) if isinstance(n, ast.Subscript)
+            and isinstance(n.value, ast.Name) and n.value.id == name]
+    return bool(reads) and len(keys) == len(reads) and all(k and not LOSSISH.search(k) for k in keys)
 
 
 def _rank0_loggers(f: Facts, m: Module) -> set[str]:
@@ -264,7 +330,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
-        carriers = _loss_carriers(scope)
+        held = _instance_carriers(m, scope)
+        carriers = _loss_carriers(scope, held)
         lossy |= _packed_losses(scope, names - lossy) | (names & carriers) | _looped_losses(m, c, names)
         lossy |= _returned_losses(f, m, scope, names - lossy)
         if name not in LOG_CALLS:  # metric_logger.log_every(...): the meter prints what it was fed
@@ -272,12 +339,15 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
-        if not lossy or not f.trains(m, c) or _reports_an_abort(m, c):
+        lossy = {n for n in lossy if not _keyed_not_loss(values, n)}
+        if not lossy or not (f.trains(m, c) or lossy & carriers and held and _class_steps(m, scope)) or \
+                _reports_an_abort(m, c):
             continue
         red = f.reduced_names(m, scope)
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
-        out.append((c, lossy, f.g.effective(m, c)))
+        kind = f.g.effective(m, c)
+        out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
     cache[m.rel] = out
     return out
 
@@ -309,17 +379,46 @@ def rank0_local_loss(f: Facts, m: Module):
       "numbers, none of them the global batch's")
 def every_rank_prints_loss(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
-        if kind is None and (callee(c) == "print" and not f.print_override or _root_logger_on_every_rank(f, c)):
+        if kind is None and (callee(c) == "print" and not f.print_override or _root_logger_on_every_rank(f, m, c)):
             yield c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
                       f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global batch's "
                       "loss — all_reduce it, then log on rank 0")
 
 
-def _root_logger_on_every_rank(f: Facts, c: ast.Call) -> bool:
+def _root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     """`logging.info(...)` through the root logger, which every process sets up alike (its basicConfig is under
     no rank guard): each rank's line reaches the console, as print's would."""
-    if not (isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "logging"
-            and c.func.attr in ("info", "warning", "debug", "log", "error", "critical")):
+    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("info", "warning", "debug", "log", "error",
+                                                                   "critical")):
         return False
+    if dotted(c.func.value) != "logging":
+        return isinstance(c.func.value, ast.Name) and _holds_root_logger(m, c, c.func.value.id) and \
+            c.func.value.id not in _rank0_loggers(f, m) and _root_console_on_every_rank(f)
     return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
                    for mm in f.p.modules.values() for b in mm.calls)
+
+
+def _holds_root_logger(m: Module, c: ast.Call, name: str) -> bool:
+    """`logger = getLogger()` at the top of the module or in the log's function: the root logger, or a named one
+    that propagates its records to the root's handlers."""
+    fn = m.enclosing(c)
+    return any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and isinstance(
+        a.value, ast.Call) and callee(a.value) == "getLogger"
+        for a in [*m.tree.body, *(ast.walk(fn) if fn is not None else [])])
+
+
+def _root_console_on_every_rank(f: Facts) -> bool:
+    """A project helper gives the root logger a console handler under no rank guard (`console =
+    logging.StreamHandler()` ... `logger = logging.getLogger(); logger.addHandler(console)` in a create_logger
+    every rank calls): each rank's lines reach the console."""
+    for mm in f.p.modules.values():
+        for fn in mm.functions.values():
+            roots = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                     and callee(a.value) == "getLogger" and not a.value.args for t in a.targets}
+            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                        and callee(a.value) == "StreamHandler" for t in a.targets}
+            if any(isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute) and
+                   dotted(c.func.value) in roots and c.args and dotted(c.args[0]) in consoles and
+                   f.g.effective(mm, c) is None for c in ast.walk(fn)):
+                return True
+    return False

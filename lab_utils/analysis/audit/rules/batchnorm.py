@@ -1,0 +1,235 @@
+"""Chapter 07: BatchNorm under DDP, in the script's own model, in the project classes it builds, in a project
+factory (by name or by a string), or in a torchvision model made by name."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ..facts import Facts
+from ..project import Module
+from ..registry import rule
+from ..syntax import callee, const_str, dotted, kw, root
+
+
+@rule("batchnorm-without-sync", "07_batchnorm", "BatchNorm under DDP without SyncBatchNorm: each rank normalises "
+      "with its own micro-batch's statistics")
+def batchnorm_without_sync(f: Facts, m: Module):
+    if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry) and not any(
+            f.is_ddp_call(m, c) for c in m.calls):
+        return  # a library no audited script runs, and that wraps no model itself: its scripts decide
+    related = f.p.related(m)
+    bns = [c for c in m.calls if _is_batchnorm(m, c)] if m.entry else []
+    converts = [c for c in m.calls if callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model")]
+    if not converts and m.entry and not any(
+            isinstance(n, (ast.Name, ast.Attribute)) and dotted(n).split(".")[-1] in SYNC_NAMES
+            for mm in related for n in mm.nodes):
+        wrap, bn = _wrapped_batchnorm(f, m)
+        if wrap is None and bns:  # BatchNorm in the script itself, whatever model it ends up in
+            wrap, bn = bns[0], (m, bns[0])
+        if wrap is None:
+            handed = _handed_to_a_wrap_helper(f, m)
+            if handed is not None:
+                c, factory, (dm, cls, param) = handed
+                yield c, (f"{callee(c)}() wraps the model in DDP, and the model comes from {factory}(), which these "
+                          f"files do not hold; the project's {cls.name} normalises with BatchNorm by default "
+                          f"({dm.rel}:{param.lineno}: '{param.value}') and nothing converts it to SyncBatchNorm: at 2 "
+                          "ranks each rank would normalise with its own half-batch's statistics, unlike the single "
+                          "run — check whether the model holds it; nn.SyncBatchNorm.convert_sync_batchnorm(model) "
+                          "before DDP"), "check-by-hand"
+                return
+        if wrap is not None:
+            where = f"{bn[0].rel}:{bn[1].lineno}" if bn[0] is not m else f"line {bn[1].lineno}"
+            yield wrap, (f"the model wrapped here has BatchNorm ({where}) and nothing converts it to SyncBatchNorm: "
+                         "at 2 ranks each rank normalises with its own half-batch's statistics (and keeps its own "
+                         "running stats), unlike the single run's whole batch — "
+                         "nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
+        return
+    gates = [f.flag_gate(m, c) for c in converts]
+    if converts and all(gates):  # offering --sync-bn says the model has BatchNorm; the default run goes without
+        flag, test = gates[0]
+        yield test, (f"SyncBatchNorm only with --{flag}, which is off by default: the default DDP run "
+                     "normalises each rank's micro-batch with its own statistics, unlike the single run — "
+                     "turn the flag on when you compare the port")
+
+
+SYNC_NAMES = {"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"}
+
+
+def _is_batchnorm(m: Module, c: ast.Call) -> bool:
+    """nn.BatchNorm1d/2d/3d, under any import alias (`from torch.nn import BatchNorm1d as BatchNorm`)."""
+    name = callee(c)
+    imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
+    return bool(re.fullmatch(r"BatchNorm[123]d", name) or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1]))
+
+
+def _wrapped_batchnorm(f: Facts, m: Module):
+    """(the DDP wrap, (module, BatchNorm call)) when the model a script wraps has BatchNorm in its own class or in
+    the project classes it builds, in whatever file they live (`self.model = TSCNet(...)` whose conformer blocks
+    hold BatchNorm1d in models/conformer.py); (None, None) otherwise."""
+    for w in sorted((c for c in m.calls if f.is_ddp_call(m, c) and c.args), key=lambda c: c.lineno):
+        arg = w.args[0]
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr in ("to", "cuda"):
+            arg = arg.func.value  # DDP(model.to(rank))
+        if isinstance(arg, ast.Call):
+            found = [(tm, tm.classes[tm.class_of(tf)]) for tm, tf in f.p.resolve(m, arg) if tm.class_of(tf)][:1]
+        else:
+            found = [f.any_class(m, dotted(arg))] if isinstance(arg, (ast.Name, ast.Attribute)) else []
+        for cls in (x for x in found if x is not None):
+            cm, cdef = cls
+            keys = set()
+            for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
+                keys |= f.p.reach(cm, meth)
+            bn = next(((mm, c) for mm, c in f.p.calls_in(keys) if _is_batchnorm(mm, c)), None)
+            if bn is not None:
+                return w, bn
+        if isinstance(arg, ast.Name):
+            for built in _built_from(m, w, arg.id):
+                bn = _factory_batchnorm(f, m, built)
+                if bn is not None:
+                    return w, bn
+    return None, None
+
+
+def _built_from(m: Module, w: ast.Call, name: str) -> list[ast.Call]:
+    """The calls that built `name` before the wrap `w`, in the wrap's function (`model = factory(...)`, latest
+    first), through `.to()/.cuda()` chains."""
+    scope = m.enclosing(w) or m.tree
+    out = []
+    for a in ast.walk(scope):
+        if isinstance(a, ast.Assign) and a.lineno < w.lineno and any(
+                isinstance(t, ast.Name) and t.id == name for t in a.targets):
+            v = a.value
+            while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
+                    "to", "cuda", "float", "half", "train") and isinstance(v.func.value, ast.Call):
+                v = v.func.value
+            if isinstance(v, ast.Call):
+                out.append(v)
+    return sorted(out, key=lambda c: -c.lineno)
+
+
+# torchvision's classification families: BatchNorm in resnet/resnext/wide_resnet/densenet/mobilenet/efficientnet/
+# regnet/shufflenet/mnasnet/googlenet/inception/vgg*_bn/maxvit; none in alexnet, plain vgg, squeezenet, vit, swin,
+# convnext (LayerNorm)
+NO_BN_ARCH = re.compile(r"^(alexnet|vgg\d*|squeezenet.*|vit_.*|swin_.*|convnext.*|deit.*|beit.*|mlp_mixer.*|"
+                        r"visiontransformer|swintransformer)$", re.I)
+
+
+
+def _arch_default(f: Facts, dest: str) -> str | None:
+    """The argparse default of --dest (`default='resnet50'`), when a constant."""
+    for mm in f.p.modules.values():
+        for c in mm.calls:
+            if callee(c) == "add_argument" and any(const_str(a) in (f"--{dest}", f"--{dest.replace('_', '-')}")
+                                                   for a in c.args):
+                return const_str(kw(c, "default"))
+    return None
+
+
+def _vision_lib(m: Module, n: ast.AST) -> bool:
+    """`n` names torchvision.models (`import torchvision.models as models`, `from torchvision import models`,
+    `torchvision.models`)."""
+    d = dotted(n)
+    head = d.split(".")[0]
+    imp = m.imports.get(head)
+    if imp is None:
+        return False
+    full = ".".join(x for x in (imp[0], imp[1]) if x) if imp[1] else imp[0]
+    full = ".".join([full] + d.split(".")[1:])
+    return full == "torchvision.models"
+
+
+def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
+    """(module, node) when the model `c` builds has BatchNorm though no project class is called by name: a
+    torchvision factory (`models.__dict__[arch]()`, `models.resnet50()`, `getattr(models, arch)()`) of a BN family,
+    a project factory function that reaches BatchNorm, or one named by a string (`eval('models.' + name +
+    '.get_net')(cfg)`: every project function of that name)."""
+    fn = c.func
+    arch = None
+    lib = None
+    if isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Attribute) and fn.value.attr == "__dict__":
+        lib, arch = fn.value.value, fn.slice
+    elif isinstance(fn, ast.Call) and callee(fn) == "getattr" and len(fn.args) == 2:
+        lib, arch = fn.args
+    elif isinstance(fn, ast.Attribute):
+        lib, arch = fn.value, ast.Constant(fn.attr)
+    if lib is not None and _vision_lib(m, lib):
+        name = const_str(arch)
+        if name is None and isinstance(arch, ast.Attribute):
+            name = _arch_default(f, arch.attr)
+        if name is None or not NO_BN_ARCH.match(name):
+            return m, c
+        return None
+    for tm, tf in f.p.resolve(m, c):
+        if tm.class_of(tf) is None:  # a project factory function (classes were looked at already)
+            bn = next(((mm, x) for mm, x in f.p.calls_in(f.p.reach(tm, tf)) if _is_batchnorm(mm, x)), None)
+            if bn is not None:
+                return bn
+    if isinstance(fn, ast.Call) and callee(fn) == "eval" and fn.args and isinstance(fn.args[0], ast.BinOp):
+        tail = fn.args[0]
+        while isinstance(tail, ast.BinOp):
+            tail = tail.right
+        name = (const_str(tail) or "").split(".")[-1]
+        for tm in f.p.modules.values():
+            if name and name in tm.functions:
+                bn = next(((mm, x) for mm, x in f.p.calls_in(f.p.reach(tm, tm.functions[name]))
+                           if _is_batchnorm(mm, x)), None)
+                if bn is not None:
+                    return bn
+    return None
+
+
+BN_DEFAULT = re.compile(r"^(batch_?norm|bn)(1d|2d)?$", re.I)
+
+
+def _batchnorm_by_default(f: Facts):
+    """(module, class, default) for a project nn.Module whose __init__ picks its normalisation by a string that
+    defaults to BatchNorm (`norm: str = "batch_norm"`, then a registry of norm classes)."""
+    for mm in f.p.modules.values():
+        for cls in mm.classes.values():
+            init = mm.functions.get(f"{cls.name}.__init__")
+            if init is None or not any(dotted(b).split(".")[-1] == "Module" for b in cls.bases):
+                continue
+            for d in init.args.defaults + [x for x in init.args.kw_defaults if x is not None]:
+                if const_str(d) and BN_DEFAULT.match(const_str(d)):
+                    return mm, cls, d
+    return None
+
+
+def _handed_to_a_wrap_helper(f: Facts, m: Module):
+    """(the call, the factory's name, _batchnorm_by_default) when the script hands a model to a project helper
+    that wraps that parameter in DDP, the model comes from a project factory whose file these files lack
+    (`model = init_model(args)` from a project package module that is not here), and the project has a module
+    that is BatchNorm by default: the likely case, reported for a check by hand."""
+    default = _batchnorm_by_default(f)
+    if default is None:
+        return None
+    packages = {mm.rel.split("/")[0] for mm in f.p.modules.values()}
+    for c in sorted(m.calls, key=lambda x: x.lineno):
+        for tm, tf in f.p.resolve(m, c, exact=True):
+            if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            params = [a.arg for a in tf.args.args]
+            wrapped = {root(w.args[0]) for w in ast.walk(tf) if isinstance(w, ast.Call) and f.is_ddp_call(tm, w)
+                       and w.args}  # DDP(model), DDP(model.cuda())
+            for i, a in enumerate(c.args):
+                if i < len(params) and params[i] in wrapped and isinstance(a, ast.Name):
+                    factory = _unseen_factory(f, m, c, a.id, packages)
+                    if factory:
+                        return c, factory, default
+    return None
+
+
+def _unseen_factory(f: Facts, m: Module, c: ast.Call, name: str, packages: set[str]) -> str | None:
+    scope = m.enclosing(c) or m.tree
+    for a in ast.walk(scope):
+        if not (isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(a.value, ast.Call)
+                and isinstance(a.value.func, ast.Name)):
+            continue
+        targets = [x for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        fn = a.value.func.id
+        imp = m.imports.get(fn)
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and imp and \
+                f.p.module_for(m, fn) is None and (imp[2] > 0 or imp[0].split(".")[0] in packages):
+            return fn
+    return None
