@@ -100,7 +100,7 @@ def main(argv: list[str]) -> None:
         "settings": {f"no_sync={str(k).lower()}": {"buckets": len(c["state"]["buckets"]), "steps": c["steps"]}
                      for k, c in copies.items()},
     }, out / f"rank{env.rank}.json")
-    distenv.teardown(env)  # teardown only on success, as in train.py
+    distenv.finish(env)  # on success only, as train.py; ends the process here (see distenv.finish)
 
 
 if __name__ == "__main__":

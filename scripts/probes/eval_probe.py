@@ -72,7 +72,7 @@ def main() -> None:
     heart.beat(phase="finished")
     if env.is_main:
         runfiles.write_json(report, out / "eval.json")
-    distenv.teardown(env)
+    distenv.finish(env)  # teardown, then the process ends here (see distenv.finish)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
     out = Path(cfg["out_dir"]) / "probe"
     out.mkdir(parents=True, exist_ok=True)
     runfiles.write_json({"rank": env.rank, "mode": mode, "sum": value.tolist()}, out / f"rank{env.rank}.json")
-    distenv.teardown(env)
+    distenv.finish(env)  # teardown, then the process ends here (see distenv.finish)
 
 
 if __name__ == "__main__":

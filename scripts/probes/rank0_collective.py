@@ -52,7 +52,7 @@ def main() -> None:
                 dist.barrier()
         time.sleep(0.05)
     heart.beat(phase="finished")
-    distenv.teardown(env)
+    distenv.finish(env)  # teardown, then the process ends here (see distenv.finish)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def main(argv: list[str]) -> None:
         dist.barrier()  # both ranks have written their file before either fails
         bn = nn.SyncBatchNorm(3)  # on CPU tensors: torch refuses at the first training forward
         bn(torch.randn(4, 3, 5, 5))
-    distenv.teardown(env)  # teardown only on success, as in train.py
+    distenv.finish(env)  # on success only, as train.py; ends the process here (see distenv.finish)
 
 
 if __name__ == "__main__":

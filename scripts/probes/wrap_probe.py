@@ -54,7 +54,7 @@ def main(argv: list[str]) -> None:
     out = Path(cfg["out_dir"]) / "probe"
     out.mkdir(parents=True, exist_ok=True)
     runfiles.write_json(probe(cfg, env), out / f"rank{env.rank}.json")
-    distenv.teardown(env)  # teardown only on success, as in train.py
+    distenv.finish(env)  # on success only, as train.py; ends the process here (see distenv.finish)
 
 
 if __name__ == "__main__":
