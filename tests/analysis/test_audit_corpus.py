@@ -22,39 +22,40 @@ PRECISION_FLOOR, RECALL_FLOOR = 0.9, 0.8
 
 
 def score(projects: dict = LABELS["projects"], root: Path = CORPUS) -> dict:
-    """Per-rule counts: findings, findings matching a label (correct), labels, labels recalled; plus lists."""
+    """Per-rule counts: findings, findings matching a label (correct), labels, labels recalled; plus lists.
+    A finding matches a label of its rule at any of its places: its own line or a related one (one defect
+    reported once, in the script, naming the helper's line: Finding.related)."""
     per = defaultdict(lambda: {"findings": 0, "correct": 0, "labels": 0, "recalled": 0, "unsure": 0})
     false_alarms, misses = [], []
     for name, project in projects.items():
+        base = (root / name).resolve()
         found = audit.audit_paths([root / name])
-        by_file = defaultdict(list)
+        labels = [(rel, lab) for rel, entry in project["files"].items() for lab in entry["expect"]]
+        unsure = [(rel, u) for rel, entry in project["files"].items() for u in entry.get("unsure", [])]
+        hit = set()
+        for _, lab in labels:
+            per[lab["rule"]]["labels"] += 1
         for f in found:
-            by_file[str(Path(f.path).resolve().relative_to((root / name).resolve()))].append(f)
-        for rel, entry in project["files"].items():
-            labels, hit = entry["expect"], set()
-            unsure = entry.get("unsure", [])
-            for lab in labels:
-                per[lab["rule"]]["labels"] += 1
-            for f in by_file.pop(rel, []):
-                if any(u["rule"] == f.rule and f.line in u["lines"] for u in unsure):
-                    per[f.rule]["unsure"] += 1  # labelled 'unsure' before the audit ran: not scored
-                    continue
-                per[f.rule]["findings"] += 1
-                match = [i for i, lab in enumerate(labels) if lab["rule"] == f.rule and f.line in lab["lines"]]
-                if match:
-                    per[f.rule]["correct"] += 1
-                    hit.update(match)
-                else:
-                    false_alarms.append(f"{name}/{rel}:{f.line} {f.rule}: {f.message}")
-            for i, lab in enumerate(labels):
-                if i in hit:
-                    per[lab["rule"]]["recalled"] += 1
-                else:
-                    misses.append(f"{name}/{rel}:{lab['lines']} {lab['rule']}: {lab['why']}")
-        for rel, rest in by_file.items():  # findings in files the labels do not list are false alarms too
-            for f in rest:
-                per[f.rule]["findings"] += 1
+            places = {(str(Path(path).resolve().relative_to(base)), line)
+                      for path, line in ((f.path, f.line), *f.related)}
+            match = [i for i, (rel, lab) in enumerate(labels)
+                     if lab["rule"] == f.rule and any((rel, line) in places for line in lab["lines"])]
+            if not match and any(u["rule"] == f.rule and (rel, line) in places
+                                 for rel, u in unsure for line in u["lines"]):
+                per[f.rule]["unsure"] += 1  # labelled 'unsure' before the audit ran: not scored
+                continue
+            per[f.rule]["findings"] += 1
+            if match:
+                per[f.rule]["correct"] += 1
+                hit.update(match)
+            else:
+                rel = str(Path(f.path).resolve().relative_to(base))
                 false_alarms.append(f"{name}/{rel}:{f.line} {f.rule}: {f.message}")
+        for i, (rel, lab) in enumerate(labels):
+            if i in hit:
+                per[lab["rule"]]["recalled"] += 1
+            else:
+                misses.append(f"{name}/{rel}:{lab['lines']} {lab['rule']}: {lab['why']}")
     tot = {k: sum(r[k] for r in per.values()) for k in ("findings", "correct", "labels", "recalled")}
     return {"per_rule": dict(per), "total": tot, "false_alarms": false_alarms, "misses": misses,
             "precision": tot["correct"] / tot["findings"] if tot["findings"] else 1.0,

@@ -34,11 +34,14 @@ REGISTRY: dict[str, Rule] = {}
 
 class Hit(NamedTuple):
     """What a recogniser yields (a plain `(node, message[, severity])` tuple works too); `module`: the project
-    file the node lies in, when it is not the module being checked."""
+    file the node lies in, when it is not the module being checked; `related`: ((module, node), ...), the other
+    places of the same defect (the helper that builds the sampler whose set_epoch the script never calls): one
+    defect is one finding, shown where the fix goes, naming the rest (SARIF's relatedLocations)."""
     node: object
     message: str
     severity: str = "defect"
     module: object = None
+    related: tuple = ()
 
 
 def rule(rule_id: str, chapter: str, summary: str, scope: str = "module", needs_ddp: bool = True):
@@ -60,6 +63,7 @@ class Finding:
     message: str
     severity: str = "defect"
     path: str = ""
+    related: tuple[tuple[str, int], ...] = ()  # (path, line) of the defect's other places (Hit.related)
 
     @property
     def chapter(self) -> str:
@@ -72,7 +76,8 @@ class Finding:
 
     def to_dict(self) -> dict:
         return {"file": self.path, "line": self.line, "rule": self.rule, "severity": self.severity,
-                "message": self.message, "chapter": f"notebooks/{self.chapter}.ipynb"}
+                "message": self.message, "chapter": f"notebooks/{self.chapter}.ipynb",
+                "related": [{"file": path, "line": line} for path, line in self.related]}
 
 
 def run_rules(facts, modules) -> list[Finding]:
@@ -86,8 +91,10 @@ def run_rules(facts, modules) -> list[Finding]:
             if r.scope == "entry" and not m.entry:
                 continue
             for hit in r.check(facts, m):
+                related = ()
                 if isinstance(hit, Hit):
                     node, message, severity, where = hit.node, hit.message, hit.severity, hit.module or m
+                    related = tuple((str(mm.path), getattr(n, "lineno", 0) or 1) for mm, n in hit.related)
                 else:
                     where = m
                     if hasattr(hit[0], "tree"):  # (module, node, message...): a finding in another project file
@@ -96,5 +103,5 @@ def run_rules(facts, modules) -> list[Finding]:
                 assert isinstance(message, str) and severity in SEVERITIES, (r.id, message, severity)
                 line = getattr(node, "lineno", 0) or 1
                 found.setdefault((str(where.path), line, r.id),
-                                 Finding(line, r.id, message, severity, str(where.path)))
+                                 Finding(line, r.id, message, severity, str(where.path), related))
     return sorted(found.values(), key=lambda f: (f.path, f.line, f.rule))

@@ -22,14 +22,19 @@ def to_json(findings: list[Finding]) -> str:
     return json.dumps([f.to_dict() for f in findings], indent=1)
 
 
+def _location(path: str, line: int) -> dict:
+    return {"physicalLocation": {"artifactLocation": {"uri": path}, "region": {"startLine": line}}}
+
+
 def to_sarif(findings: list[Finding]) -> str:
     """SARIF 2.1.0, one run, one rule per audit rule (GitHub code scanning reads it)."""
     rules = [{"id": r.id, "shortDescription": {"text": r.summary}, "helpUri": f"notebooks/{r.chapter}.ipynb"}
              for r in REGISTRY.values()]
     results = [{"ruleId": f.rule, "level": "error" if f.severity == "defect" else "warning",
                 "message": {"text": f.message},
-                "locations": [{"physicalLocation": {"artifactLocation": {"uri": f.path},
-                                                    "region": {"startLine": f.line}}}]} for f in findings]
+                "locations": [_location(f.path, f.line)],
+                **({"relatedLocations": [dict(_location(path, line), id=i) for i, (path, line) in
+                                         enumerate(f.related)]} if f.related else {})} for f in findings]
     return json.dumps({"$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
                        "runs": [{"tool": {"driver": {"name": "ddp-lab audit", "rules": rules}},
                                  "results": results}]}, indent=1)

@@ -77,12 +77,15 @@ def set_epoch_missing(f: Facts, m: Module):
     if not set_epochs:
         what = ("every epoch repeats epoch 0's order, and the run leaves the single run at the first epoch boundary "
                 "— call sampler.set_epoch(epoch) at the top of each epoch")
-        yield made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}"
         site = f.entry_site(m, made[0])
-        if site is not None and _has_epoch_loop(site[0]):  # the script whose epoch loop never calls it: the fix
-            yield site[0], site[1], (f"{ast.unparse(site[1].func)}(...) makes a shuffling DistributedSampler "
-                                     f"({m.rel}:{made[0].lineno}) whose set_epoch nothing in the project calls: "
-                                     f"{what}")
+        if site is not None and _has_epoch_loop(site[0]):
+            # One defect, one finding: shown in the script whose epoch loop never calls set_epoch (the fix goes
+            # there), with the helper's sampler as its related place.
+            yield Hit(site[1], f"{ast.unparse(site[1].func)}(...) makes a shuffling DistributedSampler "
+                               f"({m.rel}:{made[0].lineno}) whose set_epoch nothing in the project calls: {what}",
+                      module=site[0], related=((m, made[0]),))
+        else:
+            yield made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}"
         return
     switches = [distributed_switch(mm, c) for mm, c in set_epochs]
     if all(s is not None for s in switches) and any(
@@ -271,8 +274,11 @@ def eval_padding_duplicates(f: Facts, m: Module):
             what = ("pads the set to a multiple of world_size with repeated samples, and the evaluation loop reduces "
                     "its metrics over ranks: the duplicates are counted, so the metric is not the single run's unless "
                     "len(dataset) % world_size == 0 — shard without padding, or drop the padded tail")
-            yield c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand"
-            if asked and asked[0] is not m and asked[0].entry:  # the script that asks the helper for it
+            if asked and asked[0] is not m and asked[0].entry:
+                # One defect, one finding: shown in the script that asks the helper for the evaluation split's
+                # sampler (the argument to change), with the helper's sampler as its related place.
                 yield Hit(_choosing_argument(m, c, asked[1]), f"{ast.unparse(asked[1].func)}(...) gets the "
                           f"evaluation split's {callee(c)} ({m.rel}:{c.lineno}), which {what}", "check-by-hand",
-                          asked[0])
+                          asked[0], related=((m, c),))
+            else:
+                yield c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand"
