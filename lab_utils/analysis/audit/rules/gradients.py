@@ -8,7 +8,7 @@ import re
 
 from ..facts import Facts
 from ..project import Module
-from ..registry import rule
+from ..registry import Hit, rule
 from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
@@ -104,6 +104,17 @@ def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     return False
 
 
+def _loss_callers(f: Facts, m: Module, fn: ast.AST | None) -> list[tuple[Module, ast.Call]]:
+    """The calls of a gather helper made inside a loss (SLIP's CLIPLoss calling utils.all_gather_batch)."""
+    out = []
+    for cm, c in (f.p.callers(m, fn) if fn is not None else []):
+        g = cm.enclosing(c)
+        if g is not None and (LOSS_CODE.search(g.name) or LOSS_CODE.search(cm.class_of(g) or "")
+                              or _uses_in_similarity(g)):
+            out.append((cm, c))
+    return out
+
+
 def _callers_never_step(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     """A gather helper that the project calls only from code that never runs backward or an optimizer step
     (an evaluation gathering features for a kNN/SVM probe): its result feeds no gradient, so the missing autograd
@@ -157,10 +168,12 @@ def gather_without_grad(f: Facts, m: Module):
                       "gets about 1/world_size of the single run's gradient for those terms (one rank has no other "
                       "slices) — torch.distributed.nn.functional.all_gather keeps the gradient")
         elif _in_a_loss(f, m, fn):
-            yield c, (f"{ast.unparse(c)} inside a loss returns tensors without a gradient: the gathered features "
-                      "(in-batch negatives from the other ranks) are constants, and even this rank's own rows lose "
-                      "the gradient through the gathered copy, so at 2 ranks the step is a fraction of the single "
-                      "run's — torch.distributed.nn.functional.all_gather keeps it")
+            # one defect, one finding: at the gather (the fix), naming the losses that call the helper
+            yield Hit(c, (f"{ast.unparse(c)} inside a loss returns tensors without a gradient: the gathered features "
+                          "(in-batch negatives from the other ranks) are constants, and even this rank's own rows lose "
+                          "the gradient through the gathered copy, so at 2 ranks the step is a fraction of the single "
+                          "run's — torch.distributed.nn.functional.all_gather keeps it"),
+                      related=tuple(_loss_callers(f, m, fn)))
         elif not _callers_never_step(f, m, fn):
             yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "

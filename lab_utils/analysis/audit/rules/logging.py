@@ -101,6 +101,12 @@ def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                 LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for v in fed for n in ast.walk(v)
                 if isinstance(n, (ast.Name, ast.Attribute))):
             out.add(root(c.func.value))
+    # a record filled by key: `scalars_to_log['level_0/loss'] = rgb_loss.item()` (NeRF++), logged key by key
+    for a in ast.walk(scope):
+        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
+                if isinstance(n, (ast.Name, ast.Attribute))):
+            out |= {root(t.value) for t in a.targets if isinstance(t, ast.Subscript)}
     # a line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`
     for a in ast.walk(scope):
         if isinstance(a, (ast.Assign, ast.AugAssign)) and _text_of(a.value) and any(
@@ -217,7 +223,11 @@ def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     n = m.parent.get(id(c))
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
         if isinstance(n, ast.If):
-            tests_nonfinite = any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(n.test))
+            # `if itr % log_freq == 0 or np.isnan(loss):` (MSN) is the periodic log, which also fires on a NaN
+            periodic = isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.Or) and any(
+                not any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(v)) for v in n.test.values)
+            tests_nonfinite = not periodic and any(isinstance(x, ast.Call) and callee(x) in NONFINITE
+                                                   for x in ast.walk(n.test))
             ends = any(isinstance(s, ast.Raise) or isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
                        and callee(s.value) in ABORTS for s in n.body)
             if tests_nonfinite or ends:
@@ -344,6 +354,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
                 _reports_an_abort(m, c):
             continue
         red = f.reduced_names(m, scope)
+        red = {r for r in red if not _reduced_only_later(m, scope, c, r, red)}
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
         kind = f.g.effective(m, c)
@@ -352,11 +363,37 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     return out
 
 
+def _reduced_only_later(m: Module, scope: ast.AST, c: ast.Call, name: str, red: set[str]) -> bool:
+    """Every write that makes `name` an average over ranks comes after the log `c`, outside the loops around it
+    (3D-ResNets: the per-batch print of the meter `losses`, whose epoch average is all-reduced after the loop):
+    what the log prints was not reduced yet. reduced_names is flow-insensitive; this is the order it ignores."""
+    loops = []
+    n = m.parent.get(id(c))
+    while n is not None and n is not scope:
+        if isinstance(n, (ast.For, ast.While)):
+            loops.append(n)
+        n = m.parent.get(id(n))
+
+    def inside(node, loop):
+        return any(x is node for x in ast.walk(loop))
+    writes = []
+    for a in ast.walk(scope):
+        if isinstance(a, (ast.Assign, ast.AugAssign)):
+            targets = a.targets if isinstance(a, ast.Assign) else [a.target]
+            reads = {root(x) for x in ast.walk(a.value) if isinstance(x, (ast.Name, ast.Attribute))}
+            if any(root(t) == name for t in targets) and (reads - {name}) & red:
+                writes.append(a)
+        elif isinstance(a, ast.Call) and callee(a) in ("all_reduce", "reduce") and a.args and root(a.args[0]) == name:
+            writes.append(a)
+    return bool(writes) and all(w.lineno > c.lineno and not any(inside(w, lp) for lp in loops) for w in writes)
+
+
 @rule("rank0-local-loss", "01_unchanged", "rank 0 logs the loss of its own micro-batch, which no reduction averaged: "
       "not the global batch's loss the single run logs")
 def rank0_local_loss(f: Facts, m: Module):
     per_block = set()
-    for c, lossy, kind in loss_logs(f, m):
+    # in source order, so a guarded block's finding is its first log of the loss
+    for c, lossy, kind in sorted(loss_logs(f, m), key=lambda log: (log[0].lineno, log[0].col_offset)):
         forced = kw(c, "force")
         prints = callee(c) == "print" or _meter_prints(f, m, c) == "print"
         console0 = kind is None and isinstance(c.func, ast.Attribute) and dotted(c.func.value) in _rank0_loggers(f, m)
