@@ -223,11 +223,7 @@ def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     n = m.parent.get(id(c))
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
         if isinstance(n, ast.If):
-            # `if itr % log_freq == 0 or np.isnan(loss):` (MSN) is the periodic log, which also fires on a NaN
-            periodic = isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.Or) and any(
-                not any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(v)) for v in n.test.values)
-            tests_nonfinite = not periodic and any(isinstance(x, ast.Call) and callee(x) in NONFINITE
-                                                   for x in ast.walk(n.test))
+            tests_nonfinite = any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(n.test))
             ends = any(isinstance(s, ast.Raise) or isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
                        and callee(s.value) in ABORTS for s in n.body)
             if tests_nonfinite or ends:
