@@ -75,12 +75,6 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("rule,quiet,loud", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_batch3_classes(rule, quiet, loud):
-    assert rule not in rules(quiet), rules(quiet)
-    assert rule in rules(loud), rules(loud)
-
-
 INFINITE = """
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
@@ -194,12 +188,6 @@ CASES4 = [
 ]
 
 
-@pytest.mark.parametrize("rule,quiet,loud", CASES4, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES4)])
-def test_batch4_classes(rule, quiet, loud):
-    assert rule not in rules(quiet), rules(quiet)
-    assert rule in rules(loud), rules(loud)
-
-
 def test_a_file_with_a_byte_order_mark_is_read(tmp_path):
     """Python runs a source file saved with a UTF-8 byte-order mark; the audit read it as text that ast.parse
     rejects (U+FEFF) and stopped on the whole project."""
@@ -302,12 +290,6 @@ CASES5 = [
 ]
 
 
-@pytest.mark.parametrize("rule,quiet,loud", CASES5, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES5)])
-def test_batch5_classes(rule, quiet, loud):
-    assert rule not in rules(quiet), rules(quiet)
-    assert rule in rules(loud), rules(loud)
-
-
 def test_a_wrapper_handed_on_by_every_rank_or_one_that_broadcasts_nothing():
     """What the handed-on forward (CASES5) must not take in (batch 1's glow-tts showed both): a function every
     rank calls, rank 0 in its branch with a logger and the others in the else; and a wrapper whose forward
@@ -395,12 +377,6 @@ CASES6 = [
      "        losses = {'ce': crit(model(x), y)}\n        losses['ce'].backward()\n        opt.step()\n"
      "        for name, l in losses.items():\n            print(name, l.item())\ntrain(cfg)\n"),
 ]
-
-
-@pytest.mark.parametrize("rule,quiet,loud", CASES6, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES6)])
-def test_batch6_classes(rule, quiet, loud):
-    assert rule not in rules(quiet), rules(quiet)
-    assert rule in rules(loud), rules(loud)
 
 
 def test_a_seed_at_the_top_of_an_imported_helper_module(tmp_path):
@@ -569,14 +545,6 @@ CASES7 = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES7, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES7)])
-def test_batch7_classes(case):
-    rule, quiet, loud, *head = case
-    found = (lambda body: rules(body, *head)) if head else rules
-    assert rule not in found(quiet), found(quiet)
-    assert rule in found(loud), found(loud)
-
-
 def test_a_helper_reached_through_a_package_folder_and_a_sampler_made_in_a_helper_file(tmp_path):
     """`from pkg import utils` ... `utils.reduce(x)`, the function in pkg/utils/comm.py (the package's __init__.py
     not in the copy): the helper is called only under the switch, so its all_reduce is no collective outside it.
@@ -709,12 +677,6 @@ CASES8_MAIN = [
 ]
 
 
-@pytest.mark.parametrize("rule,quiet,loud", CASES8_MAIN, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES8_MAIN)])
-def test_batch8_classes_main(rule, quiet, loud):
-    assert rule not in rules(quiet), rules(quiet)
-    assert rule in rules(loud), rules(loud)
-
-
 def test_one_seed_of_several_generators_is_one_finding():
     """`random.seed(s); np.random.seed(s); torch.manual_seed(s)` with a per-rank s that moves rank 0: one finding,
     at torch's seed (the model init's)."""
@@ -811,14 +773,6 @@ CASES8 = [
     # worker re-imports the config with its default rank 0 and passes the guard
     ("every-rank-prints-loss", NODE_RANK.replace("WORKER", "    cfg.RANK = rank\n"), NODE_RANK.replace("WORKER", "")),
 ]
-
-
-@pytest.mark.parametrize("case", CASES8, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES8)])
-def test_batch8_classes(case):
-    rule, quiet, loud, *head = case
-    found = (lambda body: rules(body, *head)) if head else rules
-    assert rule not in found(quiet), found(quiet)
-    assert rule in found(loud), found(loud)
 
 
 def test_batchnorm_in_a_model_built_by_a_factory_named_by_a_string(tmp_path):
@@ -955,12 +909,6 @@ CASES9 = [
 ]
 
 
-@pytest.mark.parametrize("rule,quiet,loud", CASES9, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES9)])
-def test_batch9_classes(rule, quiet, loud):
-    assert rule not in rules(quiet), rules(quiet)
-    assert rule in rules(loud), rules(loud)
-
-
 # Held-out batch 10's classes (its first look 0.91 / 0.56 in docs/measured/cpu2/audit_heldout_batch10.txt); each
 # failing before its fix.
 METER_LOOP = ("losses = AverageMeter()\nfor x, y in loader:\n    loss = crit(model(x), y)\n    opt.zero_grad()\n"
@@ -983,12 +931,6 @@ CASES10 = [
 ]
 
 
-@pytest.mark.parametrize("rule,quiet,loud", CASES10, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES10)])
-def test_batch10_classes(rule, quiet, loud):
-    assert rule not in rules(quiet), rules(quiet)
-    assert rule in rules(loud), rules(loud)
-
-
 def test_a_gather_helper_a_loss_calls_is_one_finding_naming_the_loss(tmp_path):
     """SLIP: utils.all_gather_batch is a plain all_gather; CLIPLoss (in losses.py) builds its in-batch negatives
     with it. One finding, at the gather (where the fix goes), with the loss's call as its related place."""
@@ -1009,3 +951,18 @@ def test_a_gather_helper_a_loss_calls_is_one_finding_naming_the_loss(tmp_path):
     found = [(Path(f.path).name, f.line, [(Path(p).name, n) for p, n in f.related])
              for f in audit.audit_paths([root]) if f.rule == "gather-without-grad"]
     assert found == [("utils.py", 6, [("losses.py", 4)])], found
+
+
+# Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
+# the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
+BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
+               "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10}
+
+
+@pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
+                         ids=[f"{b}-{c[0]}-{i}" for b, cases in BATCH_CASES.items() for i, c in enumerate(cases)])
+def test_quiet_and_loud_classes(case):
+    rule, quiet, loud, *head = case
+    found = (lambda body: rules(body, *head)) if head else rules
+    assert rule not in found(quiet), found(quiet)
+    assert rule in found(loud), found(loud)
