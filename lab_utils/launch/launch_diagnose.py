@@ -40,11 +40,18 @@ def stalled(run_dir: Path, stall_timeout: float | None, now: float, held_until: 
     return latest is not None and not done and now - max(latest, held_until) > stall_timeout
 
 
-def describe_hang(beats: dict[int, dict], nproc: int) -> tuple[str, int | None]:
-    """Name the rank that fell behind: the others are waiting for it in a collective."""
+def describe_hang(beats: dict[int, dict], nproc: int, alive: list[int] | None = None) -> tuple[str, int | None]:
+    """Name the rank that fell behind: the others are waiting for it in a collective. alive: the ranks whose
+    process was still there at the timeout (those with a stack dump); when every rank had reported 'finished',
+    the one still alive hung at exit, after its work (chapter 06's probe: a destructor's deadlock, distenv.finish)."""
     if not beats:
         return "no rank reported any progress (stuck before set-up finished?)", None
     now = time.time()
+    if len(beats) == nproc and all(b.get("phase") == "finished" for b in beats.values()) and alive:
+        lines = [f"  rank {r}: finished, its process {'still running' if r in alive else 'gone'}"
+                 for r in sorted(beats)]
+        return (f"every rank reported finished, but rank {', '.join(map(str, alive))} did not exit: a hang at exit, "
+                "after the work was done (its stack shows where)\n" + "\n".join(lines)), alive[0]
     lines, order = [], []
     for r in range(nproc):
         b = beats.get(r)
@@ -170,7 +177,8 @@ def classify(result: RunResult, pid: int, timeout: float, signum: int | None,
              stall_timeout: float | None = None) -> None:
     """Fill in the message (and failing rank, traceback) from the run's own files."""
     if result.status == "hang":
-        text, result.failing_rank = describe_hang(result.heartbeats, result.nproc * result.nnodes)
+        text, result.failing_rank = describe_hang(result.heartbeats, result.nproc * result.nnodes,
+                                                  sorted(result.stacks))
         why = f"no exit after the {timeout:.0f} s timeout" if result.seconds > timeout or not stall_timeout \
             else f"no heartbeat from any rank for {stall_timeout:.0f} s"
         result.message = f"hang: {why}; every process was stopped.\n{text}"

@@ -84,6 +84,8 @@ def timed_step(c: dict, env) -> None:
 def main(argv: list[str]) -> None:
     cfg = config.resolve(argv, int(os.environ.get("WORLD_SIZE", "1")))
     env = distenv.setup(cfg)
+    heart = runfiles.Heartbeat(Path(cfg["out_dir"]), env.rank)  # pid and phase for a hang's report
+    heart.beat(step=-1, phase="setup")
     if not env.distributed:
         raise SystemExit("the accumulation probe needs torchrun with nproc >= 2")
     copies = {no_sync: make_copy(cfg, env, no_sync) for no_sync in SETTINGS}
@@ -100,6 +102,7 @@ def main(argv: list[str]) -> None:
         "settings": {f"no_sync={str(k).lower()}": {"buckets": len(c["state"]["buckets"]), "steps": c["steps"]}
                      for k, c in copies.items()},
     }, out / f"rank{env.rank}.json")
+    heart.beat(phase="finished")
     distenv.finish(env)  # on success only, as train.py; ends the process here (see distenv.finish)
 
 

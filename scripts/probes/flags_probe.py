@@ -290,12 +290,15 @@ def main(argv: list[str]) -> None:
     if mode not in PROBES:
         raise SystemExit(f"LAB_FLAGS_PROBE={mode!r} is not one of {', '.join(PROBES)}")
     env = distenv.setup(cfg)
+    heart = runfiles.Heartbeat(Path(cfg["out_dir"]), env.rank)  # pid and phase for a hang's report
+    heart.beat(step=-1, phase="setup")
     if not env.distributed:
         raise SystemExit("the flags probe needs torchrun with nproc >= 2")
     result = {"rank": env.rank, "mode": mode, "device": str(env.device), **PROBES[mode](cfg, env)}
     out = Path(cfg["out_dir"]) / "probe"
     out.mkdir(parents=True, exist_ok=True)
     runfiles.write_json(result, out / f"rank{env.rank}.json")
+    heart.beat(phase="finished")
     distenv.finish(env)  # on success only, as train.py; ends the process here (see distenv.finish)
 
 

@@ -35,6 +35,8 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"LAB_MISMATCH={mode!r} is not one of {MODES}")
     cfg = config.resolve(argv, int(os.environ.get("WORLD_SIZE", "1")))
     env = distenv.setup(cfg)
+    heart = runfiles.Heartbeat(Path(cfg["out_dir"]), env.rank)  # pid and phase for a hang's report
+    heart.beat(step=-1, phase="setup")
     if not env.distributed:
         raise SystemExit("the mismatch probe needs torchrun with nproc >= 2")
     n = 5 if (mode == "shape" and env.rank == 1) else 4
@@ -48,6 +50,7 @@ def main(argv: list[str]) -> None:
     out = Path(cfg["out_dir"]) / "probe"
     out.mkdir(parents=True, exist_ok=True)
     runfiles.write_json({"rank": env.rank, "mode": mode, "sum": value.tolist()}, out / f"rank{env.rank}.json")
+    heart.beat(phase="finished")
     distenv.finish(env)  # teardown, then the process ends here (see distenv.finish)
 
 

@@ -82,6 +82,8 @@ def probe(env) -> dict:
 def main(argv: list[str]) -> None:
     cfg = config.resolve(argv, int(os.environ.get("WORLD_SIZE", "1")))
     env = distenv.setup(cfg)
+    heart = runfiles.Heartbeat(Path(cfg["out_dir"]), env.rank)  # pid and phase for a hang's report
+    heart.beat(step=-1, phase="setup")
     if not env.distributed:
         raise SystemExit("the sync BN probe needs torchrun with nproc >= 2")
     out = Path(cfg["out_dir"]) / "probe"
@@ -91,6 +93,7 @@ def main(argv: list[str]) -> None:
         dist.barrier()  # both ranks have written their file before either fails
         bn = nn.SyncBatchNorm(3)  # on CPU tensors: torch refuses at the first training forward
         bn(torch.randn(4, 3, 5, 5))
+    heart.beat(phase="finished")
     distenv.finish(env)  # on success only, as train.py; ends the process here (see distenv.finish)
 
 

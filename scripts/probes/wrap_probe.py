@@ -49,11 +49,14 @@ def probe(cfg: dict, env) -> dict:
 def main(argv: list[str]) -> None:
     cfg = config.resolve(argv, int(os.environ.get("WORLD_SIZE", "1")))
     env = distenv.setup(cfg)
+    heart = runfiles.Heartbeat(Path(cfg["out_dir"]), env.rank)  # pid and phase for a hang's report
+    heart.beat(step=-1, phase="setup")
     if not env.distributed:
         raise SystemExit("the wrap probe needs torchrun with nproc >= 2")
     out = Path(cfg["out_dir"]) / "probe"
     out.mkdir(parents=True, exist_ok=True)
     runfiles.write_json(probe(cfg, env), out / f"rank{env.rank}.json")
+    heart.beat(phase="finished")
     distenv.finish(env)  # on success only, as train.py; ends the process here (see distenv.finish)
 
 

@@ -319,3 +319,38 @@ def test_progress_in_a_log_is_one_line_per_run(monkeypatch):
     assert [ln.split(" (")[0] for ln in log.getvalue().splitlines()[1:]] == \
         ["long: 0/40 steps, loss 1.0000", "long: 10/40 steps, loss 1.0000", "long: 20/40 steps, loss 1.0000"]
     assert supervise.progress_bar(40, "off", False) is None
+
+
+EXIT_HANG = '''"""Every rank does its work and reports it finished; rank 1 then never exits (a deadlock at exit)."""
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, {repo!r})
+from lab_utils.core import config, distenv, runfiles  # noqa: E402
+
+cfg = config.resolve(sys.argv[1:], int(os.environ["WORLD_SIZE"]))
+env = distenv.setup(cfg)
+heart = runfiles.Heartbeat(Path(cfg["out_dir"]), env.rank)
+heart.beat(step=-1, phase="setup")
+heart.beat(phase="finished")
+distenv.teardown(env)
+if env.rank == 1:
+    time.sleep(3600)  # the hang at exit
+distenv.exit_process(0)
+'''
+
+
+@pytest.mark.slow
+def test_a_hang_at_exit_after_every_rank_finished_names_the_rank_still_running(runs_dir, tmp_path):
+    """CI's chapter 06 probe hung at exit with its work done, and the report said 'no rank reported any progress'.
+    With heartbeats, the report names the rank whose process did not exit and shows its stack."""
+    script = tmp_path / "exit_hang.py"
+    script.write_text(EXIT_HANG.format(repo=str(REPO)))
+    r = launcher.launch(launcher.request("exit_hang", 2, ["steps=1"], timeout=60, progress=False, script=script))
+    assert r.status == "hang" and r.failing_rank == 1, str(r)
+    assert "every rank reported finished, but rank 1 did not exit" in r.message, r.message
+    assert "exit_hang.py" in str(r), str(r)  # its stack, in the report a user reads
+    assert "time.sleep(3600)" in ch09_launching.innermost(r.stacks[1]), r.stacks
+    assert not leftovers(r.run_dir)
