@@ -363,6 +363,9 @@ class Facts:
                           else [n.test]):
                     if isinstance(t, ast.Attribute) and t.attr in flags:
                         return flags[t.attr], n
+                    empty = self._empty_option_tested(t)
+                    if empty:
+                        return empty, n
                     if isinstance(t, ast.Name) and depth:
                         off = self._parameter_off(m, n, t.id, depth)
                         if off:
@@ -370,6 +373,37 @@ class Facts:
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 break
             child, n = n, m.parent.get(id(n))
+        return None
+
+    def empty_options(self) -> dict[str, str]:
+        """Command-line options whose default is the empty string (`--load-model`, default=""): a path or name
+        that is unset unless given, by argparse attribute -> the option as written."""
+        if "empty" not in self.cache:
+            out = {}
+            for mm in self.p.modules.values():
+                for a in mm.calls:
+                    opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
+                    default = kw(a, "default")
+                    if callee(a) == "add_argument" and opt and isinstance(default, ast.Constant) and \
+                            default.value == "":
+                        out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
+            self.cache["empty"] = out
+        return self.cache["empty"]
+
+    def _empty_option_tested(self, t: ast.AST) -> str | None:
+        """`if args.load_model:`, `if args.load_model != "":` or `if not (args.load_model == ""):` on an option whose
+        default is "" (DLRM): false in the default run. The option's name, or None."""
+        empty = self.empty_options()
+        if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and isinstance(t.operand, ast.Compare):
+            c = t.operand
+            negated = len(c.ops) == 1 and isinstance(c.ops[0], ast.Eq)
+        elif isinstance(t, ast.Compare):
+            c, negated = t, len(t.ops) == 1 and isinstance(t.ops[0], ast.NotEq)
+        else:
+            return empty.get(t.attr) if isinstance(t, ast.Attribute) else None
+        if negated and isinstance(c.left, ast.Attribute) and isinstance(c.comparators[0], ast.Constant) \
+                and c.comparators[0].value == "":
+            return empty.get(c.left.attr)
         return None
 
     def off_in_default_run(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:

@@ -8,7 +8,17 @@ import ast
 from functools import lru_cache
 from pathlib import Path
 
-from .syntax import DIST_SWITCH, ENTRY_CALLS, RANKISH, WORLDISH, callee, dotted, involves_rank, is_switch_value
+from .syntax import (
+    DIST_SWITCH,
+    ENTRY_CALLS,
+    RANKISH,
+    WORLDISH,
+    callee,
+    dotted,
+    involves_rank,
+    is_rankish_node,
+    is_switch_value,
+)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -16,6 +26,25 @@ def _real(p: Path) -> Path:
     """p.resolve(), remembered: import resolution asks for the same few paths ~10^5 times in a big project
     (two thirds of YOLOv5's 76-s audit went to realpath before this)."""
     return p.resolve()
+
+# Where a rank only says which device a value lives on: `torch.device("cuda", local_rank)`, `.to(device)`,
+# `.cuda(rank)`, `DDP(model, device_ids=[local_rank])`. What such a value holds is the same on every rank.
+PLACEMENT_CALLS = {"device", "cuda", "to", "set_device"}
+PLACEMENT_KEYWORDS = {"device", "device_ids", "output_device", "map_location", "device_id"}
+
+
+def _placement_only(value: ast.AST, tainted: set[str]) -> bool:
+    """The rank enters `value` only as a device placement (DLRM: `device = torch.device("cuda", my_local_rank)`,
+    then every tensor moved there, and the DDP model, counted as holding a rank, made `if Z_test.is_cuda:` a
+    guard that excludes rank 0)."""
+    placed: set[int] = set()
+    for n in ast.walk(value):
+        if isinstance(n, ast.Call):
+            if callee(n) in PLACEMENT_CALLS:
+                placed |= {id(x) for a in n.args for x in ast.walk(a)}
+            placed |= {id(x) for k in n.keywords if k.arg in PLACEMENT_KEYWORDS for x in ast.walk(k.value)}
+    return not any(is_rankish_node(n, tainted) for n in ast.walk(value) if id(n) not in placed)
+
 
 DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap
 
@@ -88,14 +117,14 @@ class Module:
         while changed:
             changed = False
             for a in assigns:
-                if a.value is None or not involves_rank(a.value, tainted):
+                if a.value is None or not involves_rank(a.value, tainted) or _placement_only(a.value, tainted):
                     continue
                 if WORLDISH.search(dotted(a.value)) and not RANKISH.search(dotted(a.value)) or is_switch_value(a.value):
                     continue
                 for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
                     for name in ([dotted(e) for e in t.elts] if isinstance(t, ast.Tuple) else [dotted(t)]):
                         if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1]) \
-                                and name not in tainted:
+                                and "device" not in name.lower() and name not in tainted:  # a placement, not a rank
                             tainted.add(name)
                             changed = True
         return tainted

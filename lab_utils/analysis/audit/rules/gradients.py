@@ -104,6 +104,15 @@ def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     return False
 
 
+def _applied_only_without_backward(f: Facts, name: str) -> bool:
+    """Every `Name.apply(...)` of an autograd.Function in the project sits in code that never runs backward, nor
+    do the callers of the function around it: its backward never runs. False when nothing applies it here."""
+    sites = [(cm, c) for cm in f.p.modules.values() for c in cm.calls
+             if isinstance(c.func, ast.Attribute) and c.func.attr == "apply" and dotted(c.func.value) == name]
+    return bool(sites) and all(not f.trains(cm, c) and (cm.enclosing(c) is None or _callers_never_step(
+        f, cm, cm.enclosing(c))) for cm, c in sites)
+
+
 def _loss_callers(f: Facts, m: Module, fn: ast.AST | None) -> list[tuple[Module, ast.Call]]:
     """The calls of a gather helper made inside a loss (SLIP's CLIPLoss calling utils.all_gather_batch)."""
     out = []
@@ -148,6 +157,8 @@ def gather_without_grad(f: Facts, m: Module):
             if any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce_scatter", "all_to_all",
                                                              "reduce_scatter_tensor") for n in ast.walk(backward)):
                 continue  # its backward sums every rank's gradient for this rank's features (VICReg's)
+            if _applied_only_without_backward(f, owner.name):
+                continue  # applied only where nothing runs backward (DLRM gathers its evaluation outputs)
             yield c, (f"{owner.name}.backward hands back only this rank's slice of the incoming gradients, with no "
                       "all_reduce: the gradient other ranks' losses send to this rank's features is dropped, so at "
                       "2 ranks the step is about 1/world_size of the single run's — all_reduce the stacked "
@@ -364,6 +375,24 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
     return sorted(out, key=lambda n: n.lineno)
 
 
+def _and_flag(f: Facts, m: Module, node: ast.AST) -> bool:
+    """`node` is one operand of `flag and ...` (inside the same expression) where flag is off unless given; or
+    node is the whole test, `flag and (j + 1) % accum == 0 or not flag` (DLRM: every micro-batch steps unless
+    the flag is given)."""
+    flags = f.store_true_flags()
+    if any(isinstance(n, ast.BoolOp) and isinstance(n.op, ast.And) and any(
+            isinstance(v, ast.Attribute) and v.attr in flags for v in n.values) and any(
+            isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(n)) for n in ast.walk(node)):
+        return True
+    n = m.parent.get(id(node))
+    while isinstance(n, (ast.BoolOp, ast.Compare, ast.BinOp, ast.UnaryOp)):
+        if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.And) and any(
+                isinstance(v, ast.Attribute) and v.attr in flags for v in n.values):
+            return True
+        n = m.parent.get(id(n))
+    return False
+
+
 @rule("accumulation-without-no-sync", "06_accumulation", "gradient accumulation under DDP without no_sync: every "
       "micro-batch all-reduces, N-1 extra all-reduces a step")
 def accumulation_without_no_sync(f: Facts, m: Module):
@@ -371,7 +400,9 @@ def accumulation_without_no_sync(f: Facts, m: Module):
         return
     if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry):
         return  # a library no audited script runs
-    steps = _accumulation_steps(m)
+    # accumulation only under a flag that is off unless given (DLRM: `args.mlperf_logging and (j + 1) %
+    # args.mlperf_grad_accum_iter == 0`): the default run steps every micro-batch
+    steps = [s for s in _accumulation_steps(m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)]
     if steps:
         yield steps[0], (f"gradients accumulate over micro-batches (line {steps[0].lineno}: "
                          f"`{ast.unparse(steps[0])[:60]}`), but no micro-batch runs under model.no_sync(): at two "

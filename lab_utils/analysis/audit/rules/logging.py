@@ -347,8 +347,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy -= _rank0_own(f, m, scope)
         lossy = {n for n in lossy if not _keyed_not_loss(values, n)}
         if not lossy or not (f.trains(m, c) or lossy & carriers and held and _class_steps(m, scope)) or \
-                _reports_an_abort(m, c):
-            continue
+                _reports_an_abort(m, c) or f.off_by_default(m, c):
+            continue  # (last: a log under an option unset unless given, DLRM's print of a loaded model's loss)
         red = f.reduced_names(m, scope)
         red = {r for r in red if not _reduced_only_later(m, scope, c, r, red)}
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):

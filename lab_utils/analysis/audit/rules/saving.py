@@ -115,9 +115,17 @@ def load_without_map_location(f: Facts, m: Module):
                 r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|\.pth?\b", ast.unparse(c), re.I)
                 or _loaded_into_a_state_dict(m, c)) and \
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
-                    c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO"):
+                    c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
+                not f.off_in_default_run(m, c):  # only under an option that is unset unless given
             yield c, (f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device that saved "
                       "them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's own device)")
+
+
+def _crash_dump(m: Module, c: ast.Call) -> bool:
+    """A save in an exception handler that raises again (VALL-E's `except: display_and_save_batch(batch);
+    raise`): the failing rank dumps what it was working on and the run stops; no checkpoint, no shared write."""
+    handler = m.enclosing(c, (ast.ExceptHandler, ast.FunctionDef, ast.AsyncFunctionDef))
+    return isinstance(handler, ast.ExceptHandler) and any(isinstance(s, ast.Raise) for s in handler.body)
 
 
 @rule("save-on-every-rank", "08_checkpoints", "a checkpoint written by every rank (no rank-0 guard, or a guard "
@@ -143,6 +151,8 @@ def save_on_every_rank(f: Facts, m: Module):
             continue  # a tool no distributed script runs or imports (a checkpoint converter): one process
         if f.off_in_default_run(m, c):
             continue  # only under an option that is off unless given (`if args.lora_reinit:`)
+        if _crash_dump(m, c):
+            continue
         if kind == "leaky":
             yield c, (f"{ast.unparse(c.func)}(...) under a guard like `not multiprocessing_distributed or rank % "
                       "ngpus == 0`: when torchrun starts the job that flag is off, so the guard is true on every "
