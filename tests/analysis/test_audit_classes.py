@@ -993,11 +993,87 @@ CASES11 = [
      LOADED.format(test="os.path.exists('ckpt.pt')")),
 ]
 
+# batch 11's misses, fixed by class after its first look (the first look and the fixes are in docs/results.md)
+SPAWN_HEAD = ("import os, sys, random, torch, torch.distributed as dist, torch.multiprocessing as mp\n"
+              "from itertools import cycle\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from torch.utils.data import DataLoader, DistributedSampler\n")
+WRITER_HANDED = ("writer = SummaryWriter() if rank == 0 else None\nmodel = DDP(Net())\n"
+          "def train_epoch(loader, tb_writer):\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
+          "        loss.backward()\n        opt.step()\n        if tb_writer is not None:\n{reduce}"
+          "            tb_writer.add_scalar('loss', loss.item())\ntrain_epoch(loader, writer)\n")
+WRITES_ITSELF = ("tb_writer = SummaryWriter() if rank == 0 else None\nmodel = DDP(Net())\nfor x, y in loader:\n"
+                 "    loss, loss_info = model(x, y)\n    loss.backward()\n    opt.step()\n{reduce}"
+                 "    if tb_writer is not None:\n        loss_info.write_summary(tb_writer, 'train/', 0)\n")
+TRAINER = ("class Trainer:\n    def __init__(self):\n        self.model = DDP(Net())\n"
+           "    def train(self, loader):\n        for x, y in loader:\n            loss = crit(self.model(x), y)\n"
+           "            loss.backward()\n            opt.step()\n            self.g_loss = {value}\n"
+           "    def print_log(self):\n        data = [('G', self.g_loss)]\n"
+           "        print(' | '.join(f'{{k}}: {{v}}' for k, v in data))\n"
+           "    def save(self):\n        torch.save(self.model.module.state_dict(), 'model.pt')\n"
+           "trainer = Trainer()\ntrainer.train(loader)\nif rank == 0:\n    trainer.print_log()\n{save}")
+SPAWNED = ("def run(rank, world_size):\n    dist.init_process_group('gloo', rank=rank, world_size=world_size)\n"
+           "    torch.manual_seed(0)\n    model = DDP(Net())\n"
+           "    sampler = DistributedSampler(ds, shuffle=True)\n    loader = DataLoader(ds, sampler=sampler)\n"
+           "{loop}def main():\n    mp.spawn(run, args=(2,), nprocs=2)\n")
+HOOKED = ("model = DDP(Net())\ndef train_epoch(loader):\n    for x, y in loader:\n"
+          "        loss = crit(model(x), y)\n        loss.backward()\n        opt.step()\n    return {{'loss': loss}}\n"
+          "def cv(loader):\n    out = {{'loss': 0.0}}\n    with torch.no_grad():\n        for x, y in loader:\n"
+          "            out['loss'] += crit(model(x), y).item()\n    return out\n"
+          "def log_epoch(loss_dict):\n    if rank == 0:\n        print(loss_dict['loss'])\n"
+          "for epoch in range(3):\n    loss_dict = train_epoch(loader)\n{cv}    log_epoch(loss_dict)\n")
+CASES11_MISSES = [
+    # a rank-0 writer handed down as a parameter: `if tb_writer is not None:` is rank 0's (3D-ResNets, VALL-E)
+    ("rank0-local-loss", WRITER_HANDED.format(reduce="            loss = reduce_mean(loss)\n"), WRITER_HANDED.format(reduce="")),
+    # a loss record that writes itself into the rank-0 writer (VALL-E's loss_info.write_summary(tb_writer, ...))
+    ("rank0-local-loss", WRITES_ITSELF.format(reduce="    loss_info.reduce(x.device)\n"),
+     WRITES_ITSELF.format(reduce="")),
+    # a method called on an instance of a project class runs that class's method (Lightweight GAN's final
+    # `model.save(n)`, made by every spawned rank)
+    ("save-on-every-rank", TRAINER.format(value="loss.item()", save="if rank == 0:\n    trainer.save()\n"),
+     TRAINER.format(value="loss.item()", save="trainer.save()\n")),
+    # the step's loss kept on the instance and printed by another method (Lightweight GAN's print_log)
+    ("rank0-local-loss", TRAINER.format(value="reduce_mean(loss).item()", save=""),
+     TRAINER.format(value="loss.item()", save="")),
+    # a module with no main guard that spawns the ranks is the script (a console-script entry): its sampler's
+    # epochs, fed through cycle(), repeat without set_epoch (Lightweight GAN)
+    ("set-epoch-missing",
+     SPAWNED.format(loop="    for epoch in range(3):\n        sampler.set_epoch(epoch)\n"
+                         "        for x in loader:\n            model(x).sum().backward()\n"),
+     SPAWNED.format(loop="    it = cycle(loader)\n    for step in range(1000):\n        model(next(it)).sum().backward()\n"),
+     SPAWN_HEAD),
+    # random and numpy seeded alone leave torch unseeded (NATSpeech)
+    ("no-seed", "torch.manual_seed(0)\nmodel = DDP(Net())\n", "model = DDP(Net())\n",
+     DDP_HEAD + "import random, numpy as np\nrandom.seed(0)\nnp.random.seed(0)\n"),
+    # stdout sent to /dev/null on the other ranks makes print rank 0's (NATSpeech)
+    ("rank0-local-loss",
+     "if rank != 0:\n    sys.stdout = open(os.devnull, 'w')\n" + LOOP + "    mloss = reduce_mean(loss)\n"
+     "    print('loss', mloss.item())\n",
+     "if rank != 0:\n    sys.stdout = open(os.devnull, 'w')\n" + LOOP + "    print('loss', loss.item())\n"),
+    # a fixed port only where the run is not distributed (Lightweight GAN's one-process group for SyncBatchNorm)
+    ("hard-coded-master-port",
+     "if sync_bn and not args.distributed:\n    os.environ['MASTER_PORT'] = '12355'\n",
+     "if sync_bn and args.distributed:\n    os.environ['MASTER_PORT'] = '12355'\n"),
+    # a loader built with the rank holds this rank's shard, not a rank: a step counter from its length is no rank
+    # (VAR's `if g_it == 0:` read as a rank-0 guard around an all_reduce)
+    ("collective-under-rank0",
+     "loader = DataLoader(ds, batch_sampler=InfiniteSampler(rank=rank, world_size=world_size))\n"
+     "n_iters = len(loader)\nx = torch.ones(2)\nfor it in range(10):\n    g_it = ep * n_iters + it\n"
+     "    if g_it == 0:\n"
+     "        dist.all_reduce(x)\n",
+     "loader = DataLoader(ds, batch_sampler=InfiniteSampler(rank=rank, world_size=world_size))\n"
+     "n_iters = len(loader)\nx = torch.ones(2)\nfor g_it in range(n_iters):\n    if rank == 0:\n"
+     "        dist.all_reduce(x)\n"),
+    # a hook the epoch loop calls after an evaluation may log what the evaluation returned (WeNet's log_per_epoch
+    # after executor.cv): no training-loss log
+    ("rank0-local-loss", HOOKED.format(cv="    loss_dict = cv(val_loader)\n"), HOOKED.format(cv="")),
+]
+
 
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
-               "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11}
+               "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11,
+               "batch11-misses": CASES11_MISSES}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

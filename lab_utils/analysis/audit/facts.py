@@ -20,6 +20,7 @@ from .syntax import (
     REDUCEISH,
     REDUCING,
     SEED_HELPER,
+    SPAWNS,
     TORCH_SEEDS,
     callee,
     const_str,
@@ -51,8 +52,12 @@ class Facts:
         self.g = Guards(project)
         self.cache: dict = {}
         self.ddp_wrapped = self._ddp_wrapped_names()
+        # print reaches the console on rank 0 alone: builtins.print replaced (setup_for_distributed), or the other
+        # ranks' stdout sent to /dev/null (`if dist.get_rank() != 0: sys.stdout = open(os.devnull, "w")`)
         self.print_override = any(
-            isinstance(a, ast.Assign) and any(dotted(t) in ("builtins.print", "__builtin__.print") for t in a.targets)
+            isinstance(a, ast.Assign) and any(dotted(t) in ("builtins.print", "__builtin__.print") or
+                                              dotted(t) == "sys.stdout" and self.g.kind(m, a) == "not0"
+                                              for t in a.targets)
             for m in project.modules.values() for a in m.nodes)
 
     # --- shared facts
@@ -200,27 +205,7 @@ class Facts:
         return None
 
     def any_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
-        for a in m.nodes:
-            if not (isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)):
-                continue
-            v = a.value
-            while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
-                    "to", "cuda", "train", "eval", "float", "half") and isinstance(v.func.value, ast.Call):
-                v = v.func.value
-            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name):
-                target = self.p.module_for(m, v.func.value.id)  # misc.MetricLogger(...) with `import util.misc`
-                if target is not None and v.func.attr in target.classes:
-                    return target, target.classes[v.func.attr]
-                continue
-            if not isinstance(v, ast.Call) or not isinstance(v.func, ast.Name):
-                continue
-            if v.func.id in m.classes:
-                return m, m.classes[v.func.id]
-            target = self.p.module_for(m, v.func.id)
-            cls = m.imports.get(v.func.id, ("", None, 0))[1] or v.func.id
-            if target is not None and cls in target.classes:
-                return target, target.classes[cls]
-        return None
+        return self.p.instance_class(m, name)
 
     def model_names(self, m: Module) -> set[str]:
         if not hasattr(self, "_models_cache"):
@@ -294,22 +279,32 @@ class Facts:
         """(module, function) keys of what a script runs: the project functions its module-level code (the main
         guard included) calls, and what they call, following functions handed over as arguments
         (`mp.spawn(main_worker, ...)`, `Process(target=run)`). A helper the script defines but never runs (a
-        launcher's own init function) is not in it."""
+        launcher's own init function) is not in it. A console-script entry (no main guard; the module spawns the
+        ranks: `mp.spawn(self.ddp_run, ...)` in a trainer's fit) runs what its spawn calls start."""
         top = [n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
                for n in ast.walk(s) if isinstance(n, ast.Call)]
+        top += [c for c in m.calls if callee(c) in SPAWNS and isinstance(c.func, ast.Attribute)]
         keys: set = set()
         todo = [(m, c) for c in top]
         while todo:
             mm, c = todo.pop()
             handed = [a for a in [*c.args, *[k.value for k in c.keywords]] if isinstance(a, (ast.Name, ast.Attribute))]
-            targets = self.p.resolve(mm, c) + [t for a in handed
-                                               for t in self.p.resolve(mm, ast.Call(func=a, args=[], keywords=[]))]
+            targets = self.p.resolve(mm, c) + [t for a in handed for t in self._handed(mm, c, a)]
             for tm, tf in targets:
                 if (tm.rel, id(tf)) in keys:
                     continue
                 keys.add((tm.rel, id(tf)))
                 todo += [(tm, cc) for cc in ast.walk(tf) if isinstance(cc, ast.Call)]
         return keys
+
+    def _handed(self, m: Module, c: ast.Call, a: ast.AST) -> list[tuple[Module, ast.AST]]:
+        """The project functions a function value handed to `c` names: `main_worker`, `self.ddp_run` (a method of
+        the class around `c`)."""
+        if isinstance(a, ast.Attribute) and dotted(a.value) == "self":
+            fn = m.enclosing(c)
+            cls = m.class_of(fn) if fn is not None else None
+            return self.p.methods(m, cls, a.attr) if cls else []
+        return self.p.resolve(m, ast.Call(func=a, args=[], keywords=[]))
 
     def entry_site(self, m: Module, node: ast.AST, depth: int = 3) -> tuple[Module, ast.Call] | None:
         """The call in an entry script that runs `node`'s helper (`train_ds, test_ds = dataloader.load_data(...)`
@@ -491,20 +486,27 @@ class Facts:
         cache = self.cache.setdefault("step_hooks", {})
         if id(fn) not in cache:
             cache[id(fn)] = False
-            if any(EVAL_WORD.fullmatch(w) for w in fn.name.split("_")) or any(
-                    "no_grad" in dotted(d) or "inference_mode" in dotted(d) for d in fn.decorator_list) or any(
-                    isinstance(s, ast.With) and any(re.search(r"no_grad|inference_mode", dotted(i.context_expr))
-                                                    for i in s.items)
-                    and any(isinstance(x, (ast.For, ast.While)) for x in ast.walk(s)) for s in ast.walk(fn)):
+            if self._evaluates(m, fn):
                 return False  # the evaluation the epoch loop runs after training: its loss is no training loss
             for cm, call in self.p.callers(m, fn):
                 loop = cm.enclosing(call, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef))
                 if isinstance(loop, (ast.For, ast.While)) and any(steps(n) or isinstance(n, ast.Call) and any(
                         self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2)
-                        for tm, tf in self.p.resolve(cm, n)) for n in ast.walk(loop)):
-                    cache[id(fn)] = True
-                    break
+                        for tm, tf in self.p.resolve(cm, n)) for n in ast.walk(loop)) and not any(
+                        isinstance(n, ast.Call) and n.lineno < call.lineno and any(
+                            self._evaluates(tm, tf) for tm, tf in self.p.resolve(cm, n)) for n in ast.walk(loop)):
+                    cache[id(fn)] = True  # (a hook after an evaluation in the loop, WeNet's log_per_epoch after
+                    break                 # executor.cv, may log what that evaluation returned)
         return cache[id(fn)]
+
+    @staticmethod
+    def _evaluates(m: Module, fn: ast.AST) -> bool:
+        """An evaluation: named so, or a loop under torch.no_grad()/inference_mode (WeNet's `cv`)."""
+        return any(EVAL_WORD.fullmatch(w) for w in fn.name.split("_")) or any(
+            "no_grad" in dotted(d) or "inference_mode" in dotted(d) for d in fn.decorator_list) or any(
+            isinstance(s, ast.With) and any(re.search(r"no_grad|inference_mode", dotted(i.context_expr))
+                                            for i in s.items)
+            and any(isinstance(x, (ast.For, ast.While)) for x in ast.walk(s)) for s in ast.walk(fn))
 
     def is_save(self, m: Module, c: ast.Call) -> bool:
         """A checkpoint save: torch.save of model/optimizer state into a file, or a project helper named like a

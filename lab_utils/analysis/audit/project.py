@@ -5,6 +5,7 @@ functions, helpers and methods followed, callers, reachability)."""
 from __future__ import annotations
 
 import ast
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,17 +32,22 @@ def _real(p: Path) -> Path:
 # `.cuda(rank)`, `DDP(model, device_ids=[local_rank])`. What such a value holds is the same on every rank.
 PLACEMENT_CALLS = {"device", "cuda", "to", "set_device"}
 PLACEMENT_KEYWORDS = {"device", "device_ids", "output_device", "map_location", "device_id"}
+SHARDING = re.compile(r"Sampler|DataLoader")
 
 
 def _placement_only(value: ast.AST, tainted: set[str]) -> bool:
     """The rank enters `value` only as a device placement (DLRM: `device = torch.device("cuda", my_local_rank)`,
     then every tensor moved there, and the DDP model, counted as holding a rank, made `if Z_test.is_cuda:` a
-    guard that excludes rank 0)."""
+    guard that excludes rank 0), or as a sampler's or loader's shard (VAR: `ld_train = DataLoader(...,
+    batch_sampler=DistInfiniteBatchSampler(rank=dist.get_rank(), ...))`, then `iters_train = len(ld_train)` and
+    every step counter, made `if g_it == 0:` a rank-0 guard)."""
     placed: set[int] = set()
     for n in ast.walk(value):
         if isinstance(n, ast.Call):
             if callee(n) in PLACEMENT_CALLS:
                 placed |= {id(x) for a in n.args for x in ast.walk(a)}
+            if SHARDING.search(callee(n)):  # a loader or sampler given the rank holds this rank's shard, no rank
+                placed |= {id(x) for a in [*n.args, *(k.value for k in n.keywords)] for x in ast.walk(a)}
             placed |= {id(x) for k in n.keywords if k.arg in PLACEMENT_KEYWORDS for x in ast.walk(k.value)}
     return not any(is_rankish_node(n, tainted) for n in ast.walk(value) if id(n) not in placed)
 
@@ -106,7 +112,10 @@ class Module:
                     isinstance(c, ast.Call) and (callee(c) in ENTRY_CALLS or "DistributedDataParallel" in (
                         self.imports.get(callee(c), ("", "", 0))[1] or "")) for c in ast.walk(n)):
                 return True
-        return False
+        # a console-script entry (`def main(): fire.Fire(train_from_folder)`, named in setup.py) whose module
+        # spawns the ranks: the launcher's module is the script, though no `__main__` block says so
+        return any(callee(c) == "spawn" and re.search(r"(^|\.)(mp|multiprocessing)$", dotted(c.func.value))
+                   for c in ast.walk(self.tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute))
 
     def _taint(self, seed: frozenset = frozenset()) -> set[str]:
         """Names assigned (anywhere) from an expression that involves a rank: flow-insensitive, to a fixpoint.
@@ -163,6 +172,7 @@ class Project:
         self._module_for_cache: dict[tuple[str, str], Module | None] = {}
         self.ddp = any(self.mentions_ddp(m) for m in self.modules.values())
         self._reach_cache: dict[tuple[str, str], set] = {}
+        self._instance_cache: dict[tuple[str, str], tuple[Module, ast.ClassDef] | None] = {}
         self._imports_cache: dict[str, set[str]] = {}
         self._taint_parameters()
 
@@ -172,7 +182,7 @@ class Project:
         project = cls.__new__(cls)
         project.root, project.modules = Path("."), {module.rel: module}
         project.ddp = cls.mentions_ddp(module)
-        project._reach_cache, project._imports_cache = {}, {}
+        project._reach_cache, project._imports_cache, project._instance_cache = {}, {}, {}
         project._folders = []  # no folder on disk to look for source roots in
         project._taint_parameters()
         return project
@@ -383,7 +393,7 @@ class Project:
                 fn = m.enclosing(call)
                 cls = m.class_of(fn) if fn is not None else None
                 if cls:
-                    out.extend(self._methods(m, cls, f.attr))
+                    out.extend(self.methods(m, cls, f.attr))
             elif isinstance(base, ast.Name) and base.id in m.imports:
                 target = self.package_member(m, base.id, f.attr)
                 if target is not None:
@@ -392,9 +402,44 @@ class Project:
                 target = self.module_for(m, base.value.id)  # pkg.utils.f() with `import pkg`
                 if target is not None:
                     in_module(target, f.attr)
+            elif isinstance(base, ast.Name) or isinstance(base, ast.Attribute) and dotted(base).startswith("self."):
+                found = self.instance_class(m, dotted(base))  # `model = Trainer(...)` ... `model.save(n)`
+                if found is not None:
+                    out.extend(self.methods(found[0], found[1].name, f.attr))
         return out
 
-    def _methods(self, m: Module, cls: str, attr: str) -> list[tuple[Module, ast.AST]]:
+    def instance_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
+        """The project class whose instance a name holds: `model = Trainer(**args)`, `meter =
+        misc.MetricLogger()` (through `.to()`/`.cuda()`); the first assignment that builds one. Cached."""
+        key = (m.rel, name)
+        if key not in self._instance_cache:
+            self._instance_cache[key] = self._instance_class(m, name)
+        return self._instance_cache[key]
+
+    def _instance_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
+        for a in m.nodes:
+            if not (isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)):
+                continue
+            v = a.value
+            while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
+                    "to", "cuda", "train", "eval", "float", "half") and isinstance(v.func.value, ast.Call):
+                v = v.func.value
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name):
+                target = self.module_for(m, v.func.value.id)  # misc.MetricLogger(...) with `import util.misc`
+                if target is not None and v.func.attr in target.classes:
+                    return target, target.classes[v.func.attr]
+                continue
+            if not isinstance(v, ast.Call) or not isinstance(v.func, ast.Name):
+                continue
+            if v.func.id in m.classes:
+                return m, m.classes[v.func.id]
+            target = self.module_for(m, v.func.id)
+            cls = m.imports.get(v.func.id, ("", None, 0))[1] or v.func.id
+            if target is not None and cls in target.classes:
+                return target, target.classes[cls]
+        return None
+
+    def methods(self, m: Module, cls: str, attr: str) -> list[tuple[Module, ast.AST]]:
         """What `self.attr(...)` inside class `cls` may run: the class's own method, else the nearest project base
         class's; and every project subclass's override, since a base class's loop (`losses =
         self.train_on_batch(batch)` in a Trainer that leaves it to its subclasses) runs the subclass's."""

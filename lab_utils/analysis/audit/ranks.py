@@ -40,6 +40,7 @@ class Guards:
                         kinds.update({dotted(t): k for t in a.targets if dotted(t)})
             self.flags[m.rel] = {n for n, k in kinds.items() if k == "rank0"}
         self.objects: dict[str, set[str]] = {m.rel: self._rank0_objects(m) for m in project.modules.values()}
+        self._hand_down_objects()
 
     def _rank0_objects(self, m: Module) -> set[str]:
         """Objects only rank 0 holds: `writer = SummaryWriter(...) if rank == 0 else None`, or built under a rank-0
@@ -55,10 +56,59 @@ class Guards:
                 out.add(name)
             elif isinstance(v, ast.Call) and self.kind(m, a) == "rank0" and not any(
                     isinstance(b, ast.Assign) and b is not a and dotted(b.targets[0]) == name and not (
-                        isinstance(b.value, ast.Constant) and b.value.value is None) for b in m.nodes
+                        isinstance(b.value, ast.Constant) and b.value.value is None) and not (
+                        isinstance(b.value, ast.Call) and self.kind(m, b) == "rank0") for b in m.nodes
                     if isinstance(b, ast.Assign) and len(b.targets) == 1):
-                out.add(name)
+                out.add(name)  # (another arm building it under the same guard, VALL-E's two SummaryWriters, too)
         return out
+
+    def _hand_down_objects(self):
+        """A rank-0 object handed down: `train_epoch(..., batch_logger, tb_writer)` where every project call passes
+        the caller's rank-0 object or None (or leaves the parameter at its default): inside, `if tb_writer is not
+        None:` runs on rank 0 alone, as it would in the caller. Two rounds, for a writer handed down twice."""
+        for _ in range(2):
+            seen: dict[tuple[str, int, str], list[bool]] = {}
+            where: dict[tuple[str, int, str], str] = {}
+            for m in self.p.modules.values():
+                for c in m.calls:
+                    passed = [*((i, a) for i, a in enumerate(c.args)), *((k.arg, k.value) for k in c.keywords)]
+                    if not any(dotted(a) in self.objects[m.rel] for _, a in passed):
+                        continue
+                    for tm, tf in self.p.resolve(m, c, exact=True):
+                        params = [x.arg for x in [*tf.args.posonlyargs, *tf.args.args]]
+                        if tm.class_of(tf) and not any(dotted(d) == "staticmethod" for d in tf.decorator_list):
+                            params = params[1:]  # self
+                        for slot, a in passed:
+                            name = params[slot] if isinstance(slot, int) and slot < len(params) else slot
+                            if not isinstance(name, str):
+                                continue
+                            key = (tm.rel, id(tf), name)
+                            where[key] = tm.rel
+                            seen.setdefault(key, []).append(dotted(a) in self.objects[m.rel])
+            for key, rank0 in seen.items():
+                if all(rank0) and all(self._passes_rank0_or_none(key, cm, c) for cm, c in self._sites(key)):
+                    self.objects[where[key]].add(key[2])
+
+    def _sites(self, key: tuple[str, int, str]) -> list[tuple[Module, ast.Call]]:
+        rel, fid, _ = key
+        fn = next(f for f in self.p.modules[rel].functions.values() if id(f) == fid)
+        return self.p.callers(self.p.modules[rel], fn)
+
+    def _passes_rank0_or_none(self, key: tuple[str, int, str], cm: Module, c: ast.Call) -> bool:
+        """At this call the parameter gets a rank-0 object, None, or nothing (its default)."""
+        rel, fid, name = key
+        tm = self.p.modules[rel]
+        tf = next(f for f in tm.functions.values() if id(f) == fid)
+        params = [x.arg for x in [*tf.args.posonlyargs, *tf.args.args]]
+        if tm.class_of(tf) and not any(dotted(d) == "staticmethod" for d in tf.decorator_list):
+            params = params[1:]
+        given = [k.value for k in c.keywords if k.arg == name]
+        if name in params and params.index(name) < len(c.args):
+            given.append(c.args[params.index(name)])
+        if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
+            return False  # *args / **kwargs: what lands in the parameter is unknown
+        return all(dotted(a) in self.objects[cm.rel] or isinstance(a, ast.Constant) and a.value is None
+                   for a in given)
 
     def classify(self, m: Module, t: ast.AST, shallow: bool = False) -> str | None:
         """'rank0' (the true branch is rank 0 only), 'not0' (it excludes rank 0), 'leaky', or None."""

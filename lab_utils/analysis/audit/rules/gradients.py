@@ -9,7 +9,7 @@ import re
 from ..facts import Facts
 from ..project import Module
 from ..registry import Hit, rule
-from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
+from ..syntax import ACCUMISH, BATCHISH, DIST_SWITCH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
 LOOPBACK_PORT = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):\d+")
@@ -273,6 +273,27 @@ def _env_fallback(m: Module, node: ast.Assign) -> bool:
     return False
 
 
+def _one_process_arm(m: Module, node: ast.AST) -> bool:
+    """The port is set only where the run is not distributed (Lightweight GAN's `if self.syncbatchnorm and not
+    self.is_ddp:` group of one process, or the else of `if args.distributed:`): no ranks meet there."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If):
+            tests = n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test]
+            negated = any(isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and _switch_flag(t.operand)
+                          for t in tests)
+            if negated and any(child is s for s in n.body) or _switch_flag(n.test) and any(
+                    child is s for s in n.orelse):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _switch_flag(t: ast.AST) -> bool:
+    """A bare distributed flag (`args.distributed`, `self.is_ddp`); not a comparison, whose else may be either."""
+    return isinstance(t, (ast.Name, ast.Attribute)) and involves(t, DIST_SWITCH)
+
+
 @rule("hard-coded-master-port", "09_launching", "a fixed rendezvous port (MASTER_PORT or a tcp:// init_method) with "
       "no environment fallback: a second job on the host collides on it")
 def hard_coded_master_port(f: Facts, m: Module):
@@ -281,7 +302,7 @@ def hard_coded_master_port(f: Facts, m: Module):
             if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), (ast.Name, ast.Attribute))}
     reported: set[str] = set()
     for a in sorted((a for a in m.nodes if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
-        if _env_fallback(m, a):
+        if _env_fallback(m, a) or _one_process_arm(m, a):
             continue
         sets_port = any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets)
         if sets_port and const_str(a.value) is not None:

@@ -114,9 +114,14 @@ def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                 for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
             out |= {dotted(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
     # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
-    # losses, top1])` ... `progress.display(i)`
+    # losses, top1])` ... `progress.display(i)`; so does a list of the losses (`data = [('G', self.g_loss), ...]`)
     for _ in range(2):
         for a in ast.walk(scope):
+            if isinstance(a, ast.Assign) and isinstance(a.value, (ast.List, ast.Tuple)) and any(
+                    isinstance(n, (ast.Name, ast.Attribute)) and (root(n) in out or LOSSISH.search(root(n)) and
+                                                                  not NOT_A_LOSS.search(root(n)))
+                    for n in ast.walk(a.value)):
+                out |= {dotted(t) for t in a.targets} - {""}
             if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
                     isinstance(n, ast.Name) and n.id in out for arg in [*a.value.args, *[k.value for k in
                                                                                          a.value.keywords]]
@@ -132,6 +137,23 @@ def _instance_carriers(m: Module, scope: ast.AST) -> frozenset:
     if cls is None:
         return frozenset()
     return frozenset(n for n in _loss_carriers(m.classes[cls]) if n.startswith("self."))
+
+
+def _instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
+    """`self.` attributes the method's class sets from its own unreduced loss in some method (`self.d_loss =
+    float(total_disc_loss.item() / n)` in the step, printed by print_log): the step's loss, held on the
+    instance."""
+    cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    out: set[str] = set()
+    for fn in (m.functions[k] for k in m.functions if cls and k.startswith(cls + ".")):
+        held, red = _holding_a_loss(fn), f.reduced_names(m, fn)
+        for a in ast.walk(fn):
+            if isinstance(a, ast.Assign) and any(dotted(t).startswith("self.") for t in a.targets) and any(
+                    isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held and root(n) not in red
+                    for n in ast.walk(a.value)) and not any(
+                    isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(a.value)):
+                out |= {dotted(t) for t in a.targets if dotted(t).startswith("self.")}
+    return out
 
 
 def _class_steps(m: Module, scope: ast.AST) -> bool:
@@ -201,6 +223,13 @@ def _rank0_loggers(f: Facts, m: Module) -> set[str]:
                     out |= {dotted(t) for t in a.targets} - {""}
         cache[m.rel] = out
     return cache[m.rel]
+
+
+def _handed_to_a_writer(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`loss_info.write_summary(tb_writer, "train/", step)`: a record's own method handed a logger object (one that
+    only rank 0 holds): the record writes itself into that log, as `tb_writer.add_scalar(...)` would."""
+    return isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute)) and any(
+        dotted(a) in f.g.objects.get(m.rel, ()) for a in [*c.args, *[k.value for k in c.keywords]])
 
 
 def _meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
@@ -329,9 +358,11 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     out = []
     for c in m.calls:
         name = callee(c)
-        if name not in LOG_CALLS and not _meter_prints(f, m, c):
+        handed = _handed_to_a_writer(f, m, c)
+        if name not in LOG_CALLS and not handed and not _meter_prints(f, m, c):
             continue
         values = [*c.args, *[k.value for k in c.keywords if k.arg not in ("force", "file", "flush")]]
+        values += [c.func.value] if handed else []
         names = {root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
@@ -346,7 +377,9 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
         lossy = {n for n in lossy if not _keyed_not_loss(values, n)}
-        if not lossy or not (f.trains(m, c) or lossy & carriers and held and _class_steps(m, scope)) or \
+        own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & _instance_losses(f, m, scope) \
+            if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
+        if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)) or \
                 _reports_an_abort(m, c) or f.off_by_default(m, c):
             continue  # (last: a log under an option unset unless given, DLRM's print of a loaded model's loss)
         red = f.reduced_names(m, scope)
@@ -400,7 +433,7 @@ def rank0_local_loss(f: Facts, m: Module):
             continue  # one finding per guarded block, and per loss in a function: one defect, one finding
         per_block |= {block, where}
         how = "" if kind is not None else "through a logger whose console is rank 0's, " if console0 else \
-            "through the builtins.print override (setup_for_distributed), "
+            "through a print only rank 0's console shows (builtins.print replaced, or stdout silenced), "
         fed = _fed_at(m, c, lossy)
         at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
         yield fed or c, (f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "

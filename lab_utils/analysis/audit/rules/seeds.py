@@ -49,8 +49,9 @@ def no_seed(f: Facts, m: Module):
     if entry is None:
         return
     kinds = entry[1]
-    if not kinds & {"torch", "other"}:
-        what = "only torch.cuda is seeded" if "cuda" in kinds else "nothing seeds torch"
+    if "torch" not in kinds:  # random and numpy seeded alone leave the model's init (torch's CPU RNG) unseeded
+        what = "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
+            "other" in kinds else "nothing seeds torch"
         yield _setup_in_flow(f, m), (f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                                      "(which DDP broadcasts) and every draw differ from any single run, so the two "
                                      "runs cannot be compared — torch.manual_seed(seed) before building the model")
