@@ -1016,14 +1016,16 @@ SPAWNED = ("def run(rank, world_size):\n    dist.init_process_group('gloo', rank
            "    sampler = DistributedSampler(ds, shuffle=True)\n    loader = DataLoader(ds, sampler=sampler)\n"
            "{loop}def main():\n    mp.spawn(run, args=(2,), nprocs=2)\n")
 HOOKED = ("model = DDP(Net())\ndef train_epoch(loader):\n    for x, y in loader:\n"
-          "        loss = crit(model(x), y)\n        loss.backward()\n        opt.step()\n    return {{'loss': loss}}\n"
+          "        loss = crit(model(x), y)\n        loss.backward()\n        opt.step()\n"
+          "    return {{'loss': loss}}\n"
           "def cv(loader):\n    out = {{'loss': 0.0}}\n    with torch.no_grad():\n        for x, y in loader:\n"
           "            out['loss'] += crit(model(x), y).item()\n    return out\n"
           "def log_epoch(loss_dict):\n    if rank == 0:\n        print(loss_dict['loss'])\n"
           "for epoch in range(3):\n    loss_dict = train_epoch(loader)\n{cv}    log_epoch(loss_dict)\n")
 CASES11_MISSES = [
     # a rank-0 writer handed down as a parameter: `if tb_writer is not None:` is rank 0's (3D-ResNets, VALL-E)
-    ("rank0-local-loss", WRITER_HANDED.format(reduce="            loss = reduce_mean(loss)\n"), WRITER_HANDED.format(reduce="")),
+    ("rank0-local-loss", WRITER_HANDED.format(reduce="            loss = reduce_mean(loss)\n"),
+     WRITER_HANDED.format(reduce="")),
     # a loss record that writes itself into the rank-0 writer (VALL-E's loss_info.write_summary(tb_writer, ...))
     ("rank0-local-loss", WRITES_ITSELF.format(reduce="    loss_info.reduce(x.device)\n"),
      WRITES_ITSELF.format(reduce="")),
@@ -1039,7 +1041,8 @@ CASES11_MISSES = [
     ("set-epoch-missing",
      SPAWNED.format(loop="    for epoch in range(3):\n        sampler.set_epoch(epoch)\n"
                          "        for x in loader:\n            model(x).sum().backward()\n"),
-     SPAWNED.format(loop="    it = cycle(loader)\n    for step in range(1000):\n        model(next(it)).sum().backward()\n"),
+     SPAWNED.format(loop="    it = cycle(loader)\n    for step in range(1000):\n"
+                         "        model(next(it)).sum().backward()\n"),
      SPAWN_HEAD),
     # random and numpy seeded alone leave torch unseeded (NATSpeech)
     ("no-seed", "torch.manual_seed(0)\nmodel = DDP(Net())\n", "model = DDP(Net())\n",
