@@ -1071,12 +1071,86 @@ CASES11_MISSES = [
     ("rank0-local-loss", HOOKED.format(cv="    loss_dict = cv(val_loader)\n"), HOOKED.format(cv="")),
 ]
 
+# batch 12's classes, after its first look (docs/measured/cpu2/audit_heldout_batch12.txt)
+SWITCHED_HEAD = ("import os, sys, logging, argparse, torch, torch.distributed as dist\n"
+                 "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                 "p = argparse.ArgumentParser()\np.add_argument('--distributed', action='store_true')\n"
+                 "args = p.parse_args()\nif args.distributed:\n    dist.init_process_group('gloo')\n"
+                 "torch.manual_seed(0)\n")
+GATHERED = ("class Gather(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
+            "        out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]\n"
+            "        dist.all_gather(out, x)\n        return tuple(out)\n"
+            "    @staticmethod\n    def backward(ctx, *g):\n        g = torch.stack(g)\n        dist.all_reduce(g)\n"
+            "        return g[dist.get_rank()]\ndef gather(x):\n{check}    return torch.cat(Gather.apply(x))\n"
+            "model = Net()\nfor x in loader:\n    z = model(x)\n    (z @ gather(z).T).mean().backward()\n")
+BN_NET = ("class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+          "        self.bn = torch.nn.BatchNorm2d(4)\n")
+SEEDED_ARMS = ("def init_seeds(seed):\n    torch.manual_seed(seed)\n"
+               "local_rank = int(os.environ.get('LOCAL_RANK', -1))\n"
+               "if local_rank != -1:\n    init_seeds({seed})\nelse:\n    init_seeds(42)\nmodel = DDP(Net())\n")
+CASES12 = [
+    # `if dist.is_initialized():` is a distributed switch (Contriever's barriers)
+    ("collective-outside-switch", "if dist.is_initialized():\n    dist.barrier()\n", "dist.barrier()\n",
+     SWITCHED_HEAD),
+    # so is a helper's `if not dist.is_initialized(): return x` before an autograd gather (Contriever's gather)
+    ("collective-outside-switch", GATHERED.format(check="    if not dist.is_initialized():\n        return x\n"),
+     GATHERED.format(check=""), SWITCHED_HEAD),
+    # `if dist.is_initialized(): return` before the set-up keeps it from running twice: the group always exists
+    # (improved-diffusion's setup_dist), so a barrier needs no switch
+    ("collective-outside-switch",
+     "def setup():\n    if dist.is_initialized():\n        return\n    dist.init_process_group('gloo')\n"
+     "setup()\ndist.barrier()\n",
+     "def setup():\n    if args.distributed:\n        dist.init_process_group('gloo')\nsetup()\ndist.barrier()\n",
+     "import argparse, torch, torch.distributed as dist\np = argparse.ArgumentParser()\n"
+     "p.add_argument('--distributed', action='store_true')\nargs = p.parse_args()\ntorch.manual_seed(0)\n"),
+    # a rank read by key (`self.config["rank"] == 0`, ParallelWaveGAN) is a rank-0 guard
+    ("save-on-every-rank",
+     "model = DDP(Net())\nif config['rank'] == 0:\n    torch.save(model.module.state_dict(), 'a.pt')\n",
+     "model = DDP(Net())\nif config['epoch'] == 0:\n    torch.save(model.module.state_dict(), 'a.pt')\n"),
+    # a dict of loss functions (`criterion["stft"] = MultiResolutionSTFTLoss()`) carries no loss value
+    ("every-rank-prints-loss",
+     "criterion = {}\ncriterion['stft'] = STFTLoss()\ntrainer = Trainer(criterion=criterion)\n" + LOOP +
+     "    print('step', trainer.steps)\n",
+     "stats = {}\n" + LOOP + "    stats['stft'] = loss.item()\n    trainer = Trainer(stats=stats)\n"
+     "    print('step', trainer.steps)\n"),
+    # a root logger writing to sys.stdout, which the other ranks send to /dev/null, is rank 0's console
+    ("every-rank-prints-loss",
+     "if rank != 0:\n    sys.stdout = open(os.devnull, 'w')\nlogging.basicConfig(stream=sys.stdout)\n" + LOOP +
+     "    logging.info('loss %f', loss.item())\n",
+     "logging.basicConfig(stream=sys.stdout)\n" + LOOP + "    logging.info('loss %f', loss.item())\n",
+     DDP_HEAD + "import sys, logging\ntorch.manual_seed(0)\n"),
+    # a per-rank seed only in the distributed arm, the single run's in the other (OSTrack): rank 0's is the
+    # single run's; judged at the helper's call, not again inside the helper
+    ("seed-per-rank", SEEDED_ARMS.format(seed="42 + local_rank"), SEEDED_ARMS.format(seed="42 + 1 + local_rank"),
+     "import os, torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"),
+    # a module a launcher imports by name (`run(settings)`, no main guard) that wraps a model with BatchNorm
+    ("batchnorm-without-sync",
+     BN_NET + "def run(settings):\n    net = Net()\n    net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)\n"
+     "    net = DDP(net)\n",
+     BN_NET + "def run(settings):\n    net = Net()\n    net = DDP(net)\n",
+     "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"),
+    # the flag around the conversion is the distributed switch itself, which also gates the wrap (SwinUNETR)
+    ("batchnorm-without-sync",
+     BN_NET + "model = Net()\nif args.distributed:\n"
+     "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+     "    model = DDP(model)\n",
+     BN_NET + "p.add_argument('--sync_bn', action='store_true')\nmodel = Net()\nif args.sync_bn:\n"
+     "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\nif args.distributed:\n    model = DDP(model)\n",
+     SWITCHED_HEAD),
+    # SyncBatchNorm only under an option no audited file defines (Point-MAE's parser is elsewhere): check by hand
+    ("batchnorm-without-sync",
+     "p.add_argument('--sync_bn', type=int, default=1)\nmodel = Net()\nif args.sync_bn:\n"
+     "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DDP(model)\n",
+     "model = Net()\nif args.sync_bn:\n    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+     "model = DDP(model)\n", SWITCHED_HEAD),
+]
+
 
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
                "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11,
-               "batch11-misses": CASES11_MISSES}
+               "batch11-misses": CASES11_MISSES, "batch12": CASES12}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

@@ -54,10 +54,11 @@ class Facts:
         self.ddp_wrapped = self._ddp_wrapped_names()
         # print reaches the console on rank 0 alone: builtins.print replaced (setup_for_distributed), or the other
         # ranks' stdout sent to /dev/null (`if dist.get_rank() != 0: sys.stdout = open(os.devnull, "w")`)
-        self.print_override = any(
-            isinstance(a, ast.Assign) and any(dotted(t) in ("builtins.print", "__builtin__.print") or
-                                              dotted(t) == "sys.stdout" and self.g.kind(m, a) == "not0"
-                                              for t in a.targets)
+        self.stdout_silenced = any(
+            isinstance(a, ast.Assign) and any(dotted(t) == "sys.stdout" for t in a.targets) and
+            self.g.kind(m, a) == "not0" for m in project.modules.values() for a in m.nodes)
+        self.print_override = self.stdout_silenced or any(
+            isinstance(a, ast.Assign) and any(dotted(t) in ("builtins.print", "__builtin__.print") for t in a.targets)
             for m in project.modules.values() for a in m.nodes)
 
     # --- shared facts

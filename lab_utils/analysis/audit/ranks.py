@@ -5,6 +5,7 @@ early return of the others, guards inside helpers and through callers) and distr
 from __future__ import annotations
 
 import ast
+import re
 
 from .project import Module, Project
 from .syntax import DIST_SWITCH, RANK0_NAME, WORLDISH, callee, dotted, involves, involves_rank, is_switch_value
@@ -228,9 +229,20 @@ class Guards:
 
 
 
+GROUP_CHECKS = re.compile(r"^(is_initialized|is_available)$")
+
+
+def group_check(test: ast.AST) -> bool:
+    """The test asks torch.distributed whether the group exists (`dist.is_initialized()`, a helper's
+    `is_available()`); not `torch.cuda.is_available()`."""
+    return any(isinstance(n, ast.Call) and GROUP_CHECKS.match(callee(n)) and not re.search(
+        r"cuda|mps|xpu|backends", dotted(n.func)) for n in ast.walk(test))
+
+
 def is_switch_test(test: ast.AST) -> bool:
-    """A test of whether the run is distributed (`args.distributed`, `ddp`, `world_size > 1`), not of the rank."""
-    return involves(test, DIST_SWITCH) or involves(test, WORLDISH)
+    """A test of whether the run is distributed (`args.distributed`, `ddp`, `world_size > 1`,
+    `dist.is_initialized()`), not of the rank."""
+    return involves(test, DIST_SWITCH) or involves(test, WORLDISH) or group_check(test)
 
 
 def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:

@@ -94,6 +94,8 @@ def is_rankish_node(n: ast.AST, tainted: set[str]) -> bool:
         return True
     if isinstance(n, ast.Constant) and n.value in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID"):
         return True
+    if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str):
+        return bool(RANKISH.search(n.slice.value)) and not WORLDISH.search(n.slice.value)  # config["rank"]
     return False
 
 

@@ -8,7 +8,8 @@ import re
 
 from ..facts import Facts
 from ..project import Module
-from ..registry import rule
+from ..ranks import is_switch_test
+from ..registry import Hit, rule
 from ..syntax import callee, const_str, dotted, kw, root
 
 
@@ -21,7 +22,8 @@ def batchnorm_without_sync(f: Facts, m: Module):
     related = f.p.related(m)
     bns = [c for c in m.calls if _is_batchnorm(m, c)] if m.entry else []
     converts = [c for c in m.calls if callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model")]
-    if not converts and m.entry and not any(
+    wraps = any(f.is_ddp_call(m, c) for c in m.calls)  # a run(settings) module a launcher imports by name wraps too
+    if not converts and (m.entry or wraps) and not any(
             isinstance(n, (ast.Name, ast.Attribute)) and dotted(n).split(".")[-1] in SYNC_NAMES
             for mm in related for n in mm.nodes):
         wrap, bn = _wrapped_batchnorm(f, m)
@@ -30,13 +32,13 @@ def batchnorm_without_sync(f: Facts, m: Module):
         if wrap is None:
             handed = _handed_to_a_wrap_helper(f, m)
             if handed is not None:
-                c, factory, (dm, cls, param) = handed
-                yield c, (f"{callee(c)}() wraps the model in DDP, and the model comes from {factory}(), which these "
-                          f"files do not hold; the project's {cls.name} normalises with BatchNorm by default "
+                c, factory, (dm, cls, param), (wm, w) = handed
+                yield Hit(c, (f"{callee(c)}() wraps the model in DDP, and the model comes from {factory}(), which "
+                          f"these files do not hold; the project's {cls.name} normalises with BatchNorm by default "
                           f"({dm.rel}:{param.lineno}: '{param.value}') and nothing converts it to SyncBatchNorm: at 2 "
                           "ranks each rank would normalise with its own half-batch's statistics, unlike the single "
                           "run — check whether the model holds it; nn.SyncBatchNorm.convert_sync_batchnorm(model) "
-                          "before DDP"), "check-by-hand"
+                          "before DDP"), "check-by-hand", related=((wm, w),))
                 return
         if wrap is not None:
             where = f"{bn[0].rel}:{bn[1].lineno}" if bn[0] is not m else f"line {bn[1].lineno}"
@@ -45,12 +47,43 @@ def batchnorm_without_sync(f: Facts, m: Module):
                          "running stats), unlike the single run's whole batch — "
                          "nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
         return
-    gates = [f.flag_gate(m, c) for c in converts]
+    # a flag that gates the DDP wrap as well (`if args.distributed:` around both) is the distributed switch, not an
+    # opt-in to SyncBatchNorm: every DDP run converts
+    gates = [g if g is None or not any(isinstance(w, ast.Call) and f.is_ddp_call(m, w) for w in ast.walk(g[1]))
+             else None for g in (f.flag_gate(m, c) for c in converts)]
     if converts and all(gates):  # offering --sync-bn says the model has BatchNorm; the default run goes without
         flag, test = gates[0]
         yield test, (f"SyncBatchNorm only with --{flag}, which is off by default: the default DDP run "
                      "normalises each rank's micro-batch with its own statistics, unlike the single run — "
                      "turn the flag on when you compare the port")
+        return
+    unseen = [_unseen_option(f, m, c) for c in converts]
+    if converts and all(unseen):
+        test, name = unseen[0]
+        yield test, (f"SyncBatchNorm only when `{name}` is set, an option these files never define (its parser is "
+                     "elsewhere): if it is off by default, as such switches usually are, the default DDP run "
+                     "normalises each rank's micro-batch with its own statistics, unlike the single run — check "
+                     "its default; turn it on when you compare the port"), "check-by-hand"
+
+
+def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | None:
+    """(the `if args.sync_bn:` around the conversion, the option) when the option is read but no audited file
+    defines it (no add_argument, no assignment): Point-MAE's parser lives in a file the audit was not given."""
+    child, n = c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and any(child is s for s in n.body) and isinstance(n.test, ast.Attribute) and \
+                isinstance(n.test.value, ast.Name) and not is_switch_test(n.test):
+            attr = n.test.attr
+            defined = any(callee(a) == "add_argument" and any(
+                (const_str(x) or "").lstrip("-").replace("-", "_") == attr for x in a.args) or
+                const_str(kw(a, "dest")) == attr for mm in f.p.modules.values() for a in mm.calls) or any(
+                isinstance(a, (ast.Assign, ast.AnnAssign)) and any(
+                    isinstance(t, ast.Attribute) and t.attr == attr or isinstance(t, ast.Name) and t.id == attr
+                    for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
+                for mm in f.p.modules.values() for a in mm.nodes)
+            return None if defined else (n, dotted(n.test))
+        child, n = n, m.parent.get(id(n))
+    return None
 
 
 SYNC_NAMES = {"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"}
@@ -210,13 +243,13 @@ def _handed_to_a_wrap_helper(f: Facts, m: Module):
             if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             params = [a.arg for a in tf.args.args]
-            wrapped = {root(w.args[0]) for w in ast.walk(tf) if isinstance(w, ast.Call) and f.is_ddp_call(tm, w)
-                       and w.args}  # DDP(model), DDP(model.cuda())
+            wraps = {root(w.args[0]): w for w in ast.walk(tf) if isinstance(w, ast.Call) and f.is_ddp_call(tm, w)
+                     and w.args}  # DDP(model), DDP(model.cuda())
             for i, a in enumerate(c.args):
-                if i < len(params) and params[i] in wrapped and isinstance(a, ast.Name):
+                if i < len(params) and params[i] in wraps and isinstance(a, ast.Name):
                     factory = _unseen_factory(f, m, c, a.id, packages)
                     if factory:
-                        return c, factory, default
+                        return c, factory, default, (tm, wraps[params[i]])
     return None
 
 

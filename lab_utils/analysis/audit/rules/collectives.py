@@ -7,7 +7,7 @@ import ast
 
 from ..facts import Facts
 from ..project import Module
-from ..ranks import distributed_switch, switched
+from ..ranks import distributed_switch, group_check, switched
 from ..registry import rule
 from ..syntax import callee, dotted
 
@@ -116,7 +116,7 @@ def _wrap_reaches(m: Module, c: ast.Call, owner: str, line: int) -> bool:
       "'Default process group has not been initialized'")
 def collective_outside_switch(f: Facts, m: Module):
     inits = [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "init_process_group"]
-    if not inits or not all(distributed_switch(mm, c) is not None for mm, c in inits):
+    if not inits or not all(_optional_group(mm, c) for mm, c in inits):
         return  # the group exists in every run the script can make
     flags, told = _group_flags(f), set()
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
@@ -143,6 +143,13 @@ def collective_outside_switch(f: Facts, m: Module):
                   "at two ranks it synchronises, but the "
                   "single-process run of this script raises 'Default process group has not been initialized' — "
                   "put it under the same switch (or `if dist.is_initialized():`)")
+
+
+def _optional_group(m: Module, init: ast.Call) -> bool:
+    """The process group is set up only under a distributed switch; `if dist.is_initialized(): return` (or `if not
+    dist.is_initialized(): init_process_group(...)`) only keeps a second set-up from running: the group exists."""
+    test = distributed_switch(m, init)
+    return test is not None and not group_check(test)
 
 
 def _called_under_switch(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> bool:

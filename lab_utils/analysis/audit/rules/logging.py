@@ -105,8 +105,9 @@ def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     for a in ast.walk(scope):
         if isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(
                 LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
-                if isinstance(n, (ast.Name, ast.Attribute))):
-            out |= {root(t.value) for t in a.targets if isinstance(t, ast.Subscript)}
+                if isinstance(n, (ast.Name, ast.Attribute))) and not _loss_module(a.value):
+            out |= {root(t.value) for t in a.targets if isinstance(t, ast.Subscript)
+                    and not NOT_A_LOSS.search(root(t.value))}
     # a line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`
     for a in ast.walk(scope):
         if isinstance(a, (ast.Assign, ast.AugAssign)) and _text_of(a.value) and any(
@@ -128,6 +129,11 @@ def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                     for n in ast.walk(arg)):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out - {""}
+
+
+def _loss_module(v: ast.AST) -> bool:
+    """A loss function being built (`criterion["stft"] = MultiResolutionSTFTLoss(...)`): no loss value."""
+    return isinstance(v, ast.Call) and callee(v)[:1].isupper() and LOSSISH.search(callee(v)) is not None
 
 
 def _instance_carriers(m: Module, scope: ast.AST) -> frozenset:
@@ -425,7 +431,8 @@ def rank0_local_loss(f: Facts, m: Module):
     for c, lossy, kind in sorted(loss_logs(f, m), key=lambda log: (log[0].lineno, log[0].col_offset)):
         forced = kw(c, "force")
         prints = callee(c) == "print" or _meter_prints(f, m, c) == "print"
-        console0 = kind is None and isinstance(c.func, ast.Attribute) and dotted(c.func.value) in _rank0_loggers(f, m)
+        console0 = kind is None and isinstance(c.func, ast.Attribute) and (
+            dotted(c.func.value) in _rank0_loggers(f, m) or _root_console_on_stdout(f, m, c))
         if not (kind == "rank0" or console0 or (prints and f.print_override and kind is None and not forced)):
             continue
         block, where = _guard_block(m, c), (m.enclosing(c), frozenset(lossy))
@@ -451,11 +458,21 @@ def every_rank_prints_loss(f: Facts, m: Module):
                       "loss — all_reduce it, then log on rank 0")
 
 
+def _root_console_on_stdout(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`logging.info(...)` through a root logger whose every basicConfig writes to sys.stdout, which the other
+    ranks sent to /dev/null (ParallelWaveGAN): the console shows rank 0's lines alone."""
+    configs = [b for mm in f.p.modules.values() for b in mm.calls if callee(b) == "basicConfig"]
+    return f.stdout_silenced and dotted(c.func.value) == "logging" and bool(configs) and all(
+        dotted(kw(b, "stream")) == "sys.stdout" for b in configs)
+
+
 def _root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     """`logging.info(...)` through the root logger, which every process sets up alike (its basicConfig is under
     no rank guard): each rank's line reaches the console, as print's would."""
     if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("info", "warning", "debug", "log", "error",
                                                                    "critical")):
+        return False
+    if _root_console_on_stdout(f, m, c):
         return False
     if dotted(c.func.value) != "logging":
         return isinstance(c.func.value, ast.Name) and _holds_root_logger(m, c, c.func.value.id) and \

@@ -9,6 +9,7 @@ import warnings
 
 from ..facts import Facts
 from ..project import Module
+from ..ranks import is_switch_test
 from ..registry import Hit, rule
 from ..syntax import (
     ITERABLE_NOT_LOADER,
@@ -21,6 +22,7 @@ from ..syntax import (
     dotted,
     involves_rank,
     is_rankish_node,
+    is_switch_value,
     kw,
 )
 
@@ -174,6 +176,34 @@ def _inline(m: Module, expr: ast.AST, depth: int = 3) -> ast.AST:
     return _inline(m, defs[0], depth - 1) if len(defs) == 1 else expr
 
 
+def _handed_in(m: Module, c: ast.Call, arg: ast.AST) -> bool:
+    """The seed is the enclosing helper's own parameter (`def init_seeds(seed): torch.manual_seed(seed)`): it holds
+    a rank only through what a caller passes, and the caller's `init_seeds(base_seed + local_rank)` is judged where
+    it is made (one defect, one finding)."""
+    fn = m.enclosing(c)
+    return isinstance(arg, ast.Name) and fn is not None and not RANKISH.search(arg.id) and arg.id in {
+        a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+
+
+def _distributed_arm(f: Facts, m: Module, c: ast.Call) -> ast.If | None:
+    """The `if` whose body holds `c` and whose test says whether the run is distributed (`local_rank != -1`,
+    `args.distributed`): the single run never evaluates `c`; it takes the other arm."""
+    child, n = c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and any(child is s for s in n.body) and (
+                is_switch_value(n.test) or is_switch_test(n.test)):
+            return n
+        child, n = n, m.parent.get(id(n))
+    return None
+
+
+def _other_arm_seed(f: Facts, m: Module, c: ast.Call, arm: ast.If) -> ast.AST | None:
+    """The seed the single run's arm gives the same generator: `init_seeds(base_seed)` in the else."""
+    kind = f.seed_kind(m, c)
+    return next((_inline(m, x.args[0]) for s in arm.orelse for x in ast.walk(s) if isinstance(x, ast.Call)
+                 and x.args and f.seed_kind(m, x) == kind), None)
+
+
 SETUP_USE = re.compile(r"update|requires_grad|^eval$|^train$|^to$|cuda|half|float")
 
 
@@ -211,10 +241,15 @@ def seed_per_rank(f: Facts, m: Module):
         if f.seed_kind(m, c) == "other" and (id(m.enclosing(c)), ast.unparse(c.args[0])) in torch_seeded:
             continue
         arg = _inline(m, c.args[0])
-        if not involves_rank(arg, m.rank_tainted, skip_conditional=True):
+        if not involves_rank(arg, m.rank_tainted, skip_conditional=True) or _handed_in(m, c, arg):
             continue
         at0 = _seed_value(m, arg, lambda name: 0)
         single = _seed_value(m, arg, lambda name: _single_value(m, name) or 0, world=1)
+        arm = _distributed_arm(f, m, c)
+        if arm is not None:  # `if local_rank != -1: init_seeds(base + local_rank) else: init_seeds(base)` (OSTrack)
+            other = _other_arm_seed(f, m, c, arm)
+            single = None if other is None else _seed_value(m, other, lambda name: _single_value(m, name) or 0,
+                                                            world=1)
         if at0 is not None and single is not None and at0 != single:
             if at0 == _seed_value(m, arg, lambda name: 0, world=1):
                 yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)} = "
