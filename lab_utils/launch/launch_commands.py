@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import socket
 import sys
 from pathlib import Path
@@ -38,11 +39,32 @@ def build_command(nproc: int, argv: list[str], run_dir: Path, script: Path = TRA
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the OS picks it: what port 0 means). Used for the rendezvous
-    of simulated nodes, which must all be told the same port before any of them starts."""
+    """A TCP port free on 127.0.0.1 right now, for the rendezvous of simulated nodes, which must all be told the
+    same port before any of them starts. Taken below the kernel's ephemeral range where it can: a port the OS
+    hands out for port 0 is also the one it hands the next outgoing connection (gloo opens many), which can take
+    it in the second before torchrun binds it (seen once in CI: both agents failed to reach the store)."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(20000, low) if low > 21000 else 0
+        if 29000 <= port < 30000:
+            continue  # torch's defaults (29400 for c10d, 29500 for MASTER_PORT) live here: a test clashes on them
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 0 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def node_command(nnodes: int, node_rank: int, nproc: int, endpoint: str, rdzv_id: str, argv: list[str],

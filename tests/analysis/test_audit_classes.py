@@ -1088,6 +1088,17 @@ BN_NET = ("class Net(torch.nn.Module):\n    def __init__(self):\n        super()
 SEEDED_ARMS = ("def init_seeds(seed):\n    torch.manual_seed(seed)\n"
                "local_rank = int(os.environ.get('LOCAL_RANK', -1))\n"
                "if local_rank != -1:\n    init_seeds({seed})\nelse:\n    init_seeds(42)\nmodel = DDP(Net())\n")
+STATS_TRAINER = ("from collections import defaultdict\nclass Trainer:\n    def __init__(self):\n"
+                 "        self.model = DDP(Net())\n        self.stats = defaultdict(Meter)\n"
+                 "        self.tb = Writer() if rank == 0 else None\n"
+                 "    def update_stats(self, new_stats):\n        for name, val in new_stats.items():\n"
+                 "            self.stats[name].update(val)\n"
+                 "    def print_stats(self):\n        line = ''\n        for name, val in self.stats.items():\n"
+                 "            line += '%s: %.5f ' % (name, val.avg)\n        print(line)\n"
+                 "    def train(self, loader):\n        for x in loader:\n            loss, {comp} = self.model(x)\n"
+                 "            loss.backward()\n            opt.step()\n            self.update_stats({comp})\n"
+                 "            {log}\n")
+TB_WRITES = "if self.tb is not None: self.tb.write_epoch(self.stats)"
 CASES12 = [
     # `if dist.is_initialized():` is a distributed switch (Contriever's barriers)
     ("collective-outside-switch", "if dist.is_initialized():\n    dist.barrier()\n", "dist.barrier()\n",
@@ -1095,6 +1106,12 @@ CASES12 = [
     # so is a helper's `if not dist.is_initialized(): return x` before an autograd gather (Contriever's gather)
     ("collective-outside-switch", GATHERED.format(check="    if not dist.is_initialized():\n        return x\n"),
      GATHERED.format(check=""), SWITCHED_HEAD),
+    # the statistics returned beside the loss (`loss, stats = self.actor(data)`), handed to a method that fills
+    # `self.stats`, printed by another on every rank or written by a rank-0 writer's own method (OSTrack)
+    ("every-rank-prints-loss", STATS_TRAINER.format(comp="shape", log="self.print_stats()"),
+     STATS_TRAINER.format(comp="stats", log="self.print_stats()")),
+    ("rank0-local-loss", STATS_TRAINER.format(comp="shape", log=TB_WRITES),
+     STATS_TRAINER.format(comp="stats", log=TB_WRITES)),
     # `if dist.is_initialized(): return` before the set-up keeps it from running twice: the group always exists
     # (improved-diffusion's setup_dist), so a barrier needs no switch
     ("collective-outside-switch",

@@ -5,6 +5,7 @@ math.isfinite(loss): print(...); sys.exit(1)`) is no loss log."""
 from __future__ import annotations
 
 import ast
+import re
 
 from ..facts import Facts
 from ..project import Module
@@ -91,16 +92,7 @@ def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss. `seed`:
     the instance's records that other methods feed (`self.stats[k].append(loss.item())`)."""
     out = set(seed)
-    for c in ast.walk(scope):
-        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
-                "update", "append", "add_", "add", "put", "extend")):
-            continue
-        fed = [*c.args, *[k.value for k in c.keywords]]
-        keys = {k.arg or "" for k in c.keywords}
-        if any(LOSSISH.search(k) and not NOT_A_LOSS.search(k) for k in keys) or any(
-                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for v in fed for n in ast.walk(v)
-                if isinstance(n, (ast.Name, ast.Attribute))):
-            out.add(root(c.func.value))
+    out |= _fed_records(scope, out)
     # a record filled by key: `scalars_to_log['level_0/loss'] = rgb_loss.item()` (NeRF++), logged key by key
     for a in ast.walk(scope):
         if isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(
@@ -108,16 +100,19 @@ def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                 if isinstance(n, (ast.Name, ast.Attribute))) and not _loss_module(a.value):
             out |= {root(t.value) for t in a.targets if isinstance(t, ast.Subscript)
                     and not NOT_A_LOSS.search(root(t.value))}
-    # a line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`
-    for a in ast.walk(scope):
-        if isinstance(a, (ast.Assign, ast.AugAssign)) and _text_of(a.value) and any(
-                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or root(n) in out
-                for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
-            out |= {dotted(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
+    out |= _texts_of_losses(scope, out)
     # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
-    # losses, top1])` ... `progress.display(i)`; so does a list of the losses (`data = [('G', self.g_loss), ...]`)
+    # losses, top1])` ... `progress.display(i)`; so does a list of the losses (`data = [('G', self.g_loss), ...]`),
+    # the statistics returned beside the loss (`loss, stats = self.actor(data)`, OSTrack), and the values a loop
+    # takes out of a record (`for name, val in self.stats[split].items():`)
     for _ in range(2):
         for a in ast.walk(scope):
+            if isinstance(a, ast.Assign) and isinstance(a.targets[0], ast.Tuple):
+                names = [e.id for e in a.targets[0].elts if isinstance(e, ast.Name)]
+                if any(LOSSISH.search(n) and not NOT_A_LOSS.search(n) for n in names):
+                    out |= {n for n in names if STATISH.search(n)}
+            if isinstance(a, (ast.For, ast.comprehension)) and root(a.iter) in out - {""}:
+                out |= _values_taken(a)
             if isinstance(a, ast.Assign) and isinstance(a.value, (ast.List, ast.Tuple)) and any(
                     isinstance(n, (ast.Name, ast.Attribute)) and (root(n) in out or LOSSISH.search(root(n)) and
                                                                   not NOT_A_LOSS.search(root(n)))
@@ -128,7 +123,48 @@ def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                                                                                          a.value.keywords]]
                     for n in ast.walk(arg)):
                 out |= {dotted(t) for t in a.targets} - {""}
-    return out - {""}
+        out |= _fed_records(scope, out)
+    return (out | _texts_of_losses(scope, out)) - {""}
+
+
+def _values_taken(loop: ast.AST) -> set[str]:
+    """The loop names that hold a record's values: `v` in `for k, v in rec.items()` or `for v in rec.values()`;
+    not a key (`for k in rec:`), which names an entry and holds no loss."""
+    it = loop.iter
+    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute)):
+        return set()
+    if it.func.attr == "values":
+        return {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    if it.func.attr == "items" and isinstance(loop.target, ast.Tuple) and len(loop.target.elts) == 2:
+        return {n.id for n in ast.walk(loop.target.elts[1]) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _fed_records(scope: ast.AST, out: set[str]) -> set[str]:
+    """Records fed a loss, or a value taken out of a loss record: `meter.update(loss.item(), n)`,
+    `metric_logger.update(loss=loss_value)`, `self.stats[name].update(val)` in `for name, val in
+    new_stats.items()`."""
+    fed_to = set()
+    for c in ast.walk(scope):
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
+                "update", "append", "add_", "add", "put", "extend")):
+            continue
+        fed = [*c.args, *[k.value for k in c.keywords]]
+        keys = {k.arg or "" for k in c.keywords}
+        if any(LOSSISH.search(k) and not NOT_A_LOSS.search(k) for k in keys) or any(
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or isinstance(n, ast.Name) and n.id in out
+                for v in fed for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))):
+            fed_to.add(root(c.func.value))
+    return fed_to
+
+
+def _texts_of_losses(scope: ast.AST, out: set[str]) -> set[str]:
+    """A line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`, or
+    from a value a loop took out of a loss record (`print_str += '%s: %.5f' % (name, val.avg)`)."""
+    return {dotted(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and _text_of(a.value)
+            and any(LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or root(n) in out
+                    for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute)))
+            for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
 
 
 def _loss_module(v: ast.AST) -> bool:
@@ -136,13 +172,30 @@ def _loss_module(v: ast.AST) -> bool:
     return isinstance(v, ast.Call) and callee(v)[:1].isupper() and LOSSISH.search(callee(v)) is not None
 
 
+STATISH = re.compile(r"stat|log|info|metric|summar", re.I)
+
+
 def _instance_carriers(m: Module, scope: ast.AST) -> frozenset:
     """The `self.` records a method's class feeds a loss into anywhere (`self.stats[k].append(loss.item())` in the
-    step, printed by print_stats)."""
+    step, printed by print_stats), also through another method it hands a loss record to
+    (`self._update_stats(stats, n)`, whose parameter fills `self.stats`)."""
     cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
     if cls is None:
         return frozenset()
-    return frozenset(n for n in _loss_carriers(m.classes[cls]) if n.startswith("self."))
+    methods = {k.split(".", 1)[1]: fn for k, fn in m.functions.items() if k.startswith(cls + ".")}
+    seeds: dict[str, set[str]] = {name: set() for name in methods}
+    found: set[str] = set()
+    for _ in range(2):
+        for name, fn in methods.items():
+            held = _loss_carriers(fn, frozenset(seeds[name]) | frozenset(found))
+            found |= {n.split("[")[0] for n in held if n.startswith("self.")}  # self.stats[] is self.stats
+            for c in ast.walk(fn):  # self.meth(record, ...): the parameter that receives it holds the record
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self" \
+                        and c.func.attr in methods:
+                    params = [x.arg for x in methods[c.func.attr].args.args][1:]
+                    seeds[c.func.attr] |= {params[i] for i, a in enumerate(c.args)
+                                           if i < len(params) and root(a) in held}
+    return frozenset(found)
 
 
 def _instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
@@ -236,6 +289,16 @@ def _handed_to_a_writer(f: Facts, m: Module, c: ast.Call) -> bool:
     only rank 0 holds): the record writes itself into that log, as `tb_writer.add_scalar(...)` would."""
     return isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute)) and any(
         dotted(a) in f.g.objects.get(m.rel, ()) for a in [*c.args, *[k.value for k in c.keywords]])
+
+
+def _writer_writes(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`self.tensorboard_writer.write_epoch(self.stats, epoch)`: a write/log method of a logger object only rank
+    0 holds (a project writer class's own method): it logs what it is handed."""
+    return isinstance(c.func, ast.Attribute) and dotted(c.func.value) in f.g.objects.get(m.rel, ()) and \
+        WRITES.match(c.func.attr) is not None
+
+
+WRITES = re.compile(r"^(write|log|add_|record|track)")
 
 
 def _meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
@@ -365,7 +428,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     for c in m.calls:
         name = callee(c)
         handed = _handed_to_a_writer(f, m, c)
-        if name not in LOG_CALLS and not handed and not _meter_prints(f, m, c):
+        if name not in LOG_CALLS and not handed and not _writer_writes(f, m, c) and not _meter_prints(f, m, c):
             continue
         values = [*c.args, *[k.value for k in c.keywords if k.arg not in ("force", "file", "flush")]]
         values += [c.func.value] if handed else []
