@@ -628,6 +628,21 @@ def test_no_seed_at_the_setup_helpers_call_in_the_flow():
     for src, text in ((helper, "ddp_setup(rank, world_size)"), (inline, "dist.init_process_group('nccl')")):
         lines = [f.line for f in audit.audit_source(src) if f.rule == "no-seed"]
         assert len(lines) == 1 and src.splitlines()[lines[0] - 1].strip() == text, (lines, src)
+    # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: its related place
+    found = [f for f in audit.audit_source(helper) if f.rule == "no-seed"]
+    assert [n for _, n in found[0].related] == [8], found
+
+
+def test_a_log_over_several_lines_names_the_line_of_its_loss_value():
+    """`print(f"Epoch {epoch}, "\n f"Train MAE: {train_mae}")` by rank 0: the finding stays at the call and names
+    the line that holds the unreduced value as its related place (a reader, or SARIF, lands on the value)."""
+    src = DDP_HEAD + "torch.manual_seed(0)\nmodel = DDP(Net())\nfor epoch in range(3):\n" \
+        "    loss = model(x).mean()\n    loss.backward()\n    if rank == 0:\n" \
+        "        print(f'Epoch {epoch}, '\n              f'loss: {loss.item():.4f}')\n"
+    found = [f for f in audit.audit_source(src) if f.rule == "rank0-local-loss"]
+    lines = src.splitlines()
+    assert len(found) == 1 and lines[found[0].line - 1].strip().startswith("print("), found
+    assert [lines[n - 1].strip() for _, n in found[0].related] == ["f'loss: {loss.item():.4f}')"], found
 
 
 def test_a_helper_sampler_reported_in_the_script_only_where_its_epoch_loop_is(tmp_path):

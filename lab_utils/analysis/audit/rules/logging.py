@@ -9,7 +9,7 @@ import re
 
 from ..facts import Facts
 from ..project import Module
-from ..registry import rule
+from ..registry import Hit, rule
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee, const_str, dotted, kw, root
 
 ABORTS = {"exit", "_exit", "abort", "stop"}
@@ -506,9 +506,17 @@ def rank0_local_loss(f: Facts, m: Module):
             "through a print only rank 0's console shows (builtins.print replaced, or stdout silenced), "
         fed = _fed_at(m, c, lossy)
         at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
-        yield fed or c, (f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
-                         "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before "
-                         "logging")
+        yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
+                  "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
+                  related=() if fed is not None else _value_lines(m, c, lossy))
+
+
+def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
+    """A log call over several lines (`print(f"Epoch {epoch}, "\n f"Train MAE: {train_mae:.4f}")`): the line
+    that holds the loss value, as the finding's related place."""
+    names = {n.lineno: n for n in ast.walk(c) if isinstance(n, (ast.Name, ast.Attribute))
+             and dotted(n) in lossy and n.lineno != c.lineno}
+    return tuple((m, names[line]) for line in sorted(names)[:1])
 
 
 @rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "

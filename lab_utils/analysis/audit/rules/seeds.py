@@ -54,9 +54,12 @@ def no_seed(f: Facts, m: Module):
     if "torch" not in kinds:  # random and numpy seeded alone leave the model's init (torch's CPU RNG) unseeded
         what = "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
             "other" in kinds else "nothing seeds torch"
-        yield _setup_in_flow(f, m), (f"{what} (in this script or the helpers it calls): rank 0's initial weights "
-                                     "(which DDP broadcasts) and every draw differ from any single run, so the two "
-                                     "runs cannot be compared — torch.manual_seed(seed) before building the model")
+        # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
+        wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)]
+        yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
+                  "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
+                  "compared — torch.manual_seed(seed) before building the model",
+                  related=tuple(wraps[:1]))
 
 
 def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
