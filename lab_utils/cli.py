@@ -185,7 +185,8 @@ BENCHES = {"launch": "launch reliability and overhead", "samplers": "Distributed
            "noise": "where the float-noise margin comes from: the committed measurements, in envelopes",
            "late": "bugs that start late: the whole-run envelope vs the windows, and the replay's cost",
            "ops": "doctor --ops over the port-bug suite: the first operation where each port parts",
-           "speed": "after parity: compile, TF32, fused AdamW, buckets, overlap: ms/step, speed-up, tier vs eager"}
+           "speed": "after parity: compile, TF32, fused AdamW, buckets, overlap: ms/step, speed-up, tier vs eager",
+           "audit": "ddp-lab audit's time per project on the corpus and held-out copies, slowest first"}
 
 
 def _cmd_bench(args) -> int:

@@ -147,7 +147,8 @@ CASES4 = [
      "    out = [torch.zeros_like(n) for _ in range(world_size)]\n    dist.all_gather(out, n)\n"
      "    return torch.cat(out)\n",
      "def feats(t):\n    n = head(t)\n    out = [torch.zeros_like(n) for _ in range(world_size)]\n"
-     "    dist.all_gather(out, n)\n    return torch.cat(out)\n"),
+     "    dist.all_gather(out, n)\n    return torch.cat(out)\n"
+     "for x in loader:\n    (head(x) @ feats(x).T).mean().backward()\n"),  # (a helper no one calls: batch 13)
     # narrow recogniser: the fixed port sits in an option's default on this host, handed on as init_method; a
     # remote address as default has to be replaced before anything runs
     ("hard-coded-master-port",
@@ -900,7 +901,8 @@ def test_one_defect_in_a_helper_and_a_script_is_one_finding_naming_both(tmp_path
     })
     found = [f for f in audit.audit_paths([root]) if f.rule in ("set-epoch-missing", "eval-padding-duplicates")]
     where = sorted((f.rule, Path(f.path).name, f.line, tuple((Path(p).name, n) for p, n in f.related)) for f in found)
-    assert where == [("eval-padding-duplicates", "train.py", 8, (("data.py", 5),)),
+    # (the evaluation loop's reduction that counts the duplicates is the eval finding's second place)
+    assert where == [("eval-padding-duplicates", "train.py", 8, (("data.py", 5), ("train.py", 12))),
                      ("set-epoch-missing", "train.py", 7, (("data.py", 4),))], where
     sarif = json.loads(audit.to_sarif(found))["runs"][0]["results"]
     assert all(r["relatedLocations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith("data.py")
@@ -1178,11 +1180,107 @@ CASES12 = [
 ]
 
 
+def test_batch13_project_classes(tmp_path):
+    """Batch 13's classes that need several files: a model handed to the function that wraps it (TransReID's
+    do_train(cfg, model, ...)); a loader builder no audited script imports, with set_epoch in the script that
+    reaches it through a missing module, and a `training` parameter that makes it build the evaluation split too
+    (UniAD); a helper reached through `from utils import *` (CasMVSNet's reduce_scalar_outputs); a library's
+    demo under its main guard (CasMVSNet's models/module.py)."""
+    files = {
+        "model.py": ("import torch\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                     "        self.bn = torch.nn.BatchNorm1d(4)\n    def forward(self, x):\n        return self.bn(x)\n"
+                     "def make_model():\n    return Net()\n"),
+        "processor.py": ("import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+                         "def do_train(cfg, model, loader):\n    model = DDP(model)\n    for x in loader:\n"
+                         "        model(x).sum().backward()\n"),
+        "data.py": ("from torch.utils.data import DataLoader, DistributedSampler\n"
+                    "def build_loader(ds, training, distributed=True):\n    sampler = DistributedSampler(ds)\n"
+                    "    return DataLoader(ds, sampler=sampler)\n"),
+        "utils.py": ("import torch.distributed as dist\ndef reduce_scalars(t):\n    dist.all_reduce(t)\n"
+                     "    return t\n"),
+        "demo.py": ("import torch\nfrom torch.utils.data import DataLoader\ndef helper(x):\n    return x\n"
+                    "if __name__ == '__main__':\n    dl = DataLoader(list(range(4)))\n    item = next(iter(dl))\n"),
+        "train.py": ("import torch, torch.distributed as dist\nfrom model import make_model\n"
+                     "from processor import do_train\n"
+                     "from builder import build_dataloader\nfrom utils import *\nfrom demo import helper\n"
+                     "dist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+                     "train_loader, val_loader = build_dataloader(cfg)\nmodel = make_model()\n"
+                     "def test_step(model, x):\n    return reduce_scalars(model(x).mean())\n"
+                     "def validate(model):\n    for x in val_loader:\n        test_step(model, x)\n"
+                     "for epoch in range(3):\n    train_loader.sampler.set_epoch(epoch)\n"
+                     "    do_train(cfg, model, train_loader)\n    validate(model)\n"),
+    }
+    root = _project(tmp_path, files)
+    found = {(f.rule, Path(f.path).name, f.line) for f in audit.audit_paths([root])}
+    assert ("batchnorm-without-sync", "processor.py", 4) in found, found
+    assert ("eval-padding-duplicates", "data.py", 3) in found, found  # the reduction reached through the star
+    assert not {r for r, name, _ in found if name == "demo.py"}, found  # the demo never runs under DDP
+    assert not {r for r, _, _ in found} & {"set-epoch-missing", "peek-iterator"}, found
+
+SAVES_BY_SWITCH = ("model = DDP(Net())\nfor epoch in range(3):\n    model(x).sum().backward()\n"
+                   "    if cfg.MODEL.{flag}:\n        if dist.get_rank() == 0:\n"
+                   "            torch.save(model.state_dict(), 'm.pth')\n    else:\n"
+                   "        torch.save(model.state_dict(), 'm.pth')\n")
+LEAKY_SAVE = ("import argparse\nparser = argparse.ArgumentParser()\n"
+              "parser.add_argument('--multiprocessing-distributed', action='store_true')\nargs = parser.parse_args()\n"
+              "is_distributed = world_size > 1\nmodel = DDP(Net())\nfor epoch in range(3):\n"
+              "    model(x).sum().backward()\n    if (not {flag}) or (dist.get_rank() == 0):\n"
+              "        torch.save(model.state_dict(), 'm.pth')\n")
+NAMED_LOGGER = ("import logging, sys\ndef setup_logger(name):\n    logger = logging.getLogger(name)\n"
+                "    ch = logging.StreamHandler(stream=sys.stdout)\n    logger.addHandler(ch)\n    return logger\n"
+                "{setup}\nlogger = logging.getLogger('reid.train')\nmodel = DDP(Net())\nfor x in loader:\n"
+                "    loss = model(x).sum()\n    loss.backward()\n    logger.info(f'loss {{loss.item():.3f}}')\n")
+BN_NET = ("class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+          "        self.bn = torch.nn.BatchNorm2d(3)\n    def forward(self, x):\n        return self.bn(x)\n")
+EVAL_ONLY = ("model = DDP(Net())\nmodel.load_state_dict(torch.load('m.pth', map_location='cpu'))\nmodel.eval()\n"
+             "with torch.no_grad():\n    for x in loader:\n        print(model(x).mean())\n")
+GATHER_HELPER = ("def cat_all(t):\n    out = [torch.zeros_like(t) for _ in range(world_size)]\n"
+                 "    dist.all_gather(out, t)\n    return torch.cat(out)\nmodel = DDP(Net())\nfor x in loader:\n"
+                 "    z = model(x)\n    loss = {loss}\n    loss.backward()\n")
+WRITER_CLASS = ("from torch.utils.tensorboard import SummaryWriter\ndef can_log():\n    return dist.get_rank() == 0\n"
+                "class DistWriter(SummaryWriter):\n    def add_scalar(self, *a, **k):\n{body}"
+                "def get_logger(d):\n    logger = DistWriter(d)\n    return logger\nwriter = get_logger('runs')\n"
+                "model = DDP(Net())\nfor step, x in enumerate(loader):\n    loss = model(x).sum()\n"
+                "    loss.backward()\n    writer.add_scalar('loss', loss.item(), step)\n")
+HOOK_AFTER = ("def inference(net, x):\n    return net(x)\ndef train_step(net, x):\n    net(x).sum().backward()\n"
+              "def calc_loss(out, writer, step):\n    loss = out.sum()\n    writer.add_scalar('loss', loss, step)\n"
+              "    return loss\nwriter = SummaryWriter() if rank == 0 else None\nmodel = DDP(Net())\n"
+              "def train(loader):\n    for step, x in enumerate(loader):\n{body}train(loader)\n")
+
+CASES13 = [
+    # the else of a distributed switch named DIST_TRAIN is the one-process run (TransReID's save)
+    ("save-on-every-rank", SAVES_BY_SWITCH.format(flag="DIST_TRAIN"), SAVES_BY_SWITCH.format(flag="WARMUP")),
+    # `not is_distributed or rank == 0` with is_distributed from the world size is no leaky guard (CasMVSNet);
+    # with a launcher option that torchrun never sets, it is
+    ("save-on-every-rank", LEAKY_SAVE.format(flag="is_distributed"),
+     LEAKY_SAVE.format(flag="args.multiprocessing_distributed")),
+    # a logger named below one that a helper gives a console on every rank (TransReID's transreid.train)
+    ("every-rank-prints-loss", NAMED_LOGGER.format(setup="if rank == 0:\n    setup_logger('reid')"),
+     NAMED_LOGGER.format(setup="setup_logger('reid')")),
+    # a script that only evaluates loaded weights owes no seed and no SyncBatchNorm (UFLD's test.py)
+    ("no-seed", EVAL_ONLY, EVAL_ONLY + "for x in loader:\n    model(x).sum().backward()\n", DDP_HEAD),
+    ("batchnorm-without-sync", BN_NET + EVAL_ONLY, BN_NET + EVAL_ONLY + "for x in loader:\n"
+     "    model(x).sum().backward()\n"),
+    # a gather helper nobody calls here is its callers' business (UFLD's dist_cat_reduce_tensor); in the loss,
+    # it is a finding
+    ("gather-without-grad", GATHER_HELPER.format(loss="z.sum()"),
+     GATHER_HELPER.format(loss="(z @ cat_all(z).T).mean()")),
+    # a writer class whose every method writes under a rank-0 test, made by a factory (UFLD's DistSummaryWriter)
+    ("rank0-local-loss", WRITER_CLASS.format(body="        super().add_scalar(*a, **k)\n"),
+     WRITER_CLASS.format(body="        if can_log():\n            super().add_scalar(*a, **k)\n")),
+    # a loss hook after a forward named `inference` that the loop's backward follows is training (UFLD's
+    # calc_loss); after an evaluation that ends the loop's work it is not (WeNet's)
+    ("rank0-local-loss", HOOK_AFTER.format(body="        train_step(model, x)\n        out = inference(model, x)\n"
+                                                "        calc_loss(out, writer, step)\n"),
+     HOOK_AFTER.format(body="        out = inference(model, x)\n        loss = calc_loss(out, writer, step)\n"
+                            "        loss.backward()\n")),
+]
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
                "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11,
-               "batch11-misses": CASES11_MISSES, "batch12": CASES12}
+               "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

@@ -249,24 +249,24 @@ class Facts:
             self.cache["samplers"] = out
         return self.cache["samplers"]
 
-    def eval_loop_reduces(self) -> bool:
-        """Some evaluation loop of the project reduces over ranks: a loop over a val/test loader, or any loop of a
-        function named so (evaluate(), validate()), with a collective in it or in a helper it calls."""
+    def eval_loop_reduces(self) -> list[tuple[Module, ast.Call]]:
+        """Where some evaluation loop of the project reduces over ranks (empty when none does): a loop over a
+        val/test loader, or any loop of a function named so (evaluate(), validate()), with a collective in it or
+        in a helper it calls, or in one that helper calls (`test_sample_depth` -> `reduce_scalar_outputs`)."""
         if "eval_reduces" in self.cache:
             return self.cache["eval_reduces"]
-        out = False
+        out = []
         for mm in self.p.modules.values():
             for f in mm.functions.values():
                 if not any(isinstance(n, ast.For) and (EVALISH.search(f.name) or EVALISH.search(ast.unparse(n.iter))
                                                         and not _dict_view(n.iter)) for n in ast.walk(f)):
                     continue
-                if any(isinstance(n, ast.Call) and (
+                out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
                         callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
-                        any(self.p.function_does(tm, tf, lambda m2, cc: callee(cc) in ("all_reduce", "reduce"), 1)
-                            for tm, tf in self.p.resolve(mm, n))) for n in ast.walk(f)):
-                    out = True
-        self.cache["eval_reduces"] = out
-        return out
+                        any(self.p.function_does(tm, tf, lambda m2, cc: callee(cc) in ("all_reduce", "reduce"), 2)
+                            for tm, tf in self.p.resolve(mm, n)))]
+        self.cache["eval_reduces"] = sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
+        return self.cache["eval_reduces"]
 
     def all_names(self) -> set[str]:
         """Every attribute and name leaf in the project (`no_sync`, `SyncBatchNorm` used anywhere)."""
@@ -495,9 +495,13 @@ class Facts:
                         self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2)
                         for tm, tf in self.p.resolve(cm, n)) for n in ast.walk(loop)) and not any(
                         isinstance(n, ast.Call) and n.lineno < call.lineno and any(
-                            self._evaluates(tm, tf) for tm, tf in self.p.resolve(cm, n)) for n in ast.walk(loop)):
-                    cache[id(fn)] = True  # (a hook after an evaluation in the loop, WeNet's log_per_epoch after
-                    break                 # executor.cv, may log what that evaluation returned)
+                            self._evaluates(tm, tf) for tm, tf in self.p.resolve(cm, n)) and not any(
+                            steps(x) and x.lineno > n.lineno for x in ast.walk(loop)) for n in ast.walk(loop)):
+                    # (a hook after an evaluation that ends the loop's work, WeNet's log_per_epoch after
+                    # executor.cv, may log what that evaluation returned; a forward named `inference` that the
+                    # loop's backward follows is training)
+                    cache[id(fn)] = True
+                    break
         return cache[id(fn)]
 
     @staticmethod

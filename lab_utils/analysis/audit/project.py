@@ -87,6 +87,7 @@ class Module:
                     if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         self.functions[f"{n.name}.{m.name}"] = m
         self.imports: dict[str, tuple[str, str | None, int]] = {}   # local name -> (module, attr, level)
+        self.stars: list[tuple[str, int]] = []                       # `from mod import *`: (module, level)
         for n in self.nodes:
             if isinstance(n, ast.Import):
                 for a in n.names:
@@ -94,7 +95,10 @@ class Module:
                                                                       None, 0)
             elif isinstance(n, ast.ImportFrom):
                 for a in n.names:
-                    self.imports[a.asname or a.name] = (n.module or "", a.name, n.level)
+                    if a.name == "*":  # `from utils import *`: Project._expand_stars names what it brings
+                        self.stars.append((n.module or "", n.level))
+                    else:
+                        self.imports[a.asname or a.name] = (n.module or "", a.name, n.level)
         self.entry = self._is_entry()
         self.rank_tainted = self._taint()
 
@@ -164,10 +168,11 @@ class Project:
         queue = list(self.modules.values())
         while queue:  # follow imports that resolve inside root
             m = queue.pop()
-            for mod, attr, level in m.imports.values():
+            for mod, attr, level in [*m.imports.values(), *((mod, None, level) for mod, level in m.stars)]:
                 for target in self._candidates(m, mod, attr, level):
                     if target.exists() and str(self._rel(target)) not in self.modules:
                         queue.append(self._load(target))
+        self._expand_stars()
         # every module is loaded: module_for's answer for (module, name) can no longer change
         self._module_for_cache: dict[tuple[str, str], Module | None] = {}
         self.ddp = any(self.mentions_ddp(m) for m in self.modules.values())
@@ -175,6 +180,25 @@ class Project:
         self._instance_cache: dict[tuple[str, str], tuple[Module, ast.ClassDef] | None] = {}
         self._imports_cache: dict[str, set[str]] = {}
         self._taint_parameters()
+        self._resolve_cache: dict[tuple[str, int, bool], list] = {}  # every module's taint is known now
+
+    def _expand_stars(self):
+        """`from utils import *` (CasMVSNet's train.py): each public function, class and import of the project
+        module it names becomes an import of that name, as `from utils import reduce_scalar_outputs` would. Two
+        rounds, for a package whose __init__.py star-imports its modules."""
+        for _ in range(2):
+            for m in self.modules.values():
+                for mod, level in m.stars:
+                    m.imports["*"] = (mod, None, level)
+                    target = self._module_for(m, "*")
+                    del m.imports["*"]
+                    if target is None:
+                        continue
+                    names = [n for n in [*target.functions, *target.classes, *target.imports]
+                             if "." not in n and not n.startswith("_")]
+                    for name in names:
+                        if name not in m.functions and name not in m.classes and name not in m.imports:
+                            m.imports[name] = (mod, name, level)
 
     @classmethod
     def single(cls, module: Module) -> Project:
@@ -185,6 +209,7 @@ class Project:
         project._reach_cache, project._imports_cache, project._instance_cache = {}, {}, {}
         project._folders = []  # no folder on disk to look for source roots in
         project._taint_parameters()
+        project._resolve_cache = {}
         return project
 
     def _taint_parameters(self):
@@ -369,7 +394,17 @@ class Project:
     # --- calls between functions
     def resolve(self, m: Module, call: ast.Call, exact: bool = False) -> list[tuple[Module, ast.AST]]:
         """The project functions a call may run: local defs, imported defs, `module.f`, `self.f`, `Class(...)`
-        (every method of the class; with `exact`, only its __init__)."""
+        (every method of the class; with `exact`, only its __init__). Cached once the project is built: the
+        rules ask about the same calls many times (callers() asks about every call)."""
+        cache = getattr(self, "_resolve_cache", None)
+        if cache is None:
+            return self._resolve(m, call, exact)
+        key = (m.rel, id(call), exact)
+        if key not in cache:  # the call is kept with its answer: a rule's throwaway ast.Call cannot reuse its id
+            cache[key] = (call, self._resolve(m, call, exact))
+        return cache[key][1]
+
+    def _resolve(self, m: Module, call: ast.Call, exact: bool) -> list[tuple[Module, ast.AST]]:
         f = call.func
         out: list[tuple[Module, ast.AST]] = []
 
@@ -508,12 +543,20 @@ class Project:
         return [(m, c) for m, f in self.nodes(keys) for c in ast.walk(f) if isinstance(c, ast.Call)]
 
     def callers(self, m: Module, fn: ast.AST) -> list[tuple[Module, ast.Call]]:
-        out = []
-        for cm in self.modules.values():
-            for c in cm.calls:
-                if any(tf is fn for _, tf in self.resolve(cm, c, exact=True)):
-                    out.append((cm, c))
-        return out
+        """The project calls that may run `fn` (every module's calls, resolved once into an index)."""
+        index = getattr(self, "_callers_index", None)
+        if index is None:
+            index = {}
+            for cm in self.modules.values():
+                for c in cm.calls:
+                    for _, tf in self.resolve(cm, c, exact=True):
+                        sites = index.setdefault(id(tf), [])
+                        if not sites or sites[-1][1] is not c:
+                            sites.append((cm, c))
+            if getattr(self, "_resolve_cache", None) is None:
+                return list(index.get(id(fn), []))  # still building: do not keep a partial answer
+            self._callers_index = index
+        return list(index.get(id(fn), []))
 
     def function_does(self, m: Module, fn: ast.AST, pred, depth: int = 4) -> bool:
         """Whether fn, or a project function it calls (to `depth`), has a call satisfying pred(module, call)."""

@@ -61,7 +61,42 @@ class Guards:
                         isinstance(b.value, ast.Call) and self.kind(m, b) == "rank0") for b in m.nodes
                     if isinstance(b, ast.Assign) and len(b.targets) == 1):
                 out.add(name)  # (another arm building it under the same guard, VALL-E's two SummaryWriters, too)
+            elif isinstance(v, ast.Call) and self._builds_rank0_writer(m, v):
+                out.add(name)
         return out
+
+    def _builds_rank0_writer(self, m: Module, c: ast.Call, depth: int = 2) -> bool:
+        """`logger = DistSummaryWriter(work_dir)`, or a factory returning one (`logger = get_logger(work_dir,
+        cfg)`): a project class whose every own method does its work under a rank-0 test (`def add_scalar(self,
+        *a): if can_log(): super().add_scalar(*a)`). Every rank holds the object, but only rank 0's writes."""
+        for tm, tf in self.p.resolve(m, c):
+            cls = tm.class_of(tf)
+            if cls is not None:
+                if self._rank0_writer_class(tm, tm.classes[cls]):
+                    return True
+                continue
+            if depth == 0 or not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            made = {dotted(t): a.value for a in ast.walk(tf) if isinstance(a, ast.Assign)
+                    and isinstance(a.value, ast.Call) for t in a.targets}
+            rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
+            if rets and all(isinstance(r, ast.Call) and self._builds_rank0_writer(tm, r, depth - 1) or
+                            dotted(r) in made and self._builds_rank0_writer(tm, made[dotted(r)], depth - 1)
+                            for r in rets):
+                return True
+        return False
+
+    def _rank0_writer_class(self, m: Module, cls: ast.ClassDef) -> bool:
+        cache = self.__dict__.setdefault("_writer_classes", {})
+        if id(cls) not in cache:
+            methods = [d for d in cls.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and not d.name.startswith("_")]
+            def rank0_body(fn):
+                body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+                return len(body) == 1 and isinstance(body[0], ast.If) and not body[0].orelse and \
+                    self.classify(m, body[0].test) == "rank0"
+            cache[id(cls)] = bool(methods) and all(rank0_body(fn) for fn in methods)
+        return cache[id(cls)]
 
     def _hand_down_objects(self):
         """A rank-0 object handed down: `train_epoch(..., batch_logger, tb_writer)` where every project call passes
@@ -123,6 +158,11 @@ class Guards:
                     "leaky" if "leaky" in kinds else None
             negated = [v for v in t.values if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not)
                        and not involves_rank(v, m.rank_tainted)]
+            if "rank0" in kinds and negated and all(_set_by_launch(m, v.operand) for v in negated):
+                # `not is_distributed or rank == 0` with `is_distributed = num_gpus > 1` (from WORLD_SIZE): true
+                # in every launched run, so rank 0 alone passes; only a launcher option (`not
+                # args.multiprocessing_distributed or ...`, off under torchrun) leaks
+                return "rank0"
             if "rank0" in kinds and negated:
                 return "leaky"
             return "rank0" if kinds and all(k == "rank0" for k in kinds) else \
@@ -229,6 +269,18 @@ class Guards:
 
 
 
+def _set_by_launch(m: Module, flag: ast.AST) -> bool:
+    """A distributed switch computed from what the launcher sets (`is_distributed = num_gpus > 1`, `ddp =
+    int(os.environ.get("RANK", -1)) != -1`, `dist.is_initialized()`), not an option the user passes."""
+    if isinstance(flag, ast.Call):
+        return group_check(flag)
+    name = dotted(flag)
+    values = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)]
+    return bool(name) and bool(values) and all(
+        is_switch_value(v) or group_check(v) or isinstance(v, ast.Compare) and involves(v, WORLDISH)
+        for v in values)
+
+
 GROUP_CHECKS = re.compile(r"^(is_initialized|is_available)$")
 
 
@@ -304,3 +356,25 @@ def switched(p: Project, m: Module, node: ast.AST, depth: int = 2) -> ast.AST | 
     sites = p.callers(m, fn) if fn is not None else []
     tests = [switched(p, cm, c, depth - 1) for cm, c in sites]
     return tests[0] if tests and all(t is not None for t in tests) else None
+
+
+def one_process_arm(m: Module, node: ast.AST) -> bool:
+    """`node` runs only where the run is not distributed (Lightweight GAN's `if self.syncbatchnorm and not
+    self.is_ddp:` group of one process, or the else of `if args.distributed:` / `if cfg.MODEL.DIST_TRAIN:`): one
+    process, so no ranks meet there (a port) and no other rank writes the same file (a save)."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If):
+            tests = n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test]
+            negated = any(isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and switch_flag(t.operand)
+                          for t in tests)
+            if negated and any(child is s for s in n.body) or switch_flag(n.test) and any(
+                    child is s for s in n.orelse):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def switch_flag(t: ast.AST) -> bool:
+    """A bare distributed flag (`args.distributed`, `self.is_ddp`); not a comparison, whose else may be either."""
+    return isinstance(t, (ast.Name, ast.Attribute)) and involves(t, DIST_SWITCH)

@@ -10,6 +10,7 @@ from ..facts import Facts
 from ..project import Module
 from ..ranks import is_switch_test
 from ..registry import Hit, rule
+from ..scripts import evaluation_script
 from ..syntax import callee, const_str, dotted, kw, root
 
 
@@ -19,6 +20,8 @@ def batchnorm_without_sync(f: Facts, m: Module):
     if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry) and not any(
             f.is_ddp_call(m, c) for c in m.calls):
         return  # a library no audited script runs, and that wraps no model itself: its scripts decide
+    if m.entry and evaluation_script(f, m):
+        return  # a test script: BatchNorm in eval mode uses its running statistics, the same on every rank
     related = f.p.related(m)
     bns = [c for c in m.calls if _is_batchnorm(m, c)] if m.entry else []
     converts = [c for c in m.calls if callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model")]
@@ -117,11 +120,39 @@ def _wrapped_batchnorm(f: Facts, m: Module):
             if bn is not None:
                 return w, bn
         if isinstance(arg, ast.Name):
-            for built in _built_from(m, w, arg.id):
-                bn = _factory_batchnorm(f, m, built)
+            for bm, built in [(m, b) for b in _built_from(m, w, arg.id)] + _built_by_callers(f, m, w, arg.id):
+                cls = [(tm, tm.classes[tm.class_of(tf)]) for tm, tf in f.p.resolve(bm, built) if tm.class_of(tf)]
+                bn = _class_batchnorm(f, *cls[0]) if cls else _factory_batchnorm(f, bm, built)
                 if bn is not None:
                     return w, bn
     return None, None
+
+
+def _class_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
+    """(module, BatchNorm call) reached from any method of a project class, or None."""
+    keys = set()
+    for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        keys |= f.p.reach(cm, meth)
+    return next(((mm, c) for mm, c in f.p.calls_in(keys) if _is_batchnorm(mm, c)), None)
+
+
+def _built_by_callers(f: Facts, m: Module, w: ast.Call, name: str) -> list[tuple[Module, ast.Call]]:
+    """The model a function wraps is its parameter (`def do_train(cfg, model, ...): model = DDP(model)`): the
+    calls that built the argument its callers hand in (`model = make_model(cfg)` in train.py)."""
+    fn = m.enclosing(w)
+    if fn is None or isinstance(fn, ast.ClassDef) or name not in [a.arg for a in fn.args.args]:
+        return []
+    if any(isinstance(a, ast.Assign) and a.lineno < w.lineno and any(
+            isinstance(t, ast.Name) and t.id == name for t in a.targets) for a in ast.walk(fn)):
+        return []  # rebound in the function before the wrap: _built_from looked there
+    i = [a.arg for a in fn.args.args].index(name)
+    out = []
+    for cm, c in f.p.callers(m, fn):
+        j = i - 1 if fn.args.args[0].arg in ("self", "cls") else i  # a method: self is not in the call's args
+        given = next((k.value for k in c.keywords if k.arg == name), c.args[j] if 0 <= j < len(c.args) else None)
+        if isinstance(given, ast.Name):
+            out += [(cm, b) for b in _built_from(cm, c, given.id)]
+    return out
 
 
 def _built_from(m: Module, w: ast.Call, name: str) -> list[ast.Call]:

@@ -8,8 +8,9 @@ import re
 
 from ..facts import Facts
 from ..project import Module
+from ..ranks import one_process_arm
 from ..registry import Hit, rule
-from ..syntax import ACCUMISH, BATCHISH, DIST_SWITCH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
+from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
 LOOPBACK_PORT = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):\d+")
@@ -185,7 +186,8 @@ def gather_without_grad(f: Facts, m: Module):
                           "the gradient through the gathered copy, so at 2 ranks the step is a fraction of the single "
                           "run's — torch.distributed.nn.functional.all_gather keeps it"),
                       related=tuple(_loss_callers(f, m, fn)))
-        elif not _callers_never_step(f, m, fn):
+        elif fn is not None and f.p.callers(m, fn) and not _callers_never_step(f, m, fn):
+            # a helper nobody in these files calls (a utility module's gather of metrics) is judged by its callers
             yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
                       "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
@@ -273,27 +275,6 @@ def _env_fallback(m: Module, node: ast.Assign) -> bool:
     return False
 
 
-def _one_process_arm(m: Module, node: ast.AST) -> bool:
-    """The port is set only where the run is not distributed (Lightweight GAN's `if self.syncbatchnorm and not
-    self.is_ddp:` group of one process, or the else of `if args.distributed:`): no ranks meet there."""
-    child, n = node, m.parent.get(id(node))
-    while n is not None and not isinstance(n, ast.Module):
-        if isinstance(n, ast.If):
-            tests = n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test]
-            negated = any(isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and _switch_flag(t.operand)
-                          for t in tests)
-            if negated and any(child is s for s in n.body) or _switch_flag(n.test) and any(
-                    child is s for s in n.orelse):
-                return True
-        child, n = n, m.parent.get(id(n))
-    return False
-
-
-def _switch_flag(t: ast.AST) -> bool:
-    """A bare distributed flag (`args.distributed`, `self.is_ddp`); not a comparison, whose else may be either."""
-    return isinstance(t, (ast.Name, ast.Attribute)) and involves(t, DIST_SWITCH)
-
-
 @rule("hard-coded-master-port", "09_launching", "a fixed rendezvous port (MASTER_PORT or a tcp:// init_method) with "
       "no environment fallback: a second job on the host collides on it")
 def hard_coded_master_port(f: Facts, m: Module):
@@ -302,7 +283,7 @@ def hard_coded_master_port(f: Facts, m: Module):
             if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), (ast.Name, ast.Attribute))}
     reported: set[str] = set()
     for a in sorted((a for a in m.nodes if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
-        if _env_fallback(m, a) or _one_process_arm(m, a):
+        if _env_fallback(m, a) or one_process_arm(m, a):
             continue
         sets_port = any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets)
         if sets_port and const_str(a.value) is not None:

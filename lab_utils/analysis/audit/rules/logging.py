@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
+from ..consoles import rank0_loggers, root_console_on_stdout, root_logger_on_every_rank
 from ..facts import Facts
 from ..project import Module
 from ..registry import Hit, rule
@@ -265,25 +266,6 @@ def _keyed_not_loss(values: list, name: str) -> bool:
     return bool(reads) and len(keys) == len(reads) and all(k and not LOSSISH.search(k) for k in keys)
 
 
-def _rank0_loggers(f: Facts, m: Module) -> set[str]:
-    """Loggers whose console output only rank 0 has, whatever their names: `logger = create_logger(out,
-    dist_rank=dist.get_rank())` where the project helper adds its StreamHandler (or basicConfig) under a rank-0
-    guard. Every rank calls logger.info(...), but what the user reads is rank 0's."""
-    cache = f.cache.setdefault("rank0_loggers", {})
-    if m.rel not in cache:
-        out = set()
-        for a in m.nodes:
-            if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)):
-                continue
-            for tm, tf in f.p.resolve(m, a.value):
-                consoles = [c for c in ast.walk(tf) if isinstance(c, ast.Call)
-                            and callee(c) in ("StreamHandler", "basicConfig")]
-                if consoles and all(f.g.effective(tm, c) == "rank0" for c in consoles):
-                    out |= {dotted(t) for t in a.targets} - {""}
-        cache[m.rel] = out
-    return cache[m.rel]
-
-
 def _handed_to_a_writer(f: Facts, m: Module, c: ast.Call) -> bool:
     """`loss_info.write_summary(tb_writer, "train/", step)`: a record's own method handed a logger object (one that
     only rank 0 holds): the record writes itself into that log, as `tb_writer.add_scalar(...)` would."""
@@ -495,7 +477,7 @@ def rank0_local_loss(f: Facts, m: Module):
         forced = kw(c, "force")
         prints = callee(c) == "print" or _meter_prints(f, m, c) == "print"
         console0 = kind is None and isinstance(c.func, ast.Attribute) and (
-            dotted(c.func.value) in _rank0_loggers(f, m) or _root_console_on_stdout(f, m, c))
+            dotted(c.func.value) in rank0_loggers(f, m) or root_console_on_stdout(f, m, c))
         if not (kind == "rank0" or console0 or (prints and f.print_override and kind is None and not forced)):
             continue
         block, where = _guard_block(m, c), (m.enclosing(c), frozenset(lossy))
@@ -523,56 +505,7 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
       "numbers, none of them the global batch's")
 def every_rank_prints_loss(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
-        if kind is None and (callee(c) == "print" and not f.print_override or _root_logger_on_every_rank(f, m, c)):
+        if kind is None and (callee(c) == "print" and not f.print_override or root_logger_on_every_rank(f, m, c)):
             yield c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
                       f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global batch's "
                       "loss — all_reduce it, then log on rank 0")
-
-
-def _root_console_on_stdout(f: Facts, m: Module, c: ast.Call) -> bool:
-    """`logging.info(...)` through a root logger whose every basicConfig writes to sys.stdout, which the other
-    ranks sent to /dev/null (ParallelWaveGAN): the console shows rank 0's lines alone."""
-    configs = [b for mm in f.p.modules.values() for b in mm.calls if callee(b) == "basicConfig"]
-    return f.stdout_silenced and dotted(c.func.value) == "logging" and bool(configs) and all(
-        dotted(kw(b, "stream")) == "sys.stdout" for b in configs)
-
-
-def _root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
-    """`logging.info(...)` through the root logger, which every process sets up alike (its basicConfig is under
-    no rank guard): each rank's line reaches the console, as print's would."""
-    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("info", "warning", "debug", "log", "error",
-                                                                   "critical")):
-        return False
-    if _root_console_on_stdout(f, m, c):
-        return False
-    if dotted(c.func.value) != "logging":
-        return isinstance(c.func.value, ast.Name) and _holds_root_logger(m, c, c.func.value.id) and \
-            c.func.value.id not in _rank0_loggers(f, m) and _root_console_on_every_rank(f)
-    return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
-                   for mm in f.p.modules.values() for b in mm.calls)
-
-
-def _holds_root_logger(m: Module, c: ast.Call, name: str) -> bool:
-    """`logger = getLogger()` at the top of the module or in the log's function: the root logger, or a named one
-    that propagates its records to the root's handlers."""
-    fn = m.enclosing(c)
-    return any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and isinstance(
-        a.value, ast.Call) and callee(a.value) == "getLogger"
-        for a in [*m.tree.body, *(ast.walk(fn) if fn is not None else [])])
-
-
-def _root_console_on_every_rank(f: Facts) -> bool:
-    """A project helper gives the root logger a console handler under no rank guard (`console =
-    logging.StreamHandler()` ... `logger = logging.getLogger(); logger.addHandler(console)` in a create_logger
-    every rank calls): each rank's lines reach the console."""
-    for mm in f.p.modules.values():
-        for fn in mm.functions.values():
-            roots = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                     and callee(a.value) == "getLogger" and not a.value.args for t in a.targets}
-            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                        and callee(a.value) == "StreamHandler" for t in a.targets}
-            if any(isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute) and
-                   dotted(c.func.value) in roots and c.args and dotted(c.args[0]) in consoles and
-                   f.g.effective(mm, c) is None for c in ast.walk(fn)):
-                return True
-    return False

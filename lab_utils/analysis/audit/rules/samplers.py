@@ -42,8 +42,13 @@ def _sampler_context(f: Facts, m: Module):
     made = [c for c in _made(f, m) if _order_matters(m, c)]
     if not made or not any(mm.entry for mm in f.p.modules.values()):
         return None
-    # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's
-    return made, [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "set_epoch"]
+    # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's. When no
+    # audited script imports this module (the builder between them is not in these files: `build_dataloader` from
+    # a data_builder module that is absent), any script's set_epoch may be this sampler's.
+    related = f.p.related(m)
+    if not any(mm.entry for mm in related):
+        related = list(f.p.modules.values())
+    return made, [(mm, c) for mm in related for c in mm.calls if callee(c) == "set_epoch"]
 
 
 def _persistent_loaders(f: Facts, m: Module) -> list[str]:
@@ -226,7 +231,13 @@ def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3):
     'val' or `split=cfg.TEST.SPLIT`, assigned to `val_loader`, or made inside `construct_test_loader`."""
     if any(TRAIN_WORD.fullmatch(w) for w in re.split(r"[._ ]", _label(m, c))):
         return False  # the training split's sampler of a helper that also builds the evaluation one
-    todo, seen = [(m, m.enclosing(c), 0)], set()
+    fn = m.enclosing(c)
+    if fn is not None and not isinstance(fn, ast.ClassDef) and not f.p.callers(m, fn) and any(
+            TRAIN_WORD.fullmatch(a.arg) for a in fn.args.args + fn.args.kwonlyargs):
+        # a builder of either split (`def build_custom_dataloader(cfg, training, ...)`) that no audited file
+        # calls (its caller is not in these files): called with training false, it builds the evaluation one
+        return m, c
+    todo, seen = [(m, fn, 0)], set()
     while todo:
         mod, fn, d = todo.pop()
         if fn is None or id(fn) in seen or d >= depth:
@@ -271,6 +282,9 @@ def eval_padding_duplicates(f: Facts, m: Module):
         if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")):
             continue
         if f.eval_loop_reduces():
+            # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
+            near = {mm.rel for mm in f.p.related(m)}
+            reduced = tuple(sorted(f.eval_loop_reduces(), key=lambda r: r[0].rel not in near)[:1])
             what = ("pads the set to a multiple of world_size with repeated samples, and the evaluation loop reduces "
                     "its metrics over ranks: the duplicates are counted, so the metric is not the single run's unless "
                     "len(dataset) % world_size == 0 — shard without padding, or drop the padded tail")
@@ -279,6 +293,6 @@ def eval_padding_duplicates(f: Facts, m: Module):
                 # sampler (the argument to change), with the helper's sampler as its related place.
                 yield Hit(_choosing_argument(m, c, asked[1]), f"{ast.unparse(asked[1].func)}(...) gets the "
                           f"evaluation split's {callee(c)} ({m.rel}:{c.lineno}), which {what}", "check-by-hand",
-                          asked[0], related=((m, c),))
+                          asked[0], related=((m, c), *reduced))
             else:
-                yield c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand"
+                yield Hit(c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand", related=reduced)

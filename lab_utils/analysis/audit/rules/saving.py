@@ -7,7 +7,7 @@ import re
 
 from ..facts import Facts
 from ..project import Module
-from ..ranks import is_switch_test
+from ..ranks import is_switch_test, one_process_arm
 from ..registry import rule
 from ..syntax import callee, const_str, dotted, involves_rank, kw
 
@@ -140,8 +140,8 @@ def save_on_every_rank(f: Facts, m: Module):
             continue  # per-rank file names, or an in-memory buffer: no shared file is written
         fn = m.enclosing(c)
         kind = f.g.effective(m, c)
-        if kind in ("rank0", "not0") or f.guarded_inside(m, c):
-            continue
+        if kind in ("rank0", "not0") or f.guarded_inside(m, c) or one_process_arm(m, c):
+            continue  # rank 0's alone, or the arm that runs only when the run is not distributed
         sites = f.p.callers(m, fn) if fn is not None else []
         if fn is not None and sites and re.search(r"save|checkpoint|serialize", fn.name.lower()):
             continue  # inside a save helper (torch.save or a helper of its own): each call is judged where it is made

@@ -11,6 +11,7 @@ from ..facts import Facts
 from ..project import Module
 from ..ranks import is_switch_test
 from ..registry import Hit, rule
+from ..scripts import evaluation_script
 from ..syntax import (
     ITERABLE_NOT_LOADER,
     LOADERISH,
@@ -48,8 +49,8 @@ def _entry_calls(f: Facts, m: Module):
       "rank 0's init, which DDP broadcasts, differs from the single run's", scope="entry")
 def no_seed(f: Facts, m: Module):
     entry = _entry_calls(f, m)
-    if entry is None:
-        return
+    if entry is None or evaluation_script(f, m):
+        return  # no DDP, or nothing trained: loaded weights are evaluated, the init is never used
     kinds = entry[1]
     if "torch" not in kinds:  # random and numpy seeded alone leave the model's init (torch's CPU RNG) unseeded
         what = "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \

@@ -1,0 +1,121 @@
+"""Which ranks' log lines reach a console: loggers only rank 0 gives a handler, a root logger writing to a stdout
+the other ranks silenced, and loggers (root or named) that every rank gives a console. The logging rules ask
+this to tell rank 0's own loss from every rank's."""
+
+from __future__ import annotations
+
+import ast
+
+from .facts import Facts
+from .project import Module
+from .syntax import callee, const_str, dotted, kw
+
+
+def rank0_loggers(f: Facts, m: Module) -> set[str]:
+    """Loggers whose console output only rank 0 has, whatever their names: `logger = create_logger(out,
+    dist_rank=dist.get_rank())` where the project helper adds its StreamHandler (or basicConfig) under a rank-0
+    guard. Every rank calls logger.info(...), but what the user reads is rank 0's."""
+    cache = f.cache.setdefault("rank0_loggers", {})
+    if m.rel not in cache:
+        out = set()
+        for a in m.nodes:
+            if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)):
+                continue
+            for tm, tf in f.p.resolve(m, a.value):
+                consoles = [c for c in ast.walk(tf) if isinstance(c, ast.Call)
+                            and callee(c) in ("StreamHandler", "basicConfig")]
+                if consoles and all(f.g.effective(tm, c) == "rank0" for c in consoles):
+                    out |= {dotted(t) for t in a.targets} - {""}
+        cache[m.rel] = out
+    return cache[m.rel]
+
+
+def root_console_on_stdout(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`logging.info(...)` through a root logger whose every basicConfig writes to sys.stdout, which the other
+    ranks sent to /dev/null (ParallelWaveGAN): the console shows rank 0's lines alone."""
+    configs = [b for mm in f.p.modules.values() for b in mm.calls if callee(b) == "basicConfig"]
+    return f.stdout_silenced and dotted(c.func.value) == "logging" and bool(configs) and all(
+        dotted(kw(b, "stream")) == "sys.stdout" for b in configs)
+
+
+def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`logging.info(...)` through the root logger, which every process sets up alike (its basicConfig is under
+    no rank guard): each rank's line reaches the console, as print's would."""
+    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("info", "warning", "debug", "log", "error",
+                                                                   "critical")):
+        return False
+    if root_console_on_stdout(f, m, c):
+        return False
+    if dotted(c.func.value) != "logging":
+        if not isinstance(c.func.value, ast.Name) or c.func.value.id in rank0_loggers(f, m):
+            return False
+        held = _held_logger_name(m, c, c.func.value.id)
+        # a named logger propagates its records to the root's handlers, and to those of the loggers above it
+        return held is not None and (_root_console_on_every_rank(f) or bool(held) and any(
+            held == n or held.startswith(n + ".") for n in _named_consoles_on_every_rank(f)))
+    return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
+                   for mm in f.p.modules.values() for b in mm.calls)
+
+
+def _held_logger_name(m: Module, c: ast.Call, name: str) -> str | None:
+    """The logger `name` holds at the log call: `logger = getLogger()` (or getLogger(__name__), whose records
+    reach the root's handlers) at the top of the module or in the log's function is the root, "";
+    `getLogger("transreid.train")` is that name; None when `name` holds no logger made there."""
+    fn = m.enclosing(c)
+    for a in [*m.tree.body, *(ast.walk(fn) if fn is not None else [])]:
+        if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and isinstance(
+                a.value, ast.Call) and callee(a.value) == "getLogger":
+            given = const_str(a.value.args[0]) if a.value.args else None
+            return given if given else ""
+    return None
+
+
+def _named_consoles_on_every_rank(f: Facts) -> set[str]:
+    """Names of loggers a project helper gives a console handler on every rank: `def setup_logger(name, ...):
+    logger = logging.getLogger(name); ch = logging.StreamHandler(...); logger.addHandler(ch)`, called as
+    setup_logger("transreid", ...) under no rank guard. A logger named below one of them (`transreid.train`)
+    sends its records to that console too."""
+    cache = f.cache.setdefault("named_consoles", None)
+    if cache is not None:
+        return cache
+    out = set()
+    for mm in f.p.modules.values():
+        for fn in mm.functions.values():
+            made = {dotted(t): a.value.args[0] for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(
+                a.value, ast.Call) and callee(a.value) == "getLogger" and a.value.args for t in a.targets}
+            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                        and callee(a.value) == "StreamHandler" for t in a.targets}
+            for c in ast.walk(fn):
+                if not (isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute)
+                        and dotted(c.func.value) in made and c.args and dotted(c.args[0]) in consoles
+                        and f.g.effective(mm, c) is None):
+                    continue
+                arg = made[dotted(c.func.value)]
+                if const_str(arg):
+                    out.add(const_str(arg))
+                elif isinstance(arg, ast.Name) and arg.id in [x.arg for x in fn.args.args]:
+                    i = [x.arg for x in fn.args.args].index(arg.id)
+                    for cm, site in f.p.callers(mm, fn):
+                        given = next((k.value for k in site.keywords if k.arg == arg.id),
+                                     site.args[i] if i < len(site.args) else None)
+                        if const_str(given) and f.g.effective(cm, site) is None:
+                            out.add(const_str(given))
+    f.cache["named_consoles"] = out
+    return out
+
+
+def _root_console_on_every_rank(f: Facts) -> bool:
+    """A project helper gives the root logger a console handler under no rank guard (`console =
+    logging.StreamHandler()` ... `logger = logging.getLogger(); logger.addHandler(console)` in a create_logger
+    every rank calls): each rank's lines reach the console."""
+    for mm in f.p.modules.values():
+        for fn in mm.functions.values():
+            roots = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                     and callee(a.value) == "getLogger" and not a.value.args for t in a.targets}
+            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                        and callee(a.value) == "StreamHandler" for t in a.targets}
+            if any(isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute) and
+                   dotted(c.func.value) in roots and c.args and dotted(c.args[0]) in consoles and
+                   f.g.effective(mm, c) is None for c in ast.walk(fn)):
+                return True
+    return False
