@@ -1217,6 +1217,21 @@ def test_batch13_project_classes(tmp_path):
     assert not {r for r, name, _ in found if name == "demo.py"}, found  # the demo never runs under DDP
     assert not {r for r, _, _ in found} & {"set-epoch-missing", "peek-iterator"}, found
 
+def test_a_loss_logged_where_a_function_with_its_own_finding_returns_it_is_one_finding():
+    """docTR: fit_one_epoch shows rank 0's train_loss in its bar and returns the epoch mean, which main prints on
+    rank 0: one defect, one finding (the first), with the print as its related place."""
+    src = DDP_HEAD + ("torch.manual_seed(0)\nmodel = DDP(Net())\ndef fit_one_epoch(loader):\n    total = 0.0\n"
+                      "    for x in loader:\n        train_loss = model(x).sum()\n        train_loss.backward()\n"
+                      "        if rank == 0:\n            print(train_loss.item())\n"
+                      "        total += train_loss.item()\n"
+                      "    return total / len(loader), 0.1\nfor epoch in range(3):\n"
+                      "    train_loss, lr = fit_one_epoch(loader)\n    if rank == 0:\n"
+                      "        print(f'epoch loss {train_loss}')\n")
+    found = [f for f in audit.audit_source(src) if f.rule == "rank0-local-loss"]
+    lines = src.splitlines()
+    assert len(found) == 1 and lines[found[0].line - 1].strip() == "print(train_loss.item())", found
+    assert [lines[n - 1].strip() for _, n in found[0].related] == ["print(f'epoch loss {train_loss}')"], found
+
 SAVES_BY_SWITCH = ("model = DDP(Net())\nfor epoch in range(3):\n    model(x).sum().backward()\n"
                    "    if cfg.MODEL.{flag}:\n        if dist.get_rank() == 0:\n"
                    "            torch.save(model.state_dict(), 'm.pth')\n    else:\n"
@@ -1276,11 +1291,28 @@ CASES13 = [
                             "        loss.backward()\n")),
 ]
 
+BASIC_LOGGER = ("import logging\nlogging.basicConfig(level=logging.INFO)\nlogger = logging.getLogger(__name__)\n"
+                "{level}"
+                "model = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+                "    logger.info('loss %f', loss.item())\n")
+BAR = ("from tqdm import tqdm\nmodel = DDP(Net())\npbar = tqdm(loader{disable})\nfor x in pbar:\n"
+       "    loss = model(x).sum()\n    loss.backward()\n    pbar.set_postfix(loss=loss.item())\n")
+# Classes found by probing common DDP idioms between batches (not from a held-out label)
+CASES_PROBES = [
+    # basicConfig on every rank gives a named logger's INFO lines a console on every rank; a level chosen by rank
+    # (`if rank > 0: logger.setLevel(logging.ERROR)`, I-JEPA's and MSN's) leaves rank 0's alone
+    ("every-rank-prints-loss", BASIC_LOGGER.format(level="if rank > 0:\n    logger.setLevel(logging.ERROR)\n"),
+     BASIC_LOGGER.format(level="")),
+    # a progress bar disabled off rank 0 shows rank 0's own loss (docTR's)
+    ("rank0-local-loss", BAR.format(disable=""), BAR.format(disable=", disable=rank != 0")),
+]
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
                "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11,
-               "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13}
+               "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13,
+               "probes": CASES_PROBES}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

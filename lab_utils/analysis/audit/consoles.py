@@ -8,7 +8,7 @@ import ast
 
 from .facts import Facts
 from .project import Module
-from .syntax import callee, const_str, dotted, kw
+from .syntax import callee, const_str, dotted, involves_rank, kw
 
 
 def rank0_loggers(f: Facts, m: Module) -> set[str]:
@@ -51,10 +51,31 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
             return False
         held = _held_logger_name(m, c, c.func.value.id)
         # a named logger propagates its records to the root's handlers, and to those of the loggers above it
-        return held is not None and (_root_console_on_every_rank(f) or bool(held) and any(
-            held == n or held.startswith(n + ".") for n in _named_consoles_on_every_rank(f)))
+        return held is not None and (_root_console_on_every_rank(f) or _basic_config_on_every_rank(f) or bool(
+            held) and any(held == n or held.startswith(n + ".") for n in _named_consoles_on_every_rank(f)))
     return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
                    for mm in f.p.modules.values() for b in mm.calls)
+
+
+def _basic_config_on_every_rank(f: Facts) -> bool:
+    """`logging.basicConfig(level=logging.INFO)` that every rank runs (no rank guard, no level chosen by rank,
+    no `setLevel(INFO if rank == 0 else WARN)` anywhere): each rank's root logger writes its INFO lines to the
+    console, so a named logger's records (`getLogger(__name__)`) reach it from every rank."""
+    configs = [(mm, b) for mm in f.p.modules.values() for b in mm.calls if callee(b) == "basicConfig"]
+    by_rank = any(callee(c) in ("setLevel", "basicConfig") and (any(
+        involves_rank(a, mm.rank_tainted) for a in [*c.args, *(k.value for k in c.keywords)]) or _under_rank_test(
+        mm, c)) for mm in f.p.modules.values() for c in mm.calls)
+    return bool(configs) and not by_rank and not any(f.g.effective(mm, b) in ("rank0", "not0") for mm, b in configs)
+
+
+def _under_rank_test(m: Module, node: ast.AST) -> bool:
+    """`if rank > 0: logger.setLevel(logging.ERROR)`, or either arm of `if rank == 0: ... else: ...`."""
+    n = m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and involves_rank(n.test, m.rank_tainted):
+            return True
+        n = m.parent.get(id(n))
+    return False
 
 
 def _held_logger_name(m: Module, c: ast.Call, name: str) -> str | None:

@@ -63,6 +63,9 @@ class Guards:
                 out.add(name)  # (another arm building it under the same guard, VALL-E's two SummaryWriters, too)
             elif isinstance(v, ast.Call) and self._builds_rank0_writer(m, v):
                 out.add(name)
+            elif isinstance(v, ast.Call) and any(k.arg == "disable" and self.classify(m, k.value) == "not0"
+                                                 for k in v.keywords):
+                out.add(name)  # `pbar = tqdm(loader, disable=rank != 0)`: only rank 0's bar shows what it is given
         return out
 
     def _builds_rank0_writer(self, m: Module, c: ast.Call, depth: int = 2) -> bool:

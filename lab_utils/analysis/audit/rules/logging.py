@@ -471,6 +471,29 @@ def _reduced_only_later(m: Module, scope: ast.AST, c: ast.Call, name: str, red: 
 @rule("rank0-local-loss", "01_unchanged", "rank 0 logs the loss of its own micro-batch, which no reduction averaged: "
       "not the global batch's loss the single run logs")
 def rank0_local_loss(f: Facts, m: Module):
+    hits = list(_rank0_local_loss_hits(f, m))
+    # one defect, one finding: a log of what a function with its own finding returns (`train_loss =
+    # fit_one_epoch(...)`, then `print(train_loss)` in main) is that finding's related place (docTR)
+    merged = []
+    for hit, scope, lossy in hits:
+        source = next((i for i, (_, other, _) in enumerate(merged) if other is not None and other is not scope
+                       and _returned_into(f, m, scope, lossy, other)), None)
+        if source is None:
+            merged.append((hit, scope, lossy))
+        else:
+            first = merged[source]
+            merged[source] = (first[0]._replace(related=(*first[0].related, (m, hit.node))), first[1], first[2])
+    yield from (hit for hit, _, _ in merged)
+
+
+def _returned_into(f: Facts, m: Module, scope: ast.AST, lossy: frozenset, fn: ast.AST) -> bool:
+    """Some logged name in `scope` is assigned from a call of `fn` (`train_loss = fit_one_epoch(...)`)."""
+    return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+        isinstance(t, ast.Name) and t.id in lossy for x in a.targets for t in ast.walk(x)) and any(
+        tf is fn for _, tf in f.p.resolve(m, a.value)) for a in ast.walk(scope or m.tree))
+
+
+def _rank0_local_loss_hits(f: Facts, m: Module):
     per_block = set()
     # in source order, so a guarded block's finding is its first log of the loss
     for c, lossy, kind in sorted(loss_logs(f, m), key=lambda log: (log[0].lineno, log[0].col_offset)):
@@ -490,7 +513,7 @@ def rank0_local_loss(f: Facts, m: Module):
         at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
         yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
-                  related=() if fed is not None else _value_lines(m, c, lossy))
+                  related=() if fed is not None else _value_lines(m, c, lossy)), m.enclosing(c), frozenset(lossy)
 
 
 def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
