@@ -1232,6 +1232,26 @@ def test_a_loss_logged_where_a_function_with_its_own_finding_returns_it_is_one_f
     assert len(found) == 1 and lines[found[0].line - 1].strip() == "print(train_loss.item())", found
     assert [lines[n - 1].strip() for _, n in found[0].related] == ["print(f'epoch loss {train_loss}')"], found
 
+def test_a_base_class_rank0_flag_in_a_subclass_and_a_text_that_carries_the_loss(tmp_path):
+    """VL-T5: TrainerBase sets `self.verbose = True`, then False off rank 0; the VQA Trainer in another file logs
+    under `if self.verbose:` a text the loss went into (`desc_str += f' | Loss {loss_meter.val}'`): rank 0's own
+    loss, found at the log, with the line that put the loss into the text as its related place."""
+    base = ("import torch.distributed as dist\nclass TrainerBase:\n    def __init__(self, args):\n"
+            "        self.args = args\n        self.verbose = True\n        if self.args.distributed:\n"
+            "            if self.args.gpu != 0:\n                self.verbose = False\n")
+    vqa = ("import torch, torch.distributed as dist\nimport torch.multiprocessing as mp\n"
+           "from torch.nn.parallel import DistributedDataParallel as DDP\nfrom trainer_base import TrainerBase\n"
+           "class Trainer(TrainerBase):\n    def train(self, loader):\n        self.model = DDP(Net())\n"
+           "        for x in loader:\n            loss = self.model(x).sum()\n            loss.backward()\n"
+           "            if self.verbose:\n                desc_str = 'Epoch 0'\n"
+           "                desc_str += f' | Loss {loss.item():4f}'\n                pbar.set_description(desc_str)\n"
+           "def main_worker(gpu, args):\n    args.gpu = gpu\n    dist.init_process_group('nccl')\n"
+           "    torch.manual_seed(0)\n    Trainer(args).train(loader)\nif __name__ == '__main__':\n"
+           "    mp.spawn(main_worker, args=(args,), nprocs=2)\n")
+    root = _project(tmp_path, {"trainer_base.py": base, "vqa.py": vqa})
+    found = [f for f in audit.audit_paths([root]) if f.rule == "rank0-local-loss"]
+    assert [(Path(f.path).name, f.line, [n for _, n in f.related]) for f in found] == [("vqa.py", 14, [13])], found
+
 SAVES_BY_SWITCH = ("model = DDP(Net())\nfor epoch in range(3):\n    model(x).sum().backward()\n"
                    "    if cfg.MODEL.{flag}:\n        if dist.get_rank() == 0:\n"
                    "            torch.save(model.state_dict(), 'm.pth')\n    else:\n"
@@ -1307,12 +1327,77 @@ CASES_PROBES = [
     ("rank0-local-loss", BAR.format(disable=""), BAR.format(disable=", disable=rank != 0")),
 ]
 
+RANKED_TRAINER = ("class Trainer:\n    def __init__(self, local_rank):\n        self.local_rank = local_rank\n"
+                  "    def load(self, path):\n        loc = 'cuda:%d' % self.local_rank\n"
+                  "        ck = torch.load(path, map_location={{'cuda:0': loc}})\n        return ck['it']\n"
+                  "trainer = Trainer(local_rank=rank)\nit = trainer.load('x')\n{test}    dist.barrier()\n")
+SAVE_PATH_RANK0 = ("class Trainer:\n    def __init__(self, logger=None, save_path=None):\n"
+                   "        self.logger = logger\n"
+                   "        self.save_path = save_path\n    def save(self, it):\n        if self.save_path is None:\n"
+                   "            return\n"
+                   "        torch.save(model.module.state_dict(), f'{{self.save_path}}_{{it}}.pth')\n"
+                   "model = DDP(Net())\n{build}for x in loader:\n    model(x).sum().backward()\nt.save(1)\n")
+ACCUM_OPTION = ("import argparse\np = argparse.ArgumentParser()\n"
+                "p.add_argument('--gradient_accumulation_steps', type=int, default={default})\nargs = p.parse_args()\n"
+                "model = DDP(Net())\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "for step_i, x in enumerate(loader):\n    model(x).sum().backward()\n    update = True\n"
+                "    if args.gradient_accumulation_steps > 1:\n"
+                "        update = step_i % args.gradient_accumulation_steps == 0\n    if update:\n        opt.step()\n")
+VAL_LOADER = ("val_sampler = DistributedSampler(val_ds, shuffle=False)\n"
+              "val_loader = DataLoader(val_ds, sampler=val_sampler)\n")
+MERGED_EVAL = (VAL_LOADER +
+               "model = DDP(Net())\ndef evaluate(loader):\n    res = {{}}\n    for x, qid in loader:\n"
+               "        res[qid] = model(x)\n    gathered = dist_utils.all_gather(res)\n{merge}"
+               "for x in loader:\n    model(x).sum().backward()\nevaluate(val_loader)\n")
+REDUCE_DICT = (VAL_LOADER +
+               "def reduce_dict(input_vals):\n    values = []\n    for k, v in sorted(input_vals.items()):\n"
+               "        values.append(v)\n    values = torch.stack(values)\n    dist.reduce(values, dst=0)\n"
+               "    return values\nmodel = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n"
+               "    loss.backward()\n"
+               "    reduce_dict({{'loss': loss.detach()}})\n{evaluate}")
+SEED_FLAG = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--deterministic', action='store_true')\n"
+             "args = p.parse_args()\n{seed}model = DDP(Net())\nfor x in loader:\n    model(x).sum().backward()\n")
+VERBOSE = ("class Trainer:\n    def __init__(self):\n        self.verbose = True\n{off}"
+           "        self.model = DDP(Net())\n    def train(self, loader):\n        for x in loader:\n"
+           "            loss = self.model(x).sum()\n            loss.backward()\n            if self.verbose:\n"
+           "                print(loss.item())\nTrainer().train(loader)\n")
+
+CASES14 = [
+    # an object built with the rank keeps it inside: what its methods return (a resumed step count) is no rank
+    # (XMem's `XMemTrainer(config, local_rank=local_rank)`, then `total_iter = model.load_checkpoint(...)`)
+    ("collective-under-rank0", RANKED_TRAINER.format(test="if it % 10 == 0 and it != 0:\n"),
+     RANKED_TRAINER.format(test="if rank == 0 and it % 10 == 0:\n")),
+    # a save path handed only where rank 0 builds the trainer, the others keeping None (XMem's save_network)
+    ("save-on-every-rank",
+     SAVE_PATH_RANK0.format(build="if rank == 0:\n    t = Trainer(logger=Logger(), save_path='out')\nelse:\n"
+                                  "    t = Trainer()\n"),
+     SAVE_PATH_RANK0.format(build="t = Trainer(save_path='out')\n")),
+    # accumulation only when an option that defaults to 1 is raised (VL-T5)
+    ("accumulation-without-no-sync", ACCUM_OPTION.format(default=1), ACCUM_OPTION.format(default=4)),
+    # an evaluation whose gathered results merge by the sample's key counts no duplicate (VL-T5's quesid2ans)
+    ("eval-padding-duplicates",
+     MERGED_EVAL.format(merge="    out = {}\n    for part in gathered:\n        for k, v in part.items():\n"
+                              "            out[k] = v\n    return out\n"),
+     MERGED_EVAL.format(merge="    scores = []\n    for part in gathered:\n        scores += list(part.values())\n"
+                              "    return sum(scores) / len(scores)\n")),
+    # a loop over sorted(d.items()) in a reduce helper is no evaluation loop (`input_vals`: no 'val' split)
+    ("eval-padding-duplicates", REDUCE_DICT.format(evaluate=""),
+     REDUCE_DICT.format(evaluate="def validate():\n    t = torch.zeros(1)\n    for x in val_loader:\n"
+                                 "        t += model(x).sum()\n    dist.all_reduce(t)\nvalidate()\n")),
+    # torch seeded only under a store_true option (CTKD's --deterministic) is unseeded in the default run
+    ("no-seed", SEED_FLAG.format(seed="torch.manual_seed(27)\n"),
+     SEED_FLAG.format(seed="if args.deterministic:\n    torch.manual_seed(27)\n"), DDP_HEAD),
+    # a flag set True, then False off rank 0 (VL-T5's self.verbose): rank 0's alone
+    ("rank0-local-loss", VERBOSE.format(off=""),
+     VERBOSE.format(off="        if rank != 0:\n            self.verbose = False\n")),
+]
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
                "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11,
                "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13,
-               "probes": CASES_PROBES}
+               "probes": CASES_PROBES, "batch14": CASES14}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

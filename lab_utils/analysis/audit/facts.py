@@ -41,7 +41,10 @@ def _to_file(c: ast.Call) -> bool:
 
 
 def _dict_view(it: ast.AST) -> bool:
-    """`test_stats.keys()` / `.items()` / `.values()`: a loop over a results dict, not over an evaluation loader."""
+    """`test_stats.keys()` / `.items()` / `.values()` (also sorted or listed): a loop over a results dict, not
+    over an evaluation loader."""
+    while isinstance(it, ast.Call) and callee(it) in ("sorted", "list", "enumerate") and it.args:
+        it = it.args[0]
     return isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items",
                                                                                                "values")
 
@@ -132,7 +135,8 @@ class Facts:
             return "torch"  # utils.fix_random_seeds(...) from a module outside the audited folder
         if not direct:
             for tm, tf in self.p.resolve(m, c):  # a project helper that seeds torch (fix_random_seeds(args.seed))
-                if self.p.function_does(tm, tf, lambda mm, cc: self.seed_kind(mm, cc, True) == "torch", depth=3):
+                if self.p.function_does(tm, tf, lambda mm, cc: self.seed_kind(mm, cc, True) == "torch"
+                                        and not self.off_by_default(mm, cc), depth=3):  # not under --deterministic
                     return "torch"
         return None
 
@@ -264,7 +268,7 @@ class Facts:
                 out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
                         callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
                         any(self.p.function_does(tm, tf, lambda m2, cc: callee(cc) in ("all_reduce", "reduce"), 2)
-                            for tm, tf in self.p.resolve(mm, n)))]
+                            for tm, tf in self.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)]
         self.cache["eval_reduces"] = sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
         return self.cache["eval_reduces"]
 
@@ -568,3 +572,20 @@ class Facts:
         return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in
                                         dotted(cc.func), 2) for tm, tf in self.p.resolve(m, c))
 
+
+def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
+    """The gathered results are merged into a dict by their sample's key (`for qid2ans in all_gather(quesid2ans):
+    for k, v in qid2ans.items(): quesid2ans[k] = v`, VL-T5): a padded duplicate overwrites its own entry, so
+    nothing is counted twice."""
+    assign = m.parent.get(id(c))
+    names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
+    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
+        over = {dotted(x) for x in ast.walk(loop.iter)}
+        if not (names & over or any(x is c for x in ast.walk(loop.iter))):
+            continue
+        if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) or
+               isinstance(a, ast.Call) and callee(a) == "update" for inner in ast.walk(loop)
+               if isinstance(inner, ast.For) and inner is not loop and isinstance(inner.iter, ast.Call)
+               and callee(inner.iter) == "items" for a in ast.walk(inner)):
+            return True
+    return False

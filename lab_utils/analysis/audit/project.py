@@ -49,7 +49,26 @@ def _placement_only(value: ast.AST, tainted: set[str]) -> bool:
             if SHARDING.search(callee(n)):  # a loader or sampler given the rank holds this rank's shard, no rank
                 placed |= {id(x) for a in [*n.args, *(k.value for k in n.keywords)] for x in ast.walk(a)}
             placed |= {id(x) for k in n.keywords if k.arg in PLACEMENT_KEYWORDS for x in ast.walk(k.value)}
+        if _device_text(n):  # 'cuda:%d' % local_rank, f"cuda:{rank}", "cuda:{}".format(gpu): a device's name
+            placed |= {id(x) for x in ast.walk(n)}
+        if isinstance(n, ast.Call) and re.fullmatch(r"[A-Z]\w*[a-z]\w*", callee(n)) and not callee(n).endswith(
+                "Tensor"):  # an object built with the rank (`XMemTrainer(config, local_rank=local_rank)`) keeps
+            # it inside (its class's parameters hold it: _taint_parameters); what its methods return is no rank
+            placed |= {id(x) for a in [*n.args, *(k.value for k in n.keywords)] for x in ast.walk(a)}
     return not any(is_rankish_node(n, tainted) for n in ast.walk(value) if id(n) not in placed)
+
+
+def _device_text(n: ast.AST) -> bool:
+    """A device name built from the rank: `'cuda:%d' % local_rank`, `f"cuda:{rank}"`, `"cuda:{}".format(gpu)`."""
+    if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Add)):
+        head = n.left
+    elif isinstance(n, ast.JoinedStr):
+        head = n.values[0] if n.values else None
+    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "format":
+        head = n.func.value
+    else:
+        return False
+    return isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith(("cuda", "xpu"))
 
 
 DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap

@@ -39,9 +39,42 @@ class Guards:
                     k = self.classify(m, a.value) if isinstance(a, ast.Assign) else None
                     if k is not None:
                         kinds.update({dotted(t): k for t in a.targets if dotted(t)})
+            kinds.update(self._switched_off_elsewhere(m, kinds))
             self.flags[m.rel] = {n for n, k in kinds.items() if k == "rank0"}
+        # a base class's `self.verbose` flag holds in the subclasses of the modules that import it (VL-T5's
+        # TrainerBase and its VQA Trainer)
+        for m in project.modules.values():
+            inherited = {n for n in self.flags[m.rel] if n.startswith("self.")}
+            for u in project.modules.values():
+                if inherited and u is not m and m.rel in project.imports_of(u) and u.classes:
+                    self.flags[u.rel] |= {n for n in inherited if n not in self.flag_kinds[u.rel]}
         self.objects: dict[str, set[str]] = {m.rel: self._rank0_objects(m) for m in project.modules.values()}
         self._hand_down_objects()
+
+    def _switched_off_elsewhere(self, m: Module, kinds: dict[str, str]) -> dict[str, str]:
+        """`self.verbose = True`, then `if self.args.gpu != 0: self.verbose = False` (VL-T5): a flag true on rank
+        0 alone."""
+        consts: dict[str, list[tuple[bool, str | None]]] = {}
+        for a in m.nodes:
+            if isinstance(a, ast.Assign) and len(a.targets) == 1 and dotted(a.targets[0]):
+                name = dotted(a.targets[0])
+                if isinstance(a.value, ast.Constant) and isinstance(a.value.value, bool):
+                    consts.setdefault(name, []).append((a.value.value, self.kind(m, a)))
+                else:
+                    consts.setdefault(name, []).append((None, "other"))
+        return {name: "rank0" for name, sets in consts.items() if name not in kinds
+                and (True, None) in sets and (False, "not0") in sets
+                and all(s in ((True, None), (False, "not0")) for s in sets)}
+
+    def rank0_object(self, m: Module, name: str) -> bool:
+        """`name` holds an object only rank 0 has (None elsewhere): one of the module's, or an attribute of an
+        instance of a project class that keeps one (`model.logger` where XMemTrainer keeps `self.logger`)."""
+        objects = getattr(self, "objects", {})
+        if name in objects.get(m.rel, ()):
+            return True
+        head, _, attr = name.rpartition(".")
+        found = self.p.instance_class(m, head) if head and head != "self" and "." not in attr else None
+        return found is not None and f"self.{attr}" in objects.get(found[0].rel, ())
 
     def _rank0_objects(self, m: Module) -> set[str]:
         """Objects only rank 0 holds: `writer = SummaryWriter(...) if rank == 0 else None`, or built under a rank-0
@@ -111,7 +144,10 @@ class Guards:
             for m in self.p.modules.values():
                 for c in m.calls:
                     passed = [*((i, a) for i, a in enumerate(c.args)), *((k.arg, k.value) for k in c.keywords)]
-                    if not any(dotted(a) in self.objects[m.rel] for _, a in passed):
+                    # a value handed over only where rank 0 alone makes the call (`XMemTrainer(config,
+                    # save_path=..., logger=logger)` under `if local_rank == 0:`, the other arm leaving both None)
+                    at_rank0 = self.kind(m, c) == "rank0"
+                    if not at_rank0 and not any(dotted(a) in self.objects[m.rel] for _, a in passed):
                         continue
                     for tm, tf in self.p.resolve(m, c, exact=True):
                         params = [x.arg for x in [*tf.args.posonlyargs, *tf.args.args]]
@@ -123,10 +159,16 @@ class Guards:
                                 continue
                             key = (tm.rel, id(tf), name)
                             where[key] = tm.rel
-                            seen.setdefault(key, []).append(dotted(a) in self.objects[m.rel])
+                            seen.setdefault(key, []).append(dotted(a) in self.objects[m.rel] or at_rank0 and not (
+                                isinstance(a, ast.Constant) and a.value is None))
             for key, rank0 in seen.items():
                 if all(rank0) and all(self._passes_rank0_or_none(key, cm, c) for cm, c in self._sites(key)):
                     self.objects[where[key]].add(key[2])
+            for m in self.p.modules.values():  # `self.logger = logger` keeps the handed-down object
+                for a in m.nodes:
+                    if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.value, ast.Name) and \
+                            a.value.id in self.objects[m.rel] and dotted(a.targets[0]):
+                        self.objects[m.rel].add(dotted(a.targets[0]))
 
     def _sites(self, key: tuple[str, int, str]) -> list[tuple[Module, ast.Call]]:
         rel, fid, _ = key
@@ -146,14 +188,17 @@ class Guards:
             given.append(c.args[params.index(name)])
         if any(isinstance(a, ast.Starred) for a in c.args) or any(k.arg is None for k in c.keywords):
             return False  # *args / **kwargs: what lands in the parameter is unknown
-        return all(dotted(a) in self.objects[cm.rel] or isinstance(a, ast.Constant) and a.value is None
+        at_rank0 = self.kind(cm, c) == "rank0"
+        return all(dotted(a) in self.objects[cm.rel] or isinstance(a, ast.Constant) and a.value is None or at_rank0
                    for a in given)
 
     def classify(self, m: Module, t: ast.AST, shallow: bool = False) -> str | None:
         """'rank0' (the true branch is rank 0 only), 'not0' (it excludes rank 0), 'leaky', or None."""
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.IsNot) and \
-                dotted(t.left) in getattr(self, "objects", {}).get(m.rel, ()):
-            return "rank0"  # `if writer is not None:` with a rank-0 writer
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.IsNot, ast.Is)) and \
+                isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None and \
+                self.rank0_object(m, dotted(t.left)):
+            # `if writer is not None:` with a rank-0 writer; `if self.save_path is None: return` excludes rank 0
+            return "rank0" if isinstance(t.ops[0], ast.IsNot) else "not0"
         if isinstance(t, ast.BoolOp):
             kinds = [self.classify(m, v, shallow) for v in t.values]
             if isinstance(t.op, ast.And):

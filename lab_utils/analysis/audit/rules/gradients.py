@@ -377,6 +377,26 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
     return sorted(out, key=lambda n: n.lineno)
 
 
+def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
+    """`node` sits under `if args.gradient_accumulation_steps > 1:` (or `!= 1`, `>= 2`) and the option defaults
+    to 1 (VL-T5): the default run steps every micro-batch."""
+    n = m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        t = n.test if isinstance(n, ast.If) else None
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, ast.Attribute) and \
+                involves(t.left, ACCUMISH) and isinstance(t.comparators[0], ast.Constant) and (
+                isinstance(t.ops[0], (ast.Gt, ast.NotEq)) and t.comparators[0].value == 1 or
+                isinstance(t.ops[0], ast.GtE) and t.comparators[0].value == 2):
+            attr = t.left.attr
+            defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
+                        if callee(c) == "add_argument" and any(
+                            (const_str(a) or "").lstrip("-").replace("-", "_") == attr for a in c.args)]
+            if defaults and all(isinstance(d, ast.Constant) and d.value == 1 for d in defaults):
+                return True
+        n = m.parent.get(id(n))
+    return False
+
+
 def _and_flag(f: Facts, m: Module, node: ast.AST) -> bool:
     """`node` is one operand of `flag and ...` (inside the same expression) where flag is off unless given; or
     node is the whole test, `flag and (j + 1) % accum == 0 or not flag` (DLRM: every micro-batch steps unless
@@ -404,7 +424,8 @@ def accumulation_without_no_sync(f: Facts, m: Module):
         return  # a library no audited script runs
     # accumulation only under a flag that is off unless given (DLRM: `args.mlperf_logging and (j + 1) %
     # args.mlperf_grad_accum_iter == 0`): the default run steps every micro-batch
-    steps = [s for s in _accumulation_steps(m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)]
+    steps = [s for s in _accumulation_steps(m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)
+             and not _under_count_above_one(f, m, s)]
     if steps:
         yield steps[0], (f"gradients accumulate over micro-batches (line {steps[0].lineno}: "
                          f"`{ast.unparse(steps[0])[:60]}`), but no micro-batch runs under model.no_sync(): at two "

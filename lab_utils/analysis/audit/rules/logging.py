@@ -521,7 +521,16 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
     that holds the loss value, as the finding's related place."""
     names = {n.lineno: n for n in ast.walk(c) if isinstance(n, (ast.Name, ast.Attribute))
              and dotted(n) in lossy and n.lineno != c.lineno}
-    return tuple((m, names[line]) for line in sorted(names)[:1])
+    if names:
+        return tuple((m, names[line]) for line in sorted(names)[:1])
+    # a text that carries the loss (`desc_str += f' | Loss {loss_meter.val:4f}'`, then pbar.set_description(
+    # desc_str), VL-T5): the line that put the loss into it
+    scope = m.enclosing(c) or m.tree
+    built = [a for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.lineno < c.lineno
+             and any(dotted(t) in lossy for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
+             and any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "")
+                     for x in ast.walk(a.value))]
+    return ((m, max(built, key=lambda a: a.lineno)),) if built else ()
 
 
 @rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "

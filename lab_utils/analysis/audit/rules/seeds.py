@@ -41,7 +41,10 @@ def _entry_calls(f: Facts, m: Module):
                for n in ast.walk(s) if isinstance(n, ast.Call)]
         calls = top + list(f.p.calls_in(scope))
         ddp = any(callee(c) in ("init_process_group", "spawn") or f.is_ddp_call(mm, c) for mm, c in calls)
-        cache[m.rel] = (calls, {f.seed_kind(mm, c) for mm, c in calls} - {None}) if ddp else None
+        # a seed only under a store_true option (`if opt.deterministic: torch.manual_seed(27)`, CTKD) is no seed
+        # in the default run
+        seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not f.off_by_default(mm, c)}
+        cache[m.rel] = (calls, seeded) if ddp else None
     return cache[m.rel]
 
 
@@ -53,7 +56,10 @@ def no_seed(f: Facts, m: Module):
         return  # no DDP, or nothing trained: loaded weights are evaluated, the init is never used
     kinds = entry[1]
     if "torch" not in kinds:  # random and numpy seeded alone leave the model's init (torch's CPU RNG) unseeded
-        what = "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
+        gated = next((flag for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
+                      for flag in [f.off_by_default(mm, c)] if flag), None)
+        what = f"torch is seeded only under --{gated}, which is off by default" if gated else \
+            "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
             "other" in kinds else "nothing seeds torch"
         # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
         wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)]
