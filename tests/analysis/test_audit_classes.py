@@ -1392,12 +1392,39 @@ CASES14 = [
      VERBOSE.format(off="        if rank != 0:\n            self.verbose = False\n")),
 ]
 
+WRITER_REBOUND = ("import csv\nfrom torch.utils.tensorboard import SummaryWriter\ndef main():\n"
+                  "    if rank == 0:\n        writer = SummaryWriter('runs') if training else None\n    else:\n"
+                  "        writer = None\n    model = DDP(Net())\n    for epoch in range(3):\n"
+                  "        train_loss = train_one_epoch(model)\n{reduce}        if writer is not None:\n"
+                  "            writer.add_scalar('train_loss', train_loss, epoch)\n"
+                  "    with open('results.csv', 'w') as f:\n        writer = csv.writer(f)\n"
+                  "        writer.writerow(['done'])\n"
+                  "def train_one_epoch(model):\n    total = 0.0\n    for x in loader:\n        loss = model(x).sum()\n"
+                  "        loss.backward()\n        total += loss.item()\n    return total\nmain()\n")
+UNSEEN_SETUP = ("import logging\nfrom openpoints.utils import setup_logger_dist\nsetup_logger_dist('log', {who})\n"
+                "model = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+                "    logging.info(f'loss {{loss.item():.3f}}')\n")
+EVERY_BAR = ("from tqdm import tqdm\nmodel = DDP(Net())\npbar = tqdm(enumerate(loader){disable})\nfor i, x in pbar:\n"
+             "    loss = model(x).sum()\n    loss.backward()\n    pbar.set_description(f'Loss {{loss.item():.3f}}')\n")
+
+CASES15 = [
+    # a rank-0 SummaryWriter built as `SummaryWriter(...) if training else None` under `if rank == 0:`, the name
+    # rebound to a csv writer only after its uses (PointNeXt)
+    ("rank0-local-loss", WRITER_REBOUND.format(reduce="        train_loss = reduce_mean(train_loss)\n"),
+     WRITER_REBOUND.format(reduce="")),
+    # a logger set-up from a module these files lack, handed the rank: the root's consoles are not known here
+    ("every-rank-prints-loss", UNSEEN_SETUP.format(who="rank"), UNSEEN_SETUP.format(who="'train'")),
+    # a tqdm bar with no `disable=` on every rank shows each rank's own loss (PointNeXt's train_one_epoch)
+    ("every-rank-prints-loss", EVERY_BAR.format(disable=", disable=rank != 0"), EVERY_BAR.format(disable="")),
+]
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
                "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11,
                "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13,
-               "probes": CASES_PROBES, "batch14": CASES14}
+               "probes": CASES_PROBES, "batch14": CASES14,
+               "batch15": CASES15}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

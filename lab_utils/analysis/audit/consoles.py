@@ -5,6 +5,7 @@ this to tell rank 0's own loss from every rank's."""
 from __future__ import annotations
 
 import ast
+import re
 
 from .facts import Facts
 from .project import Module
@@ -53,8 +54,18 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
         # a named logger propagates its records to the root's handlers, and to those of the loggers above it
         return held is not None and (_root_console_on_every_rank(f) or _basic_config_on_every_rank(f) or bool(
             held) and any(held == n or held.startswith(n + ".") for n in _named_consoles_on_every_rank(f)))
+    if _unseen_setup_given_the_rank(f):
+        return False
     return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
                    for mm in f.p.modules.values() for b in mm.calls)
+
+
+def _unseen_setup_given_the_rank(f: Facts) -> bool:
+    """`setup_logger_dist(cfg.log_path, cfg.rank, name=...)` from a module these files lack (PointNeXt): a logger
+    set-up handed the rank decides per rank, so which consoles show the root's lines is not known here."""
+    return any(re.search(r"logg", callee(c), re.I) and not f.p.resolve(mm, c) and any(
+        involves_rank(a, mm.rank_tainted) for a in [*c.args, *(k.value for k in c.keywords)])
+        for mm in f.p.modules.values() for c in mm.calls)
 
 
 def _basic_config_on_every_rank(f: Facts) -> bool:

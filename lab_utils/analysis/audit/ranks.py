@@ -88,11 +88,14 @@ class Guards:
             if isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(v.orelse, ast.Constant) \
                     and v.orelse.value is None and self.classify(m, v.test) == "rank0":
                 out.add(name)
-            elif isinstance(v, ast.Call) and self.kind(m, a) == "rank0" and not any(
+            elif (isinstance(v, ast.Call) or isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(
+                    v.orelse, ast.Constant) and v.orelse.value is None) and self.kind(m, a) == "rank0" and not any(
                     isinstance(b, ast.Assign) and b is not a and dotted(b.targets[0]) == name and not (
                         isinstance(b.value, ast.Constant) and b.value.value is None) and not (
                         isinstance(b.value, ast.Call) and self.kind(m, b) == "rank0") for b in m.nodes
-                    if isinstance(b, ast.Assign) and len(b.targets) == 1):
+                    if isinstance(b, ast.Assign) and len(b.targets) == 1 and m.enclosing(b) is m.enclosing(a)
+                    and not _used_between(m, name, a, b)):
+                # (another function's `writer = csv.writer(f)`, or one bound after the object's uses, is another name)
                 out.add(name)  # (another arm building it under the same guard, VALL-E's two SummaryWriters, too)
             elif isinstance(v, ast.Call) and self._builds_rank0_writer(m, v):
                 out.add(name)
@@ -315,6 +318,14 @@ class Guards:
             return "leaky"
         return None
 
+
+
+def _used_between(m: Module, name: str, a: ast.AST, b: ast.AST) -> bool:
+    """`name` is read after `a` binds it and before `b` rebinds it (PointNeXt's rank-0 SummaryWriter, used for the
+    epoch's scalars, then `writer = csv.writer(f)` for the results table): `b` starts another object."""
+    return b.lineno > a.lineno and any(
+        isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and dotted(n) == name
+        and a.lineno < n.lineno < b.lineno for n in m.nodes)
 
 
 def _set_by_launch(m: Module, flag: ast.AST) -> bool:

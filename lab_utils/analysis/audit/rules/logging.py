@@ -493,6 +493,18 @@ def _returned_into(f: Facts, m: Module, scope: ast.AST, lossy: frozenset, fn: as
         tf is fn for _, tf in f.p.resolve(m, a.value)) for a in ast.walk(scope or m.tree))
 
 
+def _bar_on_every_rank(m: Module, c: ast.Call) -> bool:
+    """`pbar = tqdm(enumerate(train_loader))` with no `disable=`, then `pbar.set_description(f"Loss {...}")`
+    (PointNeXt): every rank draws its own bar with its own loss."""
+    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("set_description", "set_postfix")):
+        return False
+    name, scope = dotted(c.func.value), m.enclosing(c) or m.tree
+    made = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and any(
+        dotted(t) == name for t in a.targets)]
+    return bool(made) and all(isinstance(v, ast.Call) and callee(v) == "tqdm" and kw(v, "disable") is None
+                              for v in made)
+
+
 def _rank0_local_loss_hits(f: Facts, m: Module):
     per_block = set()
     # in source order, so a guarded block's finding is its first log of the loss
@@ -537,7 +549,8 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
       "numbers, none of them the global batch's")
 def every_rank_prints_loss(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
-        if kind is None and (callee(c) == "print" and not f.print_override or root_logger_on_every_rank(f, m, c)):
+        if kind is None and (callee(c) == "print" and not f.print_override or root_logger_on_every_rank(f, m, c)
+                             or _bar_on_every_rank(m, c)):
             yield c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
                       f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global batch's "
                       "loss — all_reduce it, then log on rank 0")
