@@ -189,6 +189,15 @@ CASES4 = [
 ]
 
 
+def test_an_audited_files_own_invalid_escapes_raise_no_warning():
+    """VL-T5's `re.compile('\\d+')` written without r'': Python warns when it parses the file; the audit's parse must
+    not pass that warning on to the user auditing the project (nor fail under -W error)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        audit.audit_source('import re\npat = re.compile("\\d+")\n')
+
+
 def test_a_file_with_a_byte_order_mark_is_read(tmp_path):
     """Python runs a source file saved with a UTF-8 byte-order mark; the audit read it as text that ast.parse
     rejects (U+FEFF) and stopped on the whole project."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -83,7 +84,9 @@ class Module:
 
     def __init__(self, path: Path, rel: str, source: str):
         try:
-            self.tree = ast.parse(source, filename=str(path))
+            with warnings.catch_warnings():  # the audited file's own `'\d'` escapes are not the user's audit news
+                warnings.simplefilter("ignore", (SyntaxWarning, DeprecationWarning))
+                self.tree = ast.parse(source, filename=str(path))
         except SyntaxError as e:
             raise AuditError(f"{path}:{e.lineno}: not Python ({e.msg})") from None
         # Every node, in ast.walk's order, listed once: the rules walk whole modules thousands of times (before
