@@ -43,11 +43,19 @@ class Guards:
             self.flags[m.rel] = {n for n, k in kinds.items() if k == "rank0"}
         # a base class's `self.verbose` flag holds in the subclasses of the modules that import it (VL-T5's
         # TrainerBase and its VQA Trainer)
+        # ... and a flag set on an object a helper is handed (`def init_dist(opt): ... opt.log = True`) holds
+        # wherever a module that imports the helper tests it (`if opt.log:` in HybrIK's training script)
         for m in project.modules.values():
             inherited = {n for n in self.flags[m.rel] if n.startswith("self.")}
+            handed = {n for n in self.flags[m.rel] if "." in n and not n.startswith("self.")
+                      and any(n.split(".")[0] in {x.arg for x in f.args.args} for f in m.functions.values()
+                              if n in {dotted(t) for a in ast.walk(f) if isinstance(a, ast.Assign)
+                                       for t in a.targets})}
             for u in project.modules.values():
                 if inherited and u is not m and m.rel in project.imports_of(u) and u.classes:
                     self.flags[u.rel] |= {n for n in inherited if n not in self.flag_kinds[u.rel]}
+                if handed and u is not m and m.rel in project.imports_of(u):
+                    self.flags[u.rel] |= {n for n in handed if n not in self.flag_kinds[u.rel]}
         self.objects: dict[str, set[str]] = {m.rel: self._rank0_objects(m) for m in project.modules.values()}
         self._hand_down_objects()
 
@@ -59,12 +67,22 @@ class Guards:
             if isinstance(a, ast.Assign) and len(a.targets) == 1 and dotted(a.targets[0]):
                 name = dotted(a.targets[0])
                 if isinstance(a.value, ast.Constant) and isinstance(a.value.value, bool):
-                    consts.setdefault(name, []).append((a.value.value, self.kind(m, a)))
+                    consts.setdefault(name, []).append((a.value.value, self._arm(m, a)))
                 else:
                     consts.setdefault(name, []).append((None, "other"))
+        # `if rank % ngpus == 0: opt.log = True` / `else: opt.log = False` (HybrIK) says the same
         return {name: "rank0" for name, sets in consts.items() if name not in kinds
-                and (True, None) in sets and (False, "not0") in sets
-                and all(s in ((True, None), (False, "not0")) for s in sets)}
+                and ((True, None) in sets or (True, "rank0") in sets) and (False, "not0") in sets
+                and all(s in ((True, None), (True, "rank0"), (False, "not0")) for s in sets)}
+
+    def _arm(self, m: Module, a: ast.AST) -> str | None:
+        """kind(), and 'not0' for the else arm of a rank-0 test (`if rank == 0: ... else: flag = False`)."""
+        k = self.kind(m, a)
+        parent = m.parent.get(id(a))
+        if k is None and isinstance(parent, ast.If) and any(a is s for s in parent.orelse) \
+                and self.classify(m, parent.test) == "rank0":
+            return "not0"
+        return k
 
     def rank0_object(self, m: Module, name: str) -> bool:
         """`name` holds an object only rank 0 has (None elsewhere): one of the module's, or an attribute of an

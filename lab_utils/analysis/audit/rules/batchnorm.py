@@ -28,7 +28,7 @@ def batchnorm_without_sync(f: Facts, m: Module):
     wraps = any(f.is_ddp_call(m, c) for c in m.calls)  # a run(settings) module a launcher imports by name wraps too
     if not converts and (m.entry or wraps) and not any(
             isinstance(n, (ast.Name, ast.Attribute)) and dotted(n).split(".")[-1] in SYNC_NAMES
-            for mm in related for n in mm.nodes):
+            and not _builds_a_layer(mm, n) for mm in related for n in mm.nodes):
         wrap, bn = _wrapped_batchnorm(f, m)
         if wrap is None and bns:  # BatchNorm in the script itself, whatever model it ends up in
             wrap, bn = bns[0], (m, bns[0])
@@ -67,6 +67,13 @@ def batchnorm_without_sync(f: Facts, m: Module):
                      "elsewhere): if it is off by default, as such switches usually are, the default DDP run "
                      "normalises each rank's micro-batch with its own statistics, unlike the single run — check "
                      "its default; turn it on when you compare the port"), "check-by-hand"
+
+
+def _builds_a_layer(m: Module, n: ast.AST) -> bool:
+    """`nn.SyncBatchNorm(c)` built as one model's layer (LlamaGen's VQ model under norm_type='batch') converts no
+    other model's BatchNorm: only a conversion call, or SyncBatchNorm chosen as the norm class, speaks for them."""
+    up = m.parent.get(id(n))
+    return isinstance(up, ast.Call) and up.func is n and dotted(n).split(".")[-1] == "SyncBatchNorm"
 
 
 def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | None:
@@ -116,7 +123,7 @@ def _wrapped_batchnorm(f: Facts, m: Module):
             keys = set()
             for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
                 keys |= f.p.reach(cm, meth)
-            bn = next(((mm, c) for mm, c in f.p.calls_in(keys) if _is_batchnorm(mm, c)), None)
+            bn = _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef)
             if bn is not None:
                 return w, bn
         if isinstance(arg, ast.Name):
@@ -133,7 +140,59 @@ def _class_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
     keys = set()
     for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
         keys |= f.p.reach(cm, meth)
-    return next(((mm, c) for mm, c in f.p.calls_in(keys) if _is_batchnorm(mm, c)), None)
+    return _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef)
+
+
+def _bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
+    """(module, node) of a BatchNorm layer the reached functions build: `nn.BatchNorm2d(c)`, or the class handed
+    on as the layer to build (`norm_layer = nn.BatchNorm2d`, `def __init__(self, norm_layer=nn.BatchNorm2d)`,
+    `Block(norm=nn.BatchNorm2d)`), not an isinstance() or == test of one."""
+    for mm, fn in f.p.nodes(keys):
+        defaults = fn.args.defaults + [d for d in fn.args.kw_defaults if d is not None]
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Call) and _is_batchnorm(mm, n):
+                return mm, n
+            if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
+                continue
+            up = mm.parent.get(id(n))
+            if any(n is d for d in defaults) or isinstance(up, ast.keyword) or isinstance(up, ast.Assign) and \
+                    up.value is n:
+                return mm, n
+    return None
+
+
+BN_CLASS = re.compile(r"BatchNorm[123]d")
+
+
+def _dynamic_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
+    """A class that builds its network from a module named at run time (`importlib.import_module("models." +
+    model).__getattribute__("MainModel")`, voxceleb_trainer's SpeakerNet): BatchNorm when every project module in
+    that package that defines the name reaches it."""
+    for n in ast.walk(cdef):
+        if not (isinstance(n, ast.Call) and (callee(n) == "__getattribute__" and isinstance(n.func, ast.Attribute)
+                                             and isinstance(n.func.value, ast.Call) or callee(n) == "getattr")):
+            continue
+        imp, name = (n.func.value, n.args[0] if n.args else None) if callee(n) != "getattr" else (
+            n.args[0] if n.args else None, n.args[1] if len(n.args) > 1 else None)
+        if not (isinstance(imp, ast.Call) and callee(imp) == "import_module" and imp.args
+                and isinstance(imp.args[0], ast.BinOp) and const_str(imp.args[0].left) and const_str(name)):
+            continue
+        package = const_str(imp.args[0].left).strip(".").replace(".", "/") + "/"
+        found = [_defined_batchnorm(f, mm, const_str(name)) for mm in f.p.modules.values()
+                 if mm.rel.startswith(package) or f"/{package}" in mm.rel]
+        found = [x for x in found if x != "absent"]
+        if found and all(found):
+            return found[0]
+    return None
+
+
+def _defined_batchnorm(f: Facts, mm: Module, name: str):
+    """'absent' when the module defines no `name`; else the BatchNorm its function or class reaches (or None)."""
+    if name in mm.classes:
+        return _class_batchnorm(f, mm, mm.classes[name])
+    if name in mm.functions:
+        return _bn_in(f, f.p.reach(mm, mm.functions[name]))
+    return "absent"
 
 
 def _built_by_callers(f: Facts, m: Module, w: ast.Call, name: str) -> list[tuple[Module, ast.Call]]:
@@ -226,9 +285,19 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
         return None
     for tm, tf in f.p.resolve(m, c):
         if tm.class_of(tf) is None:  # a project factory function (classes were looked at already)
-            bn = next(((mm, x) for mm, x in f.p.calls_in(f.p.reach(tm, tf)) if _is_batchnorm(mm, x)), None)
+            keys = f.p.reach(tm, tf)
+            bn = _bn_in(f, keys) or next((x for x in (_registered_batchnorm(f, callee(rc)) for rm, rc in
+                                                      f.p.calls_in(keys) if not f.p.resolve(rm, rc)) if x), None)
             if bn is not None:
                 return bn
+    if isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Name):
+        bn = _dict_registry_batchnorm(f, m, fn.value.id)
+        if bn is not None:
+            return bn
+    if not f.p.resolve(m, c):
+        bn = _registered_batchnorm(f, callee(c))
+        if bn is not None:
+            return bn
     if isinstance(fn, ast.Call) and callee(fn) == "eval" and fn.args and isinstance(fn.args[0], ast.BinOp):
         tail = fn.args[0]
         while isinstance(tail, ast.BinOp):
@@ -236,11 +305,47 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
         name = (const_str(tail) or "").split(".")[-1]
         for tm in f.p.modules.values():
             if name and name in tm.functions:
-                bn = next(((mm, x) for mm, x in f.p.calls_in(f.p.reach(tm, tm.functions[name]))
-                           if _is_batchnorm(mm, x)), None)
+                bn = _bn_in(f, f.p.reach(tm, tm.functions[name]))
                 if bn is not None:
                     return bn
     return None
+
+
+def _dict_registry_batchnorm(f: Facts, m: Module, table: str):
+    """`BACKBONE_DICT = {'IR_50': IR_50, ...}` then `BACKBONE_DICT[name](size)` (CurricularFace): BatchNorm when
+    every entry the project defines reaches it (entries from files these copies lack are not known)."""
+    for a in m.nodes:
+        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Dict) and any(dotted(t) == table for t in a.targets):
+            found = []
+            for v in a.value.values:
+                if isinstance(v, (ast.Name, ast.Attribute)):
+                    call = ast.Call(func=v, args=[], keywords=[])
+                    targets = f.p.resolve(m, call, exact=True)
+                    for tm, tf in targets[:1]:
+                        cls = tm.class_of(tf)
+                        found.append(_class_batchnorm(f, tm, tm.classes[cls]) if cls and tf.name == "__init__"
+                                     else _bn_in(f, f.p.reach(tm, tf)))
+            if found and all(found):
+                return found[0]
+    return None
+
+
+def _registered_batchnorm(f: Facts, name: str):
+    """`builder.build_sppe(cfg.MODEL)` whose builder these files lack, in a project whose model classes register
+    themselves (`@SPPE.register_module` in HybrIK, `@BACKBONES.register_module()` in mmcv-style code): BatchNorm
+    when every class registered under the matching registry reaches it."""
+    wanted = re.fullmatch(r"build_(\w+?)s?", name)
+    if wanted is None:
+        return None
+    found = []
+    for mm in f.p.modules.values():
+        for cls in mm.classes.values():
+            for d in cls.decorator_list:
+                reg = dotted(d.func if isinstance(d, ast.Call) else d)
+                head, _, tail = reg.rpartition(".")
+                if tail.startswith("register") and head.lower().rstrip("s") == wanted.group(1).lower():
+                    found.append(_class_batchnorm(f, mm, cls))
+    return found[0] if found and all(found) else None
 
 
 BN_DEFAULT = re.compile(r"^(batch_?norm|bn)(1d|2d)?$", re.I)

@@ -7,6 +7,7 @@ import ast
 import re
 
 from ..facts import Facts
+from ..gathers import applications
 from ..project import Module
 from ..ranks import one_process_arm
 from ..registry import Hit, rule
@@ -108,8 +109,7 @@ def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
 def _applied_only_without_backward(f: Facts, name: str) -> bool:
     """Every `Name.apply(...)` of an autograd.Function in the project sits in code that never runs backward, nor
     do the callers of the function around it: its backward never runs. False when nothing applies it here."""
-    sites = [(cm, c) for cm in f.p.modules.values() for c in cm.calls
-             if isinstance(c.func, ast.Attribute) and c.func.attr == "apply" and dotted(c.func.value) == name]
+    sites = applications(f, name)
     return bool(sites) and all(not f.trains(cm, c) and (cm.enclosing(c) is None or _callers_never_step(
         f, cm, cm.enclosing(c))) for cm, c in sites)
 
@@ -130,7 +130,16 @@ def _callers_never_step(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     (an evaluation gathering features for a kNN/SVM probe): its result feeds no gradient, so the missing autograd
     has no consequence. A helper nobody calls here (a library's) stays open."""
     sites = f.p.callers(m, fn) if fn is not None else []
-    return bool(sites) and not any(f.trains(cm, c) for cm, c in sites)
+    return bool(sites) and not any(f.trains(cm, c) or _in_a_forward(f, cm, cm.enclosing(c), 3) for cm, c in sites)
+
+
+def _in_a_forward(f: Facts, m: Module, fn: ast.AST | None, depth: int) -> bool:
+    """`fn` is a model's `forward`, or a helper it calls (up to `depth` calls down): `model(x)` runs it, a call
+    these sites do not name, and a training loop may backward through it (CLIP4Clip's get_similarity_logits)."""
+    if fn is None or depth < 0:
+        return False
+    return getattr(fn, "name", "") == "forward" or any(
+        _in_a_forward(f, cm, cm.enclosing(c), depth - 1) for cm, c in f.p.callers(m, fn))
 
 
 @rule("gather-without-grad", "05_ddp_flags", "in-batch negatives through a plain all_gather: the other ranks' "
@@ -160,10 +169,11 @@ def gather_without_grad(f: Facts, m: Module):
                 continue  # its backward sums every rank's gradient for this rank's features (VICReg's)
             if _applied_only_without_backward(f, owner.name):
                 continue  # applied only where nothing runs backward (DLRM gathers its evaluation outputs)
-            yield c, (f"{owner.name}.backward hands back only this rank's slice of the incoming gradients, with no "
-                      "all_reduce: the gradient other ranks' losses send to this rank's features is dropped, so at "
-                      "2 ranks the step is about 1/world_size of the single run's — all_reduce the stacked "
-                      "gradients in backward before slicing (or torch.distributed.nn.functional.all_gather)")
+            yield Hit(c, (f"{owner.name}.backward hands back only this rank's slice of the incoming gradients, with "
+                          "no all_reduce: the gradient other ranks' losses send to this rank's features is dropped, "
+                          "so at 2 ranks the step is about 1/world_size of the single run's — all_reduce the stacked "
+                          "gradients in backward before slicing (or torch.distributed.nn.functional.all_gather)"),
+                      related=tuple(applications(f, owner.name)))
             continue
         used = into or any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args
                            and dotted(n.args[0]) == lst for n in ast.walk(scope)) or any(
@@ -387,14 +397,21 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
                 involves(t.left, ACCUMISH) and isinstance(t.comparators[0], ast.Constant) and (
                 isinstance(t.ops[0], (ast.Gt, ast.NotEq)) and t.comparators[0].value == 1 or
                 isinstance(t.ops[0], ast.GtE) and t.comparators[0].value == 2):
-            attr = t.left.attr
-            defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
-                        if callee(c) == "add_argument" and any(
-                            (const_str(a) or "").lstrip("-").replace("-", "_") == attr for a in c.args)]
-            if defaults and all(isinstance(d, ast.Constant) and d.value == 1 for d in defaults):
+            if _option_defaults_to_one(f, t.left.attr):
                 return True
         n = m.parent.get(id(n))
-    return False
+    # the step gate itself counts with such an option: `if (step + 1) % args.gradient_accumulation_steps == 0:`
+    # (CLIP4Clip) steps every micro-batch in the default run
+    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) and isinstance(b.right, ast.Attribute)
+               and involves(b.right, ACCUMISH) and _option_defaults_to_one(f, b.right.attr) for b in ast.walk(node))
+
+
+def _option_defaults_to_one(f: Facts, attr: str) -> bool:
+    """Every add_argument of --attr in the project defaults to 1."""
+    defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
+                if callee(c) == "add_argument" and any(
+                    (const_str(a) or "").lstrip("-").replace("-", "_") == attr for a in c.args)]
+    return bool(defaults) and all(isinstance(d, ast.Constant) and d.value == 1 for d in defaults)
 
 
 def _and_flag(f: Facts, m: Module, node: ast.AST) -> bool:
