@@ -119,8 +119,8 @@ class Module:
                 for a in n.names:
                     if a.name == "*":  # `from utils import *`: Project._expand_stars names what it brings
                         self.stars.append((n.module or "", n.level))
-                    else:
-                        self.imports[a.asname or a.name] = (n.module or "", a.name, n.level)
+                    else:  # the first of two imports of one name (if/elif arms: MaskGIT's trainers) stays
+                        self.imports.setdefault(a.asname or a.name, (n.module or "", a.name, n.level))
         self.entry = self._is_entry()
         self.rank_tainted = self._taint()
 

@@ -99,6 +99,12 @@ class Guards:
         guard (`if rank == 0: logger = Logger(...)`). Calls on them, and tests of them (`if writer:`), run on rank 0
         alone; elsewhere the name is None (or never bound)."""
         out = set()
+        for w in (n for n in m.nodes if isinstance(n, (ast.With, ast.AsyncWith))):
+            for item in w.items:  # `with tqdm(it, disable=not verbose) as tepoch:`
+                v = item.context_expr
+                if isinstance(item.optional_vars, ast.Name) and isinstance(v, ast.Call) and any(
+                        k.arg == "disable" and self.classify(m, k.value) == "not0" for k in v.keywords):
+                    out.add(item.optional_vars.id)
         for a in m.nodes:
             if not (isinstance(a, ast.Assign) and len(a.targets) == 1):
                 continue
@@ -281,7 +287,30 @@ class Guards:
                 return self.flag_kinds[m.rel][name]
             if involves_rank(t, m.rank_tainted) and not RANK0_NAME.search(name):
                 return "not0"  # `if local_rank:` is true on every rank but 0
+            if not shallow and isinstance(t, ast.Name) and self._param_given_rank0(m, t):
+                return "rank0"
         return None
+
+    def _param_given_rank0(self, m: Module, t: ast.Name) -> bool:
+        """`t` is a parameter every project caller hands a rank-0 test (`train_network(loader, verbose=(args.gpu
+        == 0))`, voxceleb_trainer): inside, it is true on rank 0 alone."""
+        fn = m.enclosing(t)
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        names = [a.arg for a in fn.args.args]
+        if t.id not in names:
+            return False
+        cache = self.__dict__.setdefault("_param_cache", {})
+        key = (m.rel, id(fn), t.id)
+        if key not in cache:
+            cache[key] = False  # (a recursive question answers no)
+            i = names.index(t.id) - (1 if names[0] in ("self", "cls") else 0)
+            sites = self.p.callers(m, fn)
+            given = [(cm, next((k.value for k in c.keywords if k.arg == t.id),
+                               c.args[i] if 0 <= i < len(c.args) else None)) for cm, c in sites]
+            cache[key] = bool(sites) and all(g is not None and self.classify(cm, g, shallow=True) == "rank0"
+                                             for cm, g in given)
+        return cache[key]
 
     def kind(self, m: Module, node: ast.AST) -> str | None:
         """'rank0' when only rank 0 runs `node` within its function, 'leaky' when its guard is leaky,

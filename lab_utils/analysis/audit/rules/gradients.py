@@ -273,6 +273,20 @@ def _default_kept(f: Facts, m: Module, v: ast.AST):
     return default.value
 
 
+def _option_port(f: Facts, v: ast.AST):
+    """`os.environ['MASTER_PORT'] = args.port` (or str(args.port)) where every add_argument of --port defaults to
+    a constant port number (voxceleb_trainer's '8888')."""
+    if isinstance(v, ast.Call) and callee(v) in ("str", "int") and len(v.args) == 1:
+        v = v.args[0]
+    if not isinstance(v, ast.Attribute):
+        return None
+    defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
+                if callee(c) == "add_argument" and any(
+                    (const_str(a) or "").lstrip("-").replace("-", "_") == v.attr for a in c.args)]
+    ports = {str(d.value) for d in defaults if isinstance(d, ast.Constant) and str(d.value).isdigit()}
+    return ports.pop() if defaults and len(ports) == 1 and len(defaults) == 1 else None
+
+
 def _env_fallback(m: Module, node: ast.Assign) -> bool:
     """The fixed value is only a fallback: under `if "MASTER_PORT" not in os.environ:` (a test of the very
     variable or environment key it sets), so a launcher's port wins."""
@@ -301,6 +315,9 @@ def hard_coded_master_port(f: Facts, m: Module):
         elif sets_port and (default := _default_kept(f, m, a.value)) is not None:
             yield a, (f"MASTER_PORT set from a parameter whose default {default!r} no caller replaces: the port is "
                       f"fixed: {advice}"), "check-by-hand"
+        elif sets_port and (default := _option_port(f, a.value)) is not None:
+            yield a, (f"MASTER_PORT set from an option whose default is the fixed port {default!r}, overriding the "
+                      f"environment: every run that keeps the default uses it: {advice}"), "check-by-hand"
         elif any(dotted(t) in urls - reported for t in a.targets) and _fixed_port(a.value):
             # args.dist_url = 'tcp://localhost:58472' ... init_method=args.dist_url; one finding per variable,
             # however many branches fix it

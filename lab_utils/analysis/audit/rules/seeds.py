@@ -43,7 +43,9 @@ def _entry_calls(f: Facts, m: Module):
         ddp = any(callee(c) in ("init_process_group", "spawn") or f.is_ddp_call(mm, c) for mm, c in calls)
         # a seed only under a store_true option (`if opt.deterministic: torch.manual_seed(27)`, CTKD) is no seed
         # in the default run
-        seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not f.off_by_default(mm, c)}
+        # ... and so is one under a test its option's default fails (`if args.seed > 0:` with default -1, MaskGIT)
+        seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not f.off_by_default(mm, c)
+                  and not _failed_by_default(f, mm, c)}
         cache[m.rel] = (calls, seeded) if ddp else None
     return cache[m.rel]
 
@@ -58,7 +60,10 @@ def no_seed(f: Facts, m: Module):
     if "torch" not in kinds:  # random and numpy seeded alone leave the model's init (torch's CPU RNG) unseeded
         gated = next((flag for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
                       for flag in [f.off_by_default(mm, c)] if flag), None)
+        failed = next((t for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
+                       for t in [_failed_by_default(f, mm, c)] if t), None)
         what = f"torch is seeded only under --{gated}, which is off by default" if gated else \
+            f"torch is seeded only when `{failed}`, which the option's default fails" if failed else \
             "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
             "other" in kinds else "nothing seeds torch"
         # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
@@ -67,6 +72,38 @@ def no_seed(f: Facts, m: Module):
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
                   related=tuple(wraps[:1]))
+
+
+def _failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
+    """The test of an enclosing `if args.seed > 0:` (a comparison of an option with a number) that the option's
+    constant default fails (`--seed default=-1`), as written; None when the default run reaches `node`. Options
+    about ranks (`--local_rank -1`, which the launcher replaces) are left out."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        t = n.test if isinstance(n, ast.If) and any(child is b for b in n.body) else None
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, ast.Attribute) and isinstance(
+                t.comparators[0], ast.Constant) and isinstance(t.comparators[0].value, (int, float)) \
+                and not re.search(r"rank|gpu|world|local|dist|device", t.left.attr, re.I):
+            defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
+                        if callee(c) == "add_argument" and any(
+                            (const_str(a) or "").lstrip("-").replace("-", "_") == t.left.attr for a in c.args)]
+            x = _number(defaults[0]) if len(defaults) == 1 else None  # (-1 is a unary minus, not a constant)
+            if x is not None:
+                y, op = t.comparators[0].value, t.ops[0]
+                holds = {ast.Gt: x > y, ast.GtE: x >= y, ast.Lt: x < y, ast.LtE: x <= y, ast.Eq: x == y,
+                         ast.NotEq: x != y}.get(type(op), True)
+                if not holds:
+                    return ast.unparse(t)
+        child, n = n, m.parent.get(id(n))
+    return None
+
+
+def _number(node: ast.AST | None) -> int | float | None:
+    try:
+        v = ast.literal_eval(node) if node is not None else None
+    except ValueError:
+        return None
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
