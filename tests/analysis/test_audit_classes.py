@@ -1427,13 +1427,96 @@ CASES15 = [
     ("every-rank-prints-loss", EVERY_BAR.format(disable=", disable=rank != 0"), EVERY_BAR.format(disable="")),
 ]
 
+
+# held-out batches 16 and 17 (a helper labelled them blind; tests/outside/heldout_labels.json)
+ACCUM_OPTION = ("import argparse\np = argparse.ArgumentParser()\n"
+                "p.add_argument('--gradient_accumulation_steps', type=int, default={default})\nargs = p.parse_args()\n"
+                "model = DDP(Net())\nfor step, (x, y) in enumerate(loader):\n    loss = crit(model(x), y)\n"
+                "    loss.backward()\n    if (step + 1) % args.gradient_accumulation_steps == 0:\n"
+                "        opt.step()\n        opt.zero_grad()\n")
+LOSS_MODULE = ("import torch.nn as nn\nmodel = DDP(Net())\nLOSS_DICT = {{'Softmax': nn.CrossEntropyLoss()}}\n"
+               "loss = LOSS_DICT['Softmax'].cuda()\n{before}for x, y in loader:\n    out = model(x)\n"
+               "    {name} = loss(out, y)\n    opt.zero_grad()\n    {name}.backward()\n    opt.step()\n{inside}")
+SEED_TEST = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--seed', type=int, default={default})\n"
+             "args = p.parse_args()\nif args.seed > 0:\n    torch.manual_seed(args.seed)\nmodel = DDP(Net())\n" + LOOP)
+OPTION_PORT = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--port', type=str, default={default})\n"
+               "args = p.parse_args()\nos.environ['MASTER_ADDR'] = 'localhost'\nos.environ['MASTER_PORT'] = args.port\n"
+               "dist.init_process_group('nccl', rank=0, world_size=2)\ntorch.manual_seed(0)\nmodel = DDP(Net())\n")
+VERBOSE_BAR = ("from tqdm import tqdm\nmodel = DDP(Net())\ndef train_network(loader, verbose):\n    loss_sum = 0\n"
+               "    with tqdm(loader, disable=not verbose) as bar:\n        for x, y in bar:\n"
+               "            loss = crit(model(x), y)\n            opt.zero_grad()\n            loss.backward()\n"
+               "            opt.step()\n            loss_sum += loss.item()\n"
+               "            bar.set_postfix(loss=loss_sum)\n"
+               "train_network(loader, verbose={verbose})\n")
+NORM_CLASS = ("import torch.nn as nn\nclass Disc(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        {line}\n        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), norm_layer(8))\n"
+              "model = DDP(Disc())\n" + LOOP)
+OTHER_SYNC = ("import torch.nn as nn\ndef Normalize(c, kind='group'):\n    if kind == 'group':\n"
+              "        return nn.GroupNorm(8, c)\n    return nn.SyncBatchNorm(c)\n"
+              "class Disc(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\n"
+              "model = Disc()\n{convert}model = DDP(model)\n" + LOOP)
+GATHERED_LOSS = ("import torch.nn as nn\nclass Retrieval(nn.Module):\n    def forward(self, text, video):\n"
+                 "        t, v = self.enc(text), self.enc(video)\n{gather}"
+                 "        loss = (t @ v.T).logsumexp(1).mean()\n        return loss\n"
+                 "def train_epoch(model, loader):\n    for text, video in loader:\n        loss = model(text, video)\n"
+                 "        loss = loss.mean()\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+                 "        if rank == 0:\n            print('loss', float(loss))\n"
+                 "model = DDP(Retrieval())\ntrain_epoch(model, loader)\n")
+GATHER_ALL = ("        out = [torch.empty_like(v) for _ in range(world_size)]\n        dist.all_gather(out, v)\n"
+              "        v = torch.cat(out)\n")
+ALIAS_GATHER = ("import torch.nn as nn\nclass AllGather(torch.autograd.Function):\n    @staticmethod\n"
+                "    def forward(ctx, x):\n        out = [torch.empty_like(x) for _ in range(world_size)]\n"
+                "        dist.all_gather(out, x)\n        ctx.n = x.shape[0]\n        return torch.cat(out)\n"
+                "    @staticmethod\n    def backward(ctx, g):\n{reduce}"
+                "        return g[ctx.n * rank:ctx.n * (rank + 1)]\nallgather = AllGather.apply\n"
+                "class Retrieval(nn.Module):\n    def similarity(self, t, v):\n        v = allgather(v)\n"
+                "        return t @ v.T\n    def forward(self, text, video):\n"
+                "        loss = self.similarity(text, video).logsumexp(1).mean()\n        return loss\n"
+                "model = DDP(Retrieval())\nfor text, video in loader:\n    model(text, video).backward()\n"
+                "    opt.step()\n")
+
+CASES16 = [
+    # accumulation whose step gate counts with an option that defaults to 1 (CLIP4Clip): the default run steps
+    # every micro-batch, so no all-reduce is wasted
+    ("accumulation-without-no-sync", ACCUM_OPTION.format(default=1), ACCUM_OPTION.format(default=4)),
+    # the name printed still holds the loss function its last binding built (CurricularFace's `loss =
+    # LOSS_DICT[...]`), not a loss value; the loud twin prints the loop's value under the same guard
+    ("rank0-local-loss", LOSS_MODULE.format(before="if rank == 0:\n    print('{} Loss Generated'.format(loss))\n",
+                                            name="l", inside=""),
+     LOSS_MODULE.format(before="", name="loss_value",
+                        inside="    if rank == 0:\n        print('loss', loss_value.item())\n")),
+    # torch seeded only when `args.seed > 0`, which the default -1 fails (MaskGIT)
+    ("no-seed", SEED_TEST.format(default=1), SEED_TEST.format(default=-1), DDP_HEAD),
+    # MASTER_PORT from an option whose default is a fixed port, overriding the environment (voxceleb_trainer)
+    ("hard-coded-master-port", OPTION_PORT.format(default="None"), OPTION_PORT.format(default="'8888'"),
+     "import os, torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"),
+    # a bar `with tqdm(..., disable=not verbose) as bar:` whose every caller hands verbose a rank-0 test
+    ("rank0-local-loss", VERBOSE_BAR.format(verbose="True"), VERBOSE_BAR.format(verbose="(rank == 0)")),
+    # BatchNorm handed on as the layer class to build (`norm_layer = nn.BatchNorm2d`, LlamaGen's PatchGAN)
+    ("batchnorm-without-sync", NORM_CLASS.format(line="norm_layer = nn.InstanceNorm2d"),
+     NORM_CLASS.format(line="norm_layer = nn.BatchNorm2d")),
+    # a SyncBatchNorm layer another model builds converts nothing (LlamaGen's VQ model under norm_type='batch')
+    ("batchnorm-without-sync", OTHER_SYNC.format(convert="model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"),
+     OTHER_SYNC.format(convert="")),
+    # a model whose loss is computed over every rank's all-gathered features logs the global batch's loss on rank
+    # 0 (CLIP4Clip); without the gather, the same log is rank 0's own
+    ("rank0-local-loss", GATHERED_LOSS.format(gather=GATHER_ALL), GATHERED_LOSS.format(gather="")),
+    # an autograd gather applied by alias inside the model's forward (CLIP4Clip's `allgather = AllGather.apply`),
+    # whose backward keeps only this rank's slice without an all_reduce (the alias's sites are followed, and a
+    # helper the forward calls may train: test_an_aliased_gather_names_where_it_is_applied)
+    ("gather-without-grad", ALIAS_GATHER.format(reduce="        dist.all_reduce(g)\n"),
+     ALIAS_GATHER.format(reduce="")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
                "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11,
                "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13,
                "probes": CASES_PROBES, "batch14": CASES14,
-               "batch15": CASES15}
+               "batch15": CASES15, "batch16-17": CASES16}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -1464,3 +1547,112 @@ def test_a_gather_function_applied_only_where_nothing_runs_backward(tmp_path):
         return {f.rule for f in audit.audit_paths([root])}
     assert "gather-without-grad" not in found("eval", "model(x).sum()")
     assert "gather-without-grad" in found("train", "(model(x) @ ext_dist.all_gather(model(x)).T).mean()")
+
+
+def test_a_rank0_flag_set_by_a_helper_on_the_object_it_is_handed(tmp_path):
+    """HybrIK: `def init_dist(opt): ... if opt.rank % n == 0: opt.log = True / else: opt.log = False`, and the
+    training script saves under `if opt.log:`: rank 0's save alone. The same helper setting the flag True on every
+    rank leaves the saves on every rank."""
+    helper = ("import torch.distributed as dist\ndef init_dist(opt):\n    dist.init_process_group('nccl')\n"
+              "    opt.rank = dist.get_rank()\n{body}")
+    script = ("import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\nfrom env import init_dist\n"
+              "def main(opt):\n    init_dist(opt)\n    torch.manual_seed(0)\n    model = DDP(Net())\n"
+              "    for x in loader:\n        model(x).sum().backward()\n        if opt.log:\n"
+              "            torch.save(model.module.state_dict(), 'ckpt.pth')\n"
+              "if __name__ == '__main__':\n    main(opt)\n")
+    def found(name, body):
+        root = _project(tmp_path / name, {"env.py": helper.format(body=body), "train.py": script})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "save-on-every-rank" not in found("guarded", "    if opt.rank % 8 == 0:\n        opt.log = True\n"
+                                                        "    else:\n        opt.log = False\n")
+    assert "save-on-every-rank" in found("every", "    opt.log = True\n")
+
+
+def test_batchnorm_in_a_model_built_through_a_registry_or_a_module_named_at_run_time(tmp_path):
+    """HybrIK builds its model with `builder.build_sppe(cfg)` from a builder these files lack, and the model class
+    registers itself (`@SPPE.register_module`); voxceleb_trainer builds its network from
+    `importlib.import_module("models." + name).__getattribute__("MainModel")`. BatchNorm in the registered class or
+    in the package's MainModel is under DDP; a LayerNorm model is not."""
+    registered = ("import torch.nn as nn\nfrom .builder import SPPE\n@SPPE.register_module\n"
+                  "class Pose(nn.Module):\n    def __init__(self, norm_layer={norm}):\n        super().__init__()\n"
+                  "        self.bn = norm_layer(8)\n")
+    script = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from pose.models import builder\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+              "def preset_model(cfg):\n    return builder.build_sppe(cfg.MODEL)\nm = preset_model(cfg)\n"
+              "m = DDP(m)\nfor x in loader:\n    m(x).sum().backward()\n")
+    dynamic = ("import importlib, torch.nn as nn\nclass SpeakerNet(nn.Module):\n    def __init__(self, model):\n"
+               "        super().__init__()\n"
+               "        Model = importlib.import_module('models.' + model).__getattribute__('MainModel')\n"
+               "        self.net = Model()\n")
+    net = "import torch.nn as nn\ndef MainModel():\n    return nn.Sequential(nn.Conv2d(1, 8, 3), {norm}(8))\n"
+    speaker = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+               "from SpeakerNet import SpeakerNet\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+               "s = SpeakerNet('ResNetSE34L')\ns = DDP(s)\nfor x in loader:\n    s(x).sum().backward()\n")
+    def found(name, files):
+        return {f.rule for f in audit.audit_paths([_project(tmp_path / name, files)])}
+    assert "batchnorm-without-sync" in found("reg-bn", {"pose/models/pose.py": registered.format(
+        norm="nn.BatchNorm2d"), "pose/models/__init__.py": "", "train.py": script})
+    assert "batchnorm-without-sync" not in found("reg-ln", {"pose/models/pose.py": registered.format(
+        norm="nn.LayerNorm"), "pose/models/__init__.py": "", "train.py": script})
+    assert "batchnorm-without-sync" in found("dyn-bn", {"SpeakerNet.py": dynamic, "train.py": speaker,
+                                                        "models/ResNetSE34L.py": net.format(norm="nn.BatchNorm2d")})
+    assert "batchnorm-without-sync" not in found("dyn-ln", {"SpeakerNet.py": dynamic, "train.py": speaker,
+                                                            "models/ResNetSE34L.py": net.format(norm="nn.LayerNorm")})
+
+
+def test_a_trainer_imported_in_the_first_of_two_arms_is_followed(tmp_path):
+    """MaskGIT's main() imports its trainer in if/elif arms (`from Trainer.cls_trainer import MaskGIT` / `from
+    Trainer.txt_trainer import MaskGIT`, the second file absent): the first import is followed, so the trainer's
+    backward shows the script trains, and its missing seed is a finding rather than an evaluation script's."""
+    trainer = ("import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\nclass MaskGIT:\n"
+               "    def __init__(self, args):\n        self.model = DDP(Net())\n    def fit(self):\n"
+               "        for x in loader:\n            self.model(x).sum().backward()\n")
+    script = ("import torch\nfrom torch.distributed import init_process_group\ndef main(args):\n"
+              "    if args.mode == 'cls':\n        from Trainer.cls_trainer import MaskGIT\n"
+              "    elif args.mode == 'txt':\n        from Trainer.txt_trainer import MaskGIT\n"
+              "    maskgit = MaskGIT(args)\n    if args.test_only:\n        maskgit.model.eval()\n    else:\n"
+              "        maskgit.fit()\n{seed}if __name__ == '__main__':\n    init_process_group('nccl')\n"
+              "    main(args)\n")
+    def found(name, seed):
+        root = _project(tmp_path / name, {"Trainer/cls_trainer.py": trainer, "Trainer/__init__.py": "",
+                                          "main.py": script.format(seed=seed)})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "no-seed" in found("unseeded", "")
+    assert "no-seed" not in found("seeded", "    torch.manual_seed(0)\n")
+
+
+def test_a_copied_loss_logged_twice_is_one_finding(tmp_path):
+    """CurricularFace prints its meter `losses` in the loop and writes `epoch_loss = losses.avg` after it, both on
+    rank 0 alone: one defect, one finding."""
+    body = ("def main():\n    model = DDP(Net())\n    losses = AverageMeter()\n    for x, y in loader:\n"
+            "        loss = crit(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+            "        losses.update(loss.item())\n        if rank == 0:\n            print('loss', losses.avg)\n"
+            "    epoch_loss = losses.avg\n    if rank == 0:\n        writer.add_scalar('loss', epoch_loss)\n"
+            "main()\n")
+    assert rules(body).count("rank0-local-loss") == 1, rules(body)
+
+
+def test_batchnorm_in_a_model_chosen_from_a_dict_of_builders(tmp_path):
+    """CurricularFace: `BACKBONE_DICT = {'IR_50': IR_50, ...}` then `DDP(BACKBONE_DICT[name](size))`, the builders
+    in another file: BatchNorm when the builders reach it."""
+    builders = ("import torch.nn as nn\ndef IR_50(size):\n    return nn.Sequential(nn.Conv2d(3, 8, 3), {norm})\n"
+                "def IR_101(size):\n    return nn.Sequential(nn.Conv2d(3, 8, 3), {norm})\n")
+    script = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from backbone import IR_50, IR_101\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+              "BACKBONE_DICT = {'IR_50': IR_50, 'IR_101': IR_101}\nbackbone = BACKBONE_DICT['IR_101'](112)\n"
+              "backbone = DDP(backbone)\nfor x in loader:\n    backbone(x).sum().backward()\n")
+    def found(name, norm):
+        root = _project(tmp_path / name, {"backbone.py": builders.format(norm=norm), "train.py": script})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "batchnorm-without-sync" in found("bn", "nn.BatchNorm2d(8)")
+    assert "batchnorm-without-sync" not in found("ln", "nn.LayerNorm(8)")
+
+
+def test_an_aliased_gather_names_where_it_is_applied():
+    """CLIP4Clip's `allgather = AllGather.apply`, applied in a helper of the model's forward: the finding at the
+    Function's gather names the line that applies it (where the labels, and a reader, look)."""
+    from test_audit import DDP_HEAD as head
+    source = head + "torch.manual_seed(0)\n" + ALIAS_GATHER.format(reduce="")
+    found = [f for f in audit.audit_source(source) if f.rule == "gather-without-grad"]
+    applied = next(i for i, line in enumerate(source.splitlines(), 1) if "v = allgather(v)" in line)
+    assert found and any(line == applied for _, line in found[0].related), found

@@ -285,10 +285,10 @@ class Guards:
                 return "rank0"
             if not shallow and name in getattr(self, "flag_kinds", {}).get(m.rel, {}):
                 return self.flag_kinds[m.rel][name]
+            if not shallow and isinstance(t, ast.Name) and self._param_given_rank0(m, t):
+                return "rank0"  # (a parameter handed `rank == 0` is tainted by the rank, but no rank number)
             if involves_rank(t, m.rank_tainted) and not RANK0_NAME.search(name):
                 return "not0"  # `if local_rank:` is true on every rank but 0
-            if not shallow and isinstance(t, ast.Name) and self._param_given_rank0(m, t):
-                return "rank0"
         return None
 
     def _param_given_rank0(self, m: Module, t: ast.Name) -> bool:
