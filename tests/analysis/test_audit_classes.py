@@ -1656,3 +1656,19 @@ def test_an_aliased_gather_names_where_it_is_applied():
     found = [f for f in audit.audit_source(source) if f.rule == "gather-without-grad"]
     applied = next(i for i, line in enumerate(source.splitlines(), 1) if "v = allgather(v)" in line)
     assert found and any(line == applied for _, line in found[0].related), found
+
+
+def test_a_fixed_rendezvous_address_in_a_config_dict(tmp_path):
+    """CurricularFace: config.py holds `dict(..., DIST_URL='tcp://localhost:23456')` and train.py passes
+    `init_method=cfg['DIST_URL']`: a fixed port on this host. A config whose address comes from the environment
+    is not."""
+    config = "import os\nconfigurations = {{1: dict(SEED=1337, DIST_URL={url})}}\n"
+    script = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from config import configurations\ncfg = configurations[1]\n"
+              "dist.init_process_group('nccl', init_method=cfg['DIST_URL'], world_size=2, rank=0)\n"
+              "torch.manual_seed(cfg['SEED'])\nmodel = DDP(Net())\n")
+    def found(name, url):
+        root = _project(tmp_path / name, {"config.py": config.format(url=url), "train.py": script})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "hard-coded-master-port" in found("fixed", "'tcp://localhost:23456'")
+    assert "hard-coded-master-port" not in found("env", "os.environ.get('DIST_URL', 'env://')")

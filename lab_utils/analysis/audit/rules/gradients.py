@@ -273,6 +273,31 @@ def _default_kept(f: Facts, m: Module, v: ast.AST):
     return default.value
 
 
+def _config_url(f: Facts, url: ast.AST):
+    """((module, node), text) when `init_method=cfg["DIST_URL"]` (or `cfg.DIST_URL`) names a key that every
+    definition in the project sets to one constant address on this host with a port (CurricularFace's config.py:
+    `dict(..., DIST_URL='tcp://localhost:23456')`); None otherwise, or when any definition is computed."""
+    key = const_str(url.slice) if isinstance(url, ast.Subscript) else url.attr if isinstance(url, ast.Attribute) \
+        else None
+    if not key or not key.isupper():
+        return None  # a config key (`DIST_URL`), not an object's field (`args.dist_url`, an option's)
+    defs = []
+    for mm in f.p.modules.values():
+        for n in mm.nodes:
+            if isinstance(n, ast.Dict):
+                defs += [(mm, v) for k, v in zip(n.keys, n.values, strict=True)
+                         if k is not None and const_str(k) == key]
+            elif isinstance(n, ast.keyword) and n.arg == key:
+                defs.append((mm, n.value))
+            elif isinstance(n, ast.Assign) and any(dotted(t).split(".")[-1] == key or isinstance(t, ast.Subscript)
+                                                   and const_str(t.slice) == key for t in n.targets):
+                defs.append((mm, n.value))
+    texts = {const_str(v) for _, v in defs}
+    if defs and len(texts) == 1 and None not in texts and LOOPBACK_PORT.search(next(iter(texts))):
+        return defs[0], next(iter(texts))
+    return None
+
+
 def _option_port(f: Facts, v: ast.AST):
     """`os.environ['MASTER_PORT'] = args.port` (or str(args.port)) where every add_argument of --port defaults to
     a constant port number (voxceleb_trainer's '8888')."""
@@ -334,6 +359,13 @@ def hard_coded_master_port(f: Facts, m: Module):
         # in a project whose init_process_group takes its init_method from a variable: every single-host run that
         # keeps the default rendezvous there. A remote address as default must be replaced to run at all, so it
         # is no collision waiting to happen
+        if url is not None and const_str(url) is None:
+            where = _config_url(f, url)
+            if where is not None:
+                (dm, d), text = where
+                yield Hit(url, (f"{ast.unparse(url)} is {text!r}, written in the project's configuration, a fixed "
+                                f"port on this host with no environment fallback: {advice}"), "check-by-hand",
+                          related=((dm, d),))
         default = kw(c, "default") if callee(c) == "add_argument" else None
         if passed and default is not None and const_str(default) and LOOPBACK_PORT.search(default.value):
             yield default, (f"the option's default {default.value!r} is a fixed port on this host, used by every "
