@@ -1,6 +1,7 @@
 """Which ranks' log lines reach a console: loggers only rank 0 gives a handler, a root logger writing to a stdout
-the other ranks silenced, and loggers (root or named) that every rank gives a console. The logging rules ask
-this to tell rank 0's own loss from every rank's."""
+the other ranks silenced, and loggers (root or named) that every rank gives a console; and which project objects
+print when called (a meter's log_every, a progress bar's __call__). The logging rules ask this to tell rank 0's own
+loss from every rank's."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 
 from .facts import Facts
 from .project import Module
-from .syntax import callee, const_str, dotted, involves_rank, kw
+from .syntax import LOG_CALLS, callee, const_str, dotted, involves_rank, kw
 
 
 def rank0_loggers(f: Facts, m: Module) -> set[str]:
@@ -151,3 +152,27 @@ def _root_console_on_every_rank(f: Facts) -> bool:
                    f.g.effective(mm, c) is None for c in ast.walk(fn)):
                 return True
     return False
+
+
+def meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
+    """`metric_logger.log_every(loader, ...)` where the object's project class prints in that method (a
+    MetricLogger): the call is a log of whatever the meter holds. Returns the method's log call name."""
+    if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute)):
+        holder, method = dotted(c.func.value), c.func.attr
+    elif isinstance(c.func, ast.Name):  # `pbar(step, {'loss': loss.item()})`: the object's __call__ (BERT-NER)
+        holder, method = c.func.id, "__call__"
+    else:
+        return None
+    found = f.any_class(m, holder)
+    meth = found[0].functions.get(f"{found[1].name}.{method}") if found else None
+    logs = [log_name(x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS] if meth \
+        else []
+    if meth is not None and not logs:  # `logger.push(metrics)`, whose class prints in a method push calls
+        keys = f.p.reach(found[0], meth)
+        logs = [log_name(x) for _, x in f.p.calls_in(keys) if callee(x) in LOG_CALLS]
+    return ("print" if "print" in logs else logs[0]) if logs else None
+
+
+def log_name(c: ast.Call) -> str:
+    """A log call's name; `sys.stdout.write(...)` is a print."""
+    return "print" if dotted(c.func) in ("sys.stdout.write", "sys.stderr.write") else callee(c)

@@ -9,7 +9,7 @@ import ast
 import re
 
 from .project import Module, Project
-from .ranks import Guards
+from .ranks import Guards, dead_branch
 from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
@@ -565,12 +565,15 @@ class Facts:
         return wrap is not None and fn is not None and "." not in owner and owner not in binds
 
 
-    def collective(self, m: Module, c: ast.Call) -> bool:
+    def collective(self, m: Module, c: ast.Call, by: str | None = None) -> bool:
+        """A collective, or a helper that runs one; `by` ('rank0'): one that rank 0 reaches (a helper's
+        barrier under `if args.local_rank not in [-1, 0]:` is never reached when rank 0 alone calls it)."""
         if callee(c) in COLLECTIVES and ("dist" in dotted(c.func) or dotted(c.func) in COLLECTIVES
                                           or "distributed" in dotted(c.func)):
             return not (isinstance(c.func, ast.Attribute) and root(c.func.value) in ("MPI", "comm", "self"))
-        return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in
-                                        dotted(cc.func), 2) for tm, tf in self.p.resolve(m, c))
+        return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in dotted(
+            cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2)
+            for tm, tf in self.p.resolve(m, c))
 
 
 def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:

@@ -233,7 +233,8 @@ class Guards:
                     "leaky" if "leaky" in kinds else None
             negated = [v for v in t.values if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not)
                        and not involves_rank(v, m.rank_tainted)]
-            if "rank0" in kinds and negated and all(_set_by_launch(m, v.operand) for v in negated):
+            if "rank0" in kinds and negated and all(_set_by_launch(m, v.operand) or self._own_launch_switch(v.operand)
+                                                    for v in negated):
                 # `not is_distributed or rank == 0` with `is_distributed = num_gpus > 1` (from WORLD_SIZE): true
                 # in every launched run, so rank 0 alone passes; only a launcher option (`not
                 # args.multiprocessing_distributed or ...`, off under torchrun) leaks
@@ -291,6 +292,21 @@ class Guards:
                 return "not0"  # `if local_rank:` is true on every rank but 0
         return None
 
+    def _own_launch_switch(self, flag: ast.AST) -> bool:
+        """`args.multi_gpu` in `not args.multi_gpu or rank == 0` when the project itself starts its ranks, or wraps
+        its model in DDP, only under that flag (`if args.multi_gpu: mp.spawn(...)`, SAM-Med3D): with the flag off
+        the run is one process, so the guard is rank 0's in every run the script starts (a torchrun launch
+        without the flag, the leak, is not how it runs)."""
+        attr = dotted(flag).split(".")[-1]
+        cache = self.__dict__.setdefault("_launch_cache", {})
+        if attr not in cache:
+            cache[attr] = bool(attr) and any(
+                isinstance(n, ast.If) and dotted(n.test).split(".")[-1] == attr and any(
+                    isinstance(c, ast.Call) and (callee(c) == "spawn" or "DistributedDataParallel" in dotted(c.func)
+                                                 or callee(c) == "DDP") for s in n.body for c in ast.walk(s))
+                for mm in self.p.modules.values() for n in mm.nodes)
+        return cache[attr]
+
     def _param_given_rank0(self, m: Module, t: ast.Name) -> bool:
         """`t` is a parameter every project caller hands a rank-0 test (`train_network(loader, verbose=(args.gpu
         == 0))`, voxceleb_trainer): inside, it is true on rank 0 alone."""
@@ -327,25 +343,31 @@ class Guards:
                 if k == "leaky" and in_body:
                     return "leaky"
             body = getattr(n, "body", None)
-            if isinstance(body, list) and any(child is s for s in body) and self._after_early_exit(m, body, child):
-                return "rank0"
+            if isinstance(body, list) and any(child is s for s in body):
+                exited = self._after_early_exit(m, body, child)
+                if exited:
+                    return exited
             child, n = n, m.parent.get(id(n))
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and self._after_early_exit(m, n.body, child):
-            return "rank0"
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            exited = self._after_early_exit(m, n.body, child)
+            if exited:
+                return exited
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                 dotted(node.func.value) in getattr(self, "objects", {}).get(m.rel, ()):
             return "rank0"  # writer.add_scalar(...) on the writer only rank 0 holds
         return None
 
-    def _after_early_exit(self, m: Module, body: list, child: ast.AST) -> bool:
-        """`if rank != 0: return` (or continue) earlier in the same block: the rest is rank 0's alone."""
+    def _after_early_exit(self, m: Module, body: list, child: ast.AST) -> str | None:
+        """`if rank != 0: return` (or continue) earlier in the same block: the rest is rank 0's alone ('rank0');
+        `if self.rank == 0: return` (timer's HiddenPrints.__enter__): the rest is the other ranks' ('not0')."""
         for s in body:
             if s is child:
-                return False
-            if isinstance(s, ast.If) and self.classify(m, s.test) == "not0" and s.body and isinstance(
-                    s.body[-1], (ast.Return, ast.Continue, ast.Break)):
-                return True
-        return False
+                return None
+            if isinstance(s, ast.If) and s.body and isinstance(s.body[-1], (ast.Return, ast.Continue, ast.Break)):
+                k = self.classify(m, s.test)
+                if k in ("rank0", "not0"):
+                    return "rank0" if k == "not0" else "not0"
+        return None
 
     def effective(self, m: Module, node: ast.AST, depth: int = 3) -> str | None:
         """kind() through the callers: a function called only under a rank-0 guard runs on rank 0 only."""
@@ -477,8 +499,49 @@ def one_process_arm(m: Module, node: ast.AST) -> bool:
             if negated and any(child is s for s in n.body) or switch_flag(n.test) and any(
                     child is s for s in n.orelse):
                 return True
+            single = next((k for k in map(_single_process_test, tests) if k is not None), None)
+            if single == "body" and any(child is s for s in n.body) or \
+                    _single_process_test(n.test) == "orelse" and any(child is s for s in n.orelse):
+                return True
         child, n = n, m.parent.get(id(n))
     return False
+
+
+def dead_branch(m: Module, node: ast.AST) -> bool:
+    """`node` sits under `if ... and not evaluate:` where `evaluate` names a function of the module, not a value
+    (BERT-NER's copy of run_glue dropped the `evaluate` parameter): a function is always true, so the branch
+    never runs."""
+    child, n = node, m.parent.get(id(node))
+    fn = m.enclosing(node)
+    local = {a.arg for a in fn.args.args + fn.args.kwonlyargs} if isinstance(
+        fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and any(child is s for s in n.body):
+            tests = n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test]
+            if any(isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and isinstance(t.operand, ast.Name)
+                   and t.operand.id in m.functions and t.operand.id not in local for t in tests):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _single_process_test(t: ast.AST) -> str | None:
+    """`args.local_rank == -1` (the launcher sets it to 0 or more) or `world_size == 1`: 'body' when the test
+    holds only in a run of one process, 'orelse' for `local_rank != -1` / `world_size > 1`; None otherwise."""
+    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Name, ast.Attribute))):
+        return None
+    name, op, right = dotted(t.left).split(".")[-1], t.ops[0], t.comparators[0]
+    try:
+        v = ast.literal_eval(right)
+    except ValueError:
+        return None
+    if re.fullmatch(r"(local_)?rank", name) and v == -1:
+        return "body" if isinstance(op, (ast.Eq, ast.Is)) else "orelse" if isinstance(op, (ast.NotEq, ast.IsNot)) \
+            else None
+    if re.fullmatch(r"world_size|n_?gpus?|num_gpus|nprocs", name):
+        return "body" if isinstance(op, ast.Eq) and v == 1 or isinstance(op, ast.Lt) and v == 2 else \
+            "orelse" if isinstance(op, ast.Gt) and v == 1 or isinstance(op, ast.GtE) and v == 2 else None
+    return None
 
 
 def switch_flag(t: ast.AST) -> bool:

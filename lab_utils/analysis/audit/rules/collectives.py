@@ -7,7 +7,7 @@ import ast
 
 from ..facts import Facts
 from ..project import Module
-from ..ranks import distributed_switch, group_check, switched
+from ..ranks import distributed_switch, group_check, one_process_arm, switched
 from ..registry import rule
 from ..syntax import callee, dotted
 
@@ -17,8 +17,8 @@ from ..syntax import callee, dotted
 def collective_under_rank0(f: Facts, m: Module):
     for c in m.calls:
         kind = f.g.kind(m, c)
-        if kind not in ("rank0", "not0") or not f.collective(m, c):
-            continue
+        if kind not in ("rank0", "not0") or not f.collective(m, c, kind) or one_process_arm(m, c):
+            continue  # (`if args.local_rank == -1: evaluate(...)`: a run of one process, no rank to wait for)
         fn = m.enclosing(c) or m.tree
         other = "not0" if kind == "rank0" else "rank0"
         if any(isinstance(o, ast.Call) and callee(o) == callee(c) and o is not c and f.g.kind(m, o) in (other, None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..consoles import rank0_loggers, root_console_on_stdout, root_logger_on_every_rank
+from ..consoles import meter_prints, rank0_loggers, root_console_on_stdout, root_logger_on_every_rank
 from ..facts import Facts
 from ..gathers import global_model_losses
 from ..project import Module
@@ -308,20 +308,6 @@ def _writer_writes(f: Facts, m: Module, c: ast.Call) -> bool:
 WRITES = re.compile(r"^(write|log|add_|record|track)")
 
 
-def _meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
-    """`metric_logger.log_every(loader, ...)` where the object's project class prints in that method (a
-    MetricLogger): the call is a log of whatever the meter holds. Returns the method's log call name."""
-    if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute))):
-        return None
-    found = f.any_class(m, dotted(c.func.value))
-    meth = found[0].functions.get(f"{found[1].name}.{c.func.attr}") if found else None
-    logs = [callee(x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS] if meth else []
-    if meth is not None and not logs:  # `logger.push(metrics)`, whose class prints in a method push calls
-        keys = f.p.reach(found[0], meth)
-        logs = [callee(x) for _, x in f.p.calls_in(keys) if callee(x) in LOG_CALLS]
-    return ("print" if "print" in logs else logs[0]) if logs else None
-
-
 def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     """The log sits in a branch that tests the loss for NaN/inf, or that ends the run (raise, sys.exit): it
     reports why the run stops, not the training curve."""
@@ -435,7 +421,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     for c in m.calls:
         name = callee(c)
         handed = _handed_to_a_writer(f, m, c)
-        if name not in LOG_CALLS and not handed and not _writer_writes(f, m, c) and not _meter_prints(f, m, c):
+        if name not in LOG_CALLS and not handed and not _writer_writes(f, m, c) and not meter_prints(f, m, c):
             continue
         values = [*c.args, *[k.value for k in c.keywords if k.arg not in ("force", "file", "flush")]]
         values += [c.func.value] if handed else []
@@ -447,8 +433,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         carriers = _loss_carriers(scope, held)
         lossy |= _packed_losses(scope, names - lossy) | (names & carriers) | _looped_losses(m, c, names)
         lossy |= _returned_losses(f, m, scope, names - lossy)
-        if name not in LOG_CALLS:  # metric_logger.log_every(...): the meter prints what it was fed
-            lossy |= {root(c.func.value)} & carriers
+        if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
+            lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
         lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
@@ -536,7 +522,7 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
     # in source order, so a guarded block's finding is its first log of the loss
     for c, lossy, kind in sorted(loss_logs(f, m), key=lambda log: (log[0].lineno, log[0].col_offset)):
         forced = kw(c, "force")
-        prints = callee(c) == "print" or _meter_prints(f, m, c) == "print"
+        prints = callee(c) == "print" or meter_prints(f, m, c) == "print"
         console0 = kind is None and isinstance(c.func, ast.Attribute) and (
             dotted(c.func.value) in rank0_loggers(f, m) or root_console_on_stdout(f, m, c))
         if not (kind == "rank0" or console0 or (prints and f.print_override and kind is None and not forced)):
@@ -583,7 +569,8 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
       "numbers, none of them the global batch's")
 def every_rank_prints_loss(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
-        if kind is None and (callee(c) == "print" and not f.print_override or root_logger_on_every_rank(f, m, c)
+        if kind is None and ((callee(c) == "print" or meter_prints(f, m, c) == "print") and not f.print_override
+                             or root_logger_on_every_rank(f, m, c)
                              or _bar_on_every_rank(m, c)):
             yield c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
                       f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global batch's "

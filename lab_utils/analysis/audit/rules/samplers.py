@@ -83,6 +83,8 @@ def set_epoch_missing(f: Facts, m: Module):
         what = ("every epoch repeats epoch 0's order, and the run leaves the single run at the first epoch boundary "
                 "— call sampler.set_epoch(epoch) at the top of each epoch")
         site = f.entry_site(m, made[0])
+        if site is None or not _has_epoch_loop(site[0]):
+            site = _epoch_loop_caller(f, m, made[0])
         if site is not None and _has_epoch_loop(site[0]):
             # One defect, one finding: shown in the script whose epoch loop never calls set_epoch (the fix goes
             # there), with the helper's sampler as its related place.
@@ -100,6 +102,24 @@ def set_epoch_missing(f: Facts, m: Module):
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
+
+
+def _epoch_loop_caller(f: Facts, m: Module, node: ast.AST, depth: int = 3):
+    """(module, call): the nearest call, up the callers of the builder that makes `node`, made in a function that
+    runs an epoch loop (Timer's `self._get_data(flag='train')` in Exp_Forecast.train, two helpers above the
+    sampler): where the loader comes into the loop that set_epoch belongs in."""
+    frontier = [(m, m.enclosing(node))]
+    for _ in range(depth):
+        nxt = []
+        for mm, fn in frontier:
+            for cm, c in (f.p.callers(mm, fn) if fn is not None else []):
+                g = cm.enclosing(c)
+                if g is not None and any(isinstance(n, (ast.For, ast.While)) and any(
+                        isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in ast.walk(g)):
+                    return cm, c
+                nxt.append((cm, g))
+        frontier = nxt
+    return None
 
 
 def _has_epoch_loop(m: Module) -> bool:
