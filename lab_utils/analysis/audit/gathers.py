@@ -27,26 +27,35 @@ def applications(f: Facts, name: str) -> list[tuple[Module, ast.Call]]:
 
 
 def global_model_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
-    """Names that hold what `model(...)` returns (a callable no project def names: the wrapped model), and what is
-    computed from them, in a project whose loss-returning model gathers every rank's features in its forward
-    (CLIP4Clip's loss over the all-gathered similarity matrix): every rank's loss is the global batch's, the number
-    the single run logs."""
-    if not gathering_loss_models(f):
+    """Names that hold what a loss-returning model that gathers every rank's features returns, and what is computed
+    from them (CLIP4Clip's loss over the all-gathered similarity matrix; arcface's PartialFC_V2, whose loss is
+    all-reduced across the class shards): every rank's loss is the global batch's, the number the single run logs.
+    The model is an instance of such a class (`module_partial_fc(emb, labels)`), or a callable no project def
+    names (the DDP-wrapped `model(...)`) in a project that has one."""
+    gathering = gathering_loss_models(f)
+    if not gathering:
         return set()
+
+    def targets(a):
+        return a.targets if isinstance(a, ast.Assign) else [a.target]
     out: set[str] = set()
     for a in ast.walk(scope):
-        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and isinstance(
-                a.value.func, (ast.Name, ast.Attribute)) and re.search(r"model|net", dotted(a.value.func).split(
-                    ".")[-1], re.I) and not f.p.resolve(m, a.value):
-            out |= {root(t) for t in a.targets if isinstance(t, (ast.Name, ast.Attribute))}
-    for _ in range(3):  # loss = loss.mean(); total_loss += float(loss)
+        v = a.value if isinstance(a, (ast.Assign, ast.AnnAssign)) else None
+        if not (isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute))):
+            continue
+        holder = f.any_class(m, dotted(v.func))
+        if holder is not None and holder[1].name in gathering or holder is None and re.search(
+                r"model|net", dotted(v.func).split(".")[-1], re.I) and not f.p.resolve(m, v):
+            out |= {root(t) for t in targets(a) if isinstance(t, (ast.Name, ast.Attribute))}
+    for _ in range(3):  # loss = loss.mean(); total_loss += float(loss); loss_am.update(loss.item())
         for a in ast.walk(scope):
-            if isinstance(a, (ast.Assign, ast.AugAssign)):
+            if isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr == "update" and a.args:
+                a = ast.Assign(targets=[a.func.value], value=a.args[0])
+            if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and a.value is not None:
                 reads = {root(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))}
                 lossy = {r for r in reads if r and LOSSISH.search(r)}
-                if lossy and lossy <= out | {root(t) for t in (a.targets if isinstance(a, ast.Assign)
-                                                                 else [a.target])}:
-                    out |= {root(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
+                if lossy and lossy <= out | {root(t) for t in targets(a)}:
+                    out |= {root(t) for t in targets(a)}
     return out
 
 

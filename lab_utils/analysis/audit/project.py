@@ -444,6 +444,8 @@ class Project:
                 target = self.module_for(m, f.id)
                 if target is not None:
                     in_module(target, m.imports[f.id][1] or f.id)
+            elif (found := self.instance_class(m, f.id)) is not None:  # `early_stopping(loss, model, path)`
+                out.extend(self.methods(found[0], found[1].name, "__call__"))
         elif isinstance(f, ast.Attribute):
             base = f.value
             if isinstance(base, ast.Name) and base.id == "self":

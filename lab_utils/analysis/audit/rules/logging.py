@@ -174,6 +174,28 @@ def _loss_module(v: ast.AST) -> bool:
     return isinstance(v, ast.Call) and callee(v)[:1].isupper() and LOSSISH.search(callee(v)) is not None
 
 
+def _handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
+    """`name` is a parameter of the logging function (arcface's CallBackLogging.__call__(step, loss, ...)) and
+    every project caller hands it a value that is already the global batch's there: reduced over ranks, or the
+    loss of a model that gathers every rank's features."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    params = [a.arg for a in scope.args.args]
+    if name not in params:  # a text built from such parameters (`msg = "Loss %.4f" % loss.avg`)
+        built = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and name in _targets(a)]
+        reads = {root(n) for v in built for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
+        lossy = {r for r in reads if r in params and LOSSISH.search(r)}
+        return bool(built) and bool(lossy) and all(_handed_global(f, m, scope, r) for r in lossy)
+    i = params.index(name) - (1 if params[0] in ("self", "cls") else 0)
+    sites = f.p.callers(m, scope)
+    for cm, c in sites:
+        given = next((k.value for k in c.keywords if k.arg == name), c.args[i] if 0 <= i < len(c.args) else None)
+        cs = cm.enclosing(c) or cm.tree
+        if given is None or root(given) not in global_model_losses(f, cm, cs) | f.reduced_names(cm, cs):
+            return False
+    return bool(sites)
+
+
 def _holds_a_loss_module(m: Module, scope: ast.AST, c: ast.Call, name: str) -> bool:
     """At the log `c`, `name` still holds the loss function its last binding built (`loss =
     LOSS_DICT[name].cuda(gpu)`, then `print("{} Loss Generated".format(loss))`, CurricularFace): no loss value.
@@ -439,6 +461,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
         lossy -= global_model_losses(f, m, scope)
+        lossy = {n for n in lossy if not _handed_global(f, m, scope, n)}
         lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not _holds_a_loss_module(m, scope, c, n)}
         own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & _instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()

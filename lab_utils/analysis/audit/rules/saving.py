@@ -8,7 +8,7 @@ import re
 from ..facts import Facts
 from ..project import Module
 from ..ranks import is_switch_test, one_process_arm
-from ..registry import rule
+from ..registry import Hit, rule
 from ..syntax import callee, const_str, dotted, involves_rank, kw
 
 
@@ -131,7 +131,18 @@ def _crash_dump(m: Module, c: ast.Call) -> bool:
 @rule("save-on-every-rank", "08_checkpoints", "a checkpoint written by every rank (no rank-0 guard, or a guard "
       "true on every rank under torchrun): world_size processes write one file at once, a torn checkpoint")
 def save_on_every_rank(f: Facts, m: Module):
-    for c in m.calls:
+    # one defect, one finding: the saves of one function that every rank runs (EarlyStopping.__call__'s two
+    # self.save_checkpoint calls) are one finding at the first, naming the others
+    per_fn: dict[int, list] = {}
+    for hit in _saves_on_every_rank(f, m):
+        per_fn.setdefault(id(m.enclosing(hit[0])), []).append(hit)
+    for hits in per_fn.values():
+        first, rest = hits[0], hits[1:]
+        yield Hit(first[0], first[1], related=tuple((m, h[0]) for h in rest)) if rest else first
+
+
+def _saves_on_every_rank(f: Facts, m: Module):
+    for c in sorted(m.calls, key=lambda c: c.lineno):
         if not f.is_save(m, c):
             continue
         target = c.args[1] if dotted(c.func).endswith("save") and len(c.args) > 1 else kw(c, "f")
