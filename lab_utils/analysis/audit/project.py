@@ -113,8 +113,8 @@ class Module:
         for n in self.nodes:
             if isinstance(n, ast.Import):
                 for a in n.names:
-                    self.imports[a.asname or a.name.split(".")[0]] = (a.name if a.asname else a.name.split(".")[0],
-                                                                      None, 0)
+                    self.imports.setdefault(a.asname or a.name.split(".")[0], (
+                        a.name if a.asname else a.name.split(".")[0], None, 0))
             elif isinstance(n, ast.ImportFrom):
                 for a in n.names:
                     if a.name == "*":  # `from utils import *`: Project._expand_stars names what it brings

@@ -9,7 +9,7 @@ from ..facts import Facts
 from ..project import Module
 from ..ranks import distributed_switch, group_check, one_process_arm, switched
 from ..registry import rule
-from ..syntax import callee, dotted
+from ..syntax import callee, const_str, dotted, kw
 
 
 @rule("collective-under-rank0", "00_preflight", "a collective only rank 0 (or only the others) reaches: the "
@@ -58,6 +58,22 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
                       f"hang) — pass {name}.module for rank-0-only evaluation"), "check-by-hand"
 
 
+def _only_in_a_dead_arm(f: Facts, m: Module, name: str, line: int) -> bool:
+    """`name` holds the wrapper only through an assignment in the else of `if args.use_ema:`, an option
+    `action='store_true', default=True` that no command line can turn off (FixMatch): that arm never runs."""
+    on = {(const_str(x) or "").lstrip("-").replace("-", "_") for mm in f.p.modules.values() for c in mm.calls
+          if callee(c) == "add_argument" and const_str(kw(c, "action")) == "store_true"
+          and isinstance(kw(c, "default"), ast.Constant) and kw(c, "default").value is True for x in c.args[:1]}
+    binds = [a for a in m.nodes if isinstance(a, ast.Assign) and a.lineno == line
+             and any(dotted(t) == name for t in a.targets)]
+    for a in binds:
+        up = m.parent.get(id(a))
+        if not (isinstance(up, ast.If) and any(a is s for s in up.orelse) and isinstance(up.test, ast.Attribute)
+                and up.test.attr in on):
+            return False
+    return bool(binds)
+
+
 def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, int]):
     """(wrapped name, the call that runs it) when a rank-0-only call hands the wrapper to a project function that
     calls that parameter (`val_loss = evaluate(model, val_loader)` whose body runs `model(images)`). A wrap with
@@ -65,7 +81,8 @@ def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, in
     for i, a in [*enumerate(c.args), *((k.arg, k.value) for k in c.keywords)]:
         name = dotted(a) if isinstance(a, (ast.Name, ast.Attribute)) else ""
         if name not in wrapped or not f.same_scope(m, c, name, wrapped[name]) or \
-                not _wrap_reaches(m, c, name, wrapped[name]) or _no_buffer_broadcast(m, wrapped[name]):
+                not _wrap_reaches(m, c, name, wrapped[name]) or _no_buffer_broadcast(m, wrapped[name]) or \
+                _only_in_a_dead_arm(f, m, name, wrapped[name]):
             continue
         for _tm, tf in f.p.resolve(m, c, exact=True):
             if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):

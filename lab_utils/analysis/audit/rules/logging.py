@@ -10,6 +10,7 @@ import re
 from ..consoles import meter_prints, rank0_loggers, root_console_on_stdout, root_logger_on_every_rank
 from ..facts import Facts
 from ..gathers import global_model_losses
+from ..losses import handed_global, holds_a_loss_module, loss_module, origins
 from ..project import Module
 from ..registry import Hit, rule
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee, const_str, dotted, kw, root
@@ -99,7 +100,7 @@ def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     for a in ast.walk(scope):
         if isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(
                 LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
-                if isinstance(n, (ast.Name, ast.Attribute))) and not _loss_module(a.value):
+                if isinstance(n, (ast.Name, ast.Attribute))) and not loss_module(a.value):
             out |= {root(t.value) for t in a.targets if isinstance(t, ast.Subscript)
                     and not NOT_A_LOSS.search(root(t.value))}
     out |= _texts_of_losses(scope, out)
@@ -167,57 +168,6 @@ def _texts_of_losses(scope: ast.AST, out: set[str]) -> set[str]:
             and any(LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or root(n) in out
                     for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute)))
             for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
-
-
-def _loss_module(v: ast.AST) -> bool:
-    """A loss function being built (`criterion["stft"] = MultiResolutionSTFTLoss(...)`): no loss value."""
-    return isinstance(v, ast.Call) and callee(v)[:1].isupper() and LOSSISH.search(callee(v)) is not None
-
-
-def _handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
-    """`name` is a parameter of the logging function (arcface's CallBackLogging.__call__(step, loss, ...)) and
-    every project caller hands it a value that is already the global batch's there: reduced over ranks, or the
-    loss of a model that gathers every rank's features."""
-    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return False
-    params = [a.arg for a in scope.args.args]
-    if name not in params:  # a text built from such parameters (`msg = "Loss %.4f" % loss.avg`)
-        built = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and name in _targets(a)]
-        reads = {root(n) for v in built for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
-        lossy = {r for r in reads if r in params and LOSSISH.search(r)}
-        return bool(built) and bool(lossy) and all(_handed_global(f, m, scope, r) for r in lossy)
-    i = params.index(name) - (1 if params[0] in ("self", "cls") else 0)
-    sites = f.p.callers(m, scope)
-    for cm, c in sites:
-        given = next((k.value for k in c.keywords if k.arg == name), c.args[i] if 0 <= i < len(c.args) else None)
-        cs = cm.enclosing(c) or cm.tree
-        if given is None or root(given) not in global_model_losses(f, cm, cs) | f.reduced_names(cm, cs):
-            return False
-    return bool(sites)
-
-
-def _holds_a_loss_module(m: Module, scope: ast.AST, c: ast.Call, name: str) -> bool:
-    """At the log `c`, `name` still holds the loss function its last binding built (`loss =
-    LOSS_DICT[name].cuda(gpu)`, then `print("{} Loss Generated".format(loss))`, CurricularFace): no loss value.
-    A rebinding inside a loop around the log (`loss = criterion(out, y)`) would reach it."""
-    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno
-             and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)]
-    if not binds:
-        return False
-    v = max(binds, key=lambda a: a.lineno).value
-    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in ("cuda", "to"):
-        v = v.func.value
-    if isinstance(v, ast.Subscript) and isinstance(v.value, ast.Name):  # LOSS_DICT[cfg['LOSS_NAME']]
-        table = v.value.id
-        v = next((d.value.values[0] for d in ast.walk(scope) if isinstance(d, ast.Assign) and isinstance(
-            d.value, ast.Dict) and d.value.values and any(dotted(t) == table for t in d.targets)), v)
-    n = m.parent.get(id(c))
-    while n is not None and n is not scope:
-        if isinstance(n, (ast.For, ast.While)) and any(isinstance(a, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == name for t in a.targets) for a in ast.walk(n)):
-            return False
-        n = m.parent.get(id(n))
-    return _loss_module(v)
 
 
 STATISH = re.compile(r"stat|log|info|metric|summar", re.I)
@@ -461,8 +411,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
         lossy -= global_model_losses(f, m, scope)
-        lossy = {n for n in lossy if not _handed_global(f, m, scope, n)}
-        lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not _holds_a_loss_module(m, scope, c, n)}
+        lossy = {n for n in lossy if not handed_global(f, m, scope, n)}
+        lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)}
         own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & _instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)) or \
@@ -550,9 +500,11 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
             dotted(c.func.value) in rank0_loggers(f, m) or root_console_on_stdout(f, m, c))
         if not (kind == "rank0" or console0 or (prints and f.print_override and kind is None and not forced)):
             continue
-        block, where = _guard_block(m, c), (m.enclosing(c), frozenset(_origins(m.enclosing(c) or m.tree, lossy)))
-        if block in per_block or where in per_block:
-            continue  # one finding per guarded block, and per loss in a function: one defect, one finding
+        block, where = _guard_block(m, c), (m.enclosing(c), frozenset(origins(m.enclosing(c) or m.tree, lossy)))
+        if block in per_block or any(isinstance(w, tuple) and w[0] is where[0] and where[1] <= w[1]
+                                     for w in per_block):
+            per_block.add(block)  # one finding per guarded block, and per loss in a function: one defect, one
+            continue  # finding
         per_block |= {block, where}
         how = "" if kind is not None else "through a logger whose console is rank 0's, " if console0 else \
             "through a print only rank 0's console shows (builtins.print replaced, or stdout silenced), "
@@ -561,14 +513,6 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
         yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
                   related=() if fed is not None else _value_lines(m, c, lossy)), m.enclosing(c), frozenset(lossy)
-
-
-def _origins(scope: ast.AST, lossy) -> set[str]:
-    """Each logged name, or the name it was copied from (`epoch_loss = losses.avg`): one loss, one finding."""
-    copied = {dotted(a.targets[0]): root(a.value) for a in ast.walk(scope) if isinstance(a, ast.Assign)
-              and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
-              and isinstance(a.value, (ast.Name, ast.Attribute))}
-    return {copied.get(n) or n for n in lossy}
 
 
 def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:

@@ -1,0 +1,73 @@
+"""What a logged name holds: the loss function rather than a loss value, the name a loss was copied from, or a value
+that is already the global batch's because every caller of the logging function hands it one. The logging rules
+ask this before they call a log rank 0's own loss."""
+
+from __future__ import annotations
+
+import ast
+
+from .facts import Facts
+from .gathers import global_model_losses
+from .project import Module
+from .syntax import LOSSISH, callee, dotted, root
+
+
+def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
+    """`name` is a parameter of the logging function (arcface's CallBackLogging.__call__(step, loss, ...)) and
+    every project caller hands it a value that is already the global batch's there: reduced over ranks, or the
+    loss of a model that gathers every rank's features."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    params = [a.arg for a in scope.args.args]
+    if name not in params:  # a text built from such parameters (`msg = "Loss %.4f" % loss.avg`)
+        built = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+                 and name in {dotted(t) for t in a.targets}]
+        reads = {root(n) for v in built for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
+        lossy = {r for r in reads if r in params and LOSSISH.search(r)}
+        return bool(built) and bool(lossy) and all(handed_global(f, m, scope, r) for r in lossy)
+    i = params.index(name) - (1 if params[0] in ("self", "cls") else 0)
+    sites = f.p.callers(m, scope)
+    for cm, c in sites:
+        given = next((k.value for k in c.keywords if k.arg == name), c.args[i] if 0 <= i < len(c.args) else None)
+        cs = cm.enclosing(c) or cm.tree
+        if given is None or root(given) not in global_model_losses(f, cm, cs) | f.reduced_names(cm, cs):
+            return False
+    return bool(sites)
+
+
+def holds_a_loss_module(m: Module, scope: ast.AST, c: ast.Call, name: str) -> bool:
+    """At the log `c`, `name` still holds the loss function its last binding built (`loss =
+    LOSS_DICT[name].cuda(gpu)`, then `print("{} Loss Generated".format(loss))`, CurricularFace): no loss value.
+    A rebinding inside a loop around the log (`loss = criterion(out, y)`) would reach it."""
+    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno
+             and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)]
+    if not binds:
+        return False
+    v = max(binds, key=lambda a: a.lineno).value
+    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in ("cuda", "to"):
+        v = v.func.value
+    if isinstance(v, ast.Subscript) and isinstance(v.value, ast.Name):  # LOSS_DICT[cfg['LOSS_NAME']]
+        table = v.value.id
+        v = next((d.value.values[0] for d in ast.walk(scope) if isinstance(d, ast.Assign) and isinstance(
+            d.value, ast.Dict) and d.value.values and any(dotted(t) == table for t in d.targets)), v)
+    n = m.parent.get(id(c))
+    while n is not None and n is not scope:
+        if isinstance(n, (ast.For, ast.While)) and any(isinstance(a, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in a.targets) for a in ast.walk(n)):
+            return False
+        n = m.parent.get(id(n))
+    return loss_module(v)
+
+
+
+def origins(scope: ast.AST, lossy) -> set[str]:
+    """Each logged name, or the name it was copied from (`epoch_loss = losses.avg`): one loss, one finding."""
+    copied = {dotted(a.targets[0]): root(a.value) for a in ast.walk(scope) if isinstance(a, ast.Assign)
+              and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
+              and isinstance(a.value, (ast.Name, ast.Attribute))}
+    return {copied.get(n) or n for n in lossy}
+
+
+def loss_module(v: ast.AST) -> bool:
+    """A loss function being built (`criterion["stft"] = MultiResolutionSTFTLoss(...)`): no loss value."""
+    return isinstance(v, ast.Call) and callee(v)[:1].isupper() and LOSSISH.search(callee(v)) is not None
