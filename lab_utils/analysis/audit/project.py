@@ -18,9 +18,11 @@ from .syntax import (
     callee,
     dotted,
     involves_rank,
-    is_rankish_node,
     is_switch_value,
+    placement_only,
 )
+
+DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap
 
 
 @lru_cache(maxsize=1 << 16)
@@ -28,52 +30,6 @@ def _real(p: Path) -> Path:
     """p.resolve(), remembered: import resolution asks for the same few paths ~10^5 times in a big project
     (two thirds of YOLOv5's 76-s audit went to realpath before this)."""
     return p.resolve()
-
-# Where a rank only says which device a value lives on: `torch.device("cuda", local_rank)`, `.to(device)`,
-# `.cuda(rank)`, `DDP(model, device_ids=[local_rank])`. What such a value holds is the same on every rank.
-PLACEMENT_CALLS = {"device", "cuda", "to", "set_device"}
-PLACEMENT_KEYWORDS = {"device", "device_ids", "output_device", "map_location", "device_id"}
-SHARDING = re.compile(r"Sampler|DataLoader")
-
-
-def _placement_only(value: ast.AST, tainted: set[str]) -> bool:
-    """The rank enters `value` only as a device placement (DLRM: `device = torch.device("cuda", my_local_rank)`,
-    then every tensor moved there, and the DDP model, counted as holding a rank, made `if Z_test.is_cuda:` a
-    guard that excludes rank 0), or as a sampler's or loader's shard (VAR: `ld_train = DataLoader(...,
-    batch_sampler=DistInfiniteBatchSampler(rank=dist.get_rank(), ...))`, then `iters_train = len(ld_train)` and
-    every step counter, made `if g_it == 0:` a rank-0 guard)."""
-    placed: set[int] = set()
-    for n in ast.walk(value):
-        if isinstance(n, ast.Call):
-            if callee(n) in PLACEMENT_CALLS:
-                placed |= {id(x) for a in n.args for x in ast.walk(a)}
-            if SHARDING.search(callee(n)):  # a loader or sampler given the rank holds this rank's shard, no rank
-                placed |= {id(x) for a in [*n.args, *(k.value for k in n.keywords)] for x in ast.walk(a)}
-            placed |= {id(x) for k in n.keywords if k.arg in PLACEMENT_KEYWORDS for x in ast.walk(k.value)}
-        if _device_text(n):  # 'cuda:%d' % local_rank, f"cuda:{rank}", "cuda:{}".format(gpu): a device's name
-            placed |= {id(x) for x in ast.walk(n)}
-        if isinstance(n, ast.Call) and re.fullmatch(r"[A-Z]\w*[a-z]\w*", callee(n)) and not callee(n).endswith(
-                "Tensor"):  # an object built with the rank (`XMemTrainer(config, local_rank=local_rank)`) keeps
-            # it inside (its class's parameters hold it: _taint_parameters); what its methods return is no rank
-            placed |= {id(x) for a in [*n.args, *(k.value for k in n.keywords)] for x in ast.walk(a)}
-    return not any(is_rankish_node(n, tainted) for n in ast.walk(value) if id(n) not in placed)
-
-
-def _device_text(n: ast.AST) -> bool:
-    """A device name built from the rank: `'cuda:%d' % local_rank`, `f"cuda:{rank}"`, `"cuda:{}".format(gpu)`."""
-    if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Add)):
-        head = n.left
-    elif isinstance(n, ast.JoinedStr):
-        head = n.values[0] if n.values else None
-    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "format":
-        head = n.func.value
-    else:
-        return False
-    return isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith(("cuda", "xpu"))
-
-
-DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap
-
 
 class AuditError(ValueError):
     """A path cannot be audited (missing, not Python); the message names it."""
@@ -152,7 +108,7 @@ class Module:
         while changed:
             changed = False
             for a in assigns:
-                if a.value is None or not involves_rank(a.value, tainted) or _placement_only(a.value, tainted):
+                if a.value is None or not involves_rank(a.value, tainted) or placement_only(a.value, tainted):
                     continue
                 if WORLDISH.search(dotted(a.value)) and not RANKISH.search(dotted(a.value)) or is_switch_value(a.value):
                     continue
@@ -448,11 +404,12 @@ class Project:
                 out.extend(self.methods(found[0], found[1].name, "__call__"))
         elif isinstance(f, ast.Attribute):
             base = f.value
-            if isinstance(base, ast.Name) and base.id == "self":
-                fn = m.enclosing(call)
+            if isinstance(base, ast.Name) and base.id == "self" or isinstance(base, ast.Call) and callee(
+                    base) == "super":
+                fn = m.enclosing(call)  # self.f(), or super().__init__(...): a base class's (GeoTransformer's)
                 cls = m.class_of(fn) if fn is not None else None
-                if cls:
-                    out.extend(self.methods(m, cls, f.attr))
+                for bm, b in ([(m, cls)] if isinstance(base, ast.Name) else self.bases_of(m, cls)) if cls else []:
+                    out.extend(self.methods(bm, b, f.attr))
             elif isinstance(base, ast.Name) and base.id in m.imports:
                 target = self.package_member(m, base.id, f.attr)
                 if target is not None:
@@ -512,6 +469,11 @@ class Project:
         if key not in self._methods_cache:
             self._methods_cache[key] = self._find_methods(m, cls, attr)
         return self._methods_cache[key]
+
+    def bases_of(self, m: Module, cls: str) -> list[tuple[Module, str]]:
+        self.methods(m, cls, "__init__")  # (builds the class index)
+        return [(bm, bd.name) for b in m.classes[cls].bases
+                for bm, bd in self._class_index.get(dotted(b).split(".")[-1], [])]
 
     def _find_methods(self, m: Module, cls: str, attr: str) -> list[tuple[Module, ast.AST]]:
         def bases(cd):

@@ -142,3 +142,46 @@ def is_switch_value(v: ast.AST) -> bool:
         return False
     return (isinstance(op, (ast.NotEq, ast.Eq, ast.Gt, ast.LtE)) and value == -1
             or isinstance(op, (ast.GtE, ast.Lt)) and value == 0)
+
+
+# Where a rank only says which device a value lives on: `torch.device("cuda", local_rank)`, `.to(device)`,
+# `.cuda(rank)`, `DDP(model, device_ids=[local_rank])`. What such a value holds is the same on every rank.
+PLACEMENT_CALLS = {"device", "cuda", "to", "set_device"}
+PLACEMENT_KEYWORDS = {"device", "device_ids", "output_device", "map_location", "device_id"}
+SHARDING = re.compile(r"Sampler|DataLoader")
+
+
+def placement_only(value: ast.AST, tainted: set[str]) -> bool:
+    """The rank enters `value` only as a device placement (DLRM: `device = torch.device("cuda", my_local_rank)`,
+    then every tensor moved there, and the DDP model, counted as holding a rank, made `if Z_test.is_cuda:` a
+    guard that excludes rank 0), or as a sampler's or loader's shard (VAR: `ld_train = DataLoader(...,
+    batch_sampler=DistInfiniteBatchSampler(rank=dist.get_rank(), ...))`, then `iters_train = len(ld_train)` and
+    every step counter, made `if g_it == 0:` a rank-0 guard)."""
+    placed: set[int] = set()
+    for n in ast.walk(value):
+        if isinstance(n, ast.Call):
+            if callee(n) in PLACEMENT_CALLS:
+                placed |= {id(x) for a in n.args for x in ast.walk(a)}
+            if SHARDING.search(callee(n)):  # a loader or sampler given the rank holds this rank's shard, no rank
+                placed |= {id(x) for a in [*n.args, *(k.value for k in n.keywords)] for x in ast.walk(a)}
+            placed |= {id(x) for k in n.keywords if k.arg in PLACEMENT_KEYWORDS for x in ast.walk(k.value)}
+        if _device_text(n):  # 'cuda:%d' % local_rank, f"cuda:{rank}", "cuda:{}".format(gpu): a device's name
+            placed |= {id(x) for x in ast.walk(n)}
+        if isinstance(n, ast.Call) and re.fullmatch(r"[A-Z]\w*[a-z]\w*", callee(n)) and not callee(n).endswith(
+                "Tensor"):  # an object built with the rank (`XMemTrainer(config, local_rank=local_rank)`) keeps
+            # it inside (its class's parameters hold it: _taint_parameters); what its methods return is no rank
+            placed |= {id(x) for a in [*n.args, *(k.value for k in n.keywords)] for x in ast.walk(a)}
+    return not any(is_rankish_node(n, tainted) for n in ast.walk(value) if id(n) not in placed)
+
+
+def _device_text(n: ast.AST) -> bool:
+    """A device name built from the rank: `'cuda:%d' % local_rank`, `f"cuda:{rank}"`, `"cuda:{}".format(gpu)`."""
+    if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Add)):
+        head = n.left
+    elif isinstance(n, ast.JoinedStr):
+        head = n.values[0] if n.values else None
+    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "format":
+        head = n.func.value
+    else:
+        return False
+    return isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith(("cuda", "xpu"))
