@@ -262,8 +262,9 @@ class Facts:
         out = []
         for mm in self.p.modules.values():
             for f in mm.functions.values():
-                if not any(isinstance(n, ast.For) and (EVALISH.search(f.name) or EVALISH.search(ast.unparse(n.iter))
-                                                        and not _dict_view(n.iter)) for n in ast.walk(f)):
+                named = EVALISH.search(f.name) or any(EVAL_WORD.fullmatch(w) for w in f.name.split("_"))
+                if not any(isinstance(n, ast.For) and (named or EVALISH.search(ast.unparse(n.iter))
+                                                       and not _dict_view(n.iter)) for n in ast.walk(f)):
                     continue
                 out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
                         callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or

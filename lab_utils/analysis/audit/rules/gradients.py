@@ -526,6 +526,11 @@ LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)
 NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone", re.I)
 
 
+def _leaf(t: ast.AST) -> str:
+    """The name a target writes: `args.lr` -> lr, `param_group['lr']` -> lr (GeoTransformer's register_optimizer)."""
+    return const_str(t.slice) or "" if isinstance(t, ast.Subscript) else dotted(t).split(".")[-1]
+
+
 def _world_holding(m: Module) -> set[str]:
     """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint), and
     names that hold the count itself, whatever they are called (`num_tasks = utils.get_world_size()`)."""
@@ -578,7 +583,7 @@ def _carries(v: ast.AST, holding: set[str]) -> bool:
 def lr_grows_with_world_size(f: Facts, m: Module):
     holding = _world_holding(m)
     for n in m.nodes:
-        if isinstance(n, ast.Assign) and any(LR_NAME.search(dotted(t).split(".")[-1]) and not NOT_LR.search(
+        if isinstance(n, ast.Assign) and any(LR_NAME.search(_leaf(t)) and not NOT_LR.search(
                 dotted(t)) for t in n.targets) and _grows(n.value, holding):
             where = ast.unparse(n)
         elif isinstance(n, ast.Call) and kw(n, "lr") is not None and _grows(kw(n, "lr"), holding):

@@ -125,7 +125,18 @@ def _crash_dump(m: Module, c: ast.Call) -> bool:
     """A save in an exception handler that raises again (VALL-E's `except: display_and_save_batch(batch);
     raise`): the failing rank dumps what it was working on and the run stops; no checkpoint, no shared write."""
     handler = m.enclosing(c, (ast.ExceptHandler, ast.FunctionDef, ast.AsyncFunctionDef))
-    return isinstance(handler, ast.ExceptHandler) and any(isinstance(s, ast.Raise) for s in handler.body)
+    if isinstance(handler, ast.ExceptHandler) and any(isinstance(s, ast.Raise) for s in handler.body):
+        return True
+    # ... or a debugging dump that stops in the debugger (`torch.save(data_dict, 'data.pth'); ipdb.set_trace()`,
+    # GeoTransformer's invalid-gradient check)
+    stmt = m.parent.get(id(c))
+    block = getattr(m.parent.get(id(stmt)), "body", None)
+    if not isinstance(block, list) or not any(s is stmt for s in block):
+        return False
+    later = block[next(i for i, s in enumerate(block) if s is stmt):]
+    return any(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and (
+        callee(s.value) == "breakpoint" or callee(s.value) == "set_trace" and "pdb" in dotted(s.value.func))
+        for s in later)
 
 
 @rule("save-on-every-rank", "08_checkpoints", "a checkpoint written by every rank (no rank-0 guard, or a guard "
