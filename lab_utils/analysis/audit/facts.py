@@ -131,7 +131,8 @@ class Facts:
         if SEED_HELPER.search(name) and "." not in d.replace("self.", "") and not self.p.resolve(m, c):
             return "torch"  # an unseen helper named like a seeder (init_seeds, fix_random_seeds)
         if SEED_HELPER.search(name) and isinstance(c.func, ast.Attribute) and root(c.func.value) in m.imports \
-                and not self.p.resolve(m, c) and self.p.module_for(m, root(c.func.value)) is None:
+                and not self.p.resolve(m, c) and self.p.module_for(m, root(c.func.value)) is None \
+                and m.imports[root(c.func.value)][0].split(".")[0] not in ("torch", "numpy", "random"):
             return "torch"  # utils.fix_random_seeds(...) from a module outside the audited folder
         if not direct:
             for tm, tf in self.p.resolve(m, c):  # a project helper that seeds torch (fix_random_seeds(args.seed))

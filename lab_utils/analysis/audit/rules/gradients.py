@@ -15,6 +15,7 @@ from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, dotted, in
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
 LOOPBACK_PORT = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):\d+")
+LOOPBACK_HEAD = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):$")
 
 
 def _divided_later(m: Module, c: ast.Call) -> bool:
@@ -359,6 +360,12 @@ def hard_coded_master_port(f: Facts, m: Module):
         # in a project whose init_process_group takes its init_method from a variable: every single-host run that
         # keeps the default rendezvous there. A remote address as default must be replaced to run at all, so it
         # is no collision waiting to happen
+        if isinstance(url, ast.JoinedStr) and len(url.values) >= 2 and isinstance(url.values[-1], ast.FormattedValue) \
+                and LOOPBACK_HEAD.search(const_str(url.values[-2]) or "") \
+                and (port := _option_port(f, url.values[-1].value)) is not None:
+            # f'tcp://127.0.0.1:{args.port}' with --port defaulting to 12361 (SAM-Med3D)
+            yield url, (f"{ast.unparse(url)} rendezvouses on --port, whose default {port} is a fixed port on this host "
+                        f"with no environment fallback: {advice}"), "check-by-hand"
         if url is not None and const_str(url) is None:
             where = _config_url(f, url)
             if where is not None:

@@ -44,8 +44,8 @@ def _entry_calls(f: Facts, m: Module):
         # a seed only under a store_true option (`if opt.deterministic: torch.manual_seed(27)`, CTKD) is no seed
         # in the default run
         # ... and so is one under a test its option's default fails (`if args.seed > 0:` with default -1, MaskGIT)
-        seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not f.off_by_default(mm, c)
-                  and not _failed_by_default(f, mm, c)}
+        seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not _gated(f, mm, c) and (
+            f.seed_kind(mm, c, True) or not _helper_gated(f, mm, c))}
         cache[m.rel] = (calls, seeded) if ddp else None
     return cache[m.rel]
 
@@ -58,7 +58,7 @@ def no_seed(f: Facts, m: Module):
         return  # no DDP, or nothing trained: loaded weights are evaluated, the init is never used
     kinds = entry[1]
     if "torch" not in kinds:  # random and numpy seeded alone leave the model's init (torch's CPU RNG) unseeded
-        gated = next((flag for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
+        gated = next((flag for mm, c in entry[0] if f.seed_kind(mm, c) == "torch"
                       for flag in [f.off_by_default(mm, c)] if flag), None)
         failed = next((t for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
                        for t in [_failed_by_default(f, mm, c)] if t), None)
@@ -72,6 +72,25 @@ def no_seed(f: Facts, m: Module):
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
                   related=tuple(wraps[:1]))
+
+
+def _gated(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> bool:
+    """The default run never reaches `c`: it sits under an option that is off (or a test its default fails), or
+    inside a helper every call of which does (MTR's `if args.fix_random_seed: common_utils.set_random_seed(666)`
+    gates the torch.manual_seed inside set_random_seed)."""
+    if f.off_by_default(m, c) or _failed_by_default(f, m, c):
+        return True
+    fn = m.enclosing(c)
+    sites = f.p.callers(m, fn) if depth and fn is not None else []
+    return bool(sites) and all(_gated(f, cm, s, depth - 1) for cm, s in sites)
+
+
+def _helper_gated(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`c` calls project code that seeds torch only through gated calls (`main()` whose seeding sits under `if
+    args.fix_random_seed:`): what the call seeds is what those gated calls would."""
+    keys = set().union(*(f.p.reach(tm, tf) for tm, tf in f.p.resolve(m, c))) if f.p.resolve(m, c) else set()
+    seeds = [(mm, x) for mm, x in f.p.calls_in(keys) if f.seed_kind(mm, x, True) == "torch"]
+    return bool(seeds) and all(_gated(f, mm, x) for mm, x in seeds)
 
 
 def _failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
