@@ -1,0 +1,158 @@
+"""Chapter 09: the rendezvous port. A fixed MASTER_PORT or tcp:// address, written in the code, an option's
+default, a helper's default parameter or the project's configuration, with no environment fallback: a second job
+on the host collides on it."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from ..facts import Facts
+from ..project import Module
+from ..ranks import one_process_arm
+from ..registry import Hit, rule
+from ..syntax import callee, const_str, dotted, kw
+
+TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
+LOOPBACK_PORT = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):\d+")
+LOOPBACK_HEAD = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):$")
+
+
+def _fixed_port(v: ast.AST) -> str | None:
+    """The text of a rendezvous address whose port is written in the code: 'tcp://localhost:58472',
+    f'tcp://{host}:58472'; None otherwise."""
+    if const_str(v) is not None:
+        return v.value if TCP_PORT.search(v.value) else None
+    if isinstance(v, ast.JoinedStr):
+        text = "".join(str(p.value) if isinstance(p, ast.Constant) else "{}" for p in v.values)
+        return ast.unparse(v) if TCP_PORT.search(text) else None
+    return None
+
+
+def _default_kept(f: Facts, m: Module, v: ast.AST):
+    """The constant a value really is when it is a parameter's default that every project call keeps:
+    `os.environ['MASTER_PORT'] = str(port)` in `def init_distributed(port=40112, ...)`, called as
+    `init_distributed()` or with other arguments only. None when a caller passes the parameter (or none is
+    seen: the default may be a placeholder)."""
+    if isinstance(v, ast.Call) and callee(v) in ("str", "int") and len(v.args) == 1:
+        v = v.args[0]
+    fn = m.enclosing(v)
+    if not isinstance(v, ast.Name) or not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    args = fn.args.args
+    defaults = dict(zip([a.arg for a in args][len(args) - len(fn.args.defaults):], fn.args.defaults, strict=True))
+    default = defaults.get(v.id)
+    if not (isinstance(default, ast.Constant) and isinstance(default.value, (int, str))) or any(
+            isinstance(x, ast.Assign) and v.id in {dotted(t) for t in x.targets} for x in ast.walk(fn)):
+        return None
+    position = [a.arg for a in args if a.arg not in ("self", "cls")].index(v.id)
+    sites = f.p.callers(m, fn)
+    if not sites or any(len(c.args) > position or any(k.arg in (v.id, None) for k in c.keywords)
+                        for _, c in sites):
+        return None
+    return default.value
+
+
+def _config_url(f: Facts, url: ast.AST):
+    """((module, node), text) when `init_method=cfg["DIST_URL"]` (or `cfg.DIST_URL`) names a key that every
+    definition in the project sets to one constant address on this host with a port (CurricularFace's config.py:
+    `dict(..., DIST_URL='tcp://localhost:23456')`); None otherwise, or when any definition is computed."""
+    key = const_str(url.slice) if isinstance(url, ast.Subscript) else url.attr if isinstance(url, ast.Attribute) \
+        else None
+    if not key or not key.isupper():
+        return None  # a config key (`DIST_URL`), not an object's field (`args.dist_url`, an option's)
+    defs = []
+    for mm in f.p.modules.values():
+        for n in mm.nodes:
+            if isinstance(n, ast.Dict):
+                defs += [(mm, v) for k, v in zip(n.keys, n.values, strict=True)
+                         if k is not None and const_str(k) == key]
+            elif isinstance(n, ast.keyword) and n.arg == key:
+                defs.append((mm, n.value))
+            elif isinstance(n, ast.Assign) and any(dotted(t).split(".")[-1] == key or isinstance(t, ast.Subscript)
+                                                   and const_str(t.slice) == key for t in n.targets):
+                defs.append((mm, n.value))
+    texts = {const_str(v) for _, v in defs}
+    if defs and len(texts) == 1 and None not in texts and LOOPBACK_PORT.search(next(iter(texts))):
+        return defs[0], next(iter(texts))
+    return None
+
+
+def _option_port(f: Facts, v: ast.AST):
+    """`os.environ['MASTER_PORT'] = args.port` (or str(args.port)) where every add_argument of --port defaults to
+    a constant port number (voxceleb_trainer's '8888')."""
+    if isinstance(v, ast.Call) and callee(v) in ("str", "int") and len(v.args) == 1:
+        v = v.args[0]
+    if not isinstance(v, ast.Attribute):
+        return None
+    defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
+                if callee(c) == "add_argument" and any(
+                    (const_str(a) or "").lstrip("-").replace("-", "_") == v.attr for a in c.args)]
+    ports = {str(d.value) for d in defaults if isinstance(d, ast.Constant) and str(d.value).isdigit()}
+    return ports.pop() if defaults and len(ports) == 1 and len(defaults) == 1 else None
+
+
+def _env_fallback(m: Module, node: ast.Assign) -> bool:
+    """The fixed value is only a fallback: under `if "MASTER_PORT" not in os.environ:` (a test of the very
+    variable or environment key it sets), so a launcher's port wins."""
+    keys = {"MASTER_PORT", "MASTER_ADDR"} | {dotted(t) for t in node.targets}
+    n = m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and any(const_str(x) in keys or dotted(x) in keys for x in ast.walk(n.test)):
+            return True
+        n = m.parent.get(id(n))
+    return False
+
+
+@rule("hard-coded-master-port", "09_launching", "a fixed rendezvous port (MASTER_PORT or a tcp:// init_method) with "
+      "no environment fallback: a second job on the host collides on it")
+def hard_coded_master_port(f: Facts, m: Module):
+    advice = "a second job on this host (or a stale one) collides on the port — torchrun --standalone, or env://"
+    urls = {dotted(kw(c, "init_method")) for mm in f.p.modules.values() for c in mm.calls
+            if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), (ast.Name, ast.Attribute))}
+    reported: set[str] = set()
+    for a in sorted((a for a in m.nodes if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
+        if _env_fallback(m, a) or one_process_arm(m, a):
+            continue
+        sets_port = any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets)
+        if sets_port and const_str(a.value) is not None:
+            yield a, f"MASTER_PORT fixed to {a.value.value!r}: {advice}", "check-by-hand"
+        elif sets_port and (default := _default_kept(f, m, a.value)) is not None:
+            yield a, (f"MASTER_PORT set from a parameter whose default {default!r} no caller replaces: the port is "
+                      f"fixed: {advice}"), "check-by-hand"
+        elif sets_port and (default := _option_port(f, a.value)) is not None:
+            yield a, (f"MASTER_PORT set from an option whose default is the fixed port {default!r}, overriding the "
+                      f"environment: every run that keeps the default uses it: {advice}"), "check-by-hand"
+        elif any(dotted(t) in urls - reported for t in a.targets) and _fixed_port(a.value):
+            # args.dist_url = 'tcp://localhost:58472' ... init_method=args.dist_url; one finding per variable,
+            # however many branches fix it
+            reported |= {dotted(t) for t in a.targets}
+            yield a, f"{ast.unparse(a.value)} (passed as init_method) fixes the rendezvous port: {advice}", \
+                "check-by-hand"
+    passed = any(callee(c) == "init_process_group" and kw(c, "init_method") is not None
+                 and const_str(kw(c, "init_method")) is None for mm in f.p.modules.values() for c in mm.calls)
+    for c in m.calls:
+        url = kw(c, "init_method") if callee(c) == "init_process_group" else None
+        if url is not None and const_str(url) and _fixed_port(url):
+            yield url, f"init_method={url.value!r} fixes the rendezvous port: {advice}", "check-by-hand"
+        # an option whose default is a port on this very host (`--init_method default='tcp://localhost:9999'`),
+        # in a project whose init_process_group takes its init_method from a variable: every single-host run that
+        # keeps the default rendezvous there. A remote address as default must be replaced to run at all, so it
+        # is no collision waiting to happen
+        if isinstance(url, ast.JoinedStr) and len(url.values) >= 2 and isinstance(url.values[-1], ast.FormattedValue) \
+                and LOOPBACK_HEAD.search(const_str(url.values[-2]) or "") \
+                and (port := _option_port(f, url.values[-1].value)) is not None:
+            # f'tcp://127.0.0.1:{args.port}' with --port defaulting to 12361 (SAM-Med3D)
+            yield url, (f"{ast.unparse(url)} rendezvouses on --port, whose default {port} is a fixed port on this host "
+                        f"with no environment fallback: {advice}"), "check-by-hand"
+        if url is not None and const_str(url) is None:
+            where = _config_url(f, url)
+            if where is not None:
+                (dm, d), text = where
+                yield Hit(url, (f"{ast.unparse(url)} is {text!r}, written in the project's configuration, a fixed "
+                                f"port on this host with no environment fallback: {advice}"), "check-by-hand",
+                          related=((dm, d),))
+        default = kw(c, "default") if callee(c) == "add_argument" else None
+        if passed and default is not None and const_str(default) and LOOPBACK_PORT.search(default.value):
+            yield default, (f"the option's default {default.value!r} is a fixed port on this host, used by every "
+                            f"run that keeps it: {advice}"), "check-by-hand"
