@@ -1510,13 +1510,117 @@ CASES16 = [
 ]
 
 
+
+# held-out batches 18 and 19 (helpers labelled them blind; tests/outside/heldout_labels.json)
+OWN_SWITCH = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--multi_gpu', action='store_true')\n"
+              "args = p.parse_args()\nmodel = Net()\n{wrap}for epoch in range(3):\n    model(x).sum().backward()\n"
+              "    if not args.multi_gpu or (args.multi_gpu and rank == 0):\n"
+              "        torch.save(model.state_dict(), 'm.pth')\n")
+RANK0_EVAL = ("def evaluate():\n    for x in val_loader:\n        dist.all_reduce(x)\nmodel = DDP(Net())\n"
+              "for step, x in enumerate(loader):\n    model(x).sum().backward()\n    if args.local_rank in [-1, 0]:\n"
+              "{call}")
+HELPER_BARRIER = ("def load_cache():\n    if rank not in [-1, 0]{cond}:\n        dist.barrier()\n"
+                  "    feats = torch.load('cache.pt', map_location='cpu')\n"
+                  "    if rank == 0{cond}:\n        dist.barrier()\n"
+                  "    return feats\n"
+                  "def evaluate():\n    return 0\nmodel = DDP(Net())\nfor x in loader:\n"
+                  "    model(x).sum().backward()\nif rank == 0:\n    feats = load_cache()\n")
+STDOUT_BAR = ("import sys\nclass ProgressBar:\n    def __call__(self, step, info):\n{body}"
+              "pbar = ProgressBar()\nmodel = DDP(Net())\nfor step, (x, y) in enumerate(loader):\n"
+              "    loss = crit(model(x), y)\n    loss.backward()\n    opt.step()\n"
+              "    pbar(step, {{'loss': loss.item()}})\n")
+HIDDEN = ("import sys\nclass HiddenPrints:\n    def __init__(self, rank):\n        self.rank = rank\n"
+          "    def __enter__(self):\n        if self.rank == 0:\n            return\n"
+          "        {silence}\n    def __exit__(self, *a):\n        pass\nmodel = DDP(Net())\n"
+          "with HiddenPrints(rank):\n    for x, y in loader:\n        loss = crit(model(x), y)\n"
+          "        loss.backward()\n"
+          "        opt.step()\n        print('loss', loss.item())\n")
+EARLY_STOP = ("class EarlyStopping:\n    def __call__(self, val_loss, model, path):\n"
+              "        self.save_checkpoint(model, path)\n    def save_checkpoint(self, model, path):\n"
+              "        torch.save(model.module.state_dict(), path + '/checkpoint.pth')\n"
+              "early_stopping = EarlyStopping()\nmodel = DDP(Net())\nfor epoch in range(3):\n"
+              "    for x in loader:\n        model(x).sum().backward()\n{call}")
+EMA_ALIAS = ("import argparse\np = argparse.ArgumentParser()\n"
+             "p.add_argument('--use-ema', action='store_true', default={default})\nargs = p.parse_args()\n"
+             "def test(loader, net):\n    with torch.no_grad():\n        for x in loader:\n            net(x)\n"
+             "model = DDP(Net())\nema_model = copy.deepcopy(model.module)\nfor x in loader:\n"
+             "    model(x).sum().backward()\nif args.use_ema:\n    test_model = ema_model\nelse:\n"
+             "    test_model = model\nif rank == 0:\n    test(val_loader, test_model)\n")
+GRAD_DUMP = ("model = DDP(Net())\nfor x in loader:\n    model(x).sum().backward()\n"
+             "    if not all(p.grad.isfinite().all() for p in model.parameters()):\n"
+             "        torch.save(model.module.state_dict(), 'dump.pth')\n{stop}")
+GROUP_LR = ("model = DDP(Net())\nopt = torch.optim.Adam(model.parameters(), lr=1e-4)\n"
+            "for param_group in opt.param_groups:\n    param_group['lr'] = param_group['lr'] * {factor}\n")
+INFERENCE_EPOCH = ("from tqdm import tqdm\nval_sampler = DistributedSampler(val_set)\n"
+                   "val_loader = DataLoader(val_set, sampler=val_sampler)\nmodel = DDP(Net())\n"
+                   "def inference_epoch():\n    pbar = tqdm(enumerate(val_loader))\n    for i, x in pbar:\n"
+                   "        r = model(x)\n{reduce}inference_epoch()\n")
+WORKER_SEED = ("import numpy as np\ndef worker_init_fn(worker_id):\n"
+               "    np.random.seed(torch.initial_seed() % 2 ** 32)\n"
+               "{seed}loader = DataLoader(ds, worker_init_fn=worker_init_fn)\nmodel = DDP(Net())\n" + LOOP)
+GATED_HELPER = ("import argparse\np = argparse.ArgumentParser()\n"
+                "p.add_argument('--fix_random_seed', action='store_true')\n"
+                "args = p.parse_args()\ndef set_random_seed(seed):\n    torch.manual_seed(seed)\n"
+                "{call}model = DDP(Net())\n" + LOOP)
+FSTRING_PORT = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--port', type=int, default=12361)\n"
+                "args = p.parse_args()\ndist.init_process_group('nccl', init_method={url}, world_size=2, rank=0)\n"
+                "torch.manual_seed(0)\nmodel = DDP(Net())\n")
+NO_HEAD = "import os, torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+SPAWN_HEAD = ("import os, copy, torch, torch.distributed as dist\nimport torch.multiprocessing as mp\n"
+              "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from torch.utils.data import DataLoader, DistributedSampler\n")
+
+CASES18 = [
+    # `not args.multi_gpu or rank == 0` where the project wraps (or spawns) only under that flag: rank 0's alone in
+    # every run the script starts (SAM-Med3D); a flag that gates no wrap is the leaky launcher option
+    ("save-on-every-rank", OWN_SWITCH.format(wrap="if args.multi_gpu:\n    model = DDP(model)\n"),
+     OWN_SWITCH.format(wrap="model = DDP(model)\n")),
+    # `if args.local_rank == -1:` runs in a one-process run only: no rank waits there (BERT-NER's evaluate)
+    ("collective-under-rank0", RANK0_EVAL.format(call="        if args.local_rank == -1:\n            evaluate()\n"),
+     RANK0_EVAL.format(call="        evaluate()\n")),
+    # the rank-0-first barrier pair of a cache helper that rank 0 alone calls: under `and not evaluate`, where
+    # `evaluate` names a function (always true, so the test is always false: BERT-NER), neither runs; without it,
+    # rank 0 waits at its barrier for ranks that never call the helper (the not-rank-0 one is not reached)
+    ("collective-under-rank0", HELPER_BARRIER.format(cond=" and not evaluate"), HELPER_BARRIER.format(cond="")),
+    # an object whose __call__ writes to stdout prints the loss it is handed (BERT-NER's ProgressBar)
+    ("every-rank-prints-loss", STDOUT_BAR.format(body="        self.last = info\n"),
+     STDOUT_BAR.format(body="        sys.stdout.write(f'\\r{{step}} {{info}}')\n")),
+    # code after `if self.rank == 0: return` runs off rank 0: a stdout silenced there leaves rank 0's prints alone
+    # (Timer's HiddenPrints)
+    ("every-rank-prints-loss", HIDDEN.format(silence="sys.stdout = open(os.devnull, 'w')"),
+     HIDDEN.format(silence="pass")),
+    # an instance called like a function runs its __call__ (Timer's early_stopping(val_loss, model, path))
+    ("save-on-every-rank", EARLY_STOP.format(call="    if rank == 0:\n        early_stopping(0.0, model, 'ckpt')\n"),
+     EARLY_STOP.format(call="    early_stopping(0.0, model, 'ckpt')\n")),
+    # the wrapper bound only in the else of an option that cannot be turned off (FixMatch's --use-ema)
+    ("ddp-forward-under-rank0", EMA_ALIAS.format(default="True"), EMA_ALIAS.format(default="False"), SPAWN_HEAD
+     + "dist.init_process_group('nccl')\nrank = dist.get_rank()\ntorch.manual_seed(0)\n"),
+    # a dump that stops in the debugger is no checkpoint (GeoTransformer's invalid-gradient check)
+    ("save-on-every-rank", GRAD_DUMP.format(stop="        ipdb.set_trace()\n"), GRAD_DUMP.format(stop="")),
+    # the lr written through param_group['lr'] (GeoTransformer's register_optimizer)
+    ("lr-grows-with-world-size", GROUP_LR.format(factor="1"), GROUP_LR.format(factor="world_size")),
+    # an evaluation loop in inference_epoch() over a bar of the val loader that reduces (GeoTransformer)
+    ("eval-padding-duplicates", INFERENCE_EPOCH.format(reduce=""),
+     INFERENCE_EPOCH.format(reduce="        dist.all_reduce(r)\n")),
+    # torch.initial_seed() reads the seed; it seeds nothing (MTR's worker_init_fn)
+    ("no-seed", WORKER_SEED.format(seed="torch.manual_seed(0)\n"), WORKER_SEED.format(seed=""), DDP_HEAD),
+    # a seeding helper called only under an option off by default (MTR's --fix_random_seed)
+    ("no-seed", GATED_HELPER.format(call="set_random_seed(666)\n"),
+     GATED_HELPER.format(call="if args.fix_random_seed:\n    set_random_seed(666)\n"), DDP_HEAD),
+    # an f-string rendezvous on an option whose default is a fixed port (SAM-Med3D)
+    ("hard-coded-master-port", FSTRING_PORT.format(url="f'tcp://127.0.0.1:{os.environ[\"MASTER_PORT\"]}'"),
+     FSTRING_PORT.format(url="f'tcp://127.0.0.1:{args.port}'"), NO_HEAD),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
                "batch8": CASES8 + CASES8_MAIN, "batch9": CASES9, "batch10": CASES10, "batch11": CASES11,
                "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13,
                "probes": CASES_PROBES, "batch14": CASES14,
-               "batch15": CASES15, "batch16-17": CASES16}
+               "batch15": CASES15, "batch16-17": CASES16,
+               "batch18-19": CASES18}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -1672,3 +1776,92 @@ def test_a_fixed_rendezvous_address_in_a_config_dict(tmp_path):
         return {f.rule for f in audit.audit_paths([root])}
     assert "hard-coded-master-port" in found("fixed", "'tcp://localhost:23456'")
     assert "hard-coded-master-port" not in found("env", "os.environ.get('DIST_URL', 'env://')")
+
+
+def test_set_epoch_missing_is_shown_where_the_epoch_loop_gets_the_loader(tmp_path):
+    """Timer: data_provider() builds the DistributedSampler, Exp.train() gets the loader through
+    self._get_data(flag='train') and runs the epoch loop: the finding is at that call (where set_epoch belongs),
+    naming the sampler."""
+    factory = ("from torch.utils.data import DataLoader, DistributedSampler\ndef data_provider(args, flag):\n"
+               "    sampler = DistributedSampler(ds, shuffle=True)\n    return ds, DataLoader(ds, sampler=sampler)\n")
+    exp = ("from factory import data_provider\nclass Exp:\n    def _get_data(self, flag):\n"
+           "        return data_provider(self.args, flag)\n    def train(self):\n"
+           "        data, loader = self._get_data(flag='train')\n        for epoch in range(3):\n"
+           "            for x in loader:\n                self.model(x).sum().backward()\n")
+    script = ("import torch, torch.distributed as dist\nfrom exp import Exp\ndist.init_process_group('nccl')\n"
+              "torch.manual_seed(0)\nExp().train()\n")
+    root = _project(tmp_path, {"factory.py": factory, "exp.py": exp, "run.py": script})
+    found = [f for f in audit.audit_paths([root]) if f.rule == "set-epoch-missing"]
+    assert [(Path(f.path).name, f.line) for f in found] == [("exp.py", 6)], found
+    assert [(Path(p).name, line) for p, line in found[0].related] == [("factory.py", 3)], found
+
+
+def test_the_first_of_two_plain_imports_of_one_name_is_followed(tmp_path):
+    """FixMatch: `import models.wideresnet as models` in one arm and `import models.resnext as models` (not in the
+    copy) in the other, then `models.build_wideresnet(...)`: the first import is followed to its BatchNorm."""
+    wrn = "import torch.nn as nn\ndef build_wideresnet(depth):\n    return nn.Sequential(nn.BatchNorm2d(8))\n"
+    script = ("import torch, torch.distributed as dist\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+              "def create_model(args):\n    if args.arch == 'wideresnet':\n        import models.wideresnet as models\n"
+              "        model = models.build_wideresnet(depth=28)\n    else:\n        import models.resnext as models\n"
+              "        model = models.build_resnext(depth=29)\n    return model\nmodel = create_model(args)\n"
+              "model = torch.nn.parallel.DistributedDataParallel(model)\nfor x in loader:\n"
+              "    model(x).sum().backward()\n")
+    root = _project(tmp_path, {"models/wideresnet.py": wrn, "models/__init__.py": "", "train.py": script})
+    assert "batchnorm-without-sync" in {f.rule for f in audit.audit_paths([root])}
+
+
+def test_a_base_class_reached_through_super_seeds_torch(tmp_path):
+    """GeoTransformer: Trainer(EpochBasedTrainer) calls super().__init__(cfg), whose base BaseTrainer.__init__ calls
+    initialize(seed=...), which seeds torch: the script is seeded. The same base without the seed leaves it not."""
+    base = ("import torch\ndef initialize(seed=None):\n    if seed is not None:\n        {seed}\n"
+            "class BaseTrainer:\n    def __init__(self, cfg):\n        initialize(seed=cfg.seed)\n"
+            "class EpochBasedTrainer(BaseTrainer):\n    def __init__(self, cfg):\n        super().__init__(cfg)\n")
+    script = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from engine import EpochBasedTrainer\nclass Trainer(EpochBasedTrainer):\n    def __init__(self, cfg):\n"
+              "        super().__init__(cfg)\n        self.model = DDP(Net())\n    def run(self):\n"
+              "        for x in loader:\n            self.model(x).sum().backward()\n"
+              "if __name__ == '__main__':\n    dist.init_process_group('nccl')\n    Trainer(cfg).run()\n")
+    def found(name, seed):
+        root = _project(tmp_path / name, {"engine.py": base.format(seed=seed), "trainval.py": script})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "no-seed" not in found("seeded", "torch.manual_seed(seed)")
+    assert "no-seed" in found("unseeded", "pass")
+
+
+def test_a_loss_over_gathered_features_logged_through_a_callback_is_global(tmp_path):
+    """arcface: `loss = module_partial_fc(emb, labels)` (a class whose forward all-gathers every rank's
+    embeddings), `loss_am.update(loss.item())`, then a logging callback whose __call__ prints `loss.avg` on rank 0:
+    the global batch's loss, the single run's number. A head that gathers nothing makes the same log rank 0's
+    own."""
+    head = ("import torch, torch.distributed as dist\nclass PartialFC(torch.nn.Module):\n"
+            "    def forward(self, emb, labels):\n{gather}        loss = (emb @ emb.T).logsumexp(1).mean()\n"
+            "        return loss\n")
+    gather = ("        out = [torch.zeros_like(emb) for _ in range(dist.get_world_size())]\n"
+              "        dist.all_gather(out, emb)\n        emb = torch.cat(out)\n")
+    callbacks = ("import logging\nclass CallBackLogging:\n    def __init__(self, rank):\n        self.rank = rank\n"
+                 "    def __call__(self, step, loss):\n        if self.rank == 0:\n"
+                 "            msg = 'Loss %.4f step %d' % (loss.avg, step)\n            print(msg)\n")
+    script = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from partial_fc import PartialFC\nfrom callbacks import CallBackLogging\n"
+              "dist.init_process_group('nccl')\n"
+              "rank = dist.get_rank()\ntorch.manual_seed(0)\nbackbone = DDP(Net())\nmodule_partial_fc = PartialFC()\n"
+              "callback_logging = CallBackLogging(rank)\nloss_am = AverageMeter()\n"
+              "for step, (img, labels) in enumerate(loader):\n"
+              "    loss: torch.Tensor = module_partial_fc(backbone(img), labels)\n    loss.backward()\n"
+              "    opt.step()\n    loss_am.update(loss.item(), 1)\n    callback_logging(step, loss_am)\n")
+    def found(name, g):
+        root = _project(tmp_path / name, {"partial_fc.py": head.format(gather=g), "callbacks.py": callbacks,
+                                          "train.py": script})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "rank0-local-loss" not in found("gathered", gather)
+    assert "rank0-local-loss" in found("local", "")
+
+
+def test_one_function_that_saves_twice_on_every_rank_is_one_finding():
+    """Timer's EarlyStopping.__call__ saves in two branches, on every rank: one finding, naming the other save."""
+    body = ("class EarlyStopping:\n    def __call__(self, val_loss, model):\n        if self.best is None:\n"
+            "            torch.save(model.module.state_dict(), 'ckpt.pth')\n        elif val_loss < self.best:\n"
+            "            torch.save(model.module.state_dict(), 'ckpt.pth')\n"
+            "early_stopping = EarlyStopping()\nmodel = DDP(Net())\nfor epoch in range(3):\n"
+            "    model(x).sum().backward()\n    early_stopping(0.0, model)\n")
+    assert rules(body).count("save-on-every-rank") == 1, rules(body)
