@@ -1570,7 +1570,16 @@ SPAWN_HEAD = ("import os, copy, torch, torch.distributed as dist\nimport torch.m
               "from torch.nn.parallel import DistributedDataParallel as DDP\n"
               "from torch.utils.data import DataLoader, DistributedSampler\n")
 
+ONE_SAMPLER_HELPER = ("def data_provider(flag):\n"
+                      "    train_datasampler = DistributedSampler(ds, shuffle=flag == 'train')\n"
+                      "    return DataLoader(ds, sampler=train_datasampler)\nmodel = DDP(Net())\n"
+                      "def vali(loader):\n    for x in loader:\n        r = model(x)\n        dist.all_reduce(r)\n"
+                      "loader = data_provider(flag='{flag}')\nvali(loader)\n")
+
 CASES18 = [
+    # a helper with one sampler for every split, named like the training one (Timer's `train_datasampler`), builds
+    # the evaluation split's padding sampler when it is asked for flag='val'
+    ("eval-padding-duplicates", ONE_SAMPLER_HELPER.format(flag="train"), ONE_SAMPLER_HELPER.format(flag="val")),
     # `not args.multi_gpu or rank == 0` where the project wraps (or spawns) only under that flag: rank 0's alone in
     # every run the script starts (SAM-Med3D); a flag that gates no wrap is the leaky launcher option
     ("save-on-every-rank", OWN_SWITCH.format(wrap="if args.multi_gpu:\n    model = DDP(model)\n"),
