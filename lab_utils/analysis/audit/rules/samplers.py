@@ -250,11 +250,13 @@ def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3):
     split, ...)`) is an evaluation sampler when some chain of callers asks for an evaluation split: a call with
     'val' or `split=cfg.TEST.SPLIT`, assigned to `val_loader`, or made inside `construct_test_loader`."""
     fn = m.enclosing(c)
-    others = [x for x in ast.walk(fn or m.tree) if isinstance(x, ast.Call) and x is not c
-              and callee(x) in f.sampler_classes()]
+    data = dotted(c.args[0]) if c.args else ""
+    others = [x for x in ast.walk(fn or m.tree) if isinstance(x, ast.Call) and x is not c and (
+        callee(x) in f.sampler_classes() or callee(x) == "DataLoader") and x.args and dotted(x.args[0]) != data]
     if others and any(TRAIN_WORD.fullmatch(w) for w in re.split(r"[._ ]", _label(m, c))):
         return False  # the training split's sampler of a helper that also builds the evaluation one (a helper
-        # with one sampler for every split, named `train_datasampler` in Timer's data_provider, builds both)
+        # with one sampler for every split's dataset, named `train_datasampler` in Timer's data_provider, builds
+        # the evaluation one too)
     if fn is not None and not isinstance(fn, ast.ClassDef) and not f.p.callers(m, fn) and any(
             TRAIN_WORD.fullmatch(a.arg) for a in fn.args.args + fn.args.kwonlyargs):
         # a builder of either split (`def build_custom_dataloader(cfg, training, ...)`) that no audited file
