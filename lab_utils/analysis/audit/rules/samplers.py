@@ -48,7 +48,12 @@ def _sampler_context(f: Facts, m: Module):
     related = f.p.related(m)
     if not any(mm.entry for mm in related):
         related = list(f.p.modules.values())
-    return made, [(mm, c) for mm in related for c in mm.calls if callee(c) == "set_epoch"]
+    # ... and a module no audited script imports at all (a trainer the script loads by name from its config,
+    # Palette's init_obj('models.model')) runs with whichever script loads it: its set_epoch counts too
+    entries = [mm for mm in f.p.modules.values() if mm.entry]
+    loaded = [mm for mm in f.p.modules.values() if mm not in related and not mm.entry
+              and not any(mm in f.p.related(e) for e in entries)]
+    return made, [(mm, c) for mm in [*related, *loaded] for c in mm.calls if callee(c) == "set_epoch"]
 
 
 def _persistent_loaders(f: Facts, m: Module) -> list[str]:
