@@ -137,8 +137,9 @@ def collective_outside_switch(f: Facts, m: Module):
         return  # the group exists in every run the script can make
     flags, told = _group_flags(f), set()
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
-        if callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather") or "dist" not in dotted(c.func) \
-                or not _torch_distributed(m, c):
+        wrap = f.is_ddp_call(m, c)  # DDP's constructor broadcasts rank 0's state over the default group too
+        if not wrap and (callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather")
+                         or "dist" not in dotted(c.func) or not _torch_distributed(m, c)):
             continue
         if switched(f.p, m, c) is not None or f.g.kind(m, c) is not None or m.enclosing(c) is None and \
                 not m.entry or _under_flag(m, c, flags):

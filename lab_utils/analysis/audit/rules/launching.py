@@ -78,6 +78,16 @@ def _config_url(f: Facts, url: ast.AST):
     return None
 
 
+def _address_and_port(url: ast.AST | None):
+    """(the constant text before the port, the port's expression) of `f'tcp://127.0.0.1:{args.port}'` or
+    `'tcp://127.0.0.1:' + args.port`; (None, None) otherwise."""
+    if isinstance(url, ast.JoinedStr) and len(url.values) >= 2 and isinstance(url.values[-1], ast.FormattedValue):
+        return const_str(url.values[-2]), url.values[-1].value
+    if isinstance(url, ast.BinOp) and isinstance(url.op, ast.Add):
+        return const_str(url.left), url.right
+    return None, None
+
+
 def _option_port(f: Facts, v: ast.AST):
     """`os.environ['MASTER_PORT'] = args.port` (or str(args.port)) where every add_argument of --port defaults to
     a constant port number (voxceleb_trainer's '8888')."""
@@ -95,7 +105,8 @@ def _option_port(f: Facts, v: ast.AST):
 def _env_fallback(m: Module, node: ast.Assign) -> bool:
     """The fixed value is only a fallback: under `if "MASTER_PORT" not in os.environ:` (a test of the very
     variable or environment key it sets), so a launcher's port wins."""
-    keys = {"MASTER_PORT", "MASTER_ADDR"} | {dotted(t) for t in node.targets}
+    keys = {"MASTER_PORT", "MASTER_ADDR"} | {dotted(t) for t in node.targets
+                                             if isinstance(t, (ast.Name, ast.Attribute))}  # (not opt['x']'s opt)
     n = m.parent.get(id(node))
     while n is not None and not isinstance(n, ast.Module):
         if isinstance(n, ast.If) and any(const_str(x) in keys or dotted(x) in keys for x in ast.walk(n.test)):
@@ -110,9 +121,20 @@ def hard_coded_master_port(f: Facts, m: Module):
     advice = "a second job on this host (or a stale one) collides on the port — torchrun --standalone, or env://"
     urls = {dotted(kw(c, "init_method")) for mm in f.p.modules.values() for c in mm.calls
             if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), (ast.Name, ast.Attribute))}
+    # the keys an init_method is read from (`init_method=opt['init_method']`, Palette's option dict)
+    keys = {const_str(kw(c, "init_method").slice) for mm in f.p.modules.values() for c in mm.calls
+            if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), ast.Subscript)} - {None}
     reported: set[str] = set()
     for a in sorted((a for a in m.nodes if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
         if _env_fallback(m, a) or one_process_arm(m, a):
+            continue
+        head, tail = _address_and_port(a.value)
+        if (any(dotted(t) in urls for t in a.targets) or any(
+                isinstance(t, ast.Subscript) and const_str(t.slice) in keys for t in a.targets)) and head is not None \
+                and LOOPBACK_HEAD.search(head) and (port := _option_port(f, tail)) is not None:
+            # opt['init_method'] = 'tcp://127.0.0.1:' + args.port, --port defaulting to '21012' (Palette)
+            yield a, (f"{ast.unparse(a.value)} (passed as init_method) rendezvouses on an option whose default "
+                      f"{port} is a fixed port on this host: {advice}"), "check-by-hand"
             continue
         sets_port = any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets)
         if sets_port and const_str(a.value) is not None:
@@ -139,10 +161,10 @@ def hard_coded_master_port(f: Facts, m: Module):
         # in a project whose init_process_group takes its init_method from a variable: every single-host run that
         # keeps the default rendezvous there. A remote address as default must be replaced to run at all, so it
         # is no collision waiting to happen
-        if isinstance(url, ast.JoinedStr) and len(url.values) >= 2 and isinstance(url.values[-1], ast.FormattedValue) \
-                and LOOPBACK_HEAD.search(const_str(url.values[-2]) or "") \
-                and (port := _option_port(f, url.values[-1].value)) is not None:
-            # f'tcp://127.0.0.1:{args.port}' with --port defaulting to 12361 (SAM-Med3D)
+        head, tail = _address_and_port(url)
+        if head is not None and LOOPBACK_HEAD.search(head) and (port := _option_port(f, tail)) is not None:
+            # f'tcp://127.0.0.1:{args.port}' with --port defaulting to 12361 (SAM-Med3D), or
+            # 'tcp://127.0.0.1:' + args.port (Palette)
             yield url, (f"{ast.unparse(url)} rendezvouses on --port, whose default {port} is a fixed port on this host "
                         f"with no environment fallback: {advice}"), "check-by-hand"
         if url is not None and const_str(url) is None:
