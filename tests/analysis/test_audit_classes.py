@@ -461,7 +461,9 @@ def init_mode(args):
 init_mode(args)
 torch.manual_seed(0)
 """
-EPOCHS = "model = DDP(Net())\nfor epoch in range(3):\n    for x in loader:\n        model(x).sum().backward()\n"
+# (the wrap under the switch too: an unconditional DDP(...) is itself a collective outside it)
+EPOCHS = ("model = Net()\nif args.distributed:\n    model = DDP(model)\nfor epoch in range(3):\n    for x in loader:\n"
+          "        model(x).sum().backward()\n")
 GATHER = ("class Gather(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
           "        out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]\n        dist.all_gather(out, x)\n"
           "        return tuple(out)\n    @staticmethod\n    def backward(ctx, *g):\n"
@@ -568,7 +570,7 @@ def test_a_helper_reached_through_a_package_folder_and_a_sampler_made_in_a_helpe
         "train.py": "import os, torch, torch.distributed as dist\n"
                     "from torch.nn.parallel import DistributedDataParallel as DDP\nfrom pkg import utils\n"
                     "from data import build\nargs.distributed = 'RANK' in os.environ\nif args.distributed:\n"
-                    "    dist.init_process_group('nccl')\ntorch.manual_seed(0)\nmodel = DDP(Net())\n"
+                    "    dist.init_process_group('nccl')\n    model = DDP(Net())\ntorch.manual_seed(0)\n"
                     "loader = build(ds)\nfor epoch in range(3):\n{set_epoch}    for x in loader:\n"
                     "        loss = model(x).sum()\n        loss.backward()\n        if args.distributed:\n"
                     "            loss = utils.reduce(loss, 2)\n",
@@ -1622,6 +1624,29 @@ CASES18 = [
 ]
 
 
+
+# held-out batches 20 and 21 (helpers labelled them blind; tests/outside/heldout_labels.json)
+OPTIONAL_GROUP = ("import argparse, torch, torch.distributed as dist\n"
+                  "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                  "p = argparse.ArgumentParser()\np.add_argument('--distributed', action='store_true')\n"
+                  "args = p.parse_args()\nif args.distributed:\n    dist.init_process_group('nccl')\n"
+                  "torch.manual_seed(0)\nmodel = Net()\n")
+PORT_IN_OPT = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('-P', '--port', default={default})\n"
+               "args = p.parse_args()\nopt = {{}}\nopt['init_method'] = 'tcp://127.0.0.1:' + args.port\n"
+               "def main_worker(gpu, opt):\n"
+               "    dist.init_process_group('nccl', init_method=opt['init_method'], world_size=2, rank=gpu)\n"
+               "    torch.manual_seed(0)\n    model = DDP(Net())\n")
+
+CASES20 = [
+    # a DDP wrap outside the switch that sets up an optional group: the single-process run raises (SEA-RAFT)
+    ("collective-outside-switch", "if args.distributed:\n    model = DDP(model)\n" + LOOP,
+     "model = DDP(model)\n" + LOOP, OPTIONAL_GROUP),
+    # 'tcp://127.0.0.1:' + args.port stored in opt['init_method'] and passed on, --port defaulting to a fixed
+    # port (Palette)
+    ("hard-coded-master-port", PORT_IN_OPT.format(default="None"), PORT_IN_OPT.format(default="'21012'"), NO_HEAD),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -1629,7 +1654,7 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13,
                "probes": CASES_PROBES, "batch14": CASES14,
                "batch15": CASES15, "batch16-17": CASES16,
-               "batch18-19": CASES18}
+               "batch18-19": CASES18, "batch20-21": CASES20}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -1874,3 +1899,22 @@ def test_one_function_that_saves_twice_on_every_rank_is_one_finding():
             "early_stopping = EarlyStopping()\nmodel = DDP(Net())\nfor epoch in range(3):\n"
             "    model(x).sum().backward()\n    early_stopping(0.0, model)\n")
     assert rules(body).count("save-on-every-rank") == 1, rules(body)
+
+
+def test_a_set_epoch_in_a_trainer_loaded_by_name_counts(tmp_path):
+    """Palette: run.py builds the DistributedSampler through data/__init__.py and loads its trainer by name from
+    the config (models/model.py, which no audited file imports); that trainer calls
+    self.phase_loader.sampler.set_epoch(epoch), so the sampler's epochs are reshuffled."""
+    data = ("from torch.utils.data import DataLoader, DistributedSampler\ndef define_dataloader(ds):\n"
+            "    return DataLoader(ds, sampler=DistributedSampler(ds, shuffle=True))\n")
+    model = ("class Model:\n    def train(self):\n        for epoch in range(3):\n{set_epoch}"
+             "            for x in self.phase_loader:\n                self.net(x).sum().backward()\n")
+    run = ("import importlib, torch, torch.distributed as dist\nimport data\ndist.init_process_group('nccl')\n"
+           "torch.manual_seed(0)\nloader = data.define_dataloader(ds)\n"
+           "Model = getattr(importlib.import_module(cfg['model']), 'Model')\nModel().train()\n")
+    def found(name, set_epoch):
+        root = _project(tmp_path / name, {"data/__init__.py": data, "models/model.py": model.format(
+            set_epoch=set_epoch), "run.py": run})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "set-epoch-missing" not in found("set", "            self.phase_loader.sampler.set_epoch(epoch)\n")
+    assert "set-epoch-missing" in found("unset", "")
