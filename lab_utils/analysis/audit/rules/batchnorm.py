@@ -45,10 +45,11 @@ def batchnorm_without_sync(f: Facts, m: Module):
                 return
         if wrap is not None:
             where = f"{bn[0].rel}:{bn[1].lineno}" if bn[0] is not m else f"line {bn[1].lineno}"
-            yield wrap, (f"the model wrapped here has BatchNorm ({where}) and nothing converts it to SyncBatchNorm: "
-                         "at 2 ranks each rank normalises with its own half-batch's statistics (and keeps its own "
-                         "running stats), unlike the single run's whole batch — "
-                         "nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP")
+            yield Hit(wrap, (f"the model wrapped here has BatchNorm ({where}) and nothing converts it to "
+                             "SyncBatchNorm: at 2 ranks each rank normalises with its own half-batch's statistics (and "
+                             "keeps its own running stats), unlike the single run's whole batch — "
+                             "nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP"),
+                      related=((bn[0], bn[1]),) if bn[1] is not wrap else ())
         return
     # a flag that gates the DDP wrap as well (`if args.distributed:` around both) is the distributed switch, not an
     # opt-in to SyncBatchNorm: every DDP run converts
@@ -123,7 +124,7 @@ def _wrapped_batchnorm(f: Facts, m: Module):
             keys = set()
             for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
                 keys |= f.p.reach(cm, meth)
-            bn = _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef)
+            bn = _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _held_batchnorm(f, cm, cdef)
             if bn is not None:
                 return w, bn
         if isinstance(arg, ast.Name):
@@ -140,7 +141,50 @@ def _class_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
     keys = set()
     for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
         keys |= f.p.reach(cm, meth)
-    return _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef)
+    return _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _globals_batchnorm(f, cm, cdef)
+
+
+def _globals_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
+    """A class that builds its backbone by a name made at run time from the module's globals
+    (`globals()['dla{}'.format(num_layers)](...)`, CenterNet-style DLASeg in PermaTrack): BatchNorm when every
+    function of the module whose name starts with that prefix reaches it."""
+    for n in ast.walk(cdef):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript) and isinstance(n.func.value, ast.Call)
+                and callee(n.func.value) == "globals"):
+            continue
+        key = n.func.slice
+        head = key.func.value if isinstance(key, ast.Call) and callee(key) == "format" else \
+            key.left if isinstance(key, ast.BinOp) else key.values[0] if isinstance(key, ast.JoinedStr) else None
+        prefix = (const_str(head) or "").split("{")[0]
+        names = [k for k in cm.functions if prefix and k.startswith(prefix) and "." not in k]
+        found = [_bn_in(f, f.p.reach(cm, cm.functions[k])) for k in names]
+        if found and all(found):
+            return found[0]
+    return None
+
+
+def _held_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
+    """A wrapper class that holds the network it is handed (`class ModleWithLoss(nn.Module): def __init__(self,
+    model, loss): self.model = model`, PermaTrack and CenterNet): the BatchNorm of what its callers hand in
+    (`ModleWithLoss(model, self.loss)` where `model = create_model(...)`, one or two helpers up)."""
+    init = cm.functions.get(f"{cdef.name}.__init__")
+    if init is None:
+        return None
+    params = [a.arg for a in init.args.args][1:]
+    held = [i for i, p in enumerate(params) if any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Name)
+                                                   and a.value.id == p for a in ast.walk(init))]
+    for sm, site in f.p.callers(cm, init):
+        for i in held:
+            given = site.args[i] if i < len(site.args) else None
+            if not isinstance(given, ast.Name):
+                continue
+            for bm, built in [(sm, b) for b in _built_from(sm, site, given.id)] + \
+                    _built_by_callers(f, sm, site, given.id):
+                cls = [(tm, tm.classes[tm.class_of(tf)]) for tm, tf in f.p.resolve(bm, built) if tm.class_of(tf)]
+                bn = _class_batchnorm(f, *cls[0]) if cls else _factory_batchnorm(f, bm, built)
+                if bn is not None:
+                    return bn
+    return None
 
 
 def _bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
@@ -286,14 +330,14 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
     for tm, tf in f.p.resolve(m, c):
         if tm.class_of(tf) is None:  # a project factory function (classes were looked at already)
             keys = f.p.reach(tm, tf)
-            bn = _bn_in(f, keys) or next((x for x in (_registered_batchnorm(f, callee(rc)) for rm, rc in
-                                                      f.p.calls_in(keys) if not f.p.resolve(rm, rc)) if x), None)
+            bn = _bn_in(f, keys) or next((x for x in (
+                _registered_batchnorm(f, callee(rc)) or _named_from_a_table(f, rm, rc)
+                for rm, rc in f.p.calls_in(keys) if not f.p.resolve(rm, rc)) if x), None)
             if bn is not None:
                 return bn
-    if isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Name):
-        bn = _dict_registry_batchnorm(f, m, fn.value.id)
-        if bn is not None:
-            return bn
+    bn = _named_from_a_table(f, m, c)
+    if bn is not None:
+        return bn
     if not f.p.resolve(m, c):
         bn = _registered_batchnorm(f, callee(c))
         if bn is not None:
@@ -308,6 +352,18 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
                 bn = _bn_in(f, f.p.reach(tm, tm.functions[name]))
                 if bn is not None:
                     return bn
+    return None
+
+
+def _named_from_a_table(f: Facts, m: Module, c: ast.Call):
+    """`BACKBONE_DICT[name](size)`, or `model_class = _network_factory[arch]` then `model_class(...)` (PermaTrack's
+    create_model): the BatchNorm of the table's builders (_dict_registry_batchnorm)."""
+    fn = c.func
+    if isinstance(fn, ast.Name):
+        fn = next((a.value for a in ast.walk(m.enclosing(c) or m.tree) if isinstance(a, ast.Assign)
+                   and isinstance(a.value, ast.Subscript) and any(dotted(t) == fn.id for t in a.targets)), fn)
+    if isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Name):
+        return _dict_registry_batchnorm(f, m, fn.value.id)
     return None
 
 
