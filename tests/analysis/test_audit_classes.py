@@ -1918,3 +1918,36 @@ def test_a_set_epoch_in_a_trainer_loaded_by_name_counts(tmp_path):
         return {f.rule for f in audit.audit_paths([root])}
     assert "set-epoch-missing" not in found("set", "            self.phase_loader.sampler.set_epoch(epoch)\n")
     assert "set-epoch-missing" in found("unset", "")
+
+
+def test_batchnorm_in_a_held_network_from_a_table_or_the_modules_globals(tmp_path):
+    """PermaTrack (CenterNet-style): the trainer wraps `ModleWithLoss(model, loss)`, a class that only holds the
+    network its caller hands in; main.py's model comes from create_model(), which picks `model_class =
+    _network_factory[arch]`, whose DLASeg builds its backbone with `globals()['dla{}'.format(n)](...)`. BatchNorm
+    in the dla* builders is under DDP (and named as the finding's related place); LayerNorm ones are not."""
+    nets = ("import torch.nn as nn\ndef dla34(pretrained=False):\n"
+            "    return nn.Sequential(nn.Conv2d(3, 8, 3), {norm}(8))\n"
+            "class DLASeg(nn.Module):\n    def __init__(self, num_layers):\n        super().__init__()\n"
+            "        self.base = globals()['dla{{}}'.format(num_layers)](pretrained=False)\n")
+    model = ("from nets import DLASeg\n_network_factory = {'dla': DLASeg}\ndef create_model(arch):\n"
+             "    model_class = _network_factory[arch]\n    return model_class(34)\n")
+    trainer = ("import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+               "class ModleWithLoss(torch.nn.Module):\n    def __init__(self, model, loss):\n"
+               "        super().__init__()\n"
+               "        self.model = model\n        self.loss = loss\n    def forward(self, x):\n"
+               "        return self.loss(self.model(x))\nclass Trainer:\n    def __init__(self, model):\n"
+               "        self.model_with_loss = ModleWithLoss(model, torch.nn.MSELoss())\n"
+               "    def set_device(self, rank):\n"
+               "        self.model_with_loss = DDP(self.model_with_loss, device_ids=[rank])\n")
+    main = ("import torch, torch.distributed as dist\nfrom model import create_model\nfrom trainer import Trainer\n"
+            "dist.init_process_group('nccl')\ntorch.manual_seed(0)\nmodel = create_model('dla')\n"
+            "trainer = Trainer(model)\ntrainer.set_device(0)\nfor x in loader:\n"
+            "    trainer.model_with_loss(x).backward()\n")
+    def found(name, norm):
+        root = _project(tmp_path / name, {"nets.py": nets.format(norm=norm), "model.py": model,
+                                          "trainer.py": trainer, "main.py": main})
+        return [f for f in audit.audit_paths([root]) if f.rule == "batchnorm-without-sync"]
+    bn = found("bn", "nn.BatchNorm2d")
+    assert [(Path(f.path).name, f.line) for f in bn] == [("trainer.py", 14)], bn
+    assert [(Path(p).name, line) for p, line in bn[0].related] == [("nets.py", 3)], bn
+    assert not found("ln", "nn.LayerNorm")
