@@ -1951,3 +1951,19 @@ def test_batchnorm_in_a_held_network_from_a_table_or_the_modules_globals(tmp_pat
     assert [(Path(f.path).name, f.line) for f in bn] == [("trainer.py", 14)], bn
     assert [(Path(p).name, line) for p, line in bn[0].related] == [("nets.py", 3)], bn
     assert not found("ln", "nn.LayerNorm")
+
+
+def test_each_evaluation_split_asked_of_a_padding_helper_is_a_finding(tmp_path):
+    """OpenTAD: tools/train.py asks builder.build_dataloader for the val split and for the test split, each through
+    a padding DistributedSampler, and both evaluations gather over ranks: two metrics counted with duplicates, two
+    findings, each at the call that asks."""
+    builder = ("from torch.utils.data import DataLoader, DistributedSampler\ndef build_dataloader(ds, shuffle=False):\n"
+               "    return DataLoader(ds, sampler=DistributedSampler(ds, shuffle=shuffle))\n")
+    script = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from builder import build_dataloader\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+              "val_loader = build_dataloader(val_set)\ntest_loader = build_dataloader(test_set)\nmodel = DDP(Net())\n"
+              "def evaluate(loader):\n    for x in loader:\n        r = model(x)\n        dist.all_reduce(r)\n"
+              "evaluate(val_loader)\nevaluate(test_loader)\n")
+    root = _project(tmp_path, {"builder.py": builder, "train.py": script})
+    found = [(Path(f.path).name, f.line) for f in audit.audit_paths([root]) if f.rule == "eval-padding-duplicates"]
+    assert found == [("train.py", 6), ("train.py", 7)], found

@@ -250,7 +250,7 @@ def _built_for_evaluation(f: Facts, m: Module, c: ast.Call, depth: int = 3):
     return _evaluation_caller(f, m, c, depth) or False
 
 
-def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3):
+def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3, every: bool = False):
     """A sampler made in a generic helper (`create_sampler(dataset, shuffle, cfg)`, `_construct_loader(name,
     split, ...)`) is an evaluation sampler when some chain of callers asks for an evaluation split: a call with
     'val' or `split=cfg.TEST.SPLIT`, assigned to `val_loader`, or made inside `construct_test_loader`."""
@@ -267,7 +267,7 @@ def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3):
         # a builder of either split (`def build_custom_dataloader(cfg, training, ...)`) that no audited file
         # calls (its caller is not in these files): called with training false, it builds the evaluation one
         return m, c
-    todo, seen = [(m, fn, 0)], set()
+    todo, seen, found = [(m, fn, 0)], set(), []  # (every: each call that asks, in OpenTAD both val and test)
     while todo:
         mod, fn, d = todo.pop()
         if fn is None or id(fn) in seen or d >= depth:
@@ -279,9 +279,12 @@ def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3):
             if _eval_words(ast.Tuple(elts=[*call.args, *[k.value for k in call.keywords]])) or (
                     isinstance(target, ast.Assign) and any(_eval_words(t) for t in target.targets)) or (
                     outer is not None and any(EVAL_WORD.fullmatch(w) for w in outer.name.split("_"))):
-                return cm, call
+                if not every:
+                    return cm, call
+                found.append((cm, call))
+                continue
             todo.append((cm, outer, d + 1))
-    return None
+    return found if every else None
 
 
 def _pads(f: Facts, name: str) -> bool:
@@ -319,10 +322,11 @@ def eval_padding_duplicates(f: Facts, m: Module):
                     "its metrics over ranks: the duplicates are counted, so the metric is not the single run's unless "
                     "len(dataset) % world_size == 0 — shard without padding, or drop the padded tail")
             if asked and asked[0] is not m and asked[0].entry:
-                # One defect, one finding: shown in the script that asks the helper for the evaluation split's
-                # sampler (the argument to change), with the helper's sampler as its related place.
-                yield Hit(_choosing_argument(m, c, asked[1]), f"{ast.unparse(asked[1].func)}(...) gets the "
-                          f"evaluation split's {callee(c)} ({m.rel}:{c.lineno}), which {what}", "check-by-hand",
-                          asked[0], related=((m, c), *reduced))
+                # One defect per evaluation split, one finding each: shown in the script that asks the helper for
+                # that split's sampler (the argument to change), with the helper's sampler as its related place.
+                for am, call in [x for x in _evaluation_caller(f, m, c, every=True) if x[0].entry] or [asked]:
+                    yield Hit(_choosing_argument(m, c, call), f"{ast.unparse(call.func)}(...) gets the evaluation "
+                              f"split's {callee(c)} ({m.rel}:{c.lineno}), which {what}", "check-by-hand", am,
+                              related=((m, c), *reduced))
             else:
                 yield Hit(c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand", related=reduced)
