@@ -278,12 +278,20 @@ class Project:
         if local not in m.imports:
             return None
         cache = getattr(self, "_module_for_cache", None)  # absent while __init__ still loads modules
-        if cache is None:
-            return self._module_for(m, local)
         key = (m.rel, local)
-        if key not in cache:
-            cache[key] = self._module_for(m, local)
-        return cache[key]
+        if cache is not None and key in cache:
+            return cache[key]
+        busy = self.__dict__.setdefault("_module_for_busy", set())
+        if key in busy:
+            return None  # two modules re-exporting one name from each other (SparK): a cycle, no definition
+        busy.add(key)
+        try:
+            found = self._module_for(m, local)
+        finally:
+            busy.discard(key)
+        if cache is not None:
+            cache[key] = found
+        return found
 
     def _module_for(self, m: Module, local: str) -> Module | None:
         mod, attr, level = m.imports[local]
