@@ -144,7 +144,7 @@ class Facts:
     def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
         """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
         def collective_helper(c):  # a helper that reduces (a barrier or a broadcast averages nothing)
-            return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING, depth=2)
+            return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING, depth=3)
                        for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
         red: set[str] = set()
         for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):

@@ -71,3 +71,14 @@ def origins(scope: ast.AST, lossy) -> set[str]:
 def loss_module(v: ast.AST) -> bool:
     """A loss function being built (`criterion["stft"] = MultiResolutionSTFTLoss(...)`): no loss value."""
     return isinstance(v, ast.Call) and callee(v)[:1].isupper() and LOSSISH.search(callee(v)) is not None
+
+
+def loaded_from_a_checkpoint(f: Facts, m: Module, scope: ast.AST, c: ast.Call, name: str) -> bool:
+    """Before the log `c`, `name` is only assigned what a project function that torch.loads a checkpoint returns
+    (`ep_start, performance_desc = misc.load_checkpoint(...)`, SparK's "PT already done" print): a value this run
+    read back, not a loss it computed."""
+    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and name in {
+        dotted(x) for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])}]
+    return bool(binds) and all(isinstance(a.value, ast.Call) and any(
+        f.p.function_does(tm, tf, lambda mm, cc: callee(cc) == "load" and "torch" in dotted(cc.func), 1)
+        for tm, tf in f.p.resolve(m, a.value)) for a in binds)

@@ -409,7 +409,8 @@ def _set_by_launch(m: Module, flag: ast.AST) -> bool:
         for v in values)
 
 
-GROUP_CHECKS = re.compile(r"^(is_initialized|is_available)$")
+# `dist.is_initialized()`, a helper's `is_available()`, SparK's `dist.initialized()`
+GROUP_CHECKS = re.compile(r"^(is_initialized|is_available|initialized|is_dist_avail_and_initialized)$")
 
 
 def group_check(test: ast.AST) -> bool:

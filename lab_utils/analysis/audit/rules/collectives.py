@@ -146,6 +146,8 @@ def collective_outside_switch(f: Facts, m: Module):
             continue
         fn = m.enclosing(c)
         sites = f.p.callers(m, fn) + _apply_sites(m, fn) if fn is not None else []
+        if wrap and fn is not None and not sites:
+            continue  # a wrap helper nothing here calls (SparK's unused parallelize()): its callers decide
         if any(switched(f.p, cm, cc) is not None for cm, cc in sites) or fn is not None and \
                 _called_under_switch(f, m, fn):
             continue  # the helper is only called under the switch

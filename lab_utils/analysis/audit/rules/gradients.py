@@ -395,12 +395,18 @@ def _leaf(t: ast.AST) -> str:
 
 def _world_holding(m: Module) -> set[str]:
     """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint), and
-    names that hold the count itself, whatever they are called (`num_tasks = utils.get_world_size()`)."""
+    names that hold the count itself, whatever they are called (`num_tasks = utils.get_world_size()`). A product
+    whose other factor was divided by the count (`glb = (bs // world_size) * world_size`, SparK) stays fixed."""
+    shrunk = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
+              and isinstance(a.value.op, (ast.Div, ast.FloorDiv)) and involves(a.value.right, WORLDISH)
+              for t in a.targets}
     out: set[str] = set()
     for _ in range(3):
         for a in m.nodes:
             count = isinstance(a, ast.Assign) and _a_count(a.value, out)
-            if isinstance(a, ast.Assign) and (count or _grows(a.value, out)):
+            cancels = isinstance(a, ast.Assign) and any(dotted(n) in shrunk for n in ast.walk(a.value)
+                                                        if isinstance(n, (ast.Name, ast.Attribute)))
+            if isinstance(a, ast.Assign) and (count or _grows(a.value, out) and not cancels):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out
 

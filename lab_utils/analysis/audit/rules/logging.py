@@ -10,7 +10,7 @@ import re
 from ..consoles import meter_prints, rank0_loggers, root_console_on_stdout, root_logger_on_every_rank
 from ..facts import Facts
 from ..gathers import global_model_losses
-from ..losses import handed_global, holds_a_loss_module, loss_module, origins
+from ..losses import handed_global, holds_a_loss_module, loaded_from_a_checkpoint, loss_module, origins
 from ..project import Module
 from ..registry import Hit, rule
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee, const_str, dotted, kw, root
@@ -411,7 +411,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
         lossy -= global_model_losses(f, m, scope)
-        lossy = {n for n in lossy if not handed_global(f, m, scope, n)}
+        lossy = {n for n in lossy if not handed_global(f, m, scope, n)
+                 and not loaded_from_a_checkpoint(f, m, scope, c, n)}
         lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)}
         own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & _instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
