@@ -1647,6 +1647,33 @@ CASES20 = [
 ]
 
 
+
+# held-out batch 22 (a helper labelled it blind; tests/outside/heldout_labels.json)
+INITIALIZED_WRAP = ("def initialized():\n    return __initialized\nmodel = Net()\n{wrap}" + LOOP)
+GLOBAL_BATCH = ("per_gpu = args.bs // dist.get_world_size()\nglb_batch_size = {glb}\n"
+                "lr = args.base_lr * glb_batch_size / 256\nmodel = DDP(Net())\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=lr)\n")
+RESUMED_DESC = ("def load_checkpoint(path):\n    ckpt = torch.load(path, map_location='cpu')\n"
+                "    return ckpt['epoch'], ckpt['performance_desc']\nmodel = DDP(Net())\n"
+                "ep_start, {name} = load_checkpoint(args.resume_from)\nif rank == 0:\n"
+                "    print('done', {name})\nfor x, y in loader:\n    loss = crit(model(x), y)\n"
+                "    loss.backward()\n    opt.step()\n    {name} = f'{{loss.item():.4f}}'\n")
+
+CASES22 = [
+    # a helper named initialized() asks whether the group exists (SparK's dist.initialized()): the wrap under it is
+    # switched
+    ("collective-outside-switch", INITIALIZED_WRAP.format(wrap="if initialized():\n    model = DDP(model)\n"),
+     INITIALIZED_WRAP.format(wrap="model = DDP(model)\n"), OPTIONAL_GROUP),
+    # a global batch made of a per-GPU batch divided by the world size, times it, stays fixed (SparK's arg_util)
+    ("lr-grows-with-world-size", GLOBAL_BATCH.format(glb="per_gpu * dist.get_world_size()"),
+     GLOBAL_BATCH.format(glb="args.bs * dist.get_world_size()")),
+    # a value read back from a checkpoint before the log is no loss of this run (SparK's "PT already done")
+    ("rank0-local-loss", RESUMED_DESC.format(name="performance_desc"), RESUMED_DESC.format(name="performance_desc")
+     .replace("ep_start, performance_desc = load_checkpoint(args.resume_from)\n",
+              "performance_desc = f'{crit(model(x0), y0).item():.4f}'\n")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -1654,7 +1681,8 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "batch11-misses": CASES11_MISSES, "batch12": CASES12, "batch13": CASES13,
                "probes": CASES_PROBES, "batch14": CASES14,
                "batch15": CASES15, "batch16-17": CASES16,
-               "batch18-19": CASES18, "batch20-21": CASES20}
+               "batch18-19": CASES18, "batch20-21": CASES20,
+               "batch22": CASES22}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -1967,3 +1995,26 @@ def test_each_evaluation_split_asked_of_a_padding_helper_is_a_finding(tmp_path):
     root = _project(tmp_path, {"builder.py": builder, "train.py": script})
     found = [(Path(f.path).name, f.line) for f in audit.audit_paths([root]) if f.rule == "eval-padding-duplicates"]
     assert found == [("train.py", 6), ("train.py", 7)], found
+
+
+def test_an_import_cycle_of_re_exports_does_not_crash(tmp_path):
+    """SparK: two modules each re-export a name from the other (`from b import helper` in a.py, `from a import
+    helper` in b.py): the audit crashed with a RecursionError; it now finds no definition and goes on."""
+    root = _project(tmp_path, {"a.py": "from b import helper\n", "b.py": "from a import helper\n",
+                               "train.py": "import torch, torch.distributed as dist\nfrom a import helper\n"
+                                           "dist.init_process_group('nccl')\nhelper()\n"})
+    assert isinstance(audit.audit_paths([root]), list)
+
+
+def test_a_wrap_in_a_helper_nothing_calls_is_judged_by_its_callers(tmp_path):
+    """SparK's dist.parallelize(net) wraps in DDP but no audited file calls it: no collective-outside-switch there,
+    though the group is optional; the same helper called outside the switch is one."""
+    helper = ("import torch\ndef parallelize(net):\n    return torch.nn.parallel.DistributedDataParallel(net)\n")
+    script = ("import torch, torch.distributed as dist\nimport dist_utils\nif args.distributed:\n"
+              "    dist.init_process_group('nccl')\ntorch.manual_seed(0)\nmodel = Net()\n"
+              "{call}for x in loader:\n    model(x).sum().backward()\n")
+    def found(name, call):
+        root = _project(tmp_path / name, {"dist_utils.py": helper, "main.py": script.format(call=call)})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "collective-outside-switch" not in found("unused", "")
+    assert "collective-outside-switch" in found("used", "model = dist_utils.parallelize(model)\n")
