@@ -1660,6 +1660,7 @@ RESUMED_DESC = ("def load_checkpoint(path):\n    ckpt = torch.load(path, map_loc
                 "    loss.backward()\n    opt.step()\n    {name} = f'{{loss.item():.4f}}'\n")
 
 CASES22 = [
+
     # a helper named initialized() asks whether the group exists (SparK's dist.initialized()): the wrap under it is
     # switched
     ("collective-outside-switch", INITIALIZED_WRAP.format(wrap="if initialized():\n    model = DDP(model)\n"),
@@ -2018,3 +2019,20 @@ def test_a_wrap_in_a_helper_nothing_calls_is_judged_by_its_callers(tmp_path):
         return {f.rule for f in audit.audit_paths([root])}
     assert "collective-outside-switch" not in found("unused", "")
     assert "collective-outside-switch" in found("used", "model = dist_utils.parallelize(model)\n")
+
+
+
+def test_a_layer_named_reduce_averages_nothing_over_ranks(tmp_path):
+    """UniMatch's DeepLabV3+ has `self.reduce = nn.Sequential(...)`, called in its _decode: a layer, not a
+    reduction over ranks, so what its forward returns is no value averaged over ranks (it had made the loss of
+    the model's output, which rank 0 logs, read as reduced)."""
+    from lab_utils.analysis.audit import Facts, Project, _expand
+    model = ("import torch.nn as nn\nclass DeepLab(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.reduce = nn.Sequential(nn.Conv2d(8, 4, 1))\n    def _decode(self, c1):\n"
+             "        return self.reduce(c1)\n    def forward(self, x):\n        out = self._decode(x)\n"
+             "        return out\n")
+    root = _project(tmp_path, {"deeplab.py": model})
+    files, top = _expand([root])
+    facts = Facts(Project(files, top))
+    m = next(iter(facts.p.modules.values()))
+    assert "out" not in facts.reduced_names(m, m.functions["DeepLab.forward"])

@@ -27,6 +27,7 @@ from .syntax import (
     const_value,
     dotted,
     kw,
+    layer_call,
     root,
 )
 
@@ -144,7 +145,8 @@ class Facts:
     def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
         """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
         def collective_helper(c):  # a helper that reduces (a barrier or a broadcast averages nothing)
-            return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING, depth=3)
+            return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING and not layer_call(
+                mm.nodes, cc), depth=3)
                        for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
         red: set[str] = set()
         for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
@@ -171,7 +173,8 @@ class Facts:
                     continue
                 read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))}
                 hit = any(isinstance(n, ast.Call) and (REDUCEISH.search(callee(n)) and "batchnorm" not in
-                                                       callee(n).lower() or collective_helper(n)
+                                                       callee(n).lower() and not layer_call(m.nodes, n)
+                                                       or collective_helper(n)
                                                        or self.forward_reduced(m, n))
                           for n in ast.walk(value)) or (read & red and not read & (local - red))
                 if not hit:

@@ -185,3 +185,13 @@ def _device_text(n: ast.AST) -> bool:
     else:
         return False
     return isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith(("cuda", "xpu"))
+
+
+def layer_call(nodes, n: ast.Call) -> bool:
+    """`self.reduce(c1)` where the module's class set `self.reduce = nn.Sequential(...)`: a layer named like a
+    reduction (UniMatch's DeepLabV3+), not one over ranks."""
+    if not (isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"):
+        return False
+    target = f"self.{n.func.attr}"
+    return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+        dotted(t) == target for t in a.targets) for a in nodes)
