@@ -2036,3 +2036,20 @@ def test_a_layer_named_reduce_averages_nothing_over_ranks(tmp_path):
     facts = Facts(Project(files, top))
     m = next(iter(facts.p.modules.values()))
     assert "out" not in facts.reduced_names(m, m.functions["DeepLab.forward"])
+
+
+def test_a_meter_fed_the_loss_names_its_own_print_as_related(tmp_path):
+    """SparK and MAR: the script feeds `metric_logger.update(loss=loss_value)` and MetricLogger.log_every (in
+    util/misc.py) prints the meters on rank 0 alone: the finding, at the line that feeds it, names the meter's
+    print line in misc.py as its related place (where the loss shows)."""
+    misc = ("class MetricLogger:\n    def update(self, **kw):\n        self.kw = kw\n"
+            "    def log_every(self, it, freq):\n        for x in it:\n            yield x\n"
+            "            print(str(self.kw))\n")
+    script = ("import builtins, torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel"
+              " as DDP\nfrom misc import MetricLogger\ndist.init_process_group('nccl')\n"
+              "if dist.get_rank() != 0:\n    builtins.print = lambda *a, **k: None\ntorch.manual_seed(0)\n"
+              "model = DDP(Net())\nmetric_logger = MetricLogger()\nfor x in metric_logger.log_every(loader, 10):\n"
+              "    loss = model(x).sum()\n    loss.backward()\n    metric_logger.update(loss=loss.item())\n")
+    root = _project(tmp_path, {"misc.py": misc, "train.py": script})
+    found = [f for f in audit.audit_paths([root]) if f.rule == "rank0-local-loss"]
+    assert found and ("misc.py", 7) in [(Path(p).name, line) for p, line in found[0].related], found

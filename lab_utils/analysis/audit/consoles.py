@@ -157,6 +157,12 @@ def _root_console_on_every_rank(f: Facts) -> bool:
 def meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
     """`metric_logger.log_every(loader, ...)` where the object's project class prints in that method (a
     MetricLogger): the call is a log of whatever the meter holds. Returns the method's log call name."""
+    found = meter_print_calls(f, m, c)
+    return ("print" if any(log_name(x) == "print" for _, x in found) else log_name(found[0][1])) if found else None
+
+
+def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
+    """(module, log call) of what the object's method (or what it calls) prints with; see meter_prints."""
     if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute)):
         holder, method = dotted(c.func.value), c.func.attr
     elif isinstance(c.func, ast.Name):  # `pbar(step, {'loss': loss.item()})`: the object's __call__ (BERT-NER)
@@ -165,12 +171,12 @@ def meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
         return None
     found = f.any_class(m, holder)
     meth = found[0].functions.get(f"{found[1].name}.{method}") if found else None
-    logs = [log_name(x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS] if meth \
-        else []
-    if meth is not None and not logs:  # `logger.push(metrics)`, whose class prints in a method push calls
-        keys = f.p.reach(found[0], meth)
-        logs = [log_name(x) for _, x in f.p.calls_in(keys) if callee(x) in LOG_CALLS]
-    return ("print" if "print" in logs else logs[0]) if logs else None
+    if meth is None:
+        return []
+    logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS]
+    if not logs:  # `logger.push(metrics)`, whose class prints in a method push calls
+        logs = [(mm, x) for mm, x in f.p.calls_in(f.p.reach(found[0], meth)) if callee(x) in LOG_CALLS]
+    return logs
 
 
 def log_name(c: ast.Call) -> str:

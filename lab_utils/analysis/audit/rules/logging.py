@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..consoles import meter_prints, rank0_loggers, root_console_on_stdout, root_logger_on_every_rank
+from ..consoles import meter_print_calls, meter_prints, rank0_loggers, root_console_on_stdout, root_logger_on_every_rank
 from ..facts import Facts
 from ..gathers import global_model_losses
 from ..losses import handed_global, holds_a_loss_module, loaded_from_a_checkpoint, loss_module, origins
@@ -513,7 +513,8 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
         at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
         yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
-                  related=() if fed is not None else _value_lines(m, c, lossy)), m.enclosing(c), frozenset(lossy)
+                  related=tuple(meter_print_calls(f, m, c)[:2]) if fed is not None else _value_lines(m, c, lossy)), \
+            m.enclosing(c), frozenset(lossy)  # (fed: the meter's own print lines, where it shows the loss)
 
 
 def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
