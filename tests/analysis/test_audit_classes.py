@@ -1761,6 +1761,19 @@ def test_batchnorm_in_a_model_built_through_a_registry_or_a_module_named_at_run_
         norm="nn.BatchNorm2d"), "pose/models/__init__.py": "", "train.py": script})
     assert "batchnorm-without-sync" not in found("reg-ln", {"pose/models/pose.py": registered.format(
         norm="nn.LayerNorm"), "pose/models/__init__.py": "", "train.py": script})
+    # ResNeSt: `get_model(cfg.MODEL.NAME)(**kwargs)` from a build module these files lack; the builder functions
+    # register themselves (`@RESNEST_MODELS_REGISTRY.register()` on `def resnet50(...)`)
+    builders = ("import torch.nn as nn\nfrom .build import RESNEST_MODELS_REGISTRY\n"
+                "class ResNet(nn.Module):\n    def __init__(self, norm_layer={norm}):\n        super().__init__()\n"
+                "        self.bn = norm_layer(8)\n@RESNEST_MODELS_REGISTRY.register()\ndef resnet50(**kwargs):\n"
+                "    return ResNet(**kwargs)\n")
+    getter = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "from resnest.models.build import get_model\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+              "m = get_model(cfg.MODEL.NAME)(**kw)\nm = DDP(m)\nfor x in loader:\n    m(x).sum().backward()\n")
+    assert "batchnorm-without-sync" in found("get-bn", {"resnest/models/resnet.py": builders.format(
+        norm="nn.BatchNorm2d"), "resnest/models/__init__.py": "", "train.py": getter})
+    assert "batchnorm-without-sync" not in found("get-ln", {"resnest/models/resnet.py": builders.format(
+        norm="nn.LayerNorm"), "resnest/models/__init__.py": "", "train.py": getter})
     assert "batchnorm-without-sync" in found("dyn-bn", {"SpeakerNet.py": dynamic, "train.py": speaker,
                                                         "models/ResNetSE34L.py": net.format(norm="nn.BatchNorm2d")})
     assert "batchnorm-without-sync" not in found("dyn-ln", {"SpeakerNet.py": dynamic, "train.py": speaker,

@@ -342,6 +342,10 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
         bn = _registered_batchnorm(f, callee(c))
         if bn is not None:
             return bn
+    if isinstance(fn, ast.Call) and not f.p.resolve(m, fn):  # get_model(cfg.MODEL.NAME)(**kwargs), ResNeSt
+        bn = _registered_batchnorm(f, callee(fn))
+        if bn is not None:
+            return bn
     if isinstance(fn, ast.Call) and callee(fn) == "eval" and fn.args and isinstance(fn.args[0], ast.BinOp):
         tail = fn.args[0]
         while isinstance(tail, ast.BinOp):
@@ -387,21 +391,30 @@ def _dict_registry_batchnorm(f: Facts, m: Module, table: str):
 
 
 def _registered_batchnorm(f: Facts, name: str):
-    """`builder.build_sppe(cfg.MODEL)` whose builder these files lack, in a project whose model classes register
-    themselves (`@SPPE.register_module` in HybrIK, `@BACKBONES.register_module()` in mmcv-style code): BatchNorm
-    when every class registered under the matching registry reaches it."""
-    wanted = re.fullmatch(r"build_(\w+?)s?", name)
+    """`builder.build_sppe(cfg.MODEL)` or `get_model(name)(...)` whose builder these files lack, in a project whose
+    model classes or builder functions register themselves (`@SPPE.register_module` in HybrIK,
+    `@BACKBONES.register_module()` in mmcv-style code, `@RESNEST_MODELS_REGISTRY.register()` on ResNeSt's
+    `def resnet50(...)`): BatchNorm when everything registered under the matching registry reaches it."""
+    wanted = re.fullmatch(r"(?:build|get|create|make)_(\w+?)s?", name)
     if wanted is None:
         return None
     found = []
     for mm in f.p.modules.values():
-        for cls in mm.classes.values():
-            for d in cls.decorator_list:
-                reg = dotted(d.func if isinstance(d, ast.Call) else d)
-                head, _, tail = reg.rpartition(".")
-                if tail.startswith("register") and head.lower().rstrip("s") == wanted.group(1).lower():
-                    found.append(_class_batchnorm(f, mm, cls))
+        defs = list(mm.classes.values()) + [d for d in mm.tree.body if isinstance(d, ast.FunctionDef)]
+        for d in defs:
+            if not any(_registers_under(x, wanted.group(1).lower()) for x in d.decorator_list):
+                continue
+            found.append(_class_batchnorm(f, mm, d) if isinstance(d, ast.ClassDef)
+                         else _bn_in(f, f.p.reach(mm, d)))
     return found[0] if found and all(found) else None
+
+
+def _registers_under(decorator: ast.expr, kind: str) -> bool:
+    """`@SPPE.register_module` for kind 'sppe'; `@RESNEST_MODELS_REGISTRY.register()` for 'model' (a word of the
+    registry's name)."""
+    head, _, tail = dotted(decorator.func if isinstance(decorator, ast.Call) else decorator).rpartition(".")
+    words = [w.rstrip("s") for w in head.lower().split("_")]
+    return tail.startswith("register") and (head.lower().rstrip("s") == kind or kind in words)
 
 
 BN_DEFAULT = re.compile(r"^(batch_?norm|bn)(1d|2d)?$", re.I)
