@@ -1675,6 +1675,29 @@ CASES22 = [
 ]
 
 
+# PaCo: print is silenced off rank 0, but the progress meter appends its line to one log file with open().write
+FILE_METER = ("import builtins\nif rank != 0:\n    builtins.print = lambda *a: None\nclass Meter:\n"
+              "    def __init__(self, name):\n        self.name, self.avg = name, 0.0\n"
+              "    def update(self, v):\n        self.avg = v\n    def __str__(self):\n"
+              "        return f'{{self.name}} {{self.avg}}'\nclass ProgressMeter:\n"
+              "    def __init__(self, meters):\n        self.meters = meters\n    def display(self, i):\n"
+              "        line = ' '.join(str(m) for m in self.meters)\n{write}"
+              "model = DDP(Net())\nlosses = Meter('Loss')\nprogress = ProgressMeter([losses])\n"
+              "for i, (x, y) in enumerate(loader):\n    loss = crit(model(x), y)\n    loss.backward()\n"
+              "    opt.step()\n    losses.update(loss.item())\n    progress.display(i)\n")
+
+CASES24 = [
+    # a meter that writes its line to one shared file on every rank (print silenced off rank 0 does not stop it);
+    # a file named by the rank is each rank's own
+    ("every-rank-prints-loss",
+     FILE_METER.format(write="        open(f'log_{rank}.txt', 'a+').write(line + '\\n')\n"),
+     FILE_METER.format(write="        open('train.log', 'a+').write(line + '\\n')\n")),
+    ("every-rank-prints-loss",
+     FILE_METER.format(write="        print(line)\n"),
+     FILE_METER.format(write="        with open('train.log', 'a') as fh:\n            fh.write(line)\n")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -1683,7 +1706,7 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "probes": CASES_PROBES, "batch14": CASES14,
                "batch15": CASES15, "batch16-17": CASES16,
                "batch18-19": CASES18, "batch20-21": CASES20,
-               "batch22": CASES22}
+               "batch22": CASES22, "batch24-25": CASES24}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

@@ -182,3 +182,39 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
 def log_name(c: ast.Call) -> str:
     """A log call's name; `sys.stdout.write(...)` is a print."""
     return "print" if dotted(c.func) in ("sys.stdout.write", "sys.stderr.write") else callee(c)
+
+
+def shared_file_write(f: Facts, m: Module, c: ast.Call) -> tuple[Module, ast.Call] | None:
+    """The `open(path, "a").write(...)` that logs: `c` itself, or the line a meter's method writes with
+    (PaCo's ProgressMeter.display). A file write is not silenced by replacing print off rank 0, so every rank that
+    runs it appends its own line to one file; a path made with the rank (`log_{rank}.txt`) is each rank's own file."""
+    found = [(m, c)] if callee(c) == "write" else [x for x in meter_print_calls(f, m, c) or []
+                                                    if callee(x[1]) == "write"]
+    for wm, w in found:
+        opened = _opened_file(wm, w)
+        if opened is not None and not any(involves_rank(a, wm.rank_tainted) for a in opened.args[:1]):
+            return wm, w
+    return None
+
+
+def _opened_file(m: Module, w: ast.Call) -> ast.Call | None:
+    """The `open(...)` call a `.write()` writes to: `open(p, "a").write(x)`, or `fh.write(x)` where `fh` is bound
+    by `fh = open(...)` or `with open(...) as fh` in the write's function; None for sys.stdout, a logger, a
+    TensorBoard writer."""
+    if not isinstance(w.func, ast.Attribute):
+        return None
+    held = w.func.value
+    if isinstance(held, ast.Call):
+        return held if callee(held) == "open" else None
+    if not isinstance(held, ast.Name):
+        return None
+    for a in ast.walk(m.enclosing(w) or m.tree):
+        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and callee(a.value) == "open" and any(
+                dotted(t) == held.id for t in a.targets):
+            return a.value
+        if isinstance(a, (ast.With, ast.AsyncWith)):
+            for item in a.items:
+                if isinstance(item.context_expr, ast.Call) and callee(item.context_expr) == "open" and \
+                        dotted(item.optional_vars) == held.id:
+                    return item.context_expr
+    return None

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 import re
 
-from ..consoles import meter_print_calls, meter_prints, rank0_loggers, root_console_on_stdout, root_logger_on_every_rank
+from ..consoles import (meter_print_calls, meter_prints, rank0_loggers, root_console_on_stdout, root_logger_on_every_rank,
+                        shared_file_write)
 from ..facts import Facts
 from ..gathers import global_model_losses
 from ..losses import handed_global, holds_a_loss_module, loaded_from_a_checkpoint, loss_module, origins
@@ -538,6 +539,15 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
       "numbers, none of them the global batch's")
 def every_rank_prints_loss(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
+        written = shared_file_write(f, m, c) if kind is None else None
+        if written is not None:
+            wm, w = written
+            where = f"line {w.lineno}" if wm is m else f"{wm.rel}:{w.lineno}"
+            yield Hit(c, (f"every rank appends its own {', '.join(sorted(lossy))} to one log file ({where}: a file "
+                          "write, which silencing print off rank 0 does not stop): world_size interleaved lines, "
+                          "none of them the global batch's loss — all_reduce it, then write on rank 0"),
+                      related=((wm, w),) if w is not c else ())
+            continue
         if kind is None and ((callee(c) == "print" or meter_prints(f, m, c) == "print") and not f.print_override
                              or root_logger_on_every_rank(f, m, c)
                              or _bar_on_every_rank(m, c)):
