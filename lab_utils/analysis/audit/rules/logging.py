@@ -7,8 +7,14 @@ from __future__ import annotations
 import ast
 import re
 
-from ..consoles import (meter_print_calls, meter_prints, rank0_loggers, root_console_on_stdout, root_logger_on_every_rank,
-                        shared_file_write)
+from ..consoles import (
+    meter_print_calls,
+    meter_prints,
+    rank0_loggers,
+    root_console_on_stdout,
+    root_logger_on_every_rank,
+    shared_file_write,
+)
 from ..facts import Facts
 from ..gathers import global_model_losses
 from ..losses import handed_global, holds_a_loss_module, loaded_from_a_checkpoint, loss_module, origins
