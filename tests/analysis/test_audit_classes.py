@@ -1686,7 +1686,25 @@ FILE_METER = ("import builtins\nif rank != 0:\n    builtins.print = lambda *a: N
               "for i, (x, y) in enumerate(loader):\n    loss = crit(model(x), y)\n    loss.backward()\n"
               "    opt.step()\n    losses.update(loss.item())\n    progress.display(i)\n")
 
+# RobustVideoMatting: three shuffling samplers; the helpers that draw from two of them call their set_epoch, the
+# epoch loop over the third never does
+TWO_SAMPLERS = ("class Trainer:\n    def __init__(self):\n        self.model = DDP(Net())\n"
+                "        self.lr_sampler = DistributedSampler(lr_set)\n"
+                "        self.lr_loader = DataLoader(lr_set, sampler=self.lr_sampler)\n"
+                "        self.hr_sampler = DistributedSampler(hr_set)\n"
+                "        self.hr_loader = DataLoader(hr_set, sampler=self.hr_sampler)\n"
+                "        self.hr_iter = iter(self.hr_loader)\n    def next_hr(self):\n        try:\n"
+                "            return next(self.hr_iter)\n        except StopIteration:\n"
+                "            self.hr_sampler.set_epoch(self.hr_sampler.epoch + 1)\n"
+                "            self.hr_iter = iter(self.hr_loader)\n            return next(self.hr_iter)\n"
+                "    def fit(self):\n        for epoch in range(10):\n{lr}"
+                "            for x in self.lr_loader:\n                self.model(x, self.next_hr()).sum().backward()\n"
+                "Trainer().fit()\n")
+
 CASES24 = [
+    # one sampler's set_epoch called by name, another's never: that one repeats its order
+    ("set-epoch-missing", TWO_SAMPLERS.format(lr="            self.lr_sampler.set_epoch(epoch)\n"),
+     TWO_SAMPLERS.format(lr="")),
     # a meter that writes its line to one shared file on every rank (print silenced off rank 0 does not stop it);
     # a file named by the rank is each rank's own
     ("every-rank-prints-loss",

@@ -99,6 +99,13 @@ def set_epoch_missing(f: Facts, m: Module):
         else:
             yield made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}"
         return
+    forgotten = _sampler_left_out(m, made, set_epochs)
+    if forgotten is not None:
+        c, name, given = forgotten
+        yield Hit(c, (f"`{name}` is a shuffling DistributedSampler whose set_epoch is never called, though the "
+                      f"project calls it for {', '.join(f'`{g}`' for g in given)}: its loader repeats epoch 0's order "
+                      f"every epoch, unlike the single run — call {name}.set_epoch(epoch) at the top of each epoch"))
+        return
     switches = [distributed_switch(mm, c) for mm, c in set_epochs]
     if all(s is not None for s in switches) and any(
             switched(f.p, m, c) is None and m.enclosing(c, (ast.IfExp,)) is None for c in made) and not any(
@@ -107,6 +114,28 @@ def set_epoch_missing(f: Facts, m: Module):
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
+
+
+def _sampler_left_out(m: Module, made: list[ast.Call], set_epochs) -> tuple[ast.Call, str, list[str]] | None:
+    """(sampler, its name, the names set_epoch is called on) when every set_epoch call names one of this module's
+    samplers (`self.datasampler_hr_train.set_epoch(...)`) and a shuffling one (RobustVideoMatting's
+    `self.datasampler_lr_train`) gets none, its name used only as a loader's `sampler=`: nothing else can reach
+    it. A call through anything else (`loader.sampler.set_epoch`, a helper's parameter) may be any sampler's."""
+    names = {}
+    for c in made:
+        up = m.parent.get(id(c))
+        if isinstance(up, ast.Assign) and len(up.targets) == 1 and isinstance(up.targets[0], (ast.Name, ast.Attribute)):
+            names[dotted(up.targets[0])] = c
+    given = [dotted(c.func.value) if isinstance(c.func, ast.Attribute) else "" for _, c in set_epochs]
+    if not given or not all(g in names for g in given) or any(mm is not m for mm, _ in set_epochs):
+        return None
+    for name, c in names.items():
+        uses = [n for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute)) and dotted(n) == name
+                and isinstance(n.ctx, ast.Load)]
+        if name not in given and uses and all(
+                isinstance(m.parent.get(id(n)), ast.keyword) and m.parent.get(id(n)).arg == "sampler" for n in uses):
+            return c, name, sorted(set(given))
+    return None
 
 
 def _epoch_loop_caller(f: Facts, m: Module, node: ast.AST, depth: int = 3):
