@@ -1701,7 +1701,37 @@ TWO_SAMPLERS = ("class Trainer:\n    def __init__(self):\n        self.model = D
                 "            for x in self.lr_loader:\n                self.model(x, self.next_hr()).sum().backward()\n"
                 "Trainer().fit()\n")
 
+# MP-SENet: rank 0 alone validates through the DDP wrapper under no_grad; its model holds only buffer-free layers
+# (InstanceNorm2d(affine=True), LayerNorm, Conv2d), so the forward broadcasts nothing
+RANK0_VALID = ("import torch.nn as nn\nclass Block(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+               "        self.net = nn.Sequential(nn.Conv2d(1, 8, 3), {norm}, nn.PReLU(8))\n"
+               "    def forward(self, x):\n        return self.net(x)\nclass Net(nn.Module):\n"
+               "    def __init__(self):\n        super().__init__()\n        self.blocks = nn.ModuleList([Block()])\n"
+               "    def forward(self, x):\n        return self.blocks[0](x)\nmodel = Net()\nmodel = DDP(model)\n"
+               "for x in loader:\n    model(x).sum().backward()\n    if rank == 0:\n        with torch.no_grad():\n"
+               "            model(x_val)\n")
+
+# DyTox and DeiT: the padding evaluation sampler only under --dist-eval, a store_true option off by default
+DIST_EVAL = ("import argparse\nparser = argparse.ArgumentParser()\n"
+             "parser.add_argument('--dist-eval', action='store_true', default={default})\nargs = parser.parse_args()\n"
+             "if args.dist_eval:\n    val_sampler = DistributedSampler(val_set, shuffle=False)\nelse:\n"
+             "    val_sampler = torch.utils.data.SequentialSampler(val_set)\n"
+             "val_loader = DataLoader(val_set, sampler=val_sampler)\ndef evaluate():\n    for x in val_loader:\n"
+             "        dist.all_reduce(x)\n")
+
+# DyTox: the teacher is copied in the task loop from the second task on, after a DDP pass made the weights one
+TASK_COPY = ("import copy\ntorch.manual_seed(args.seed + rank)\nmodel = Net()\n"
+             "for task_id, ds in enumerate(tasks):\n    if {test}:\n        teacher = copy.deepcopy(model)\n"
+             "    ddp = DDP(model)\n    for x in ds:\n        ddp(x).sum().backward()\n")
+
 CASES24 = [
+    ("seed-per-rank", TASK_COPY.format(test="use_kd and task_id > 0"), TASK_COPY.format(test="use_kd")),
+    ("seed-per-rank", TASK_COPY.format(test="task_id != 0"), TASK_COPY.format(test="use_kd or task_id > 0")),
+    ("eval-padding-duplicates", DIST_EVAL.format(default="False"), DIST_EVAL.format(default="True")),
+    ("ddp-forward-under-rank0", RANK0_VALID.format(norm="nn.InstanceNorm2d(8, affine=True)"),
+     RANK0_VALID.format(norm="nn.BatchNorm2d(8)")),
+    ("ddp-forward-under-rank0", RANK0_VALID.format(norm="nn.LayerNorm(8)"),
+     RANK0_VALID.format(norm="nn.InstanceNorm2d(8, track_running_stats=True)")),
     # one sampler's set_epoch called by name, another's never: that one repeats its order
     ("set-epoch-missing", TWO_SAMPLERS.format(lr="            self.lr_sampler.set_epoch(epoch)\n"),
      TWO_SAMPLERS.format(lr="")),
@@ -2107,3 +2137,35 @@ def test_a_meter_fed_the_loss_names_its_own_print_as_related(tmp_path):
     root = _project(tmp_path, {"misc.py": misc, "train.py": script})
     found = [f for f in audit.audit_paths([root]) if f.rule == "rank0-local-loss"]
     assert found and ("misc.py", 7) in [(Path(p).name, line) for p, line in found[0].related], found
+
+
+def test_the_lr_finding_is_at_the_scaling_not_at_an_earlier_copy():
+    """DyTox reads `base_lr = args.lr` before its task loop writes the scaled lr back (`args.lr =
+    linear_scaled_lr`): the finding is at the line that multiplies by the world size, where the fix goes, not at
+    the copy that a later assignment made look like it grows."""
+    src = DDP_HEAD + ("torch.manual_seed(0)\nbase_lr = args.lr\nfor task in range(3):\n"
+                      "    linear_scaled_lr = base_lr * args.batch_size * dist.get_world_size() / 512.0\n"
+                      "    args.lr = linear_scaled_lr\n    opt = torch.optim.SGD(model.parameters(), lr=args.lr)\n")
+    found = [f for f in audit.audit_source(src) if f.rule == "lr-grows-with-world-size"]
+    assert [src.splitlines()[f.line - 1].strip()[:16] for f in found] == ["linear_scaled_lr"], found
+
+
+def test_a_fixed_port_in_the_projects_json_config(tmp_path):
+    """MP-SENet (HiFi-GAN's layout) reads `init_method=h.dist_config['dist_url']` from config.json, which sets
+    "tcp://localhost:54321": a fixed port on this host. A config that reads the address from the environment, or
+    two configs that disagree, are not that finding."""
+    script = ("import json, torch, torch.multiprocessing as mp\nfrom torch.distributed import init_process_group\n"
+              "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "def train(rank, h):\n    init_process_group(backend=h.dist_config['dist_backend'],\n"
+              "                       init_method=h.dist_config['dist_url'], rank=rank, world_size=2)\n"
+              "    torch.manual_seed(0)\n    model = DDP(Net())\n"
+              "h = json.load(open('config.json'))\nmp.spawn(train, nprocs=2, args=(h,))\n")
+    def found(name, urls):
+        files = {"train.py": script}
+        files |= {f"config{i}.json": json.dumps({"dist_config": {"dist_backend": "nccl", "dist_url": u}})
+                  for i, u in enumerate(urls)}
+        return {f.rule for f in audit.audit_paths([_project(tmp_path / name, files)])}
+    assert "hard-coded-master-port" in found("fixed", ["tcp://localhost:54321"])
+    assert "hard-coded-master-port" not in found("env", ["env://"])
+    assert "hard-coded-master-port" not in found("two", ["tcp://localhost:54321", "tcp://10.0.0.2:54321"])
+    assert "hard-coded-master-port" not in found("none", [])

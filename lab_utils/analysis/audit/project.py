@@ -140,6 +140,7 @@ class Project:
 
     def __init__(self, paths: list[Path], root: Path):
         self.root = root
+        self.on_disk = True  # the folder holds the project's other files too (its JSON configs)
         self.modules: dict[str, Module] = {}
         for p in paths:
             self._load(p)
@@ -183,6 +184,7 @@ class Project:
         """A project of one module given as text: no imports are followed."""
         project = cls.__new__(cls)
         project.root, project.modules = Path("."), {module.rel: module}
+        project.on_disk = False
         project.ddp = cls.mentions_ddp(module)
         project._reach_cache, project._imports_cache, project._instance_cache = {}, {}, {}
         project._folders = []  # no folder on disk to look for source roots in

@@ -4,12 +4,13 @@ alone."""
 from __future__ import annotations
 
 import ast
+import re
 
 from ..facts import Facts
 from ..project import Module
 from ..ranks import distributed_switch, group_check, one_process_arm, switched
 from ..registry import rule
-from ..syntax import callee, const_str, dotted, kw
+from ..syntax import callee, const_str, const_value, dotted, kw, root
 
 
 @rule("collective-under-rank0", "00_preflight", "a collective only rank 0 (or only the others) reaches: the "
@@ -42,6 +43,8 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
         if isinstance(c.func, (ast.Name, ast.Attribute)) and dotted(c.func) in wrapped and \
                 f.same_scope(m, c, dotted(c.func), wrapped[dotted(c.func)]) and \
                 _wrap_reaches(m, c, dotted(c.func), wrapped[dotted(c.func)]):
+            if _no_grad(m, c) and _buffer_free(f, m, dotted(c.func)):
+                continue  # no buffers to broadcast, no backward to prepare: the forward talks to no other rank
             yield c, (f"{dotted(c.func)}(...) is the DDP-wrapped model, called by rank 0 alone: with "
                       "broadcast_buffers=True (the default) and a module that has buffers its forward broadcasts them "
                       "and waits for the other ranks (a hang), and with grad on the next backward does — call "
@@ -56,6 +59,55 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
                       f"{inner.lineno}: `{ast.unparse(inner)[:50]}`): with broadcast_buffers=True (the default) and "
                       "a module that has buffers that forward broadcasts them and waits for the other ranks (a "
                       f"hang) — pass {name}.module for rank-0-only evaluation"), "check-by-hand"
+
+
+# torch.nn layers that hold no buffers (InstanceNorm only without track_running_stats=True)
+BUFFER_FREE = re.compile(r"(Conv(Transpose)?[123]d|Linear|Bilinear|Sequential|Module(List|Dict)|Parameter(List|Dict)?|"
+                         r"P?ReLU6?|LeakyReLU|GELU|SiLU|ELU|CELU|SELU|Mish|Hardswish|Hardtanh|Sigmoid|Tanh|Softmax|"
+                         r"LogSoftmax|Softplus|GLU|Dropout[123]?d?|LayerNorm|GroupNorm|InstanceNorm[123]d|Embedding|"
+                         r"LSTM|GRU|RNN|LSTMCell|GRUCell|MultiheadAttention|Identity|Flatten|Unflatten|Upsample|"
+                         r"(Adaptive)?(Max|Avg)Pool[123]d|(Constant|Reflection|Replication|Zero)Pad[123]d|"
+                         r"Pixel(Un)?Shuffle|Unfold|Fold)")
+
+
+def _no_grad(m: Module, c: ast.Call) -> bool:
+    """The call runs under `with torch.no_grad():` / `torch.inference_mode()`, or in a function decorated so."""
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, (ast.With, ast.AsyncWith)) and any(
+                callee(i.context_expr) in ("no_grad", "inference_mode") for i in n.items
+                if isinstance(i.context_expr, ast.Call)):
+            return True
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                callee(d) in ("no_grad", "inference_mode") if isinstance(d, ast.Call) else
+                dotted(d).split(".")[-1] in ("no_grad", "inference_mode") for d in n.decorator_list):
+            return True
+        n = m.parent.get(id(n))
+    return False
+
+
+def _buffer_free(f: Facts, m: Module, name: str) -> bool:
+    """The wrapped model is a project class every layer of which is a torch.nn layer without buffers
+    (InstanceNorm2d(affine=True), LayerNorm, Conv2d, LSTM: MP-SENet's MPNet): DDP's forward then has no buffers to
+    broadcast. A BatchNorm, a register_buffer, a running-stats InstanceNorm, or a layer from another library (whose
+    buffers these files do not show) keeps the finding."""
+    found = f.model_class(m, name)
+    if found is None:
+        return False
+    cm, cdef = found
+    keys = set()
+    for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        keys |= f.p.reach(cm, meth)
+    for mm, c in f.p.calls_in(keys):
+        name = callee(c)
+        if name == "register_buffer" or const_value(kw(c, "track_running_stats")) is True:
+            return False
+        if not name[:1].isupper() or not isinstance(c.func, (ast.Name, ast.Attribute)) or \
+                root(c.func).startswith("self.") or f.p.resolve(mm, c):
+            continue  # a function, a submodule called (`self.blocks[i](x)`), or a project class (reached above)
+        if not BUFFER_FREE.fullmatch(name):
+            return False
+    return True
 
 
 def _only_in_a_dead_arm(f: Facts, m: Module, name: str, line: int) -> bool:

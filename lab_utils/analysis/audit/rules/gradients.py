@@ -450,14 +450,17 @@ def _carries(v: ast.AST, holding: set[str]) -> bool:
       "through a global batch that grows with it): at two ranks every step uses another lr than the single run")
 def lr_grows_with_world_size(f: Facts, m: Module):
     holding = _world_holding(m)
+    found = []
     for n in m.nodes:
         if isinstance(n, ast.Assign) and any(LR_NAME.search(_leaf(t)) and not NOT_LR.search(
                 dotted(t)) for t in n.targets) and _grows(n.value, holding):
-            where = ast.unparse(n)
+            found.append((n, n.value, ast.unparse(n)))
         elif isinstance(n, ast.Call) and kw(n, "lr") is not None and _grows(kw(n, "lr"), holding):
-            where = f"lr={ast.unparse(kw(n, 'lr'))}"
-        else:
-            continue
+            found.append((n, kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))
+    # the scaling itself (`lr = base_lr * bs * get_world_size() / 512`) before a copy of a name it writes later
+    # (`base_lr = args.lr` read before DyTox's loop assigns the scaled lr back to args.lr)
+    found.sort(key=lambda x: not any(isinstance(b, ast.BinOp) for b in ast.walk(x[1])))
+    for n, _, where in found:
         yield n, (f"`{where[:90]}` grows the learning rate with the number of GPUs: the single run and the 2-rank "
                   "run step with different lrs, so their losses part from the first step (linear scaling is a "
                   "choice, not a port) — keep the lr and the global batch fixed when you check the port, and scale "

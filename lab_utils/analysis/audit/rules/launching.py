@@ -5,7 +5,10 @@ on the host collides on it."""
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
+from pathlib import Path
 
 from ..facts import Facts
 from ..project import Module
@@ -76,6 +79,47 @@ def _config_url(f: Facts, url: ast.AST):
     if defs and len(texts) == 1 and None not in texts and LOOPBACK_PORT.search(next(iter(texts))):
         return defs[0], next(iter(texts))
     return None
+
+
+def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
+    """(the file, the address) when `init_method=h.dist_config['dist_url']` reads a key that the project's JSON
+    configs (MP-SENet's and HiFi-GAN's config.json: `"dist_url": "tcp://localhost:54321"`) all set to one address on
+    this host with a port; None when a config sets it otherwise, or no JSON file holds the key."""
+    key = const_str(url.slice) if isinstance(url, ast.Subscript) else None
+    if not key or not f.p.on_disk:
+        return None
+    found: dict[str, str] = {}
+    for path in _json_files(f.p.root):
+        try:
+            if path.stat().st_size > 1_000_000:
+                continue
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        todo = [data]
+        while todo:
+            d = todo.pop()
+            if isinstance(d, dict):
+                if key in d:
+                    found[str(path.relative_to(f.p.root))] = d[key] if isinstance(d[key], str) else ""
+                todo += list(d.values())
+            elif isinstance(d, list):
+                todo += d
+    texts = set(found.values())
+    if len(texts) == 1 and LOOPBACK_PORT.search(next(iter(texts))):
+        return next(iter(found)), next(iter(texts))
+    return None
+
+
+def _json_files(root: Path, limit: int = 200) -> list[Path]:
+    """The project's JSON files, outside hidden folders, virtual environments and node_modules; at most `limit`."""
+    out: list[Path] = []
+    for here, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "__pycache__", "venv"))
+        out += [Path(here) / n for n in sorted(names) if n.endswith(".json")]
+        if len(out) >= limit:
+            break
+    return out[:limit]
 
 
 def _address_and_port(url: ast.AST | None):
@@ -167,7 +211,11 @@ def hard_coded_master_port(f: Facts, m: Module):
             # 'tcp://127.0.0.1:' + args.port (Palette)
             yield url, (f"{ast.unparse(url)} rendezvouses on --port, whose default {port} is a fixed port on this host "
                         f"with no environment fallback: {advice}"), "check-by-hand"
-        if url is not None and const_str(url) is None:
+        if url is not None and const_str(url) is None and (found := _json_config_url(f, url)) is not None:
+            name, text = found
+            yield url, (f"{ast.unparse(url)} is {text!r}, written in the project's {name}, a fixed port on this host "
+                        f"with no environment fallback: {advice}"), "check-by-hand"
+        elif url is not None and const_str(url) is None:
             where = _config_url(f, url)
             if where is not None:
                 (dm, d), text = where

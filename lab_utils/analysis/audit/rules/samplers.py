@@ -343,6 +343,8 @@ def eval_padding_duplicates(f: Facts, m: Module):
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
         if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")):
             continue
+        if f.off_by_default(m, c):
+            continue  # `if args.dist_eval:` on a store_true option (DeiT, DyTox): the default run evaluates whole
         if f.eval_loop_reduces():
             # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
             near = {mm.rel for mm in f.p.related(m)}

@@ -334,13 +334,42 @@ def seed_per_rank(f: Facts, m: Module):
         copies = [a for a in ast.walk(fn) if isinstance(a, ast.Call) and a.lineno > c.lineno and
                   (wrap is None or a.lineno < wrap) and (callee(a) in ("deepcopy", "ModelEMA", "ModelEmaV2",
                                                                          "ExponentialMovingAverage", "EMA")
-                                                         or "ema" in callee(a).lower())]
+                                                         or "ema" in callee(a).lower())
+                  and not _after_a_wrapped_pass(f, m, a)]
         if wrap is not None and copies and not _read_by_rank0_only(f, m, fn, copies[0]):
             yield Hit(copies[0], f"{ast.unparse(copies[0])} copies each rank's own init "
                      f"(seeded per rank at line {c.lineno}) before the DDP wrap (line {wrap}), which broadcasts "
                      "rank 0's weights to the wrapped model only: ranks other than 0 keep another copy — make "
                      "the copy after the wrap, or check that only rank 0's copy is ever used", "check-by-hand")
 
+
+
+def _after_a_wrapped_pass(f: Facts, m: Module, copy: ast.Call) -> bool:
+    """The copy is made in a loop that wraps the model in DDP later in its body, under a test that is false on
+    the loop's first pass (`for task_id, ds in enumerate(tasks): if task_id > 0: teacher = deepcopy(model)`,
+    DyTox): it copies weights a DDP pass already made the same on every rank, not the per-rank init."""
+    loop, n = None, m.parent.get(id(copy))
+    guarded = False
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and not guarded:
+            guarded = n
+        if isinstance(n, ast.For):
+            loop = n
+            break
+        n = m.parent.get(id(n))
+    if loop is None or not guarded or not any(isinstance(a, ast.Call) and f.is_ddp_call(m, a)
+                                             and a.lineno > copy.lineno for a in ast.walk(loop)):
+        return False
+    counters = {x.id for x in ast.walk(loop.target) if isinstance(x, ast.Name)}
+    test = guarded.test
+    for t in test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]:
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, ast.Name) and \
+                t.left.id in counters and isinstance(t.comparators[0], ast.Constant):
+            op, k = t.ops[0], t.comparators[0].value
+            if isinstance(op, ast.Gt) and k == 0 or isinstance(op, ast.NotEq) and k == 0 or \
+                    isinstance(op, ast.GtE) and k == 1:
+                return True
+    return False
 
 
 @rule("peek-iterator", "02_seeds", "next(iter(loader)) makes an extra iterator that draws a seed from the global "
