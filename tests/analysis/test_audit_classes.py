@@ -2169,3 +2169,13 @@ def test_a_fixed_port_in_the_projects_json_config(tmp_path):
     assert "hard-coded-master-port" not in found("env", ["env://"])
     assert "hard-coded-master-port" not in found("two", ["tcp://localhost:54321", "tcp://10.0.0.2:54321"])
     assert "hard-coded-master-port" not in found("none", [])
+
+
+def test_a_step_through_an_optimizer_wrapper_makes_a_training_script():
+    """VAR steps through its AmpOptimizer (`self.var_opt.backward_clip_step(loss=loss)`, from a file these copies
+    lack) and puts the model in eval mode for its validation: it trains, so it is no evaluation script, and its
+    missing seed is a finding. A script that only evaluates stays quiet."""
+    body = ("model = DDP(Net())\nvar_opt = AmpOptimizer(model)\nfor x in loader:\n    {step}\n"
+            "model.eval()\nwith torch.no_grad():\n    model(x_val)\n")
+    assert "no-seed" in rules(body.format(step="var_opt.backward_clip_step(loss=model(x).sum())"), DDP_HEAD)
+    assert "no-seed" not in rules(body.format(step="model(x)"), DDP_HEAD)

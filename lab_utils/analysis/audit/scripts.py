@@ -35,7 +35,8 @@ def evaluation_script(f: Facts, m: Module) -> bool:
         top = [s for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
         calls = [c for s in top for c in ast.walk(s) if isinstance(c, ast.Call)] + [
             c for _, c in f.p.calls_in(f.entry_scope(m))]
-        steps = any(callee(c) == "backward" or callee(c) == "step" and "optim" in dotted(c.func)
+        # (`self.var_opt.backward_clip_step(loss=loss)`, VAR's AmpOptimizer from a file these copies lack)
+        steps = any("backward" in callee(c) or callee(c) == "step" and re.search(r"opt", dotted(c.func), re.I)
                     or "scaler" in callee(c).lower() for c in calls)
         stem = m.rel.rsplit("/", 1)[-1].removesuffix(".py")
         says = any(EVAL_WORD.fullmatch(w) for w in re.split(r"[_\W]+", stem)) or any(
