@@ -2179,3 +2179,22 @@ def test_a_step_through_an_optimizer_wrapper_makes_a_training_script():
             "model.eval()\nwith torch.no_grad():\n    model(x_val)\n")
     assert "no-seed" in rules(body.format(step="var_opt.backward_clip_step(loss=model(x).sum())"), DDP_HEAD)
     assert "no-seed" not in rules(body.format(step="model(x)"), DDP_HEAD)
+
+
+def test_a_helpers_unswitched_collective_names_the_scripts_call(tmp_path):
+    """VAR's SmoothedValue.synchronize_between_processes barriers and all-reduces, reached from the script's
+    `me.synchronize_between_processes()` through MetricLogger's loop over its meters (objects the audit cannot
+    type): the finding, in the helper, names the script's call, where the switch could go instead."""
+    helper = ("import torch.distributed as tdist\nclass SmoothedValue:\n    def synchronize_between_processes(self):\n"
+              "        tdist.barrier()\nclass MetricLogger:\n    def __init__(self):\n        self.meters = {}\n"
+              "    def synchronize_between_processes(self):\n        for meter in self.meters.values():\n"
+              "            meter.synchronize_between_processes()\n")
+    script = ("import os, torch, torch.distributed as dist\n"
+              "from torch.nn.parallel import DistributedDataParallel as DDP\nfrom utils import misc\n"
+              "torch.manual_seed(0)\nmodel = Net()\nif args.distributed:\n"
+              "    dist.init_process_group('nccl')\n    model = DDP(model)\nme = misc.MetricLogger()\n"
+              "for x in loader:\n    model(x).sum().backward()\nme.synchronize_between_processes()\n")
+    root = _project(tmp_path, {"utils/__init__.py": "", "utils/misc.py": helper, "train.py": script})
+    found = [f for f in audit.audit_paths([root]) if f.rule == "collective-outside-switch"]
+    assert [(Path(f.path).name, f.line) for f in found] == [("misc.py", 4)], found
+    assert [(Path(p).name, line) for p, line in found[0].related] == [("train.py", 12)], found

@@ -9,7 +9,7 @@ import re
 from ..facts import Facts
 from ..project import Module
 from ..ranks import distributed_switch, group_check, one_process_arm, switched
-from ..registry import rule
+from ..registry import Hit, rule
 from ..syntax import callee, const_str, const_value, dotted, kw, root
 
 
@@ -211,10 +211,36 @@ def collective_outside_switch(f: Facts, m: Module):
         told.add(fn)
         switch = ast.unparse(distributed_switch(*inits[0]))
         where = f"line {inits[0][1].lineno}" if inits[0][0] is m else f"{inits[0][0].rel}:{inits[0][1].lineno}"
-        yield c, (f"{ast.unparse(c.func)}() runs whether or not `{switch}` set up the process group ({where}): "
-                  "at two ranks it synchronises, but the "
-                  "single-process run of this script raises 'Default process group has not been initialized' — "
-                  "put it under the same switch (or `if dist.is_initialized():`)")
+        # the helper's calls from the scripts (VAR's `me.synchronize_between_processes()` in train.py), where the
+        # switch could go instead, as related places
+        yield Hit(c, (f"{ast.unparse(c.func)}() runs whether or not `{switch}` set up the process group ({where}): "
+                      "at two ranks it synchronises, but the "
+                      "single-process run of this script raises 'Default process group has not been initialized' — "
+                      "put it under the same switch (or `if dist.is_initialized():`)"),
+                  related=tuple(_entry_sites(f, m, fn))[:3] if fn is not None else ())
+
+
+def _entry_sites(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> list[tuple[Module, ast.Call]]:
+    """The scripts' calls that reach the helper `fn`, up to `depth` helpers up. A method called on an object the
+    project cannot type (`for meter in self.meters.values(): meter.synchronize_between_processes()`, VAR's
+    MetricLogger over its SmoothedValues) is reached by the calls of that method name on such objects."""
+    out, frontier, seen = [], [(m, fn)], set()
+    for _ in range(depth):
+        nxt = []
+        for mm, g in frontier:
+            if id(g) in seen:
+                continue
+            seen.add(id(g))
+            sites = f.p.callers(mm, g) or [
+                (cm, c) for cm in f.p.modules.values() for c in cm.calls if isinstance(c.func, ast.Attribute)
+                and c.func.attr == getattr(g, "name", None) and not f.p.resolve(cm, c)]
+            for cm, c in sites:
+                if cm.entry:
+                    out.append((cm, c))
+                elif cm.enclosing(c) is not None:
+                    nxt.append((cm, cm.enclosing(c)))
+        frontier = nxt
+    return out
 
 
 def _optional_group(m: Module, init: ast.Call) -> bool:
