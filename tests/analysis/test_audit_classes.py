@@ -1724,7 +1724,16 @@ TASK_COPY = ("import copy\ntorch.manual_seed(args.seed + rank)\nmodel = Net()\n"
              "for task_id, ds in enumerate(tasks):\n    if {test}:\n        teacher = copy.deepcopy(model)\n"
              "    ddp = DDP(model)\n    for x in ds:\n        ddp(x).sum().backward()\n")
 
+# VAR: the group exists only when a launcher set RANK (`if 'RANK' in os.environ: init_process_group(...)`)
+ENV_SWITCH_HEAD = ("import os, torch, torch.distributed as dist\n"
+                   "from torch.nn.parallel import DistributedDataParallel as DDP\ntorch.manual_seed(0)\n"
+                   "model = Net()\nif 'RANK' in os.environ:\n    dist.init_process_group('nccl')\n"
+                   "    model = DDP(model)\n")
+
 CASES24 = [
+    ("collective-outside-switch", "for x in loader:\n    model(x).sum().backward()\n"
+     "if 'RANK' in os.environ:\n    dist.barrier()\n",
+     "for x in loader:\n    model(x).sum().backward()\ndist.barrier()\n", ENV_SWITCH_HEAD),
     ("seed-per-rank", TASK_COPY.format(test="use_kd and task_id > 0"), TASK_COPY.format(test="use_kd")),
     ("seed-per-rank", TASK_COPY.format(test="task_id != 0"), TASK_COPY.format(test="use_kd or task_id > 0")),
     ("eval-padding-duplicates", DIST_EVAL.format(default="False"), DIST_EVAL.format(default="True")),

@@ -8,7 +8,17 @@ import ast
 import re
 
 from .project import Module, Project
-from .syntax import DIST_SWITCH, RANK0_NAME, WORLDISH, callee, dotted, involves, involves_rank, is_switch_value
+from .syntax import (
+    DIST_SWITCH,
+    RANK0_NAME,
+    WORLDISH,
+    callee,
+    const_str,
+    dotted,
+    involves,
+    involves_rank,
+    is_switch_value,
+)
 
 
 class Guards:
@@ -423,7 +433,13 @@ def group_check(test: ast.AST) -> bool:
 def is_switch_test(test: ast.AST) -> bool:
     """A test of whether the run is distributed (`args.distributed`, `ddp`, `world_size > 1`,
     `dist.is_initialized()`), not of the rank."""
-    return involves(test, DIST_SWITCH) or involves(test, WORLDISH) or group_check(test)
+    return involves(test, DIST_SWITCH) or involves(test, WORLDISH) or group_check(test) or any(
+        isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.In, ast.NotIn))
+        and "environ" in dotted(n.comparators[0]) and const_str(n.left) in LAUNCH_KEYS for n in ast.walk(test))
+
+
+# what a launcher (torchrun, SLURM) puts in the environment: `if 'RANK' in os.environ:` asks whether one started us
+LAUNCH_KEYS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"}
 
 
 def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
