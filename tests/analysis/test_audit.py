@@ -92,9 +92,9 @@ CASES = [
     ("load-without-map-location", "sd = torch.load('ckpt.pt')\n", "sd = torch.load('ckpt.pt', map_location='cpu')\n"),
     ("eval-padding-duplicates",
      "val_sampler = DistributedSampler(val_set)\nval_loader = DataLoader(val_set, sampler=val_sampler)\n"
-     "def evaluate():\n    for x in val_loader:\n        dist.all_reduce(x)\n",
+     "def evaluate():\n    for x in val_loader:\n        dist.all_reduce(x)\nevaluate()\n",
      "val_loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)))\n"
-     "def evaluate():\n    for x in val_loader:\n        dist.all_reduce(x)\n"),
+     "def evaluate():\n    for x in val_loader:\n        dist.all_reduce(x)\nevaluate()\n"),
     ("collective-under-rank0", "if rank == 0:\n    dist.barrier()\n",
      "if rank != 0:\n    dist.barrier()\nprepare()\nif rank == 0:\n    dist.barrier()\n"),
     ("collective-under-rank0", "if dist.get_rank() == 0:\n    dist.all_reduce(t)\n", "dist.all_reduce(t)\n"),
@@ -474,7 +474,8 @@ def test_a_fixed_port_through_a_variable_and_a_conditional_sampler():
 
 def test_an_evaluate_function_over_a_plain_loader_counts_padding():
     body = ("val_sampler = DistributedSampler(val_set, shuffle=False)\n"
-            "def evaluate(data_loader):\n    for x in data_loader:\n        dist.all_reduce(x)\n")
+            "def evaluate(data_loader):\n    for x in data_loader:\n        dist.all_reduce(x)\n"
+            "evaluate(DataLoader(val_set, sampler=val_sampler))\n")
     assert "eval-padding-duplicates" in rules(body)
     assert "eval-padding-duplicates" not in rules(body.replace("dist.all_reduce(x)", "acc.append(x)"))
 

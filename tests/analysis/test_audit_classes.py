@@ -928,7 +928,8 @@ FIT = ("from torch.utils.data import DataLoader, DistributedSampler\n"
        "    return reduce_dict({{'loss': loss}})\n"
        "def fit():\n    for epoch in range(3):\n        train_stats = train_one_epoch()\n"
        "        test_stats = {{'acc': predict(val_loader)}}\n        for {loop}:\n"
-       "            train_stats = train_one_epoch()\n")
+       "            train_stats = train_one_epoch()\n"
+       "fit()\n")
 CASES9 = [
     # a loop over a results dict (RT-DETR's `for k in test_stats.keys()` in fit) is no evaluation loop: the
     # training epoch's reduction called in the same function does not make the evaluation reduce its metric
@@ -1717,7 +1718,7 @@ DIST_EVAL = ("import argparse\nparser = argparse.ArgumentParser()\n"
              "if args.dist_eval:\n    val_sampler = DistributedSampler(val_set, shuffle=False)\nelse:\n"
              "    val_sampler = torch.utils.data.SequentialSampler(val_set)\n"
              "val_loader = DataLoader(val_set, sampler=val_sampler)\ndef evaluate():\n    for x in val_loader:\n"
-             "        dist.all_reduce(x)\n")
+             "        dist.all_reduce(x)\nevaluate()\n")
 
 # DyTox: the teacher is copied in the task loop from the second task on, after a DDP pass made the weights one
 TASK_COPY = ("import copy\ntorch.manual_seed(args.seed + rank)\nmodel = Net()\n"
@@ -1730,7 +1731,38 @@ ENV_SWITCH_HEAD = ("import os, torch, torch.distributed as dist\n"
                    "model = Net()\nif 'RANK' in os.environ:\n    dist.init_process_group('nccl')\n"
                    "    model = DDP(model)\n")
 
+# FourCastNet: a helper of either split builds the sampler, but only the training loader gets it
+EITHER_SPLIT = ("def get_data_loader(path, distributed, train):\n    dataset = Data(path)\n"
+                "    sampler = DistributedSampler(dataset, shuffle=train) if distributed else None\n"
+                "    loader = DataLoader(dataset, sampler={given})\n    if train:\n"
+                "        return loader, sampler\n    return loader, None\n"
+                "train_loader, train_sampler = get_data_loader('a', True, train=True)\n"
+                "valid_loader, _ = get_data_loader('b', True, train=False)\nmodel = DDP(Net())\n"
+                "def validate():\n    with torch.no_grad():\n        for x in valid_loader:\n"
+                "            err = model(x).sum()\n            dist.all_reduce(err)\n"
+                "for epoch in range(3):\n    train_sampler.set_epoch(epoch)\n    for x in train_loader:\n"
+                "        model(x).sum().backward()\n    validate()\n")
+
+# UniTS: the loss comes from a helper whose masking indexes with torch.gather (a tensor op, no collective)
+TENSOR_GATHER = ("def random_masking(x, ids):\n    return torch.gather(x, dim=1, index=ids)\n"
+                 "def train_step(model, x, ids):\n    return model(random_masking(x, ids)).mean()\n"
+                 "model = DDP(Net())\nfor i, (x, ids) in enumerate(loader):\n    loss = train_step(model, x, ids)\n"
+                 "    loss.backward()\n    opt.step()\n    loss_display = loss.item()\n{reduce}"
+                 "    if rank == 0:\n        print(f'loss {{loss_display}}')\n")
+
+# Point-MAE: validate() would all-gather the padded shards, but nothing calls it (its call is commented out)
+UNCALLED_VALIDATE = ("val_sampler = DistributedSampler(val_set)\n"
+                     "val_loader = DataLoader(val_set, sampler=val_sampler)\n"
+                     "model = DDP(Net())\ndef validate():\n    for x in val_loader:\n        out = model(x)\n"
+                     "        dist.all_reduce(out)\nfor x in loader:\n    model(x).sum().backward()\n{call}")
+
 CASES24 = [
+    ("eval-padding-duplicates", UNCALLED_VALIDATE.format(call="# validate()\n"),
+     UNCALLED_VALIDATE.format(call="validate()\n")),
+    ("rank0-local-loss", TENSOR_GATHER.format(reduce="    loss_display = reduce_mean(loss).item()\n"),
+     TENSOR_GATHER.format(reduce="")),
+    ("eval-padding-duplicates", EITHER_SPLIT.format(given="sampler if train else None"),
+     EITHER_SPLIT.format(given="sampler")),
     ("collective-outside-switch", "for x in loader:\n    model(x).sum().backward()\n"
      "if 'RANK' in os.environ:\n    dist.barrier()\n",
      "for x in loader:\n    model(x).sum().backward()\ndist.barrier()\n", ENV_SWITCH_HEAD),
@@ -2207,3 +2239,25 @@ def test_a_helpers_unswitched_collective_names_the_scripts_call(tmp_path):
     found = [f for f in audit.audit_paths([root]) if f.rule == "collective-outside-switch"]
     assert [(Path(f.path).name, f.line) for f in found] == [("misc.py", 4)], found
     assert [(Path(p).name, line) for p, line in found[0].related] == [("train.py", 12)], found
+
+
+def test_evaluation_through_a_gathering_helper_and_one_finding_per_builder():
+    """UniTS: one builder makes a padding DistributedSampler in each of its branches; the test split asks it
+    (`flag='test'`), and the evaluation concatenates every rank's predictions through a helper that all-gathers
+    (gather_tensors_from_all_gpus). One finding for the builder, naming the other branch and the gather; a
+    helper that only concatenates this rank's predictions counts nothing twice."""
+    src = DDP_HEAD + (
+        "torch.manual_seed(0)\ndef gather_preds(t):\n    out = [torch.empty_like(t) for _ in range(2)]\n"
+        "    {gather}\n    return torch.cat(out)\ndef data_provider(flag, kind):\n    if kind == 'a':\n"
+        "        return DataLoader(ds_a, sampler=DistributedSampler(ds_a))\n"
+        "    return DataLoader(ds_b, sampler=DistributedSampler(ds_b))\nmodel = DDP(Net())\n"
+        "def test_forecast(loader):\n    preds = []\n    for x in loader:\n        preds.append(model(x))\n"
+        "    return gather_preds(torch.cat(preds))\ntest_loader = data_provider(flag='test', kind=kind)\n"
+        "for x in data_provider(flag='train', kind=kind):\n    model(x).sum().backward()\ntest_forecast(test_loader)\n")
+    found = [f for f in audit.audit_source(src.format(gather="dist.all_gather(out, t)"))
+             if f.rule == "eval-padding-duplicates"]
+    lines = src.format(gather="dist.all_gather(out, t)").splitlines()
+    assert len(found) == 1, found
+    assert {lines[line - 1].strip()[:20] for _, line in found[0].related} >= {
+        "return DataLoader(ds", "dist.all_gather(out,"}, found[0].related
+    assert "eval-padding-duplicates" not in {f.rule for f in audit.audit_source(src.format(gather="out = [t]"))}

@@ -25,9 +25,11 @@ from .syntax import (
     callee,
     const_str,
     const_value,
+    dict_view,
     dotted,
     kw,
     layer_call,
+    reduces_or_gathers,
     root,
 )
 
@@ -39,15 +41,6 @@ def _to_file(c: ast.Call) -> bool:
     target = c.args[1] if len(c.args) > 1 else kw(c, "f")
     return not (target is not None and ("buf" in dotted(target).lower() or "mem" in dotted(target).lower()
                                         or isinstance(target, ast.Call) and callee(target) == "BytesIO"))
-
-
-def _dict_view(it: ast.AST) -> bool:
-    """`test_stats.keys()` / `.items()` / `.values()` (also sorted or listed): a loop over a results dict, not
-    over an evaluation loader."""
-    while isinstance(it, ast.Call) and callee(it) in ("sorted", "list", "enumerate") and it.args:
-        it = it.args[0]
-    return isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items",
-                                                                                               "values")
 
 
 class Facts:
@@ -268,11 +261,13 @@ class Facts:
             for f in mm.functions.values():
                 named = EVALISH.search(f.name) or any(EVAL_WORD.fullmatch(w) for w in f.name.split("_"))
                 if not any(isinstance(n, ast.For) and (named or EVALISH.search(ast.unparse(n.iter))
-                                                       and not _dict_view(n.iter)) for n in ast.walk(f)):
+                                                       and not dict_view(n.iter)) for n in ast.walk(f)):
                     continue
+                if not self.p.callers(mm, f) and f.name.split(".")[-1] not in self.all_names():
+                    continue  # an evaluation nothing calls (Point-MAE's validate(), its call commented out)
                 out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
                         callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
-                        any(self.p.function_does(tm, tf, lambda m2, cc: callee(cc) in ("all_reduce", "reduce"), 2)
+                        any(self.p.function_does(tm, tf, reduces_or_gathers, 2)
                             for tm, tf in self.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)]
         self.cache["eval_reduces"] = sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
         return self.cache["eval_reduces"]

@@ -189,9 +189,29 @@ def _device_text(n: ast.AST) -> bool:
 
 def layer_call(nodes, n: ast.Call) -> bool:
     """`self.reduce(c1)` where the module's class set `self.reduce = nn.Sequential(...)`: a layer named like a
-    reduction (UniMatch's DeepLabV3+), not one over ranks."""
+    reduction (UniMatch's DeepLabV3+), not one over ranks; or a tensor's own gather (`torch.gather(mask, dim=1,
+    index=ids)`, `x.gather(1, idx)`, UniTS's masking), which indexes along a dimension of one rank's tensor."""
+    if callee(n) == "gather" and (dotted(n.func) == "torch.gather" or any(k.arg in ("dim", "index")
+                                                                         for k in n.keywords)
+                                  or n.args and isinstance(n.args[0], ast.Constant)):
+        return True
     if not (isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"):
         return False
     target = f"self.{n.func.attr}"
     return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
         dotted(t) == target for t in a.targets) for a in nodes)
+
+
+def reduces_or_gathers(m, c) -> bool:
+    """A collective that brings every rank's values together: all_reduce, or torch.distributed's all_gather."""
+    return callee(c) in ("all_reduce", "reduce") or callee(c) in ("all_gather", "all_gather_object") and \
+        "dist" in dotted(c.func)
+
+
+def dict_view(it: ast.AST) -> bool:
+    """`test_stats.keys()` / `.items()` / `.values()` (also sorted or listed): a loop over a results dict, not
+    over an evaluation loader."""
+    while isinstance(it, ast.Call) and callee(it) in ("sorted", "list", "enumerate") and it.args:
+        it = it.args[0]
+    return isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items",
+                                                                                               "values")

@@ -10,7 +10,19 @@ from ..facts import Facts
 from ..project import Module
 from ..ranks import distributed_switch, switched
 from ..registry import Hit, rule
-from ..syntax import DIST_SWITCH, EVAL_WORD, EVALISH, TRAIN_WORD, branches, callee, const_value, dotted, kw
+from ..syntax import (
+    DIST_SWITCH,
+    EVAL_WORD,
+    EVALISH,
+    REDUCEISH,
+    REDUCING,
+    TRAIN_WORD,
+    branches,
+    callee,
+    const_value,
+    dotted,
+    kw,
+)
 
 
 def _made(f: Facts, m: Module) -> list[ast.Call]:
@@ -255,6 +267,45 @@ def _in_training_arm(m: Module, c: ast.Call) -> bool | None:
     return None
 
 
+def _collective_inside(f: Facts, mm: Module, call: ast.Call) -> tuple:
+    """The collective a reducing call runs inside the project helper it calls (`mse, mae =
+    self.test_long_term_forecast(...)`, whose gather_tensors_from_all_gpus all-gathers the predictions), as a
+    second related place: where the duplicates are merged in."""
+    for tm, tf in f.p.resolve(mm, call):
+        for x in ast.walk(tf):
+            if isinstance(x, ast.Call) and (callee(x) in REDUCING or REDUCEISH.search(callee(x))
+                                            and f.p.resolve(tm, x)):
+                return ((tm, x),)  # dist.all_gather(...), or a project helper named so (gather_tensors_from_all_gpus)
+    return ()
+
+
+def _kept_for_training(m: Module, c: ast.Call) -> bool:
+    """A helper of either split builds the sampler but hands it to the loader only for training (`sampler=sampler
+    if train else None`, FourCastNet's get_data_loader): the evaluation loader reads the whole set, unpadded."""
+    up = m.parent.get(id(c))
+    while isinstance(up, ast.IfExp):
+        up = m.parent.get(id(up))
+    if not (isinstance(up, ast.Assign) and len(up.targets) == 1 and isinstance(up.targets[0], ast.Name)):
+        return False
+    name = up.targets[0].id
+    uses = [n for n in ast.walk(m.enclosing(c) or m.tree) if isinstance(n, ast.Name) and n.id == name
+            and isinstance(n.ctx, ast.Load)]
+    def training_test(test):
+        return isinstance(test, (ast.Name, ast.Attribute)) and TRAIN_WORD.fullmatch(dotted(test).split(".")[-1])
+
+    def for_training_only(n):  # `sampler if train else None`, or under `if train: return loader, sampler`
+        child, up = n, m.parent.get(id(n))
+        while up is not None and not isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            if isinstance(up, ast.IfExp) and up.body is child and isinstance(up.orelse, ast.Constant) and \
+                    up.orelse.value is None and training_test(up.test):
+                return True
+            if isinstance(up, ast.If) and any(child is b for b in up.body) and training_test(up.test):
+                return True
+            child, up = up, m.parent.get(id(up))
+        return False
+    return bool(uses) and all(for_training_only(n) for n in uses)
+
+
 def _choosing_argument(m: Module, c: ast.Call, call: ast.Call) -> ast.AST:
     """The argument of `call` that makes the helper build the sampler `c`: `distributed=args.distributed` when
     the helper builds it under `if distributed and ...:`; the call itself when no parameter decides."""
@@ -337,7 +388,8 @@ def _pads(f: Facts, name: str) -> bool:
 @rule("eval-padding-duplicates", "08_checkpoints", "a padding DistributedSampler in evaluation plus a reduction over "
       "ranks: the padded duplicates are counted, so the metric is not the single run's")
 def eval_padding_duplicates(f: Facts, m: Module):
-    for c in m.calls:
+    told: dict[int, list] = {}  # helper function -> its samplers already reported (one defect per helper)
+    for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
         if callee(c) not in f.sampler_classes() or not c.args or not _pads(f, callee(c)):
             continue
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
@@ -345,10 +397,14 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue
         if f.off_by_default(m, c):
             continue  # `if args.dist_eval:` on a store_true option (DeiT, DyTox): the default run evaluates whole
+        if asked and _kept_for_training(m, c):
+            continue
         if f.eval_loop_reduces():
             # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
             near = {mm.rel for mm in f.p.related(m)}
-            reduced = tuple(sorted(f.eval_loop_reduces(), key=lambda r: r[0].rel not in near)[:1])
+            # (up to three: UniTS's test() reduces in one helper per task kind; each helper's collective too)
+            reduced = tuple(x for r in sorted(f.eval_loop_reduces(), key=lambda r: r[0].rel not in near)[:3]
+                            for x in (r, *_collective_inside(f, *r)))
             what = ("pads the set to a multiple of world_size with repeated samples, and the evaluation loop reduces "
                     "its metrics over ranks: the duplicates are counted, so the metric is not the single run's unless "
                     "len(dataset) % world_size == 0 — shard without padding, or drop the padded tail")
@@ -359,5 +415,11 @@ def eval_padding_duplicates(f: Facts, m: Module):
                     yield Hit(_choosing_argument(m, c, call), f"{ast.unparse(call.func)}(...) gets the evaluation "
                               f"split's {callee(c)} ({m.rel}:{c.lineno}), which {what}", "check-by-hand", am,
                               related=((m, c), *reduced))
+            elif asked and m.enclosing(c) is not None and id(m.enclosing(c)) in told:
+                told[id(m.enclosing(c))].append((m, c))  # another branch of the same helper: the same defect
             else:
-                yield Hit(c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand", related=reduced)
+                others = told.setdefault(id(m.enclosing(c)), []) if asked and m.enclosing(c) is not None else []
+                others += [(m, x) for x in m.calls if x is not c and callee(x) == callee(c)
+                           and m.enclosing(x) is m.enclosing(c)] if asked else []
+                yield Hit(c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand",
+                          related=(*others, *reduced))
