@@ -1787,6 +1787,48 @@ CASES24 = [
 ]
 
 
+# Held-out batch 28's classes (its first look 1/7, 1/7 in docs/measured/cpu2/audit_heldout_batch28.txt)
+# unicom: `if world_size >= 1: init_process_group(...)` holds for every run: the group always exists
+ALWAYS_GROUP = ("import os, torch, torch.distributed as dist\n"
+                "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "world_size = int(os.environ.get('WORLD_SIZE', 1))\ntorch.manual_seed(0)\n"
+                "if world_size {test}:\n    dist.init_process_group('nccl')\n")
+# unicom and LoRA: accumulation counted with `--gradient_acc` / `--grad_acc`, default 1
+GRAD_ACC = ("import argparse\nparser = argparse.ArgumentParser()\n"
+            "parser.add_argument('--gradient_acc', type=int, default={default})\nargs = parser.parse_args()\n"
+            "model = DDP(Net())\nfor step, x in enumerate(loader):\n    loss = model(x).sum() / args.gradient_acc\n"
+            "    loss.backward()\n    if step % args.gradient_acc == 0:\n        opt.step()\n        opt.zero_grad()\n")
+# OpenUnReID: sys.stdout = Logger(...), whose write writes only on rank 0: every print is rank 0's
+STDOUT_LOGGER = ("import sys\nclass Logger:\n    def __init__(self, rank):\n        self.rank = rank\n"
+                 "    def write(self, msg):\n        {test}\n            sys.__stdout__.write(msg)\n"
+                 "sys.stdout = Logger(rank)\nmodel = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n"
+                 "    loss.backward()\n    print(f'loss {{loss.item()}}')\n")
+# hyp_metric: every rank's features gathered under no_grad, then this rank's own slot put back with its graph
+OWN_SLOT = ("model = DDP(Net())\nfor x in loader:\n    z = model(x)\n{gather}"
+            "    loss = contrastive(z)\n    loss.backward()\n")
+# hyp_metric: the evaluation helper's embeddings are all-gathered after it returns
+EVAL_THEN_GATHER = ("def eval_dataset(model, dl):\n    return torch.cat([model(x) for x in dl])\n"
+                    "def get_emb(model, ds_eval):\n    sampler = DistributedSampler(ds_eval)\n"
+                    "    x = eval_dataset(model, DataLoader(ds_eval, sampler=sampler))\n{gather}    return x\n"
+                    "model = DDP(Net())\nfor b in loader:\n    model(b).sum().backward()\n"
+                    "emb = get_emb(model, test_set)\n")
+
+CASES28 = [
+    ("collective-outside-switch", ALWAYS_GROUP.format(test=">= 1") + "model = DDP(Net())\n",
+     ALWAYS_GROUP.format(test="> 1") + "model = DDP(Net())\n", ""),
+    ("accumulation-without-no-sync", GRAD_ACC.format(default=1), GRAD_ACC.format(default=4)),
+    ("rank0-local-loss", STDOUT_LOGGER.format(test="if True:"), STDOUT_LOGGER.format(test="if self.rank == 0:")),
+    ("gather-without-grad",
+     "    import torch.distributed.nn.functional as dnf\n    z = torch.cat(dnf.all_gather(z))\n".join(
+         OWN_SLOT.split("{gather}")),
+     OWN_SLOT.format(gather="    with torch.no_grad():\n        all_z = [torch.zeros_like(z) for _ in range(2)]\n"
+                            "        dist.all_gather(all_z, z)\n    all_z[rank] = z\n    z = torch.cat(all_z)\n")),
+    ("eval-padding-duplicates", EVAL_THEN_GATHER.format(gather=""),
+     EVAL_THEN_GATHER.format(gather="    all_x = [torch.zeros_like(x) for _ in range(2)]\n"
+                                    "    dist.all_gather(all_x, x)\n    x = torch.cat(all_x)\n")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -1795,7 +1837,7 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "probes": CASES_PROBES, "batch14": CASES14,
                "batch15": CASES15, "batch16-17": CASES16,
                "batch18-19": CASES18, "batch20-21": CASES20,
-               "batch22": CASES22, "batch24-25": CASES24}
+               "batch22": CASES22, "batch24-25": CASES24, "batch28": CASES28}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -2261,3 +2303,43 @@ def test_evaluation_through_a_gathering_helper_and_one_finding_per_builder():
     assert {lines[line - 1].strip()[:20] for _, line in found[0].related} >= {
         "return DataLoader(ds", "dist.all_gather(out,"}, found[0].related
     assert "eval-padding-duplicates" not in {f.rule for f in audit.audit_source(src.format(gather="out = [t]"))}
+
+
+def test_a_fixed_port_in_a_launch_script(tmp_path):
+    """unicom's scripts/inshop_vit_b_16.sh runs `torchrun --master_port 12345` and FourCastNet's export_DDP_vars.sh
+    exports MASTER_PORT=29500: a fixed port in the launch script, reported there. A port the environment can
+    override (`${MASTER_PORT:-29500}`), or a port only in a comment, is not."""
+    script = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "dist.init_process_group('nccl')\ntorch.manual_seed(0)\nmodel = DDP(Net())\n")
+    def found(name, sh):
+        root = _project(tmp_path / name, {"train.py": script, "scripts/run.sh": sh})
+        return [(Path(f.path).name, f.line) for f in audit.audit_paths([root]) if f.rule == "hard-coded-master-port"]
+    assert found("torchrun", "#!/bin/bash\ntorchrun --nproc_per_node 4 --master_port 12345 \\\n  train.py\n") == [
+        ("run.sh", 2)]
+    assert found("export", "export MASTER_ADDR=localhost\nexport MASTER_PORT=29500\n") == [("run.sh", 2)]
+    assert found("fallback", "torchrun --master_port=${MASTER_PORT:-29500} train.py\n") == []
+    assert found("comment", "# torchrun --master_port 12345 train.py\ntorchrun --standalone train.py\n") == []
+
+
+def test_a_meter_display_names_the_updates_that_feed_it_the_loss(tmp_path):
+    """OpenUnReID: the base runner displays `self.train_progress` on rank 0's console; the script's SpCL runner
+    feeds it the loss in its own train_step (`self.train_progress.update(meters)`). The finding at the display
+    names that update, where the unreduced loss goes in."""
+    runner = ("import builtins\nclass Meters:\n    def update(self, d):\n        self.d = d\n"
+              "    def display(self, i):\n        print(self.d)\nclass BaseRunner:\n    def __init__(self, model):\n"
+              "        self.model = model\n        self.train_progress = Meters()\n    def run(self, loader):\n"
+              "        for i, x in enumerate(loader):\n            loss = self.train_step(x)\n"
+              "            loss.backward()\n            self.train_progress.display(i)\n"
+              "    def train_step(self, x):\n        loss = self.model(x).mean()\n"
+              "        meters = {}\n        meters['loss'] = loss.item()\n        self.train_progress.update(meters)\n"
+              "        return loss\n")
+    script = ("import builtins, torch, torch.distributed as dist\n"
+              "from torch.nn.parallel import DistributedDataParallel as DDP\nfrom runner import BaseRunner\n"
+              "dist.init_process_group('nccl')\nif dist.get_rank() != 0:\n    builtins.print = lambda *a: None\n"
+              "torch.manual_seed(0)\nclass SpCLRunner(BaseRunner):\n    def train_step(self, x):\n"
+              "        loss = self.model(x).sum()\n        meters = {}\n        meters['loss'] = loss.item()\n"
+              "        self.train_progress.update(meters)\n        return loss\n"
+              "SpCLRunner(DDP(Net())).run(loader)\n")
+    root = _project(tmp_path, {"runner.py": runner, "main.py": script})
+    found = [f for f in audit.audit_paths([root]) if f.rule == "rank0-local-loss"]
+    assert found and ("main.py", 13) in [(Path(p).name, line) for p, line in found[0].related], found

@@ -15,6 +15,7 @@ The package:
 - `facts`: the project model the rules query (the wrapped model, seeding, reduced values, saves, collectives);
 - `registry`: one rule = id, chapter, the defect and its consequence in one sentence, its recogniser;
 - `rules/`: the recognisers, one module per chapter group (`python -m lab_utils audit --sarif` lists them);
+- `launch_scripts`: the shell scripts and JSON configs that decide how a run starts;
 - `report`: text, JSON and SARIF output.
 
 What it cannot see: code outside the audited folder (an installed package, a config file's values), values known
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from . import rules  # noqa: F401  (registers every rule)
 from .facts import Facts
+from .launch_scripts import fixed_ports_in_launch_scripts
 from .project import AuditError, Module, Project
 from .registry import REGISTRY, SEVERITIES, Finding, Rule, run_rules
 from .report import format_findings, to_json, to_sarif
@@ -73,7 +75,10 @@ def audit_paths(paths) -> list[Finding]:
     files, root = _expand(paths)
     project = Project(files, root)
     given = {str(f) for f in files}
-    return [f for f in run_rules(Facts(project), project.modules.values()) if f.path in given]
+    found = [f for f in run_rules(Facts(project), project.modules.values()) if f.path in given]
+    if project.ddp and any(Path(p).is_dir() for p in paths):  # a folder: its launch scripts too
+        found += [f for p in paths if Path(p).is_dir() for f in fixed_ports_in_launch_scripts(Path(p))]
+    return sorted(found, key=lambda f: (f.path, f.line, f.rule))
 
 
 def audit_file(path: str | Path) -> list[Finding]:

@@ -8,14 +8,14 @@ from __future__ import annotations
 import ast
 import re
 
+from .evaluation import eval_loop_reduces
 from .project import Module, Project
-from .ranks import Guards, dead_branch
+from .ranks import Guards, dead_branch, rank0_writer
 from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
     DDP_NAMES,
     EVAL_WORD,
-    EVALISH,
     OTHER_SEEDS,
     REDUCEISH,
     REDUCING,
@@ -25,11 +25,9 @@ from .syntax import (
     callee,
     const_str,
     const_value,
-    dict_view,
     dotted,
     kw,
     layer_call,
-    reduces_or_gathers,
     root,
 )
 
@@ -53,7 +51,8 @@ class Facts:
         # ranks' stdout sent to /dev/null (`if dist.get_rank() != 0: sys.stdout = open(os.devnull, "w")`)
         self.stdout_silenced = any(
             isinstance(a, ast.Assign) and any(dotted(t) == "sys.stdout" for t in a.targets) and
-            self.g.kind(m, a) == "not0" for m in project.modules.values() for a in m.nodes)
+            (self.g.kind(m, a) == "not0" or rank0_writer(project, m, a.value))
+            for m in project.modules.values() for a in m.nodes)
         self.print_override = self.stdout_silenced or any(
             isinstance(a, ast.Assign) and any(dotted(t) in ("builtins.print", "__builtin__.print") for t in a.targets)
             for m in project.modules.values() for a in m.nodes)
@@ -251,25 +250,9 @@ class Facts:
         return self.cache["samplers"]
 
     def eval_loop_reduces(self) -> list[tuple[Module, ast.Call]]:
-        """Where some evaluation loop of the project reduces over ranks (empty when none does): a loop over a
-        val/test loader, or any loop of a function named so (evaluate(), validate()), with a collective in it or
-        in a helper it calls, or in one that helper calls (`test_sample_depth` -> `reduce_scalar_outputs`)."""
-        if "eval_reduces" in self.cache:
-            return self.cache["eval_reduces"]
-        out = []
-        for mm in self.p.modules.values():
-            for f in mm.functions.values():
-                named = EVALISH.search(f.name) or any(EVAL_WORD.fullmatch(w) for w in f.name.split("_"))
-                if not any(isinstance(n, ast.For) and (named or EVALISH.search(ast.unparse(n.iter))
-                                                       and not dict_view(n.iter)) for n in ast.walk(f)):
-                    continue
-                if not self.p.callers(mm, f) and f.name.split(".")[-1] not in self.all_names():
-                    continue  # an evaluation nothing calls (Point-MAE's validate(), its call commented out)
-                out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
-                        callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
-                        any(self.p.function_does(tm, tf, reduces_or_gathers, 2)
-                            for tm, tf in self.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)]
-        self.cache["eval_reduces"] = sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
+        """Where some evaluation loop of the project reduces over ranks (evaluation.eval_loop_reduces)."""
+        if "eval_reduces" not in self.cache:
+            self.cache["eval_reduces"] = eval_loop_reduces(self)
         return self.cache["eval_reduces"]
 
     def all_names(self) -> set[str]:
@@ -574,21 +557,3 @@ class Facts:
         return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in dotted(
             cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2)
             for tm, tf in self.p.resolve(m, c))
-
-
-def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
-    """The gathered results are merged into a dict by their sample's key (`for qid2ans in all_gather(quesid2ans):
-    for k, v in qid2ans.items(): quesid2ans[k] = v`, VL-T5): a padded duplicate overwrites its own entry, so
-    nothing is counted twice."""
-    assign = m.parent.get(id(c))
-    names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
-    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
-        over = {dotted(x) for x in ast.walk(loop.iter)}
-        if not (names & over or any(x is c for x in ast.walk(loop.iter))):
-            continue
-        if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) or
-               isinstance(a, ast.Call) and callee(a) == "update" for inner in ast.walk(loop)
-               if isinstance(inner, ast.For) and inner is not loop and isinstance(inner.iter, ast.Call)
-               and callee(inner.iter) == "items" for a in ast.walk(inner)):
-            return True
-    return False

@@ -11,7 +11,7 @@ RANKISH = re.compile(r"(^|(?<!per)_)rank$|^rank|local_rank|master_process|is_mai
 WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus|get_world_size|num_processes|nprocs|WORLD_SIZE")
 RANK0_NAME = re.compile(r"master|is_main|main_process|rank_zero|is_rank0|is_primary|rank0$")
 BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
-ACCUMISH = re.compile(r"accum")
+ACCUMISH = re.compile(r"accum|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc
 LOSSISH = re.compile(r"loss", re.I)
 EVALISH = re.compile(r"val|eval|test", re.I)
 # a whole word (a name part between _ or .) that names an evaluation: `val_loader`, `cfg.TEST.SPLIT`,
@@ -203,9 +203,9 @@ def layer_call(nodes, n: ast.Call) -> bool:
 
 
 def reduces_or_gathers(m, c) -> bool:
-    """A collective that brings every rank's values together: all_reduce, or torch.distributed's all_gather."""
-    return callee(c) in ("all_reduce", "reduce") or callee(c) in ("all_gather", "all_gather_object") and \
-        "dist" in dotted(c.func)
+    """A collective that brings every rank's values together: all_reduce, or torch.distributed's all_gather of
+    tensors (UniTS's gathered predictions)."""
+    return callee(c) in ("all_reduce", "reduce") or callee(c) == "all_gather" and "dist" in dotted(c.func)
 
 
 def dict_view(it: ast.AST) -> bool:

@@ -10,7 +10,7 @@ from ..facts import Facts
 from ..project import Module
 from ..ranks import distributed_switch, group_check, one_process_arm, switched
 from ..registry import Hit, rule
-from ..syntax import callee, const_str, const_value, dotted, kw, root
+from ..syntax import WORLDISH, callee, const_str, const_value, dotted, involves, kw, root
 
 
 @rule("collective-under-rank0", "00_preflight", "a collective only rank 0 (or only the others) reaches: the "
@@ -247,7 +247,16 @@ def _optional_group(m: Module, init: ast.Call) -> bool:
     """The process group is set up only under a distributed switch; `if dist.is_initialized(): return` (or `if not
     dist.is_initialized(): init_process_group(...)`) only keeps a second set-up from running: the group exists."""
     test = distributed_switch(m, init)
-    return test is not None and not group_check(test)
+    return test is not None and not group_check(test) and not _always_true(test)
+
+
+def _always_true(test: ast.AST) -> bool:
+    """`if world_size >= 1:` (unicom's retrieval.py) holds for every run, a single one too: no switch."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant)
+            and involves(test.left, WORLDISH)):
+        return False
+    op, k = test.ops[0], test.comparators[0].value
+    return isinstance(op, ast.GtE) and k == 1 or isinstance(op, (ast.Gt, ast.NotEq)) and k == 0
 
 
 def _called_under_switch(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> bool:

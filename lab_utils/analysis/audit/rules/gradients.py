@@ -149,6 +149,20 @@ def gather_without_grad(f: Facts, m: Module):
         fn = m.enclosing(c)
         scope = fn or m.tree
         lst, x = dotted(c.args[0]), c.args[1]
+        own = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == lst and
+                                                    involves_rank(t.slice, m.rank_tainted) for t in a.targets)
+                  for a in ast.walk(scope))
+        if own and any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args and dotted(n.args[0]) == lst
+                       for n in ast.walk(scope)):
+            # gathered under no_grad, then `all_z[rank] = z` (hyp_metric's training loop): the gather looks
+            # deliberate, but every rank's loss over the global batch reaches only its own rows, and DDP's mean
+            # then takes 1/world_size of the single run's gradient
+            yield c, (f"{ast.unparse(c)} then {lst}[rank] = {ast.unparse(x)}: only the rank's own slice keeps its "
+                      "gradient; the other ranks' features enter the loss as constants, so at 2 ranks the model "
+                      "gets about 1/world_size of the single run's gradient for those terms (DDP averages the "
+                      "ranks' partial gradients) — torch.distributed.nn.functional.all_gather keeps the gradient, or "
+                      "scale the loss by world_size")
+            continue
         if "detach" in ast.unparse(x) or m.enclosing(c, (ast.With,)) is not None and any(
                 "no_grad" in dotted(i.context_expr) for i in m.enclosing(c, (ast.With,)).items):
             continue
@@ -177,15 +191,7 @@ def gather_without_grad(f: Facts, m: Module):
             for r in ast.walk(scope))  # returned to a caller that concatenates it
         if not used:
             continue
-        own = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == lst and
-                                                    involves_rank(t.slice, m.rank_tainted) for t in a.targets)
-                  for a in ast.walk(scope))
-        if own:
-            yield c, (f"{ast.unparse(c)} then {lst}[rank] = {ast.unparse(x)}: only the rank's own slice keeps its "
-                      "gradient; the other ranks' features enter the loss as constants, so at 2 ranks the model "
-                      "gets about 1/world_size of the single run's gradient for those terms (one rank has no other "
-                      "slices) — torch.distributed.nn.functional.all_gather keeps the gradient")
-        elif _in_a_loss(f, m, fn):
+        if _in_a_loss(f, m, fn):
             # one defect, one finding: at the gather (the fix), naming the losses that call the helper
             yield Hit(c, (f"{ast.unparse(c)} inside a loss returns tensors without a gradient: the gathered features "
                           "(in-batch negatives from the other ranks) are constants, and even this rank's own rows lose "
@@ -313,7 +319,8 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
         n = m.parent.get(id(n))
     # the step gate itself counts with such an option: `if (step + 1) % args.gradient_accumulation_steps == 0:`
     # (CLIP4Clip) steps every micro-batch in the default run
-    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) and isinstance(b.right, ast.Attribute)
+    # (CLIP4Clip), and so does a loss divided by it (`_lm_loss / args.grad_acc`, LoRA's gpt2_ft)
+    return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and isinstance(b.right, ast.Attribute)
                and involves(b.right, ACCUMISH) and _option_defaults_to_one(f, b.right.attr) for b in ast.walk(node))
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-from pathlib import Path
 
 from ..facts import Facts
+from ..launch_scripts import project_files
 from ..project import Module
 from ..ranks import one_process_arm
 from ..registry import Hit, rule
@@ -89,7 +88,7 @@ def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
     if not key or not f.p.on_disk:
         return None
     found: dict[str, str] = {}
-    for path in _json_files(f.p.root):
+    for path in project_files(f.p.root, ".json"):
         try:
             if path.stat().st_size > 1_000_000:
                 continue
@@ -109,17 +108,6 @@ def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
     if len(texts) == 1 and LOOPBACK_PORT.search(next(iter(texts))):
         return next(iter(found)), next(iter(texts))
     return None
-
-
-def _json_files(root: Path, limit: int = 200) -> list[Path]:
-    """The project's JSON files, outside hidden folders, virtual environments and node_modules; at most `limit`."""
-    out: list[Path] = []
-    for here, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("node_modules", "__pycache__", "venv"))
-        out += [Path(here) / n for n in sorted(names) if n.endswith(".json")]
-        if len(out) >= limit:
-            break
-    return out[:limit]
 
 
 def _address_and_port(url: ast.AST | None):

@@ -520,8 +520,22 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
         at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
         yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
-                  related=tuple(meter_print_calls(f, m, c)[:2]) if fed is not None else _value_lines(m, c, lossy)), \
+                  related=tuple(meter_print_calls(f, m, c)[:2]) if fed is not None else
+                  _value_lines(m, c, lossy) + _meter_feeds(f, c)), \
             m.enclosing(c), frozenset(lossy)  # (fed: the meter's own print lines, where it shows the loss)
+
+
+def _meter_feeds(f: Facts, c: ast.Call) -> tuple:
+    """`self.train_progress.display(i)`: the `self.train_progress.update(meters)` calls that feed the meter its
+    loss, in any project class (OpenUnReID's SpCL runner overrides train_step, where it feeds the loss), as
+    related places: where the unreduced loss goes in."""
+    if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Attribute)):
+        return ()
+    held = dotted(c.func.value)
+    feeds = [(mm, u) for mm in f.p.modules.values() for u in mm.calls if isinstance(u.func, ast.Attribute)
+             and u.func.attr == "update" and dotted(u.func.value) == held and u.args
+             and isinstance(u.args[0], ast.Name)]
+    return tuple(sorted(feeds, key=lambda x: not x[0].entry)[:3])  # the script's own subclass first
 
 
 def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:

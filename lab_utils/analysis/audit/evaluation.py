@@ -1,0 +1,54 @@
+"""Which evaluation loops of a project bring every rank's results together (an all_reduce of the metric, an
+all_gather of the predictions): chapter 08's padding rule needs one to count the padded duplicates."""
+
+from __future__ import annotations
+
+import ast
+
+from .project import Module
+from .syntax import EVAL_WORD, EVALISH, REDUCING, callee, dict_view, dotted, reduces_or_gathers
+
+
+def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
+    """Where some evaluation loop of the project reduces over ranks (empty when none does): a loop over a
+    val/test loader, or any loop of a function named so (evaluate(), validate()), with a collective in it or
+    in a helper it calls, or in one that helper calls (`test_sample_depth` -> `reduce_scalar_outputs`)."""
+    out = []
+    for mm in facts.p.modules.values():
+        for f in mm.functions.values():
+            named = EVALISH.search(f.name) or any(EVAL_WORD.fullmatch(w) for w in f.name.split("_"))
+            # ... or a gather of what an evaluation helper returned (`x, y = eval_dataset(model, dl_eval)`, then
+            # all_gather(all_x, x), hyp_metric's get_emb)
+            evaluated = {dotted(t) for a in ast.walk(f) if isinstance(a, ast.Assign) and isinstance(
+                a.value, ast.Call) and EVALISH.search(callee(a.value)) and facts.p.resolve(mm, a.value)
+                         for tt in a.targets for t in (tt.elts if isinstance(tt, ast.Tuple) else [tt])}
+            if not any(isinstance(n, ast.For) and (named or EVALISH.search(ast.unparse(n.iter))
+                                                   and not dict_view(n.iter)) for n in ast.walk(f)) and not any(
+                    isinstance(n, ast.Call) and callee(n) in REDUCING and any(
+                        dotted(x) in evaluated for a in n.args for x in ast.walk(a)) for n in ast.walk(f)):
+                continue
+            if not facts.p.callers(mm, f) and f.name.split(".")[-1] not in facts.all_names():
+                continue  # an evaluation nothing calls (Point-MAE's validate(), its call commented out)
+            out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
+                    callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
+                    any(facts.p.function_does(tm, tf, reduces_or_gathers, 2)
+                        for tm, tf in facts.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)]
+    return sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
+
+
+def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
+    """The gathered results are merged into a dict by their sample's key (`for qid2ans in all_gather(quesid2ans):
+    for k, v in qid2ans.items(): quesid2ans[k] = v`, VL-T5): a padded duplicate overwrites its own entry, so
+    nothing is counted twice."""
+    assign = m.parent.get(id(c))
+    names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
+    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
+        over = {dotted(x) for x in ast.walk(loop.iter)}
+        if not (names & over or any(x is c for x in ast.walk(loop.iter))):
+            continue
+        if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) or
+               isinstance(a, ast.Call) and callee(a) == "update" for inner in ast.walk(loop)
+               if isinstance(inner, ast.For) and inner is not loop and isinstance(inner.iter, ast.Call)
+               and callee(inner.iter) == "items" for a in ast.walk(inner)):
+            return True
+    return False
