@@ -20,7 +20,6 @@ The package:
 
 What it cannot see: code outside the audited folder (an installed package; a config file's values, but for a
 rendezvous address in the folder's JSON files and a port in its shell launch scripts), values known
-What it cannot see: code outside the audited folder (an installed package, a config file's values), values known
 only at run time (the dataset size, which branch a flag takes, whether a model has buffers), models built by name
 (torchvision's resnet has BatchNorm), calls through objects it cannot type (`obj.method()` on a parameter; a
 model is typed only when the script builds a project nn.Module class by name, whose forward then decides whether
