@@ -2343,3 +2343,14 @@ def test_a_meter_display_names_the_updates_that_feed_it_the_loss(tmp_path):
     root = _project(tmp_path, {"runner.py": runner, "main.py": script})
     found = [f for f in audit.audit_paths([root]) if f.rule == "rank0-local-loss"]
     assert found and ("main.py", 13) in [(Path(p).name, line) for p, line in found[0].related], found
+
+
+def test_a_folders_single_finding_is_named_by_its_file(tmp_path):
+    """`ddp-lab audit FOLDER` whose one finding lies in one file (a launch script) names that file, not the
+    folder; a single file given names it as the user typed it."""
+    root = _project(tmp_path, {"train.py": "import torch.distributed as dist\ndist.init_process_group('nccl')\n"
+                                           "model = DDP(Net())\nimport torch\ntorch.manual_seed(0)\n",
+                               "run.sh": "torchrun --master_port 12345 train.py\n"})
+    found = [f for f in audit.audit_paths([root]) if f.rule == "hard-coded-master-port"]
+    text = audit.format_findings(found, str(root))
+    assert text.startswith(f"{root / 'run.sh'}:1: hard-coded-master-port"), text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from .registry import REGISTRY, Finding
 
@@ -11,7 +12,8 @@ def format_findings(findings: list[Finding], path: str | None = None) -> str:
     where = path or "the audited files"
     if not findings:
         return f"{where}: no findings ({len(REGISTRY)} rules; a static check — prove the port with ddp-lab compare)"
-    one_file = path is not None and len({f.path for f in findings}) == 1  # name it as the caller did
+    # a file given by the user: its findings named as the caller did; a folder's findings by their own file
+    one_file = path is not None and os.path.isfile(path) and len({f.path for f in findings}) == 1
     lines = [f.format(path) if one_file or not f.path else f.format() for f in findings]
     n_defect = sum(f.severity == "defect" for f in findings)
     return "\n".join(lines) + (f"\n{len(findings)} finding(s) in {where} ({n_defect} defect, "
