@@ -1813,7 +1813,34 @@ EVAL_THEN_GATHER = ("def eval_dataset(model, dl):\n    return torch.cat([model(x
                     "model = DDP(Net())\nfor b in loader:\n    model(b).sum().backward()\n"
                     "emb = get_emb(model, test_set)\n")
 
+# Held-out batch 24's classes: GANgealing's primary() (`return True` without a group, else get_rank() == 0), its
+# all_gather helper returning early in both arms of `if cat:` when the world size is 1, and stylegan2's trainer
+# stepping through a partial of a backward helper (`backwards = partial(loss_backwards, fp16)`)
+PRIMARY = ("def primary():\n    if not dist.is_initialized():\n        return True\n    return {test}\n"
+           "model = DDP(Net())\nfor i, x in enumerate(loader):\n    model(x).sum().backward()\n    if primary():\n"
+           "        torch.save(model.module.state_dict(), 'ckpt.pt')\n")
+EARLY_GATHER = ("def all_gather(x, cat=True):\n{early}"
+                "    out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]\n"
+                "    dist.all_gather(out, x)\n    return torch.cat(out) if cat else torch.stack(out)\n"
+                "model = Net()\nif args.distributed:\n    dist.init_process_group('nccl')\n    model = DDP(model)\n"
+                "for x in loader:\n    z = all_gather(model(x))\n")
+PARTIAL_BACKWARD = ("from functools import partial\ndef loss_backwards(fp16, loss, opt):\n    loss.backward()\n"
+                    "class Trainer:\n    def __init__(self):\n        self.model = DDP(Net())\n"
+                    "    def train(self, x):\n        backwards = partial(loss_backwards, False)\n"
+                    "        disc_loss = self.model(x).sum()\n        backwards(disc_loss, self.opt)\n"
+                    "        self.d_loss = float({value})\n    def print_log(self):\n"
+                    "        data = [('D', self.d_loss)]\n"
+                    "        log = ' | '.join(f'{{n}}: {{v:.2f}}' for n, v in data)\n"
+                    "        print(log)\nis_main = rank == 0\nt = Trainer()\nfor x in loader:\n    t.train(x)\n"
+                    "    if is_main:\n        t.print_log()\n")
+
 CASES28 = [
+    ("save-on-every-rank", PRIMARY.format(test="dist.get_rank() == 0"), PRIMARY.format(test="True")),
+    ("collective-outside-switch", EARLY_GATHER.format(
+        early="    if dist.get_world_size() == 1:\n        if cat:\n            return x\n        else:\n"
+              "            return x.unsqueeze(0)\n"), EARLY_GATHER.format(early=""), ""),
+    ("rank0-local-loss", PARTIAL_BACKWARD.format(value="reduce_mean(disc_loss)"),
+     PARTIAL_BACKWARD.format(value="disc_loss")),
     ("collective-outside-switch", ALWAYS_GROUP.format(test=">= 1") + "model = DDP(Net())\n",
      ALWAYS_GROUP.format(test="> 1") + "model = DDP(Net())\n", ""),
     ("accumulation-without-no-sync", GRAD_ACC.format(default=1), GRAD_ACC.format(default=4)),

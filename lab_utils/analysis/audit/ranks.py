@@ -34,7 +34,9 @@ class Guards:
         for m in project.modules.values():
             for f in m.functions.values():
                 rets = [r.value for r in ast.walk(f) if isinstance(r, ast.Return) and r.value is not None]
-                if rets and all(self.classify(m, r, shallow=True) == "rank0" for r in rets):
+                # `return True` when no group exists (GANgealing's primary(): one process is the main one)
+                tests = [r for r in rets if not (isinstance(r, ast.Constant) and r.value is True)]
+                if tests and all(self.classify(m, r, shallow=True) == "rank0" for r in tests):
                     self.rank0_fns.add(f.name)
                 elif rets and any(self.classify(m, r, shallow=True) == "leaky" for r in rets):
                     self.leaky_fns.add(f.name)
@@ -452,7 +454,7 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
         for s in n.body if isinstance(getattr(n, "body", None), list) else []:
             if s is child:
                 break
-            if isinstance(s, ast.If) and is_switch_test(s.test) and s.body and isinstance(s.body[-1], ast.Return):
+            if isinstance(s, ast.If) and is_switch_test(s.test) and _always_returns(s.body):
                 return s.test
             if isinstance(s, ast.If) and _returns_unless_launched(s):
                 return s.test
@@ -462,6 +464,17 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
             break
         child, n = n, m.parent.get(id(n))
     return None
+
+
+def _always_returns(body: list) -> bool:
+    """The block ends in a return on every path: `return x`, or an if/else whose arms both do
+    (`if get_world_size() == 1: if cat: return input else: return input.unsqueeze(0)`, GANgealing's all_gather)."""
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, (ast.Return, ast.Raise)):
+        return True
+    return isinstance(last, ast.If) and _always_returns(last.body) and _always_returns(last.orelse)
 
 
 def _returns_unless_launched(s: ast.If) -> bool:

@@ -223,9 +223,9 @@ def _instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
 def _class_steps(m: Module, scope: ast.AST) -> bool:
     """The method's class runs backward or an optimizer step in some method: its records of the loss are the
     training loss's, whichever hook prints them."""
-    cls = m.classes[m.class_of(scope)]
-    return any(isinstance(n, ast.Call) and (callee(n) == "backward" or callee(n) == "step" and "optim" in dotted(
-        n.func)) for n in ast.walk(cls))
+    cls = m.classes[m.class_of(scope)]  # (`backwards(disc_loss, self.GAN.D_opt)`: stylegan2's partial of a helper)
+    return any(isinstance(n, ast.Call) and ("backward" in callee(n) or callee(n) == "step" and re.search(
+        r"opt", dotted(n.func), re.I)) for n in ast.walk(cls))
 
 
 def _parent_only_rank(f: Facts, m: Module, c: ast.Call) -> bool:
