@@ -1834,7 +1834,17 @@ PARTIAL_BACKWARD = ("from functools import partial\ndef loss_backwards(fp16, los
                     "        print(log)\nis_main = rank == 0\nt = Trainer()\nfor x in loader:\n    t.train(x)\n"
                     "    if is_main:\n        t.print_log()\n")
 
+# Held-out batch 29's class: MagFace's model-parallel classifier gathers every rank's labels before the loss
+# (`target = ts.distributed.gather(target, dim=0)`), so the loss its meter shows is the global batch's
+GATHERED_LABELS = ("import builtins\nif rank != 0:\n    builtins.print = lambda *a: None\nmodel = DDP(Net())\n"
+                   "losses = AverageMeter('Loss')\nfor i, (x, target) in enumerate(loader):\n"
+                   "    output = model(x)\n{gather}    loss_id, loss_g = criterion(output, target)\n"
+                   "    loss = loss_id + 0.1 * loss_g\n    loss.backward()\n    losses.update(loss.item())\n"
+                   "    print(f'loss {{losses.avg}}')\n")
+
 CASES28 = [
+    ("rank0-local-loss", GATHERED_LABELS.format(gather="    target = ts.distributed.gather(target, dim=0)\n"),
+     GATHERED_LABELS.format(gather="")),
     ("save-on-every-rank", PRIMARY.format(test="dist.get_rank() == 0"), PRIMARY.format(test="True")),
     ("collective-outside-switch", EARLY_GATHER.format(
         early="    if dist.get_world_size() == 1:\n        if cat:\n            return x\n        else:\n"
@@ -2381,3 +2391,18 @@ def test_a_folders_single_finding_is_named_by_its_file(tmp_path):
     found = [f for f in audit.audit_paths([root]) if f.rule == "hard-coded-master-port"]
     text = audit.format_findings(found, str(root))
     assert text.startswith(f"{root / 'run.sh'}:1: hard-coded-master-port"), text
+
+
+def test_a_sampler_nobody_sets_the_epoch_of_names_the_scripts_builder_call(tmp_path):
+    """MagFace builds its shuffling sampler in a loader helper and runs its epoch loop around a train-one-epoch
+    function: the finding at the sampler names the script's call of the helper, where the loader comes in."""
+    loader = ("import torch\nfrom torch.utils.data import DataLoader, DistributedSampler\ndef train_loader(args):\n"
+              "    sampler = DistributedSampler(ds, shuffle=True)\n    return DataLoader(ds, sampler=sampler)\n")
+    script = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "import dataloader_dist\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+              "def do_train(loader, model):\n    for x in loader:\n        model(x).sum().backward()\n"
+              "def main():\n    model = DDP(Net())\n    loader = dataloader_dist.train_loader(args)\n"
+              "    for epoch in range(10):\n        do_train(loader, model)\nmain()\n")
+    root = _project(tmp_path, {"dataloader_dist.py": loader, "train.py": script})
+    found = [f for f in audit.audit_paths([root]) if f.rule == "set-epoch-missing"]
+    assert found and ("train.py", 11) in [(Path(p).name, line) for p, line in found[0].related], found

@@ -82,3 +82,41 @@ def loaded_from_a_checkpoint(f: Facts, m: Module, scope: ast.AST, c: ast.Call, n
     return bool(binds) and all(isinstance(a.value, ast.Call) and any(
         f.p.function_does(tm, tf, lambda mm, cc: callee(cc) == "load" and "torch" in dotted(cc.func), 1)
         for tm, tf in f.p.resolve(m, a.value)) for a in binds)
+
+
+LABELISH = ("target", "label", "labels", "targets", "y", "gt")
+
+
+def over_gathered_labels(m: Module, scope: ast.AST) -> set[str]:
+    """Losses computed over every rank's labels: `target = ts.distributed.gather(target, dim=0)` then `loss_id,
+    loss_g, one_hot = criterion(output, target, x_norm)` (MagFace's model-parallel classifier): the loss covers the
+    global batch on every rank, so rank 0's value is the run's. Names assigned from a call handed the gathered
+    labels, and sums of them (`loss = loss_id + lam * loss_g`)."""
+    gathered = {dotted(t) for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                and "gather" in callee(a.value) and "dist" in dotted(a.value.func) and a.value.args
+                and dotted(a.value.args[0]).split(".")[-1] in LABELISH for t in a.targets}
+    if not gathered:
+        return set()
+    out: set[str] = set()
+    for _ in range(2):
+        for a in ast.walk(scope):
+            if not isinstance(a, ast.Assign):
+                continue
+            reads = {dotted(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))}
+            handed = isinstance(a.value, ast.Call) and reads & gathered
+            summed = isinstance(a.value, ast.BinOp) and any(LOSSISH.search(r) for r in reads) and all(
+                r in out for r in reads if LOSSISH.search(r))
+            if handed or summed:
+                out |= {dotted(x) for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])}
+    return out
+
+
+def every_loss_over_gathered_labels(m: Module, scope: ast.AST) -> bool:
+    """Every loss the function computes (a loss-named result of a call, or a sum of such) is over every rank's
+    labels (over_gathered_labels): so is each meter or record fed from them."""
+    over = over_gathered_labels(m, scope)
+    computed = {dotted(x) for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(
+        a.value, (ast.Call, ast.BinOp)) for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])
+        if LOSSISH.search(dotted(x)) and not (isinstance(a.value, ast.Call) and (
+            callee(a.value) in ("item", "float") or callee(a.value)[:1].isupper()))}  # (a meter: AverageMeter(...))
+    return bool(over) and bool(computed) and computed <= over

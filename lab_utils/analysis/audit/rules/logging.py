@@ -17,7 +17,14 @@ from ..consoles import (
 )
 from ..facts import Facts
 from ..gathers import global_model_losses
-from ..losses import handed_global, holds_a_loss_module, loaded_from_a_checkpoint, loss_module, origins
+from ..losses import (
+    every_loss_over_gathered_labels,
+    handed_global,
+    holds_a_loss_module,
+    loaded_from_a_checkpoint,
+    loss_module,
+    origins,
+)
 from ..project import Module
 from ..registry import Hit, rule
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee, const_str, dotted, kw, root
@@ -418,6 +425,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
         lossy -= global_model_losses(f, m, scope)
+        if every_loss_over_gathered_labels(m, scope):
+            continue  # MagFace: the model-parallel loss covers every rank's labels; its meters hold the global one
         lossy = {n for n in lossy if not handed_global(f, m, scope, n)
                  and not loaded_from_a_checkpoint(f, m, scope, c, n)}
         lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)}

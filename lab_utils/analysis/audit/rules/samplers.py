@@ -99,7 +99,7 @@ def set_epoch_missing(f: Facts, m: Module):
     if not set_epochs:
         what = ("every epoch repeats epoch 0's order, and the run leaves the single run at the first epoch boundary "
                 "— call sampler.set_epoch(epoch) at the top of each epoch")
-        site = f.entry_site(m, made[0])
+        site = entry = f.entry_site(m, made[0])
         if site is None or not _has_epoch_loop(site[0]):
             site = _epoch_loop_caller(f, m, made[0])
         if site is not None and _has_epoch_loop(site[0]):
@@ -108,8 +108,9 @@ def set_epoch_missing(f: Facts, m: Module):
             yield Hit(site[1], f"{ast.unparse(site[1].func)}(...) makes a shuffling DistributedSampler "
                                f"({m.rel}:{made[0].lineno}) whose set_epoch nothing in the project calls: {what}",
                       module=site[0], related=((m, made[0]),))
-        else:
-            yield made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}"
+        else:  # (the script's call of the builder, whose epoch loop is around a train-one-epoch helper: MagFace)
+            yield Hit(made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}",
+                      related=((entry[0], entry[1]),) if entry is not None else ())
         return
     forgotten = _sampler_left_out(m, made, set_epochs)
     if forgotten is not None:
