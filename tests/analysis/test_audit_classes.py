@@ -1769,6 +1769,9 @@ CASES24 = [
     ("seed-per-rank", TASK_COPY.format(test="use_kd and task_id > 0"), TASK_COPY.format(test="use_kd")),
     ("seed-per-rank", TASK_COPY.format(test="task_id != 0"), TASK_COPY.format(test="use_kd or task_id > 0")),
     ("eval-padding-duplicates", DIST_EVAL.format(default="False"), DIST_EVAL.format(default="True")),
+    # ... but `--distributed` (3D-ResNets), off by default too, is how the DDP run is asked for
+    ("eval-padding-duplicates", DIST_EVAL.format(default="False"),
+     DIST_EVAL.format(default="False").replace("dist-eval", "distributed").replace("dist_eval", "distributed")),
     ("ddp-forward-under-rank0", RANK0_VALID.format(norm="nn.InstanceNorm2d(8, affine=True)"),
      RANK0_VALID.format(norm="nn.BatchNorm2d(8)")),
     ("ddp-forward-under-rank0", RANK0_VALID.format(norm="nn.LayerNorm(8)"),

@@ -396,7 +396,8 @@ def eval_padding_duplicates(f: Facts, m: Module):
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
         if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")):
             continue
-        if f.off_by_default(m, c):
+        flag = f.off_by_default(m, c)
+        if flag and not DIST_SWITCH.search(flag):  # (`--distributed` itself is how the DDP run is asked for)
             continue  # `if args.dist_eval:` on a store_true option (DeiT, DyTox): the default run evaluates whole
         if asked and _kept_for_training(m, c):
             continue
