@@ -1845,7 +1845,15 @@ GATHERED_LABELS = ("import builtins\nif rank != 0:\n    builtins.print = lambda 
                    "    loss = loss_id + 0.1 * loss_g\n    loss.backward()\n    losses.update(loss.item())\n"
                    "    print(f'loss {{losses.avg}}')\n")
 
+# Held-out batch 30's class: Jukebox's `log_input_output = (logger.iters % hps.save_iters == 0)`, where logger is
+# built with the rank: a step-count flag on every rank, so the all-gather it gates is reached by every rank
+PERIODIC = ("logger = init_logging(hps, local_rank, rank)\nmodel = DDP(Net())\nfor i, x in enumerate(loader):\n"
+            "    model(x).sum().backward()\n    log_io = ({test})\n    if log_io:\n"
+            "        out = [torch.zeros_like(x) for _ in range(2)]\n        dist.all_gather(out, x)\n")
+
 CASES28 = [
+    ("collective-under-rank0", PERIODIC.format(test="logger.iters % hps.save_iters == 0"),
+     PERIODIC.format(test="rank == 0")),
     ("rank0-local-loss", GATHERED_LABELS.format(gather="    target = ts.distributed.gather(target, dim=0)\n"),
      GATHERED_LABELS.format(gather="")),
     ("save-on-every-rank", PRIMARY.format(test="dist.get_rank() == 0"), PRIMARY.format(test="True")),

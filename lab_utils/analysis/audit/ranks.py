@@ -11,7 +11,9 @@ from .project import Module, Project
 from .syntax import (
     DIST_SWITCH,
     RANK0_NAME,
+    RANKISH,
     WORLDISH,
+    always_returns,
     callee,
     const_str,
     dotted,
@@ -268,6 +270,9 @@ class Guards:
                 op = {ast.Gt: ast.Lt(), ast.Lt: ast.Gt(), ast.GtE: ast.LtE(), ast.LtE: ast.GtE()}.get(type(op), op)
             if not involves_rank(left, m.rank_tainted):
                 return None
+            if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod) and isinstance(left.left, ast.Attribute) \
+                    and not RANKISH.search(left.left.attr):
+                return None  # `logger.iters % hps.save_iters == 0` (Jukebox): a step count, not the rank
             if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Set, ast.Tuple, ast.List)):
                 has0 = any(isinstance(e, ast.Constant) and e.value == 0 for e in right.elts)
                 if has0:
@@ -300,7 +305,7 @@ class Guards:
                 return self.flag_kinds[m.rel][name]
             if not shallow and isinstance(t, ast.Name) and self._param_given_rank0(m, t):
                 return "rank0"  # (a parameter handed `rank == 0` is tainted by the rank, but no rank number)
-            if involves_rank(t, m.rank_tainted) and not RANK0_NAME.search(name):
+            if involves_rank(t, m.rank_tainted) and not RANK0_NAME.search(name) and not _periodic(m, name):
                 return "not0"  # `if local_rank:` is true on every rank but 0
         return None
 
@@ -454,7 +459,7 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
         for s in n.body if isinstance(getattr(n, "body", None), list) else []:
             if s is child:
                 break
-            if isinstance(s, ast.If) and is_switch_test(s.test) and _always_returns(s.body):
+            if isinstance(s, ast.If) and is_switch_test(s.test) and always_returns(s.body):
                 return s.test
             if isinstance(s, ast.If) and _returns_unless_launched(s):
                 return s.test
@@ -464,17 +469,6 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
             break
         child, n = n, m.parent.get(id(n))
     return None
-
-
-def _always_returns(body: list) -> bool:
-    """The block ends in a return on every path: `return x`, or an if/else whose arms both do
-    (`if get_world_size() == 1: if cat: return input else: return input.unsqueeze(0)`, GANgealing's all_gather)."""
-    if not body:
-        return False
-    last = body[-1]
-    if isinstance(last, (ast.Return, ast.Raise)):
-        return True
-    return isinstance(last, ast.If) and _always_returns(last.body) and _always_returns(last.orelse)
 
 
 def _returns_unless_launched(s: ast.If) -> bool:
@@ -595,3 +589,10 @@ def rank0_writer(p, m: Module, value: ast.AST) -> bool:
         and any(isinstance(x, ast.Call) and callee(x) == "write" for b in n.body for x in ast.walk(b))
         for n in ast.walk(write))
 
+
+def _periodic(m: Module, name: str) -> bool:
+    """`log_input_output = (logger.iters % hps.save_iters == 0)`: a flag of a step count, not of the rank."""
+    values = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)]
+    return bool(values) and all(isinstance(v, ast.Compare) and (not involves_rank(v.left, m.rank_tainted) or isinstance(
+        v.left, ast.BinOp) and isinstance(v.left.op, ast.Mod) and isinstance(v.left.left, ast.Attribute)
+        and not RANKISH.search(v.left.left.attr)) for v in values)  # (or `(i == 0)`, the first batch)

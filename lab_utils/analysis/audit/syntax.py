@@ -215,3 +215,14 @@ def dict_view(it: ast.AST) -> bool:
         it = it.args[0]
     return isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items",
                                                                                                "values")
+
+
+def always_returns(body: list) -> bool:
+    """The block ends in a return on every path: `return x`, or an if/else whose arms both do
+    (`if get_world_size() == 1: if cat: return input else: return input.unsqueeze(0)`, GANgealing's all_gather)."""
+    if not body:
+        return False
+    last = body[-1]
+    if isinstance(last, (ast.Return, ast.Raise)):
+        return True
+    return isinstance(last, ast.If) and always_returns(last.body) and always_returns(last.orelse)
