@@ -1851,7 +1851,21 @@ PERIODIC = ("logger = init_logging(hps, local_rank, rank)\nmodel = DDP(Net())\nf
             "    model(x).sum().backward()\n    log_io = ({test})\n    if log_io:\n"
             "        out = [torch.zeros_like(x) for _ in range(2)]\n        dist.all_gather(out, x)\n")
 
+# Oscar: the group is set up in the else of `if args.local_rank == -1 or args.no_cuda:`, and main() (long, with an
+# is_initialized() check around another call) all-reduces its metrics at every checkpoint, outside the switch
+OSCAR_MAIN = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+              "def main(args):\n    torch.manual_seed(0)\n    if args.local_rank == -1 or args.no_cuda:\n"
+              "        device = 'cpu'\n    else:\n        dist.init_process_group('nccl')\n"
+              "    model = Net()\n    if dist.is_initialized():\n        model = DDP(model)\n"
+              + "".join(f"    step{i} = {i}\n" for i in range(12)) +
+              "    for step, x in enumerate(loader):\n        loss = model(x).sum()\n        loss.backward()\n"
+              "        if step % 100 == 0:\n            m = torch.tensor([loss.item()])\n{reduce}"
+              "main(args)\n")
+
 CASES28 = [
+    ("collective-outside-switch",
+     OSCAR_MAIN.format(reduce="            if dist.is_initialized():\n                dist.all_reduce(m)\n"),
+     OSCAR_MAIN.format(reduce="            dist.all_reduce(m)\n"), ""),
     ("collective-under-rank0", PERIODIC.format(test="logger.iters % hps.save_iters == 0"),
      PERIODIC.format(test="rank == 0")),
     ("rank0-local-loss", GATHERED_LABELS.format(gather="    target = ts.distributed.gather(target, dim=0)\n"),

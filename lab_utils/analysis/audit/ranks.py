@@ -440,6 +440,8 @@ def group_check(test: ast.AST) -> bool:
 def is_switch_test(test: ast.AST) -> bool:
     """A test of whether the run is distributed (`args.distributed`, `ddp`, `world_size > 1`,
     `dist.is_initialized()`), not of the rank."""
+    if is_switch_value(test) or isinstance(test, ast.BoolOp) and any(is_switch_value(v) for v in test.values):
+        return True  # `if args.local_rank == -1 or args.no_cuda:` (Oscar): one arm is the one-process run
     return involves(test, DIST_SWITCH) or involves(test, WORLDISH) or group_check(test) or any(
         isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.In, ast.NotIn))
         and "environ" in dotted(n.comparators[0]) and const_str(n.left) in LAUNCH_KEYS for n in ast.walk(test))

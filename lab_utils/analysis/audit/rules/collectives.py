@@ -10,7 +10,7 @@ from ..facts import Facts
 from ..project import Module
 from ..ranks import distributed_switch, group_check, one_process_arm, switched
 from ..registry import Hit, rule
-from ..syntax import WORLDISH, callee, const_str, const_value, dotted, involves, kw, root
+from ..syntax import WORLDISH, always_returns, callee, const_str, const_value, dotted, involves, kw, root
 
 
 @rule("collective-under-rank0", "00_preflight", "a collective only rank 0 (or only the others) reaches: the "
@@ -203,8 +203,7 @@ def collective_outside_switch(f: Facts, m: Module):
         if any(switched(f.p, cm, cc) is not None for cm, cc in sites) or fn is not None and \
                 _called_under_switch(f, m, fn):
             continue  # the helper is only called under the switch
-        if fn is not None and (any(isinstance(n, ast.Call) and callee(n) in GROUP_CHECKS for n in ast.walk(fn))
-                               or _checked_first(f, m, fn)):
+        if fn is not None and (_group_checked_before(m, fn, c) or _checked_first(f, m, fn)):
             continue  # the helper checks the group itself
         if fn is not None and fn in told:
             continue  # one finding per helper: its barrier and its all_reduce are one defect
@@ -241,6 +240,16 @@ def _entry_sites(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> list[tuple
                     nxt.append((cm, cm.enclosing(c)))
         frontier = nxt
     return out
+
+
+def _group_checked_before(m: Module, fn: ast.AST, c: ast.Call) -> bool:
+    """The function asks whether the group exists around `c` or before it (`if not dist.is_initialized(): return`
+    in a helper); a check elsewhere in a long main() (Oscar's, around another call) does not cover `c`."""
+    checks = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and callee(n) in GROUP_CHECKS]
+    small = sum(isinstance(n, ast.stmt) for n in ast.walk(fn)) <= 15
+    return bool(checks) and (small or any(n.lineno <= c.lineno and any(
+        isinstance(up, ast.If) and any(x is n for x in ast.walk(up.test)) and (
+            any(y is c for y in ast.walk(up)) or always_returns(up.body)) for up in m.nodes) for n in checks))
 
 
 def _optional_group(m: Module, init: ast.Call) -> bool:
