@@ -55,7 +55,7 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
         # a named logger propagates its records to the root's handlers, and to those of the loggers above it
         return held is not None and (_root_console_on_every_rank(f) or _basic_config_on_every_rank(f) or bool(
             held) and any(held == n or held.startswith(n + ".") for n in _named_consoles_on_every_rank(f)))
-    if _unseen_setup_given_the_rank(f):
+    if _unseen_setup_given_the_rank(f) or info_on_rank0_only(f, m, c):
         return False
     return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
                    for mm in f.p.modules.values() for b in mm.calls)
@@ -69,15 +69,37 @@ def _unseen_setup_given_the_rank(f: Facts) -> bool:
         for mm in f.p.modules.values() for c in mm.calls)
 
 
+INFO_CALLS = ("info", "debug")
+
+
+def level_chosen_by_rank(f: Facts) -> bool:
+    """Some `basicConfig(level=INFO if rank in [-1, 0] else WARN)` or `setLevel(...)` under a rank test (MSN's
+    `if rank == 0: logger.setLevel(INFO) else: logger.setLevel(ERROR)`) picks the logging level by rank."""
+    cache = f.cache.setdefault("level_chosen_by_rank", {})
+    if "" not in cache:
+        cache[""] = any(callee(c) in ("setLevel", "basicConfig") and not re.search(r"handler", dotted(
+            c.func), re.I) and (any(
+            involves_rank(a, mm.rank_tainted) for a in [*c.args, *(k.value for k in c.keywords)]) or _under_rank_test(
+            mm, c)) for mm in f.p.modules.values() for c in mm.calls)
+    return cache[""]
+
+
+def info_on_rank0_only(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`logger.info(...)` through the root logger, or a logger whose records reach it (`getLogger(__name__)`), in a
+    project that picks the logging level by rank (Oscar, MSN): the INFO lines the user reads are rank 0's."""
+    if not (isinstance(c.func, ast.Attribute) and c.func.attr in INFO_CALLS) or not level_chosen_by_rank(f):
+        return False
+    held = dotted(c.func.value)
+    return held == "logging" or isinstance(c.func.value, ast.Name) and _held_logger_name(m, c, held) is not None
+
+
 def _basic_config_on_every_rank(f: Facts) -> bool:
     """`logging.basicConfig(level=logging.INFO)` that every rank runs (no rank guard, no level chosen by rank,
     no `setLevel(INFO if rank == 0 else WARN)` anywhere): each rank's root logger writes its INFO lines to the
     console, so a named logger's records (`getLogger(__name__)`) reach it from every rank."""
     configs = [(mm, b) for mm in f.p.modules.values() for b in mm.calls if callee(b) == "basicConfig"]
-    by_rank = any(callee(c) in ("setLevel", "basicConfig") and (any(
-        involves_rank(a, mm.rank_tainted) for a in [*c.args, *(k.value for k in c.keywords)]) or _under_rank_test(
-        mm, c)) for mm in f.p.modules.values() for c in mm.calls)
-    return bool(configs) and not by_rank and not any(f.g.effective(mm, b) in ("rank0", "not0") for mm, b in configs)
+    return bool(configs) and not level_chosen_by_rank(f) and not any(
+        f.g.effective(mm, b) in ("rank0", "not0") for mm, b in configs)
 
 
 def _under_rank_test(m: Module, node: ast.AST) -> bool:
@@ -180,7 +202,11 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
 
 
 def log_name(c: ast.Call) -> str:
-    """A log call's name; `sys.stdout.write(...)` is a print."""
+    """A log call's name; `sys.stdout.write(...)` is a print, and `print(x, file=fh)` into an opened file (MSN's
+    CSVLogger, one file per rank) a file write, which no console shows."""
+    if callee(c) == "print" and kw(c, "file") is not None and dotted(kw(c, "file")) not in ("sys.stdout",
+                                                                                         "sys.stderr"):
+        return "write"
     return "print" if dotted(c.func) in ("sys.stdout.write", "sys.stderr.write") else callee(c)
 
 

@@ -137,6 +137,13 @@ class Facts:
     def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
         """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
         def collective_helper(c):  # a helper that reduces (a barrier or a broadcast averages nothing)
+            if _function_apply(c):  # `AllReduce.apply(loss)`: an autograd Function whose forward all-reduces (I-JEPA)
+                name = c.func.value.id
+                held = m if name in m.classes else self.p.module_for(m, name) if name in m.imports else None
+                cls = name if held is m else (m.imports[name][1] or name) if held is not None else ""
+                fwd = held.functions.get(f"{cls}.forward") if held is not None else None
+                return fwd is not None and any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce")
+                                               for n in ast.walk(fwd))
             return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING and not layer_call(
                 mm.nodes, cc), depth=3)
                        for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
@@ -465,7 +472,12 @@ class Facts:
             return loop is not None and any(isinstance(c, ast.Call) and any(
                 self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2) for tm, tf in self.p.resolve(m, c))
                 for c in ast.walk(loop))
-        return self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2) or self._hook_of_a_step_loop(m, fn, steps)
+        if self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2) or self._hook_of_a_step_loop(m, fn, steps):
+            return True
+        # a closure the training loop defines and calls (MSN's `def log_stats(): logger.info(...)` next to its
+        # `def train_step(): ... loss.backward()`): the loop around it is what trains
+        outer = m.enclosing(fn)
+        return isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.trains(m, fn)
 
     def _hook_of_a_step_loop(self, m: Module, fn: ast.AST, steps) -> bool:
         """A hook that a training loop calls next to its step (`for self.iter in ...: self.train_one_iter();
@@ -557,3 +569,8 @@ class Facts:
         return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in dotted(
             cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2)
             for tm, tf in self.p.resolve(m, c))
+
+
+def _function_apply(c: ast.Call) -> bool:
+    """`Name.apply(x)`: how an autograd.Function runs its forward."""
+    return isinstance(c.func, ast.Attribute) and c.func.attr == "apply" and isinstance(c.func.value, ast.Name)

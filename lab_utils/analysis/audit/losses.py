@@ -1,15 +1,17 @@
-"""What a logged name holds: the loss function rather than a loss value, the name a loss was copied from, or a value
-that is already the global batch's because every caller of the logging function hands it one. The logging rules
-ask this before they call a log rank 0's own loss."""
+"""What a logged name holds: the loss function rather than a loss value, the name a loss was copied from, a value
+that is already the global batch's because every caller of the logging function hands it one, or a loss carried
+into the log by a record, a meter, a helper's return or an instance attribute. The logging rules ask this before
+they call a log rank 0's own loss."""
 
 from __future__ import annotations
 
 import ast
+import re
 
 from .facts import Facts
 from .gathers import global_model_losses
 from .project import Module
-from .syntax import LOSSISH, callee, dotted, root
+from .syntax import LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, root
 
 
 def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
@@ -120,3 +122,211 @@ def every_loss_over_gathered_labels(m: Module, scope: ast.AST) -> bool:
         if LOSSISH.search(dotted(x)) and not (isinstance(a.value, ast.Call) and (
             callee(a.value) in ("item", "float") or callee(a.value)[:1].isupper()))}  # (a meter: AverageMeter(...))
     return bool(over) and bool(computed) and computed <= over
+
+
+# which names in a logging scope carry a loss value: packed into records, returned by helpers, fed to meters
+
+def text_of(v: ast.AST) -> bool:
+    """A string built from values: an f-string, `'...'.format(...)`, `'...' % (...)`."""
+    return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
+        v.func.attr in ("format", "join") and isinstance(v.func.value, ast.Constant) or isinstance(v, ast.BinOp) and \
+        isinstance(v.op, ast.Mod) and isinstance(v.left, ast.Constant) and isinstance(v.left.value, str)
+
+
+def assigned_roots(a: ast.Assign) -> set[str]:
+    """The names an assignment binds, tuple targets unpacked."""
+    return {root(e) for t in a.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])} - {""}
+
+
+def packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
+    """Losses packed into a record that is then logged: `stats = dict(epoch=epoch, loss=loss.item())` ...
+    `print(json.dumps(stats))`; the loss values' own names."""
+    out = set()
+    for a in ast.walk(scope):
+        if not (isinstance(a, ast.Assign) and any(dotted(t) in names for t in a.targets)
+                and isinstance(a.value, (ast.Call, ast.Dict))):
+            continue
+        v = a.value
+        if isinstance(v, ast.Dict):  # {"loss": loss.item(), ...}; a **spread has no key
+            pairs = [(const_str(k), val) for k, val in zip(v.keys, v.values, strict=True)]
+        else:  # dict(loss=loss.item(), ...)
+            pairs = [(k.arg, k.value) for k in v.keywords] if callee(v) == "dict" else []
+        for key, val in pairs:
+            if key and LOSSISH.search(key) and not NOT_A_LOSS.search(key):
+                out |= {root(n) for n in ast.walk(val) if isinstance(n, (ast.Name, ast.Attribute))
+                        and LOSSISH.search(root(n))}
+    return out
+
+
+def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set[str]:
+    """Names holding what a project function returns when that is its own running loss: `train_mae =
+    train(model, loader, opt)` whose body ends `return loss_accum / (step + 1)` with `loss_accum += loss.item()`
+    and no reduction over ranks; the name says nothing, the function's return does."""
+    out = set()
+    for a in ast.walk(scope):
+        if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and assigned_roots(a) & names):
+            continue
+        for tm, tf in f.p.resolve(m, a.value, exact=True):
+            rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
+            holding = _holding_a_loss(tf)
+            lossy = [r for r in rets if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in holding
+                                            for n in ast.walk(r)) and not any(
+                isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(r))]  # reduced on return
+            if lossy and len(lossy) == len(rets) and not f.reduced_names(tm, tf) & {
+                    root(n) for r in rets for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))}:
+                out |= assigned_roots(a) & names
+    return out
+
+
+def _holding_a_loss(fn: ast.AST) -> set[str]:
+    """Names in fn that hold a loss: named so, or fed from one (`acc += loss.item()`), to a fixpoint."""
+    held = {root(n) for n in ast.walk(fn) if isinstance(n, (ast.Name, ast.Attribute))
+            and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}
+    assigns = [a for a in ast.walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None]
+    for _ in range(3):
+        for a in assigns:
+            if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held for n in ast.walk(a.value)):
+                held |= {root(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
+    return held
+
+
+def looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
+    """Losses logged one by one from their container: `for k, v in loss_meter.items(): writer.add_scalar(k,
+    v.latest)`; the container's name stands for the logged values (so a reduced container still counts as
+    reduced). Only a loop around the log or a comprehension inside it: elsewhere the same name (`name`) is
+    another variable."""
+    out = set()
+    loops, n = [x for x in ast.walk(c) if isinstance(x, ast.comprehension)], m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        loops += [n] if isinstance(n, ast.For) else []
+        n = m.parent.get(id(n))
+    for loop in loops:
+        if not (isinstance(loop, (ast.For, ast.comprehension))
+                and {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} & names):
+            continue
+        out |= {root(n) for n in ast.walk(loop.iter) if isinstance(n, (ast.Name, ast.Attribute))
+                and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}
+    return out
+
+
+def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
+    """Meters and records a loss is fed into, whatever their names: `meter.update(loss.item(), n)`,
+    `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss. `seed`:
+    the instance's records that other methods feed (`self.stats[k].append(loss.item())`)."""
+    out = set(seed)
+    out |= _fed_records(scope, out)
+    # a record filled by key: `scalars_to_log['level_0/loss'] = rgb_loss.item()` (NeRF++), logged key by key
+    for a in ast.walk(scope):
+        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
+                if isinstance(n, (ast.Name, ast.Attribute))) and not loss_module(a.value):
+            out |= {root(t.value) for t in a.targets if isinstance(t, ast.Subscript)
+                    and not NOT_A_LOSS.search(root(t.value))}
+    out |= _texts_of_losses(scope, out)
+    # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
+    # losses, top1])` ... `progress.display(i)`; so does a list of the losses (`data = [('G', self.g_loss), ...]`),
+    # the statistics returned beside the loss (`loss, stats = self.actor(data)`, OSTrack), and the values a loop
+    # takes out of a record (`for name, val in self.stats[split].items():`)
+    for _ in range(2):
+        for a in ast.walk(scope):
+            if isinstance(a, ast.Assign) and isinstance(a.targets[0], ast.Tuple):
+                names = [e.id for e in a.targets[0].elts if isinstance(e, ast.Name)]
+                if any(LOSSISH.search(n) and not NOT_A_LOSS.search(n) for n in names):
+                    out |= {n for n in names if STATISH.search(n)}
+            if isinstance(a, (ast.For, ast.comprehension)) and root(a.iter) in out - {""}:
+                out |= _values_taken(a)
+            if isinstance(a, ast.Assign) and isinstance(a.value, (ast.List, ast.Tuple)) and any(
+                    isinstance(n, (ast.Name, ast.Attribute)) and (root(n) in out or LOSSISH.search(root(n)) and
+                                                                  not NOT_A_LOSS.search(root(n)))
+                    for n in ast.walk(a.value)):
+                out |= {dotted(t) for t in a.targets} - {""}
+            if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+                    isinstance(n, ast.Name) and n.id in out for arg in [*a.value.args, *[k.value for k in
+                                                                                         a.value.keywords]]
+                    for n in ast.walk(arg)):
+                out |= {dotted(t) for t in a.targets} - {""}
+        out |= _fed_records(scope, out)
+    return (out | _texts_of_losses(scope, out)) - {""}
+
+
+def _values_taken(loop: ast.AST) -> set[str]:
+    """The loop names that hold a record's values: `v` in `for k, v in rec.items()` or `for v in rec.values()`;
+    not a key (`for k in rec:`), which names an entry and holds no loss."""
+    it = loop.iter
+    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute)):
+        return set()
+    if it.func.attr == "values":
+        return {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    if it.func.attr == "items" and isinstance(loop.target, ast.Tuple) and len(loop.target.elts) == 2:
+        return {n.id for n in ast.walk(loop.target.elts[1]) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _fed_records(scope: ast.AST, out: set[str]) -> set[str]:
+    """Records fed a loss, or a value taken out of a loss record: `meter.update(loss.item(), n)`,
+    `metric_logger.update(loss=loss_value)`, `self.stats[name].update(val)` in `for name, val in
+    new_stats.items()`."""
+    fed_to = set()
+    for c in ast.walk(scope):
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
+                "update", "append", "add_", "add", "put", "extend")):
+            continue
+        fed = [*c.args, *[k.value for k in c.keywords]]
+        keys = {k.arg or "" for k in c.keywords}
+        if any(LOSSISH.search(k) and not NOT_A_LOSS.search(k) for k in keys) or any(
+                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or isinstance(n, ast.Name) and n.id in out
+                for v in fed for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))):
+            fed_to.add(root(c.func.value))
+    return fed_to
+
+
+def _texts_of_losses(scope: ast.AST, out: set[str]) -> set[str]:
+    """A line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`, or
+    from a value a loop took out of a loss record (`print_str += '%s: %.5f' % (name, val.avg)`)."""
+    return {dotted(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and text_of(a.value)
+            and any(LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or root(n) in out
+                    for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute)))
+            for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
+
+
+STATISH = re.compile(r"stat|log|info|metric|summar", re.I)
+
+
+def instance_carriers(m: Module, scope: ast.AST) -> frozenset:
+    """The `self.` records a method's class feeds a loss into anywhere (`self.stats[k].append(loss.item())` in the
+    step, printed by print_stats), also through another method it hands a loss record to
+    (`self._update_stats(stats, n)`, whose parameter fills `self.stats`)."""
+    cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    if cls is None:
+        return frozenset()
+    methods = {k.split(".", 1)[1]: fn for k, fn in m.functions.items() if k.startswith(cls + ".")}
+    seeds: dict[str, set[str]] = {name: set() for name in methods}
+    found: set[str] = set()
+    for _ in range(2):
+        for name, fn in methods.items():
+            held = loss_carriers(fn, frozenset(seeds[name]) | frozenset(found))
+            found |= {n.split("[")[0] for n in held if n.startswith("self.")}  # self.stats[] is self.stats
+            for c in ast.walk(fn):  # self.meth(record, ...): the parameter that receives it holds the record
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self" \
+                        and c.func.attr in methods:
+                    params = [x.arg for x in methods[c.func.attr].args.args][1:]
+                    seeds[c.func.attr] |= {params[i] for i, a in enumerate(c.args)
+                                           if i < len(params) and root(a) in held}
+    return frozenset(found)
+
+
+def instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
+    """`self.` attributes the method's class sets from its own unreduced loss in some method (`self.d_loss =
+    float(total_disc_loss.item() / n)` in the step, printed by print_log): the step's loss, held on the
+    instance."""
+    cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    out: set[str] = set()
+    for fn in (m.functions[k] for k in m.functions if cls and k.startswith(cls + ".")):
+        held, red = _holding_a_loss(fn), f.reduced_names(m, fn)
+        for a in ast.walk(fn):
+            if isinstance(a, ast.Assign) and any(dotted(t).startswith("self.") for t in a.targets) and any(
+                    isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held and root(n) not in red
+                    for n in ast.walk(a.value)) and not any(
+                    isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(a.value)):
+                out |= {dotted(t) for t in a.targets if dotted(t).startswith("self.")}
+    return out

@@ -6,8 +6,9 @@ from __future__ import annotations
 import ast
 import re
 
-RANKISH = re.compile(r"(^|(?<!per)_)rank$|^rank|local_rank|master_process|is_main|is_master|main_process|is_rank_zero"
-                     r"|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d")
+# a rank value's name; `per_rank`, `negative_all_rank` (BLIP's flag: negatives from every rank) name no rank
+RANKISH = re.compile(r"(^|(?<!per)(?<!all)(?<!each)(?<!every)(?<!cross)_)rank$|^rank|local_rank|master_process"
+                     r"|is_main|is_master|main_process|is_rank_zero|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d")
 WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus|get_world_size|num_processes|nprocs|WORLD_SIZE")
 RANK0_NAME = re.compile(r"master|is_main|main_process|rank_zero|is_rank0|is_primary|rank0$")
 BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")

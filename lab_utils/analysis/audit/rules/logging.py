@@ -8,6 +8,7 @@ import ast
 import re
 
 from ..consoles import (
+    info_on_rank0_only,
     meter_print_calls,
     meter_prints,
     rank0_loggers,
@@ -18,12 +19,18 @@ from ..consoles import (
 from ..facts import Facts
 from ..gathers import global_model_losses
 from ..losses import (
+    assigned_roots,
     every_loss_over_gathered_labels,
     handed_global,
     holds_a_loss_module,
+    instance_carriers,
+    instance_losses,
     loaded_from_a_checkpoint,
-    loss_module,
+    looped_losses,
+    loss_carriers,
     origins,
+    packed_losses,
+    returned_losses,
 )
 from ..project import Module
 from ..registry import Hit, rule
@@ -31,200 +38,6 @@ from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee
 
 ABORTS = {"exit", "_exit", "abort", "stop"}
 NONFINITE = {"isfinite", "isnan", "isinf"}
-
-
-def _packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
-    """Losses packed into a record that is then logged: `stats = dict(epoch=epoch, loss=loss.item())` ...
-    `print(json.dumps(stats))`; the loss values' own names."""
-    out = set()
-    for a in ast.walk(scope):
-        if not (isinstance(a, ast.Assign) and any(dotted(t) in names for t in a.targets)
-                and isinstance(a.value, (ast.Call, ast.Dict))):
-            continue
-        v = a.value
-        if isinstance(v, ast.Dict):  # {"loss": loss.item(), ...}; a **spread has no key
-            pairs = [(const_str(k), val) for k, val in zip(v.keys, v.values, strict=True)]
-        else:  # dict(loss=loss.item(), ...)
-            pairs = [(k.arg, k.value) for k in v.keywords] if callee(v) == "dict" else []
-        for key, val in pairs:
-            if key and LOSSISH.search(key) and not NOT_A_LOSS.search(key):
-                out |= {root(n) for n in ast.walk(val) if isinstance(n, (ast.Name, ast.Attribute))
-                        and LOSSISH.search(root(n))}
-    return out
-
-
-def _returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set[str]:
-    """Names holding what a project function returns when that is its own running loss: `train_mae =
-    train(model, loader, opt)` whose body ends `return loss_accum / (step + 1)` with `loss_accum += loss.item()`
-    and no reduction over ranks; the name says nothing, the function's return does."""
-    out = set()
-    for a in ast.walk(scope):
-        if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and _targets(a) & names):
-            continue
-        for tm, tf in f.p.resolve(m, a.value, exact=True):
-            rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
-            holding = _holding_a_loss(tf)
-            lossy = [r for r in rets if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in holding
-                                            for n in ast.walk(r)) and not any(
-                isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(r))]  # reduced on return
-            if lossy and len(lossy) == len(rets) and not f.reduced_names(tm, tf) & {
-                    root(n) for r in rets for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))}:
-                out |= _targets(a) & names
-    return out
-
-
-def _holding_a_loss(fn: ast.AST) -> set[str]:
-    """Names in fn that hold a loss: named so, or fed from one (`acc += loss.item()`), to a fixpoint."""
-    held = {root(n) for n in ast.walk(fn) if isinstance(n, (ast.Name, ast.Attribute))
-            and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}
-    assigns = [a for a in ast.walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None]
-    for _ in range(3):
-        for a in assigns:
-            if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held for n in ast.walk(a.value)):
-                held |= {root(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
-    return held
-
-
-def _looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
-    """Losses logged one by one from their container: `for k, v in loss_meter.items(): writer.add_scalar(k,
-    v.latest)`; the container's name stands for the logged values (so a reduced container still counts as
-    reduced). Only a loop around the log or a comprehension inside it: elsewhere the same name (`name`) is
-    another variable."""
-    out = set()
-    loops, n = [x for x in ast.walk(c) if isinstance(x, ast.comprehension)], m.parent.get(id(c))
-    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-        loops += [n] if isinstance(n, ast.For) else []
-        n = m.parent.get(id(n))
-    for loop in loops:
-        if not (isinstance(loop, (ast.For, ast.comprehension))
-                and {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} & names):
-            continue
-        out |= {root(n) for n in ast.walk(loop.iter) if isinstance(n, (ast.Name, ast.Attribute))
-                and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}
-    return out
-
-
-def _loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
-    """Meters and records a loss is fed into, whatever their names: `meter.update(loss.item(), n)`,
-    `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss. `seed`:
-    the instance's records that other methods feed (`self.stats[k].append(loss.item())`)."""
-    out = set(seed)
-    out |= _fed_records(scope, out)
-    # a record filled by key: `scalars_to_log['level_0/loss'] = rgb_loss.item()` (NeRF++), logged key by key
-    for a in ast.walk(scope):
-        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(
-                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
-                if isinstance(n, (ast.Name, ast.Attribute))) and not loss_module(a.value):
-            out |= {root(t.value) for t in a.targets if isinstance(t, ast.Subscript)
-                    and not NOT_A_LOSS.search(root(t.value))}
-    out |= _texts_of_losses(scope, out)
-    # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
-    # losses, top1])` ... `progress.display(i)`; so does a list of the losses (`data = [('G', self.g_loss), ...]`),
-    # the statistics returned beside the loss (`loss, stats = self.actor(data)`, OSTrack), and the values a loop
-    # takes out of a record (`for name, val in self.stats[split].items():`)
-    for _ in range(2):
-        for a in ast.walk(scope):
-            if isinstance(a, ast.Assign) and isinstance(a.targets[0], ast.Tuple):
-                names = [e.id for e in a.targets[0].elts if isinstance(e, ast.Name)]
-                if any(LOSSISH.search(n) and not NOT_A_LOSS.search(n) for n in names):
-                    out |= {n for n in names if STATISH.search(n)}
-            if isinstance(a, (ast.For, ast.comprehension)) and root(a.iter) in out - {""}:
-                out |= _values_taken(a)
-            if isinstance(a, ast.Assign) and isinstance(a.value, (ast.List, ast.Tuple)) and any(
-                    isinstance(n, (ast.Name, ast.Attribute)) and (root(n) in out or LOSSISH.search(root(n)) and
-                                                                  not NOT_A_LOSS.search(root(n)))
-                    for n in ast.walk(a.value)):
-                out |= {dotted(t) for t in a.targets} - {""}
-            if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
-                    isinstance(n, ast.Name) and n.id in out for arg in [*a.value.args, *[k.value for k in
-                                                                                         a.value.keywords]]
-                    for n in ast.walk(arg)):
-                out |= {dotted(t) for t in a.targets} - {""}
-        out |= _fed_records(scope, out)
-    return (out | _texts_of_losses(scope, out)) - {""}
-
-
-def _values_taken(loop: ast.AST) -> set[str]:
-    """The loop names that hold a record's values: `v` in `for k, v in rec.items()` or `for v in rec.values()`;
-    not a key (`for k in rec:`), which names an entry and holds no loss."""
-    it = loop.iter
-    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute)):
-        return set()
-    if it.func.attr == "values":
-        return {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-    if it.func.attr == "items" and isinstance(loop.target, ast.Tuple) and len(loop.target.elts) == 2:
-        return {n.id for n in ast.walk(loop.target.elts[1]) if isinstance(n, ast.Name)}
-    return set()
-
-
-def _fed_records(scope: ast.AST, out: set[str]) -> set[str]:
-    """Records fed a loss, or a value taken out of a loss record: `meter.update(loss.item(), n)`,
-    `metric_logger.update(loss=loss_value)`, `self.stats[name].update(val)` in `for name, val in
-    new_stats.items()`."""
-    fed_to = set()
-    for c in ast.walk(scope):
-        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
-                "update", "append", "add_", "add", "put", "extend")):
-            continue
-        fed = [*c.args, *[k.value for k in c.keywords]]
-        keys = {k.arg or "" for k in c.keywords}
-        if any(LOSSISH.search(k) and not NOT_A_LOSS.search(k) for k in keys) or any(
-                LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or isinstance(n, ast.Name) and n.id in out
-                for v in fed for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))):
-            fed_to.add(root(c.func.value))
-    return fed_to
-
-
-def _texts_of_losses(scope: ast.AST, out: set[str]) -> set[str]:
-    """A line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`, or
-    from a value a loop took out of a loss record (`print_str += '%s: %.5f' % (name, val.avg)`)."""
-    return {dotted(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and _text_of(a.value)
-            and any(LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or root(n) in out
-                    for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute)))
-            for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
-
-
-STATISH = re.compile(r"stat|log|info|metric|summar", re.I)
-
-
-def _instance_carriers(m: Module, scope: ast.AST) -> frozenset:
-    """The `self.` records a method's class feeds a loss into anywhere (`self.stats[k].append(loss.item())` in the
-    step, printed by print_stats), also through another method it hands a loss record to
-    (`self._update_stats(stats, n)`, whose parameter fills `self.stats`)."""
-    cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
-    if cls is None:
-        return frozenset()
-    methods = {k.split(".", 1)[1]: fn for k, fn in m.functions.items() if k.startswith(cls + ".")}
-    seeds: dict[str, set[str]] = {name: set() for name in methods}
-    found: set[str] = set()
-    for _ in range(2):
-        for name, fn in methods.items():
-            held = _loss_carriers(fn, frozenset(seeds[name]) | frozenset(found))
-            found |= {n.split("[")[0] for n in held if n.startswith("self.")}  # self.stats[] is self.stats
-            for c in ast.walk(fn):  # self.meth(record, ...): the parameter that receives it holds the record
-                if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self" \
-                        and c.func.attr in methods:
-                    params = [x.arg for x in methods[c.func.attr].args.args][1:]
-                    seeds[c.func.attr] |= {params[i] for i, a in enumerate(c.args)
-                                           if i < len(params) and root(a) in held}
-    return frozenset(found)
-
-
-def _instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
-    """`self.` attributes the method's class sets from its own unreduced loss in some method (`self.d_loss =
-    float(total_disc_loss.item() / n)` in the step, printed by print_log): the step's loss, held on the
-    instance."""
-    cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
-    out: set[str] = set()
-    for fn in (m.functions[k] for k in m.functions if cls and k.startswith(cls + ".")):
-        held, red = _holding_a_loss(fn), f.reduced_names(m, fn)
-        for a in ast.walk(fn):
-            if isinstance(a, ast.Assign) and any(dotted(t).startswith("self.") for t in a.targets) and any(
-                    isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held and root(n) not in red
-                    for n in ast.walk(a.value)) and not any(
-                    isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(a.value)):
-                out |= {dotted(t) for t in a.targets if dotted(t).startswith("self.")}
-    return out
 
 
 def _class_steps(m: Module, scope: ast.AST) -> bool:
@@ -261,13 +74,6 @@ def _set_only_before_spawn(f: Facts, attr: str) -> bool:
     return cache[attr]
 
 
-def _text_of(v: ast.AST) -> bool:
-    """A string built from values: an f-string, `'...'.format(...)`, `'...' % (...)`."""
-    return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
-        v.func.attr in ("format", "join") and isinstance(v.func.value, ast.Constant) or isinstance(v, ast.BinOp) and \
-        isinstance(v.op, ast.Mod) and isinstance(v.left, ast.Constant) and isinstance(v.left.value, str)
-
-
 def _keyed_not_loss(values: list, name: str) -> bool:
     """Every read of `name` in the logged values takes a key that is no loss: `info_dict['accum_grad']` of a
     dict that also carries the losses logs a setting."""
@@ -300,7 +106,7 @@ def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     n = m.parent.get(id(c))
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
         if isinstance(n, ast.If):
-            tests_nonfinite = any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(n.test))
+            tests_nonfinite = _needs_nonfinite(n.test)
             ends = any(isinstance(s, ast.Raise) or isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
                        and callee(s.value) in ABORTS for s in n.body)
             if tests_nonfinite or ends:
@@ -309,11 +115,15 @@ def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     return False
 
 
+def _needs_nonfinite(t: ast.AST) -> bool:
+    """The test holds only when a loss is NaN/inf: `if not math.isfinite(loss)`, `if rank == 0 and isnan(loss)`;
+    `if itr % log_freq == 0 or np.isnan(loss):` (MSN) also logs on a schedule."""
+    if isinstance(t, ast.BoolOp):
+        return (all if isinstance(t.op, ast.Or) else any)(_needs_nonfinite(v) for v in t.values)
+    return any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(t))
+
+
 CONSTISH = {"np", "numpy", "math", "float", "inf", "torch"}
-
-
-def _targets(a: ast.Assign) -> set[str]:
-    return {root(e) for t in a.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])} - {""}
 
 
 def _sharded(f: Facts, m: Module, call: ast.Call) -> bool:
@@ -330,7 +140,7 @@ def _sharded(f: Facts, m: Module, call: ast.Call) -> bool:
     samplers = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) for t in a.targets
                 if any(isinstance(v, ast.Call) and callee(v) in classes for v in branches(a.value))}
     for a in m.nodes:
-        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and _targets(a) & names:
+        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and assigned_roots(a) & names:
             s = kw(a.value, "sampler") or kw(a.value, "batch_sampler")
             if s is not None and any(isinstance(v, ast.Call) and callee(v) in classes or dotted(v) in samplers
                                      for v in branches(s)):
@@ -353,11 +163,11 @@ def _rank0_own(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     assigns = [a for a in _own_walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign))]
     own: set[str] = set()
     for _ in range(3):
-        own |= {t for a in assigns if isinstance(a, ast.Assign) and source(a.value, own) for t in _targets(a)}
+        own |= {t for a in assigns if isinstance(a, ast.Assign) and source(a.value, own) for t in assigned_roots(a)}
     for a in assigns:  # a name also fed from elsewhere (not a starting constant like np.inf) is not rank 0's own
         if isinstance(a, ast.AugAssign) or not source(a.value, own) and any(
                 isinstance(n, ast.Name) and n.id not in CONSTISH for n in ast.walk(a.value)):
-            own -= _targets(a) if isinstance(a, ast.Assign) else {root(a.target)}
+            own -= assigned_roots(a) if isinstance(a, ast.Assign) else {root(a.target)}
     cache[(m.rel, id(scope))] = own
     return own
 
@@ -415,10 +225,10 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
-        held = _instance_carriers(m, scope)
-        carriers = _loss_carriers(scope, held)
-        lossy |= _packed_losses(scope, names - lossy) | (names & carriers) | _looped_losses(m, c, names)
-        lossy |= _returned_losses(f, m, scope, names - lossy)
+        held = instance_carriers(m, scope)
+        carriers = loss_carriers(scope, held)
+        lossy |= packed_losses(scope, names - lossy) | (names & carriers) | looped_losses(m, c, names)
+        lossy |= returned_losses(f, m, scope, names - lossy)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
         lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
@@ -430,12 +240,13 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy = {n for n in lossy if not handed_global(f, m, scope, n)
                  and not loaded_from_a_checkpoint(f, m, scope, c, n)}
         lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)}
-        own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & _instance_losses(f, m, scope) \
+        own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)) or \
                 _reports_an_abort(m, c) or f.off_by_default(m, c):
             continue  # (last: a log under an option unset unless given, DLRM's print of a loaded model's loss)
-        red = f.reduced_names(m, scope)
+        outer = _outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
+        red = f.reduced_names(m, scope) | (f.reduced_names(m, outer) if outer not in (None, scope) else set())
         red = {r for r in red if not _reduced_only_later(m, scope, c, r, red)}
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
@@ -488,11 +299,26 @@ def rank0_local_loss(f: Facts, m: Module):
     yield from (hit for hit, _, _ in merged)
 
 
+def _outermost(m: Module, c: ast.AST):
+    """The function around `c`, or the function around that when it is a closure (MSN's `def log_stats():` in its
+    training loop): one loss logged from both is one defect."""
+    fn = m.enclosing(c)
+    while fn is not None and isinstance(m.enclosing(fn), (ast.FunctionDef, ast.AsyncFunctionDef)):
+        fn = m.enclosing(fn)
+    return fn
+
+
 def _returned_into(f: Facts, m: Module, scope: ast.AST, lossy: frozenset, fn: ast.AST) -> bool:
-    """Some logged name in `scope` is assigned from a call of `fn` (`train_loss = fit_one_epoch(...)`)."""
-    return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
-        isinstance(t, ast.Name) and t.id in lossy for x in a.targets for t in ast.walk(x)) and any(
-        tf is fn for _, tf in f.p.resolve(m, a.value)) for a in ast.walk(scope or m.tree))
+    """Some logged name in `scope` is assigned from a call of `fn` (`train_loss = fit_one_epoch(...)`), or from
+    such a name (`self.best_loss = epoch_loss`, SAM-Med3D)."""
+    binds = [a for a in ast.walk(scope or m.tree) if isinstance(a, ast.Assign)]
+    got = {dotted(t) for a in binds if isinstance(a.value, ast.Call) and any(
+        tf is fn for _, tf in f.p.resolve(m, a.value)) for x in a.targets for t in ast.walk(x)
+        if isinstance(t, (ast.Name, ast.Attribute))}
+    for a in binds:
+        if isinstance(a.value, ast.Name) and a.value.id in got:
+            got |= {dotted(t) for t in a.targets}
+    return bool({g for g in got if g} & lossy or {g.split(".")[-1] for g in got if g} & lossy)
 
 
 def _bar_on_every_rank(m: Module, c: ast.Call) -> bool:
@@ -514,10 +340,11 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
         forced = kw(c, "force")
         prints = callee(c) == "print" or meter_prints(f, m, c) == "print"
         console0 = kind is None and isinstance(c.func, ast.Attribute) and (
-            dotted(c.func.value) in rank0_loggers(f, m) or root_console_on_stdout(f, m, c))
+            dotted(c.func.value) in rank0_loggers(f, m) or root_console_on_stdout(f, m, c)
+            or info_on_rank0_only(f, m, c))
         if not (kind == "rank0" or console0 or (prints and f.print_override and kind is None and not forced)):
             continue
-        block, where = _guard_block(m, c), (m.enclosing(c), frozenset(origins(m.enclosing(c) or m.tree, lossy)))
+        block, where = _guard_block(m, c), (_outermost(m, c), frozenset(origins(m.enclosing(c) or m.tree, lossy)))
         if block in per_block or any(isinstance(w, tuple) and w[0] is where[0] and where[1] <= w[1]
                                      for w in per_block):
             per_block.add(block)  # one finding per guarded block, and per loss in a function: one defect, one
