@@ -1926,6 +1926,22 @@ CASES31 = [
 ]
 
 
+# Held-out batch 37's classes: Equiformer's master alone torch.loads the per-rank prediction files (onto its own GPU),
+# and files the loss into a metrics record by name (`self.metrics = evaluator.update("loss", loss.item(), ...)`),
+# then logs a text built from a dict comprehension over that record
+RANK0_LOAD = ("model = DDP(Net())\nfor x in loader:\n    model(x).sum().backward()\n{test}"
+              "    preds = torch.load(f'pos_pred_{{i}}.pt')\n")
+FILED_LOSS = ("model = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+              "    metrics = evaluator.update({key}, loss.item(), {{}})\n"
+              "    log_dict = {{k: metrics[k]['metric'] for k in metrics}}\n    log_str = []\n"
+              "    for k, v in log_dict.items():\n        log_str.append('{{}}: {{:.2e}}'.format(k, v))\n"
+              "    if rank == 0:\n        print(', '.join(log_str))\n")
+CASES37 = [
+    ("load-without-map-location", RANK0_LOAD.format(test="if rank == 0:\n"), RANK0_LOAD.format(test="if True:\n")),
+    ("rank0-local-loss", FILED_LOSS.format(key="'energy_mae'"), FILED_LOSS.format(key="'loss'")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -1935,7 +1951,7 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "batch15": CASES15, "batch16-17": CASES16,
                "batch18-19": CASES18, "batch20-21": CASES20,
                "batch22": CASES22, "batch24-25": CASES24, "batch28": CASES28,
-               "before-31": CASES31}
+               "before-31": CASES31, "batch37": CASES37}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

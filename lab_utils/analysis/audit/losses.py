@@ -245,8 +245,25 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                                                                                          a.value.keywords]]
                     for n in ast.walk(arg)):
                 out |= {dotted(t) for t in a.targets} - {""}
+            # a record built from a carrier (`log_dict = {k: self.metrics[k]["metric"] for k in self.metrics}`), or
+            # one a helper files the loss into under its name (`self.metrics = evaluator.update("loss",
+            # loss.item(), self.metrics)`, Equiformer/OCP)
+            if isinstance(a, ast.Assign) and (isinstance(a.value, (ast.DictComp, ast.ListComp, ast.Dict)) and any(
+                    isinstance(n, (ast.Name, ast.Attribute)) and root(n) in out - {""} for n in ast.walk(a.value))
+                    or _filed_under_loss(a.value)):
+                out |= {dotted(t) for t in a.targets} - {""}
         out |= _fed_records(scope, out)
     return (out | _texts_of_losses(scope, out)) - {""}
+
+
+def _filed_under_loss(v: ast.AST) -> bool:
+    """`evaluator.update("loss", loss.item(), metrics)`: a call handed a loss's name as a string and the loss."""
+    if not isinstance(v, ast.Call):
+        return False
+    args = [*v.args, *[k.value for k in v.keywords]]
+    return any(LOSSISH.search(const_str(x) or "") for x in args) and any(
+        isinstance(n, (ast.Name, ast.Attribute)) and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))
+        for x in args if const_str(x) is None for n in ast.walk(x))
 
 
 def _values_taken(loop: ast.AST) -> set[str]:

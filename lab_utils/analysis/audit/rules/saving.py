@@ -116,7 +116,8 @@ def load_without_map_location(f: Facts, m: Module):
                 or _loaded_into_a_state_dict(m, c)) and \
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
-                not f.off_in_default_run(m, c):  # only under an option that is unset unless given
+                not f.off_in_default_run(m, c) and \
+                f.g.effective(m, c) != "rank0":  # (an option unset unless given; rank 0 alone loads onto its own GPU)
             yield c, (f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device that saved "
                       "them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's own device)")
 
