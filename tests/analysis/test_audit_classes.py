@@ -1936,7 +1936,15 @@ FILED_LOSS = ("model = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n
               "    log_dict = {{k: metrics[k]['metric'] for k in metrics}}\n    log_str = []\n"
               "    for k, v in log_dict.items():\n        log_str.append('{{}}: {{:.2e}}'.format(k, v))\n"
               "    if rank == 0:\n        print(', '.join(log_str))\n")
+# ... and saves on every rank in a Ray Tune helper it calls only under `if self.is_hpo:`, a flag the trainer's
+# __init__ defaults to False and that no call in the project passes
+HPO_FLAG = ("class Trainer:\n    def __init__(self, is_hpo=False):\n        self.is_hpo = is_hpo\n"
+            "    def save_hpo(self):\n        torch.save(self.model.module.state_dict(), 'ckpt.pt')\n"
+            "    def train(self):\n        self.model = DDP(Net())\n        for x in loader:\n"
+            "            self.model(x).sum().backward()\n            if self.is_hpo:\n                self.save_hpo()\n"
+            "Trainer({given}).train()\n")
 CASES37 = [
+    ("save-on-every-rank", HPO_FLAG.format(given=""), HPO_FLAG.format(given="is_hpo=True")),
     ("load-without-map-location", RANK0_LOAD.format(test="if rank == 0:\n"), RANK0_LOAD.format(test="if True:\n")),
     ("rank0-local-loss", FILED_LOSS.format(key="'energy_mae'"), FILED_LOSS.format(key="'loss'")),
 ]

@@ -9,6 +9,7 @@ import ast
 import re
 
 from .evaluation import eval_loop_reduces
+from .options import DefaultOptions
 from .project import Module, Project
 from .ranks import Guards, dead_branch, rank0_writer
 from .syntax import (
@@ -23,8 +24,6 @@ from .syntax import (
     SPAWNS,
     TORCH_SEEDS,
     callee,
-    const_str,
-    const_value,
     dotted,
     kw,
     layer_call,
@@ -41,7 +40,7 @@ def _to_file(c: ast.Call) -> bool:
                                         or isinstance(target, ast.Call) and callee(target) == "BytesIO"))
 
 
-class Facts:
+class Facts(DefaultOptions):
     def __init__(self, project: Project):
         self.p = project
         self.g = Guards(project)
@@ -316,128 +315,6 @@ class Facts:
                     return cm, call
                 todo.append((cm, cm.enclosing(call), d + 1))
         return None
-
-    def store_true_flags(self) -> dict[str, str]:
-        """Command-line flags that are off unless given: `--sync-bn` (action='store_true', default not True), by
-        the attribute argparse makes of them (`sync_bn`) -> the option as written."""
-        if "flags" not in self.cache:
-            out = {}
-            for mm in self.p.modules.values():
-                for a in mm.calls:
-                    opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
-                    default = kw(a, "default")
-                    store_true = const_str(kw(a, "action")) == "store_true" and not (
-                        isinstance(default, ast.Constant) and default.value is True)
-                    # `--lora_reinit default=False, type=bool`: off unless given, however it is parsed
-                    false_default = isinstance(default, ast.Constant) and default.value is False
-                    if callee(a) == "add_argument" and opt and (store_true or false_default):
-                        out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
-            self.cache["flags"] = out
-        return self.cache["flags"]
-
-    def off_by_default(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
-        """The flag `node` runs under when that flag is off in the default run: an enclosing `if args.sync_bn:`
-        (or `if args.distributed and args.sync_bn:`) on a store_true option, or `if use_multi_epochs_loader:` on a
-        parameter that defaults to False and that every caller leaves out or passes such an option. Its name, or
-        None when the default run reaches `node`."""
-        found = self.flag_gate(m, node, depth)
-        return found[0] if found else None
-
-    def flag_gate(self, m: Module, node: ast.AST, depth: int = 2) -> tuple[str, ast.If] | None:
-        """(the flag, the `if` that tests it) for off_by_default()."""
-        flags = self.store_true_flags()
-        child, n = node, m.parent.get(id(node))
-        while n is not None and not isinstance(n, ast.Module):
-            if isinstance(n, ast.If) and any(child is b for b in n.body):
-                for t in (n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And)
-                          else [n.test]):
-                    if isinstance(t, ast.Attribute) and t.attr in flags:
-                        return flags[t.attr], n
-                    empty = self._empty_option_tested(t)
-                    if empty:
-                        return empty, n
-                    if isinstance(t, ast.Name) and depth:
-                        off = self._parameter_off(m, n, t.id, depth)
-                        if off:
-                            return off, n
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                break
-            child, n = n, m.parent.get(id(n))
-        return None
-
-    def empty_options(self) -> dict[str, str]:
-        """Command-line options whose default is the empty string (`--load-model`, default=""): a path or name
-        that is unset unless given, by argparse attribute -> the option as written."""
-        if "empty" not in self.cache:
-            out = {}
-            for mm in self.p.modules.values():
-                for a in mm.calls:
-                    opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
-                    default = kw(a, "default")
-                    if callee(a) == "add_argument" and opt and isinstance(default, ast.Constant) and \
-                            default.value == "":
-                        out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
-            self.cache["empty"] = out
-        return self.cache["empty"]
-
-    def _empty_option_tested(self, t: ast.AST) -> str | None:
-        """`if args.load_model:`, `if args.load_model != "":` or `if not (args.load_model == ""):` on an option whose
-        default is "" (DLRM): false in the default run. The option's name, or None."""
-        empty = self.empty_options()
-        if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and isinstance(t.operand, ast.Compare):
-            c = t.operand
-            negated = len(c.ops) == 1 and isinstance(c.ops[0], ast.Eq)
-        elif isinstance(t, ast.Compare):
-            c, negated = t, len(t.ops) == 1 and isinstance(t.ops[0], ast.NotEq)
-        else:
-            return empty.get(t.attr) if isinstance(t, ast.Attribute) else None
-        if negated and isinstance(c.left, ast.Attribute) and isinstance(c.comparators[0], ast.Constant) \
-                and c.comparators[0].value == "":
-            return empty.get(c.left.attr)
-        return None
-
-    def off_in_default_run(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
-        """off_by_default(), or the function around `node` called only under such flags (`if args.lora_reinit:
-        reinit_lora(model)`, whose body saves): the flag's name, or None when the default run reaches `node`."""
-        off = self.off_by_default(m, node)
-        if off or depth == 0:
-            return off
-        fn = m.enclosing(node)
-        sites = self.p.callers(m, fn) if fn is not None else []
-        offs = [self.off_in_default_run(cm, c, depth - 1) for cm, c in sites]
-        return offs[0] if offs and all(offs) else None
-
-    def _parameter_off(self, m: Module, at: ast.AST, name: str, depth: int) -> str | None:
-        """A parameter that defaults to False and that every project caller leaves out, passes False, or passes
-        a flag that is off by default: the flag's name (the parameter's when no caller names one)."""
-        fn = m.enclosing(at)
-        if fn is None:
-            return None
-        args = fn.args.args
-        defaults = dict(zip([a.arg for a in args][len(args) - len(fn.args.defaults):], fn.args.defaults,
-                            strict=True))
-        defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True)
-                         if d is not None})
-        if name not in defaults or const_value(defaults[name]) not in (False, None):
-            return None
-        sites, named = self.p.callers(m, fn), name
-        if not sites:
-            return None
-        flags = self.store_true_flags()
-        for _cm, c in sites:
-            v = kw(c, name)
-            params = [a.arg for a in args]
-            if params[:1] in (["self"], ["cls"]):
-                params = params[1:]
-            if v is None and name in params and params.index(name) < len(c.args):
-                v = c.args[params.index(name)]
-            if v is None or const_value(v) is False:
-                continue
-            if isinstance(v, ast.Attribute) and v.attr in flags:
-                named = flags[v.attr]
-                continue
-            return None
-        return named
 
     def setup_line(self, m: Module) -> ast.AST:
         """Where the entry sets up the process group: its init_process_group, a call of a helper that does,
