@@ -2491,3 +2491,40 @@ def test_a_sampler_nobody_sets_the_epoch_of_names_the_scripts_builder_call(tmp_p
     root = _project(tmp_path, {"dataloader_dist.py": loader, "train.py": script})
     found = [f for f in audit.audit_paths([root]) if f.rule == "set-epoch-missing"]
     assert found and ("train.py", 11) in [(Path(p).name, line) for p, line in found[0].related], found
+
+
+def test_a_forward_whose_attribute_shares_a_name_with_a_model_of_its_caller_does_not_recurse():
+    """GFSLT-VLP (held-out batch 35): SLRCLIP holds `self.model_txt = TextCLIP()` and TextCLIP holds its own
+    `self.model_txt` (a pretrained encoder); the name resolves to TextCLIP in both, and asking whether TextCLIP's
+    forward returns a reduced value asked it again, without end (RecursionError, the audit's first crash on held-out
+    code). Now the loss log is judged and nothing recurses."""
+    src = (
+    "import torch, torch.distributed as dist\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+    "class TextCLIP(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.model_txt = Encoder.from_pretrained('x').get_encoder()\n"
+    "        self.lm_head = torch.nn.Linear(4, 4)\n"
+    "    def forward(self, t):\n"
+    "        txt_logits = self.model_txt(input_ids=t)[0]\n"
+    "        return self.lm_head(txt_logits), txt_logits\n"
+    "class Net(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.model_txt = TextCLIP()\n"
+    "    def forward(self, x, t):\n"
+    "        text_features, self.hidden = self.model_txt(t)\n"
+    "        logits = x @ text_features.t()\n"
+    "        return logits, logits.t(), torch.eye(4)\n"
+    "dist.init_process_group(\"gloo\")\n"
+    "torch.manual_seed(0)\n"
+    "model = DDP(Net())\n"
+    "for x in loader:\n"
+    "    a, b, gt = model(x, t)\n"
+    "    loss = (criterion(a, gt) + criterion(b, gt)) / 2\n"
+    "    loss.backward()\n"
+    "    if dist.get_rank() == 0:\n"
+    "        print(loss.item())\n"
+    )
+    assert [f.rule for f in audit.audit_source(src)] == ["rank0-local-loss"]

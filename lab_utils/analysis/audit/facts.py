@@ -238,8 +238,14 @@ class Facts(DefaultOptions):
         rets = [r.value for r in ast.walk(fwd) if isinstance(r, ast.Return) and r.value is not None] if fwd else []
         if not rets:
             return False
-        tm = found[0]
-        red = self.reduced_names(tm, fwd)
+        busy = self.cache.setdefault("forward_reduced_busy", set())
+        if id(fwd) in busy:
+            return False  # a forward that calls a model of its own kind (GFSLT-VLP's): no reduction found on the way
+        busy.add(id(fwd))
+        try:
+            red = self.reduced_names(found[0], fwd)
+        finally:
+            busy.discard(id(fwd))
         return all(any(root(n) in red for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute)))
                    for r in rets)
 
