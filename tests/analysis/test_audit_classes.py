@@ -1950,6 +1950,26 @@ CASES37 = [
 ]
 
 
+# Held-out batch 35's classes: WeSpeaker scales its scheduler's lr factor with the GPU count
+# (`configs['scheduler_args']['scale_ratio'] = world_size * batch_size / 64`), and hands run_epoch a logger its
+# get_logger helper makes on every rank (basicConfig with no rank guard), which logs the loss meter twice in one
+# function: one finding
+SCALE_RATIO = ("configs['scheduler_args']['scale_ratio'] = 1.0 * {world}configs['batch_size'] / 64\n"
+               "scheduler = getattr(schedulers, configs['scheduler'])(optimizer, **configs['scheduler_args'])\n")
+HANDED_LOGGER = ("import logging\ndef get_logger(outdir):\n{guard}    logging.basicConfig(level=logging.DEBUG)\n"
+                 "    logger = logging.getLogger('Pyobj, f')\n    return logger\n"
+                 "def run_epoch(model, loader, logger):\n    for i, x in enumerate(loader):\n"
+                 "        loss = model(x).sum()\n        loss_meter.add(loss.item())\n        loss.backward()\n"
+                 "        if i % 10 == 0:\n            logger.info(loss_meter.value()[0])\n"
+                 "    logger.info(loss_meter.value()[0])\n"
+                 "logger = get_logger('exp')\nmodel = DDP(Net())\nrun_epoch(model, loader, logger)\n")
+CASES35 = [
+    ("lr-grows-with-world-size", SCALE_RATIO.format(world=""), SCALE_RATIO.format(world="world_size * ")),
+    ("every-rank-prints-loss", HANDED_LOGGER.format(guard="    if rank != 0:\n        return None\n"),
+     HANDED_LOGGER.format(guard="")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -1959,7 +1979,8 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "batch15": CASES15, "batch16-17": CASES16,
                "batch18-19": CASES18, "batch20-21": CASES20,
                "batch22": CASES22, "batch24-25": CASES24, "batch28": CASES28,
-               "before-31": CASES31, "batch37": CASES37}
+               "before-31": CASES31, "batch37": CASES37,
+               "batch35": CASES35}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -2528,3 +2549,34 @@ def test_a_forward_whose_attribute_shares_a_name_with_a_model_of_its_caller_does
     "        print(loss.item())\n"
     )
     assert [f.rule for f in audit.audit_source(src)] == ["rank0-local-loss"]
+
+
+def test_one_loss_logged_twice_by_every_rank_in_one_function_is_one_finding():
+    """WeSpeaker's run_epoch logs loss_meter every interval and at the epoch's end: one defect, one finding at the
+    first, naming the second."""
+    found = [f for f in audit.audit_source(DDP_HEAD + "torch.manual_seed(0)\n" + HANDED_LOGGER.format(guard=""))
+             if f.rule == "every-rank-prints-loss"]
+    assert [f.line for f in found] == [19] and [line for _, line in found[0].related] == [20]
+
+
+def test_a_model_from_a_factory_these_files_lack_whose_every_model_class_has_batchnorm(tmp_path):
+    """WeSpeaker wraps `get_speaker_model(name)(**args)` from a module not copied, and 3D-Speaker an nn.Sequential
+    of models its build() helper imports by the class path its YAML names; every model class the copied files
+    define has BatchNorm: reported for a check by hand. A model file of LayerNorm only says nothing."""
+    script = ("import torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel"
+              " as DDP\nfrom spk.models.speaker_model import get_speaker_model\nfrom spk.utils.builder import build\n"
+              "dist.init_process_group('nccl')\ntorch.manual_seed(0)\n{made}model = DDP(model)\n")
+    builder = ("import importlib\ndef build(name, config):\n    mod, obj = config[name].rsplit('.', 1)\n"
+               "    return getattr(importlib.import_module(mod), obj)()\n")
+    def found(name, norm, made):
+        root = _project(tmp_path / name, {
+            "spk/bin/train.py": script.format(made=made), "spk/utils/builder.py": builder,
+            "spk/models/resnet.py": f"import torch.nn as nn\nclass ResNet(nn.Module):\n    def __init__(self):\n"
+                                    f"        super().__init__()\n        self.bn = nn.{norm}(8)\n"})
+        return [(f.line, f.severity) for f in audit.audit_paths([root]) if f.rule == "batchnorm-without-sync"]
+    factory = "model = get_speaker_model('ResNet34')(feat_dim=80)\n"
+    built = "emb = build('embedding_model', config)\nhead = build('classifier', config)\n" \
+            "model = torch.nn.Sequential(emb, head)\n"
+    assert found("factory", "BatchNorm2d", factory) == [(9, "check-by-hand")]
+    assert found("built", "BatchNorm2d", built) == [(11, "check-by-hand")]
+    assert found("layernorm", "LayerNorm", factory) == []

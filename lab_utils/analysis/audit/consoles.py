@@ -52,6 +52,8 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
         if not isinstance(c.func.value, ast.Name) or c.func.value.id in rank0_loggers(f, m):
             return False
         held = _held_logger_name(m, c, c.func.value.id)
+        if held is None:
+            held = _handed_logger_name(f, m, c, c.func.value.id)
         # a named logger propagates its records to the root's handlers, and to those of the loggers above it
         return held is not None and (_root_console_on_every_rank(f) or _basic_config_on_every_rank(f) or bool(
             held) and any(held == n or held.startswith(n + ".") for n in _named_consoles_on_every_rank(f)))
@@ -123,6 +125,34 @@ def _held_logger_name(m: Module, c: ast.Call, name: str) -> str | None:
             given = const_str(a.value.args[0]) if a.value.args else None
             return given if given else ""
     return None
+
+
+def _handed_logger_name(f: Facts, m: Module, c: ast.Call, name: str) -> str | None:
+    """`logger` a parameter of the logging function (WeSpeaker's run_epoch(..., logger)) that every project caller
+    hands a logger a project helper made (`logger = get_logger(exp_dir, 'train.log')`, whose body returns
+    `logging.getLogger("Pyobj, f")`): that logger's name; None when a caller hands anything else."""
+    fn = m.enclosing(c)
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    params = [a.arg for a in fn.args.args]
+    if name not in params:
+        return None
+    i = params.index(name) - (1 if params[0] in ("self", "cls") else 0)
+    names = set()
+    for cm, site in f.p.callers(m, fn):
+        given = kw(site, name) or (site.args[i] if 0 <= i < len(site.args) else None)
+        scope = cm.enclosing(site)
+        made = [a.value for a in cm.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                and cm.enclosing(a) is scope  # the caller's own bindings, not those of the functions it defines
+                and isinstance(given, ast.Name) and any(dotted(t) == given.id for t in a.targets)]
+        if len(made) != 1:
+            return None
+        for _tm, tf in f.p.resolve(cm, made[0]):
+            rets = {dotted(r.value) for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None}
+            names |= {const_str(a.value.args[0]) if a.value.args else "" for a in ast.walk(tf)
+                      if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and callee(a.value) ==
+                      "getLogger" and {dotted(t) for t in a.targets} & rets}
+    return names.pop() if len(names) == 1 and None not in names else None
 
 
 def _named_consoles_on_every_rank(f: Facts) -> set[str]:

@@ -43,6 +43,17 @@ def batchnorm_without_sync(f: Facts, m: Module):
                           "run — check whether the model holds it; nn.SyncBatchNorm.convert_sync_batchnorm(model) "
                           "before DDP"), "check-by-hand", related=((wm, w),))
                 return
+        if wrap is None:
+            unseen = _wrapped_from_unseen_factories(f, m)
+            if unseen is not None:
+                w, factory, (bm, node) = unseen
+                yield Hit(w, (f"the model wrapped here comes from {factory}(), which these files do not hold, and "
+                              f"every model class these files define has BatchNorm ({bm.rel}:{node.lineno}); nothing "
+                              "converts it to SyncBatchNorm: at 2 ranks each rank would normalise with its own "
+                              "half-batch's statistics, unlike the single run — check which model the factory "
+                              "builds; nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP"), "check-by-hand",
+                          related=((bm, node),))
+                return
         if wrap is not None:
             where = f"{bn[0].rel}:{bn[1].lineno}" if bn[0] is not m else f"line {bn[1].lineno}"
             yield Hit(wrap, (f"the model wrapped here has BatchNorm ({where}) and nothing converts it to "
@@ -471,3 +482,55 @@ def _unseen_factory(f: Facts, m: Module, c: ast.Call, name: str, packages: set[s
                 f.p.module_for(m, fn) is None and (imp[2] > 0 or imp[0].split(".")[0] in packages):
             return fn
     return None
+
+
+def _wrapped_from_unseen_factories(f: Facts, m: Module):
+    """(the DDP wrap, the factory's name, (module, BatchNorm)) when the model the script wraps comes only from
+    project factories whose files are not here (WeSpeaker's `get_speaker_model(configs['model'])(**args)`;
+    3D-Speaker's `nn.Sequential(build('embedding_model', config), build('classifier', config))`) and every model
+    class these files define that no other project class builds reaches BatchNorm: the likely model has it."""
+    packages = {mm.rel.split("/")[0] for mm in f.p.modules.values()}
+    for w in sorted((c for c in m.calls if f.is_ddp_call(m, c) and c.args), key=lambda c: c.lineno):
+        arg = w.args[0]
+        if not isinstance(arg, ast.Name):
+            continue
+        made = _built_from(m, w, arg.id)
+        parts = [p for c in made for p in (c.args if callee(c) == "Sequential" else [c])]
+        names = [_unseen_maker(f, m, p, packages) for p in parts]
+        if not parts or not all(names):
+            continue
+        roots = _top_model_classes(f)
+        found = [_class_batchnorm(f, cm, cd) for cm, cd in roots]
+        if roots and all(found):
+            return w, names[0], found[0]
+    return None
+
+
+def _unseen_maker(f: Facts, m: Module, v: ast.AST, packages: set[str]) -> str | None:
+    """The name of the project factory that builds `v` from a class these files do not name: one imported from a
+    package module these files lack, or one that imports the class by a name at run time; called as
+    `factory(...)` or `factory(name)(...)`, or a name assigned from such a call."""
+    if isinstance(v, ast.Name):
+        made = [a.value for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+            isinstance(t, ast.Name) and t.id == v.id for t in a.targets)]
+        return _unseen_maker(f, m, made[0], packages) if len(made) == 1 else None
+    while isinstance(v, ast.Call) and isinstance(v.func, ast.Call):
+        v = v.func  # get_speaker_model(name)(**args)
+    if not (isinstance(v, ast.Call) and isinstance(v.func, ast.Name)):
+        return None
+    found = f.p.resolve(m, v)
+    if found:  # a project factory that imports the class its config names (3D-Speaker's build -> dynamic_import)
+        return v.func.id if all(f.p.function_does(tm, tf, lambda mm, cc: callee(cc) == "import_module", depth=3)
+                                for tm, tf in found) else None
+    imp = m.imports.get(v.func.id)
+    return v.func.id if imp and f.p.module_for(m, v.func.id) is None and (
+        imp[2] > 0 or imp[0].split(".")[0] in packages) else None
+
+
+def _top_model_classes(f: Facts) -> list[tuple[Module, ast.ClassDef]]:
+    """The torch Module classes of the project that no project class or function builds by name (ResNet34's
+    ResNet, CAM++'s CAMPPlus), not losses."""
+    built = {callee(c) for mm in f.p.modules.values() for c in mm.calls}
+    return [(mm, cd) for mm in f.p.modules.values() for cd in mm.classes.values()
+            if any(dotted(b).split(".")[-1] == "Module" for b in cd.bases) and cd.name not in built
+            and not re.search(r"loss|criterion|margin", cd.name, re.I)]

@@ -400,6 +400,17 @@ def _leaf(t: ast.AST) -> str:
     return const_str(t.slice) or "" if isinstance(t, ast.Subscript) else dotted(t).split(".")[-1]
 
 
+def _lr_factor_of_a_scheduler(t: ast.AST) -> bool:
+    """`configs['scheduler_args']['scale_ratio'] = world_size * batch_size / 64` (WeSpeaker): a factor the scheduler
+    or optimizer is built with, which multiplies its lr."""
+    keys = []
+    while isinstance(t, (ast.Subscript, ast.Attribute)):
+        keys.append(const_str(t.slice) or "" if isinstance(t, ast.Subscript) else t.attr)
+        t = t.value
+    return len(keys) > 1 and re.search(r"scale|ratio|factor|mult", keys[0], re.I) is not None and any(
+        re.search(r"sched|optim", k, re.I) for k in keys[1:])
+
+
 def _world_holding(m: Module) -> set[str]:
     """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint), and
     names that hold the count itself, whatever they are called (`num_tasks = utils.get_world_size()`). A product
@@ -460,7 +471,7 @@ def lr_grows_with_world_size(f: Facts, m: Module):
     found = []
     for n in m.nodes:
         if isinstance(n, ast.Assign) and any(LR_NAME.search(_leaf(t)) and not NOT_LR.search(
-                dotted(t)) for t in n.targets) and _grows(n.value, holding):
+                dotted(t)) or _lr_factor_of_a_scheduler(t) for t in n.targets) and _grows(n.value, holding):
             found.append((n, n.value, ast.unparse(n)))
         elif isinstance(n, ast.Call) and kw(n, "lr") is not None and _grows(kw(n, "lr"), holding):
             found.append((n, kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))

@@ -394,6 +394,20 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
 @rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "
       "numbers, none of them the global batch's")
 def every_rank_prints_loss(f: Facts, m: Module):
+    # one defect, one finding: the logs of one loss in one function (WeSpeaker's per-interval and end-of-epoch
+    # lines of loss_meter) are one finding at the first, naming the others
+    firsts: dict = {}
+    for hit, lossy in sorted(_every_rank_hits(f, m), key=lambda h: (h[0].node.lineno, h[0].node.col_offset)):
+        key = (_outermost(m, hit.node), frozenset(origins(m.enclosing(hit.node) or m.tree, lossy)))
+        if key in firsts:
+            first = firsts[key]
+            firsts[key] = first._replace(related=(*first.related, (m, hit.node)))
+        else:
+            firsts[key] = hit
+    yield from firsts.values()
+
+
+def _every_rank_hits(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
         written = shared_file_write(f, m, c) if kind is None else None
         if written is not None:
@@ -402,11 +416,11 @@ def every_rank_prints_loss(f: Facts, m: Module):
             yield Hit(c, (f"every rank appends its own {', '.join(sorted(lossy))} to one log file ({where}: a file "
                           "write, which silencing print off rank 0 does not stop): world_size interleaved lines, "
                           "none of them the global batch's loss — all_reduce it, then write on rank 0"),
-                      related=((wm, w),) if w is not c else ())
+                      related=((wm, w),) if w is not c else ()), lossy
             continue
         if kind is None and ((callee(c) == "print" or meter_prints(f, m, c) == "print") and not f.print_override
                              or root_logger_on_every_rank(f, m, c)
                              or _bar_on_every_rank(m, c)):
-            yield c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
-                      f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global batch's "
-                      "loss — all_reduce it, then log on rank 0")
+            yield Hit(c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
+                          f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global "
+                          "batch's loss — all_reduce it, then log on rank 0")), lossy
