@@ -1970,6 +1970,34 @@ CASES35 = [
 ]
 
 
+# Held-out batches 32, 33 and 36's classes: OpenSphere fills a dataset-sized buffer by sample index and all-reduces
+# it (a padded duplicate lands on its own sample's slot); NLSPN's launcher loads a checkpoint in test() after its
+# mp.spawn of the workers returns (one process); DOT's rank 0 validates alone on an unsharded set inside a
+# `for global_iter in range(...)` loop and appends each step's loss
+SCATTERED = ("model = DDP(Net())\nfor x in loader:\n    model(x).sum().backward()\n"
+             "def evaluate(model, val_loader):\n    feats = torch.zeros(len(val_loader.dataset), 8)\n"
+             "    for data, indices in val_loader:\n        {store}\n    dist.all_reduce(feats)\n    return feats\n"
+             "val_loader = DataLoader(val_set, sampler=DistributedSampler(val_set))\nevaluate(model, val_loader)\n")
+AFTER_SPAWN = ("import torch.multiprocessing as mp\ndef train(gpu, args):\n    dist.init_process_group('nccl')\n"
+               "    torch.manual_seed(0)\n    model = DDP(Net())\n    for x in loader:\n"
+               "        model(x).sum().backward()\n{worker}def test(args):\n"
+               "    state = torch.load(args.pretrain)\n    Net().load_state_dict(state)\n"
+               "def main(args):\n    mp.spawn(train, nprocs=2, args=(args,))\n    test(args)\nmain(args)\n")
+RANK0_VALID = ("model = DDP(Net())\ndef step(dataset, model):\n    loss = model(dataset.next()).mean()\n"
+               "    return loss\nfor global_iter in range(1000):\n    step(train_set, model).backward()\n"
+               "    if rank == 0:\n        losses = []\n        for {loop}:\n"
+               "            losses.append(step({data}, model.module))\n        loss = torch.stack(losses).mean()\n"
+               "        print(f'valid {{loss.item()}}')\n")
+CASES3236 = [
+    ("eval-padding-duplicates", SCATTERED.format(store="feats[indices] = model(data)"),
+     SCATTERED.format(store="feats = torch.cat([feats, model(data)])")),
+    ("load-without-map-location", AFTER_SPAWN.format(worker=""),
+     AFTER_SPAWN.format(worker="        test(args)\n"), ""),
+    ("rank0-local-loss", RANK0_VALID.format(loop="_ in range(8)", data="valid_set"),
+     RANK0_VALID.format(loop="batch in train_loader", data="batch")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -1980,7 +2008,7 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "batch18-19": CASES18, "batch20-21": CASES20,
                "batch22": CASES22, "batch24-25": CASES24, "batch28": CASES28,
                "before-31": CASES31, "batch37": CASES37,
-               "batch35": CASES35}
+               "batch35": CASES35, "batch32-36": CASES3236}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -2580,3 +2608,22 @@ def test_a_model_from_a_factory_these_files_lack_whose_every_model_class_has_bat
     assert found("factory", "BatchNorm2d", factory) == [(9, "check-by-hand")]
     assert found("built", "BatchNorm2d", built) == [(11, "check-by-hand")]
     assert found("layernorm", "LayerNorm", factory) == []
+
+
+def test_a_logger_a_base_class_in_another_file_sets_up(tmp_path):
+    """OpenSphere's trainer logs through `self.train_logger.add(msgs)`, an object its base class builds in
+    base_trainer.py (`self.train_logger = PythonLogger(...)`), whose add() calls logger.info: rank 0's log of its
+    own loss, after `if self.rank != 0: return`."""
+    base = ("import logging\nclass PythonLogger:\n    def __init__(self):\n"
+            "        self.logger = logging.getLogger('train')\n    def add(self, record, step):\n"
+            "        self.logger.info(str(record))\nclass BaseTrainer:\n    def __init__(self):\n"
+            "        self.train_logger = PythonLogger()\n")
+    trainer = ("import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+               "from base_trainer import BaseTrainer\ndist.init_process_group('nccl')\ntorch.manual_seed(0)\n"
+               "class Trainer(BaseTrainer):\n    def train_step(self, x):\n        loss = self.model(x).sum()\n"
+               "        loss.backward()\n        if self.rank != 0:\n            return\n"
+               "        msgs = {'loss': loss.item()}\n        self.train_logger.add(msgs, step=self.step)\n"
+               "t = Trainer()\nt.model = DDP(Net())\nfor x in loader:\n    t.train_step(x)\n")
+    root = _project(tmp_path, {"base_trainer.py": base, "train.py": trainer})
+    assert [(Path(f.path).name, f.line) for f in audit.audit_paths([root]) if f.rule == "rank0-local-loss"] == [
+        ("train.py", 13)]

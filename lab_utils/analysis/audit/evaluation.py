@@ -32,7 +32,8 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
             out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
                     callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
                     any(facts.p.function_does(tm, tf, reduces_or_gathers, 2)
-                        for tm, tf in facts.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)]
+                        for tm, tf in facts.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)
+                    and not _helper_scatters(facts, mm, n)]
     return sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
 
 
@@ -40,6 +41,8 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
     """The gathered results are merged into a dict by their sample's key (`for qid2ans in all_gather(quesid2ans):
     for k, v in qid2ans.items(): quesid2ans[k] = v`, VL-T5): a padded duplicate overwrites its own entry, so
     nothing is counted twice."""
+    if callee(c) in ("all_reduce", "reduce") and c.args and _scattered_by_index(fn, dotted(c.args[0])):
+        return True
     assign = m.parent.get(id(c))
     names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
     for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
@@ -52,3 +55,26 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
                and callee(inner.iter) == "items" for a in ast.walk(inner)):
             return True
     return False
+
+
+def _scattered_by_index(fn: ast.AST, buf: str) -> bool:
+    """`dataset_feats[indices] = feats` in the loop over the loader, `indices` a loop value, then
+    all_reduce(dataset_feats) (OpenSphere): each sample has its own slot, so a padded duplicate lands on its own
+    sample's slot instead of adding a row to the set the metric is computed on."""
+    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
+        taken = {x.id for x in ast.walk(loop.target) if isinstance(x, ast.Name)}
+        if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == buf and {
+                x.id for x in ast.walk(t.slice) if isinstance(x, ast.Name)} & taken for t in a.targets)
+               for a in ast.walk(loop)):
+            return True
+    return False
+
+
+def _helper_scatters(facts, m: Module, c: ast.Call) -> bool:
+    """A call of a project helper whose every reduction is of a buffer it fills by sample index (OpenSphere's
+    `feats = self.model.get_feature_dataset(val_loader)`)."""
+    found = facts.p.resolve(m, c)
+    reds = [(tf, r) for _, tf in found for r in ast.walk(tf) if isinstance(r, ast.Call)
+            and callee(r) in ("all_reduce", "reduce", "all_gather") and r.args]
+    return bool(reds) and all(callee(r) != "all_gather" and _scattered_by_index(tf, dotted(r.args[0]))
+                              for tf, r in reds)

@@ -439,7 +439,12 @@ class Project:
         misc.MetricLogger()` (through `.to()`/`.cuda()`); the first assignment that builds one. Cached."""
         key = (m.rel, name)
         if key not in self._instance_cache:
-            self._instance_cache[key] = self._instance_class(m, name)
+            self._instance_cache[key] = None  # (a cycle of base classes ends here)
+            found = self._instance_class(m, name)
+            if found is None and name.startswith("self."):  # set in a base class's __init__ in another file
+                found = next((r for cls in m.classes for bm, b in self.bases_of(m, cls) if bm is not m
+                              for r in [self.instance_class(bm, name)] if r is not None), None)
+            self._instance_cache[key] = found
         return self._instance_cache[key]
 
     def _instance_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:

@@ -133,7 +133,8 @@ def _sharded(f: Facts, m: Module, call: ast.Call) -> bool:
              if isinstance(n, (ast.Name, ast.Attribute))}
     n = m.parent.get(id(call))
     while n is not None:
-        if isinstance(n, ast.For) and names & {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)}:
+        if isinstance(n, ast.For) and names & {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)} and \
+                not (isinstance(n.iter, ast.Call) and callee(n.iter) == "range"):  # (a step count is no batch)
             return True
         n = m.parent.get(id(n))
     classes = f.sampler_classes()
@@ -159,17 +160,30 @@ def _rank0_own(f: Facts, m: Module, scope: ast.AST) -> set[str]:
 
     def source(v, own):
         return isinstance(v, ast.Call) and f.g.kind(m, v) == "rank0" and bool(f.p.resolve(m, v)) and \
-            not _sharded(f, m, v) or isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in own
+            not _sharded(f, m, v) or isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in own or \
+            _made_only_from(v, own)
     assigns = [a for a in _own_walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign))]
+    # `losses.append(step(valid_dataset, model.module, ...))` under rank 0's guard (DOT's validation)
+    appends = [a for a in _own_walk(scope) if isinstance(a, ast.Call) and callee(a) == "append" and a.args
+               and isinstance(a.func, ast.Attribute)]
     own: set[str] = set()
     for _ in range(3):
         own |= {t for a in assigns if isinstance(a, ast.Assign) and source(a.value, own) for t in assigned_roots(a)}
+        own |= {dotted(a.func.value) for a in appends if source(a.args[0], own)}
     for a in assigns:  # a name also fed from elsewhere (not a starting constant like np.inf) is not rank 0's own
         if isinstance(a, ast.AugAssign) or not source(a.value, own) and any(
                 isinstance(n, ast.Name) and n.id not in CONSTISH for n in ast.walk(a.value)):
             own -= assigned_roots(a) if isinstance(a, ast.Assign) else {root(a.target)}
     cache[(m.rel, id(scope))] = own
     return own
+
+
+def _made_only_from(v: ast.AST, own: set[str]) -> bool:
+    """A library call over rank 0's own values alone (`torch.stack(losses).mean()`)."""
+    if not isinstance(v, ast.Call):
+        return False
+    reads = {n.id for n in ast.walk(v) if isinstance(n, ast.Name)} - CONSTISH
+    return bool(reads) and reads <= own
 
 
 def _own_walk(scope: ast.AST):
@@ -386,8 +400,8 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
     scope = m.enclosing(c) or m.tree
     built = [a for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.lineno < c.lineno
              and any(dotted(t) in lossy for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
-             and any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "")
-                     for x in ast.walk(a.value))]
+             and (isinstance(a, ast.AugAssign) or any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
+                 dotted(x).split(".")[-1] or "") for x in ast.walk(a.value)))]  # (+=: AOT-GAN adds each loss)
     return ((m, max(built, key=lambda a: a.lineno)),) if built else ()
 
 

@@ -117,9 +117,21 @@ def load_without_map_location(f: Facts, m: Module):
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
                 not f.off_in_default_run(m, c) and \
-                f.g.effective(m, c) != "rank0":  # (an option unset unless given; rank 0 alone loads onto its own GPU)
+                f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c):
+            # (an option unset unless given; rank 0 alone loads onto its own GPU; the launcher alone, after them)
             yield c, (f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device that saved "
                       "them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's own device)")
+
+
+def _after_the_workers(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`c` runs in a function only the launching process calls, after its mp.spawn of the workers has returned
+    (NLSPN's main(): `mp.spawn(train, ...)`, then `test(args)`): one process, no rank on another's GPU."""
+    fn = m.enclosing(c)
+    sites = f.p.callers(m, fn) if fn is not None else []
+    return bool(sites) and all(any(isinstance(s, ast.Call) and callee(s) == "spawn" and s.lineno < site.lineno
+                                   for s in ast.walk(sm.enclosing(site) or sm.tree)) and not any(
+        isinstance(a, ast.Name) and a.id == fn.name for s in ast.walk(sm.tree) if isinstance(s, ast.Call)
+        and callee(s) == "spawn" for a in s.args[:1]) for sm, site in sites)
 
 
 def _crash_dump(m: Module, c: ast.Call) -> bool:
