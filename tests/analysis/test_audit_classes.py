@@ -1998,6 +1998,40 @@ CASES3236 = [
 ]
 
 
+# Held-out batch 34's classes: CBIM's validation drops the padded samples it gathered (`dataset_len %
+# world_size`); CLIP-Driven loads an option that defaults to a .pth file, and builds its UNet of ContBatchNorm3d
+# (a _BatchNorm); BiRefNet's Logger class adds a StreamHandler on every rank
+DROPS_PADDING = ("model = DDP(Net())\nfor x in loader:\n    model(x).sum().backward()\n"
+                 "def validation(model, loader):\n    out = []\n    for x in loader:\n"
+                 "        out.append(concat_all_gather(model(x)))\n{drop}    return out\n"
+                 "def concat_all_gather(t):\n    ts = [torch.zeros_like(t) for _ in range(2)]\n"
+                 "    dist.all_gather(ts, t)\n    return torch.cat(ts)\n"
+                 "val_loader = DataLoader(val_set, sampler=DistributedSampler(val_set))\n"
+                 "validation(model, val_loader)\n")
+OPTION_FILE = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--word_embedding', default={default})\n"
+               "args = p.parse_args()\nmodel = DDP(Net())\nemb = torch.load(args.word_embedding)\n")
+CONT_BN = ("class ContBatchNorm3d({base}):\n    def forward(self, x):\n        return x\n"
+           "class UNet(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+           "        self.bn = ContBatchNorm3d(8)\nmodel = DDP(UNet())\n")
+LOGGER_CLASS = ("import logging\nclass Logger:\n    def __init__(self, path):\n"
+                "        self.logger = logging.getLogger('BiRefNet')\n{handler}"
+                "    def info(self, txt):\n        self.logger.info(txt)\nlogger = Logger('log.txt')\n"
+                "model = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+                "    logger.info(f'loss {{loss.item()}}')\n")
+CASES34 = [
+    ("eval-padding-duplicates", DROPS_PADDING.format(
+        drop="    pad = len(loader.dataset) % dist.get_world_size()\n    out = out[:len(out) - pad]\n"),
+     DROPS_PADDING.format(drop="")),
+    ("load-without-map-location", OPTION_FILE.format(default="'words.txt'"),
+     OPTION_FILE.format(default="'./pretrained_weights/txt_encoding.pth'")),
+    ("batchnorm-without-sync", CONT_BN.format(base="torch.nn.Module"),
+     CONT_BN.format(base="torch.nn.modules.batchnorm._BatchNorm")),
+    ("every-rank-prints-loss", LOGGER_CLASS.format(handler="        self.logger.addHandler(logging.FileHandler("
+                                                           "f'log{rank}.txt'))\n"),
+     LOGGER_CLASS.format(handler="        self.logger.addHandler(logging.StreamHandler())\n")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -2008,7 +2042,8 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "batch18-19": CASES18, "batch20-21": CASES20,
                "batch22": CASES22, "batch24-25": CASES24, "batch28": CASES28,
                "before-31": CASES31, "batch37": CASES37,
-               "batch35": CASES35, "batch32-36": CASES3236}
+               "batch35": CASES35, "batch32-36": CASES3236,
+               "batch34": CASES34}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -2608,6 +2643,20 @@ def test_a_model_from_a_factory_these_files_lack_whose_every_model_class_has_bat
     assert found("factory", "BatchNorm2d", factory) == [(9, "check-by-hand")]
     assert found("built", "BatchNorm2d", built) == [(11, "check-by-hand")]
     assert found("layernorm", "LayerNorm", factory) == []
+
+
+def test_a_fixed_port_in_the_yaml_config_the_script_loads_into_args(tmp_path):
+    """CBIM rendezvouses on `init_method=f"{args.dist_url}"`, an attribute no option defines, which its YAML config
+    sets to 'tcp://localhost:10000'; an env:// there is no fixed port."""
+    script = ("import torch, yaml, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel"
+              " as DDP\nargs = load(yaml.safe_load(open('config/acdc.yaml')))\n"
+              "dist.init_process_group('nccl', init_method=f'{args.dist_url}')\ntorch.manual_seed(0)\n"
+              "model = DDP(Net())\n")
+    def found(name, url):
+        root = _project(tmp_path / name, {"train.py": script, "config/acdc.yaml": f"dist_url: '{url}' # port\n"})
+        return [f.line for f in audit.audit_paths([root]) if f.rule == "hard-coded-master-port"]
+    assert found("fixed", "tcp://localhost:10000") == [4]
+    assert found("env", "env://") == []
 
 
 def test_a_logger_a_base_class_in_another_file_sets_up(tmp_path):

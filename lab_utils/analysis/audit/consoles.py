@@ -51,6 +51,8 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     if dotted(c.func.value) != "logging":
         if not isinstance(c.func.value, ast.Name) or c.func.value.id in rank0_loggers(f, m):
             return False
+        if _logger_class_on_every_rank(f, m, c):
+            return True
         held = _held_logger_name(m, c, c.func.value.id)
         if held is None:
             held = _handed_logger_name(f, m, c, c.func.value.id)
@@ -125,6 +127,17 @@ def _held_logger_name(m: Module, c: ast.Call, name: str) -> str | None:
             given = const_str(a.value.args[0]) if a.value.args else None
             return given if given else ""
     return None
+
+
+def _logger_class_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`logger = Logger(path)` of a project class whose __init__ adds a StreamHandler under no rank test, and whose
+    `info` method logs through it (BiRefNet's utils.Logger): every rank that builds one writes to the console."""
+    found = f.any_class(m, c.func.value.id)
+    if found is None or f"{found[1].name}.{c.func.attr}" not in found[0].functions:
+        return False
+    cm, cd = found
+    consoles = [x for x in ast.walk(cd) if isinstance(x, ast.Call) and callee(x) == "StreamHandler"]
+    return bool(consoles) and all(f.g.effective(cm, x) is None for x in consoles) and not level_chosen_by_rank(f)
 
 
 def _handed_logger_name(f: Facts, m: Module, c: ast.Call, name: str) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from .project import Module
-from .syntax import EVAL_WORD, EVALISH, REDUCING, callee, dict_view, dotted, reduces_or_gathers
+from .syntax import EVAL_WORD, EVALISH, REDUCING, WORLDISH, callee, dict_view, dotted, reduces_or_gathers
 
 
 def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
@@ -17,6 +17,8 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
     for mm in facts.p.modules.values():
         for f in mm.functions.values():
             named = EVALISH.search(f.name) or any(EVAL_WORD.fullmatch(w) for w in f.name.split("_"))
+            if _drops_the_padding(f):
+                continue
             # ... or a gather of what an evaluation helper returned (`x, y = eval_dataset(model, dl_eval)`, then
             # all_gather(all_x, x), hyp_metric's get_emb)
             evaluated = {dotted(t) for a in ast.walk(f) if isinstance(a, ast.Assign) and isinstance(
@@ -33,7 +35,8 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
                     callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
                     any(facts.p.function_does(tm, tf, reduces_or_gathers, 2)
                         for tm, tf in facts.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)
-                    and not _helper_scatters(facts, mm, n)]
+                    and not _helper_scatters(facts, mm, n)
+                    and not any(_drops_the_padding(tf) for _, tf in facts.p.resolve(mm, n))]
     return sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
 
 
@@ -78,3 +81,15 @@ def _helper_scatters(facts, m: Module, c: ast.Call) -> bool:
             and callee(r) in ("all_reduce", "reduce", "all_gather") and r.args]
     return bool(reds) and all(callee(r) != "all_gather" and _scattered_by_index(tf, dotted(r.args[0]))
                               for tf, r in reds)
+
+
+def _drops_the_padding(fn: ast.AST) -> bool:
+    """The evaluation works out how many samples the sampler padded (`len(dataloader.dataset) % world_size`) and
+    drops them from what it gathered (CBIM's validation_ddp pops `padding_size` results): nothing counted twice."""
+    lengths = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+               and callee(a.value) == "len" for t in a.targets}  # dataset_len = len(dataloader.dataset)
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and any(
+        isinstance(x, ast.Call) and callee(x) == "len" or isinstance(x, ast.Name) and x.id in lengths
+        for x in ast.walk(n.left)) and any(
+        isinstance(x, (ast.Name, ast.Attribute, ast.Call)) and WORLDISH.search(dotted(x.func) if isinstance(
+            x, ast.Call) else dotted(x)) for x in ast.walk(n.right)) for n in ast.walk(fn))

@@ -112,10 +112,14 @@ SYNC_NAMES = {"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"}
 
 
 def _is_batchnorm(m: Module, c: ast.Call) -> bool:
-    """nn.BatchNorm1d/2d/3d, under any import alias (`from torch.nn import BatchNorm1d as BatchNorm`)."""
+    """nn.BatchNorm1d/2d/3d, under any import alias (`from torch.nn import BatchNorm1d as BatchNorm`), or a class
+    of the module built on one (CLIP-Driven's ContBatchNorm3d(_BatchNorm), batch statistics always)."""
     name = callee(c)
     imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
-    return bool(re.fullmatch(r"BatchNorm[123]d", name) or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1]))
+    own = m.classes.get(name) if isinstance(c.func, ast.Name) else None  # `class ContBatchNorm3d(_BatchNorm)`
+    return bool(re.fullmatch(r"BatchNorm[123]d", name) or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1])
+                or own is not None and any(re.fullmatch(r"_BatchNorm|BatchNorm[123]d", dotted(b).split(".")[-1])
+                                           for b in own.bases))
 
 
 def _wrapped_batchnorm(f: Facts, m: Module):

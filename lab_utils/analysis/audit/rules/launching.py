@@ -83,11 +83,27 @@ def _config_url(f: Facts, url: ast.AST):
 def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
     """(the file, the address) when `init_method=h.dist_config['dist_url']` reads a key that the project's JSON
     configs (MP-SENet's and HiFi-GAN's config.json: `"dist_url": "tcp://localhost:54321"`) all set to one address on
-    this host with a port; None when a config sets it otherwise, or no JSON file holds the key."""
+    this host with a port, or `init_method=f"{args.dist_url}"` an attribute no option defines that its YAML configs
+    set so (CBIM's `dist_url: 'tcp://localhost:10000'`); None when a config sets it otherwise, or none holds it."""
     key = const_str(url.slice) if isinstance(url, ast.Subscript) else None
+    if isinstance(url, ast.JoinedStr) and len(url.values) == 1 and isinstance(url.values[0], ast.FormattedValue):
+        url = url.values[0].value  # f"{args.dist_url}"
+    if isinstance(url, ast.Attribute) and not any(callee(c) == "add_argument" and any(
+            (const_str(a) or "").lstrip("-").replace("-", "_") == url.attr for a in c.args)
+            for mm in f.p.modules.values() for c in mm.calls):
+        key = url.attr  # `args.dist_url` that no option defines: the YAML config the script loads into args (CBIM)
     if not key or not f.p.on_disk:
         return None
     found: dict[str, str] = {}
+    for path in [*project_files(f.p.root, ".yaml"), *project_files(f.p.root, ".yml")]:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace") if path.stat().st_size < 1_000_000 else ""
+        except OSError:
+            continue
+        for line in text.splitlines():
+            hit = re.match(rf"\s*{re.escape(key)}\s*:\s*['\"]?([^'\"#\s]+)", line)
+            if hit:
+                found[str(path.relative_to(f.p.root))] = hit.group(1)
     for path in project_files(f.p.root, ".json"):
         try:
             if path.stat().st_size > 1_000_000:

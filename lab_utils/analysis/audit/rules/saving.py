@@ -113,7 +113,7 @@ def load_without_map_location(f: Facts, m: Module):
         loads = dotted(c.func) in ("torch.load", "th.load") or _unseen_torch_load(f, m, c)
         if loads and len(c.args) < 2 and (re.search(
                 r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|\.pth?\b", ast.unparse(c), re.I)
-                or _loaded_into_a_state_dict(m, c)) and \
+                or _loaded_into_a_state_dict(m, c) or _option_names_a_torch_file(f, c)) and \
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
                 not f.off_in_default_run(m, c) and \
@@ -121,6 +121,18 @@ def load_without_map_location(f: Facts, m: Module):
             # (an option unset unless given; rank 0 alone loads onto its own GPU; the launcher alone, after them)
             yield c, (f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device that saved "
                       "them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's own device)")
+
+
+def _option_names_a_torch_file(f: Facts, c: ast.Call) -> bool:
+    """`torch.load(args.word_embedding)` whose option defaults to a saved torch file
+    (`--word_embedding ./pretrained_weights/txt_encoding.pth`, CLIP-Driven Universal Model)."""
+    a = c.args[0] if c.args else None
+    if not isinstance(a, ast.Attribute):
+        return False
+    return any(callee(o) == "add_argument" and any((const_str(x) or "").lstrip("-").replace("-", "_") == a.attr
+                                                   for x in o.args)
+               and re.search(r"\.(pth?|ckpt|bin)$", const_str(kw(o, "default")) or "") is not None
+               for mm in f.p.modules.values() for o in mm.calls)
 
 
 def _after_the_workers(f: Facts, m: Module, c: ast.Call) -> bool:
