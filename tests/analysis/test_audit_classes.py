@@ -2032,6 +2032,27 @@ CASES34 = [
 ]
 
 
+# Held-out batch 36's classes: ivanvovk/WaveGrad logs through a Logger whose log_training returns unless
+# self.rank == 0 (rank 0's log, not every rank's), and spawns its workers through a helper
+# (`run_distributed(run_training, ...)` runs mp.spawn(fn, ...)) after seeding only the parent
+INNER_GUARD = ("class Logger:\n    def __init__(self, rank):\n        self.rank = rank\n"
+               "    def log_training(self, it, stats):\n{guard}        print(f'{{it}}: {{stats}}')\n"
+               "logger = Logger(rank)\nmodel = DDP(Net())\nfor it, x in enumerate(loader):\n"
+               "    loss = model(x).sum()\n    loss.backward()\n    loss_stats = {{'total_loss': loss.item()}}\n"
+               "    logger.log_training(it, loss_stats)\n")
+SPAWN_HELPER = ("import torch, torch.multiprocessing as mp, torch.distributed as dist\n"
+                "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+                "def run_training(rank, args):\n{seed}    dist.init_process_group('nccl', rank=rank, world_size=2)\n"
+                "    model = DDP(Net())\ndef run_distributed(fn, args):\n    mp.spawn(fn, args=(args,), nprocs=2)\n"
+                "if __name__ == '__main__':\n    torch.manual_seed(1234)\n    run_distributed(run_training, args)\n")
+CASES36 = [
+    ("every-rank-prints-loss", INNER_GUARD.format(guard="        if self.rank != 0: return\n"),
+     INNER_GUARD.format(guard="")),
+    ("rank0-local-loss", INNER_GUARD.format(guard=""), INNER_GUARD.format(guard="        if self.rank != 0: return\n")),
+    ("seed-before-spawn", SPAWN_HELPER.format(seed="    torch.manual_seed(1234)\n"), SPAWN_HELPER.format(seed=""), ""),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -2043,7 +2064,7 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "batch22": CASES22, "batch24-25": CASES24, "batch28": CASES28,
                "before-31": CASES31, "batch37": CASES37,
                "batch35": CASES35, "batch32-36": CASES3236,
-               "batch34": CASES34}
+               "batch34": CASES34, "batch36": CASES36}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -2657,6 +2678,21 @@ def test_a_fixed_port_in_the_yaml_config_the_script_loads_into_args(tmp_path):
         return [f.line for f in audit.audit_paths([root]) if f.rule == "hard-coded-master-port"]
     assert found("fixed", "tcp://localhost:10000") == [4]
     assert found("env", "env://") == []
+
+
+def test_master_port_from_a_config_attribute_the_projects_json_fixes(tmp_path):
+    """ivanvovk/WaveGrad sets `os.environ['MASTER_PORT'] = dist_config.MASTER_PORT`, which configs/default.json
+    fixes to "600010"; a config without the key says nothing."""
+    script = ("import os, json, torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel"
+              " as DDP\ndef init_distributed(rank, dist_config):\n"
+              "    os.environ['MASTER_PORT'] = dist_config.MASTER_PORT\n"
+              "    dist.init_process_group('nccl', rank=rank, world_size=2)\ninit_distributed(0, cfg.dist_config)\n"
+              "torch.manual_seed(0)\nmodel = DDP(Net())\n")
+    def found(name, config):
+        root = _project(tmp_path / name, {"train.py": script, "configs/default.json": config})
+        return [f.line for f in audit.audit_paths([root]) if f.rule == "hard-coded-master-port"]
+    assert found("fixed", '{"dist_config": {"MASTER_ADDR": "localhost", "MASTER_PORT": "600010"}}') == [4]
+    assert found("none", '{"dist_config": {"MASTER_ADDR": "localhost"}}') == []
 
 
 def test_a_logger_a_base_class_in_another_file_sets_up(tmp_path):

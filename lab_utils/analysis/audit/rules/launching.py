@@ -80,20 +80,8 @@ def _config_url(f: Facts, url: ast.AST):
     return None
 
 
-def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
-    """(the file, the address) when `init_method=h.dist_config['dist_url']` reads a key that the project's JSON
-    configs (MP-SENet's and HiFi-GAN's config.json: `"dist_url": "tcp://localhost:54321"`) all set to one address on
-    this host with a port, or `init_method=f"{args.dist_url}"` an attribute no option defines that its YAML configs
-    set so (CBIM's `dist_url: 'tcp://localhost:10000'`); None when a config sets it otherwise, or none holds it."""
-    key = const_str(url.slice) if isinstance(url, ast.Subscript) else None
-    if isinstance(url, ast.JoinedStr) and len(url.values) == 1 and isinstance(url.values[0], ast.FormattedValue):
-        url = url.values[0].value  # f"{args.dist_url}"
-    if isinstance(url, ast.Attribute) and not any(callee(c) == "add_argument" and any(
-            (const_str(a) or "").lstrip("-").replace("-", "_") == url.attr for a in c.args)
-            for mm in f.p.modules.values() for c in mm.calls):
-        key = url.attr  # `args.dist_url` that no option defines: the YAML config the script loads into args (CBIM)
-    if not key or not f.p.on_disk:
-        return None
+def _config_values(f: Facts, key: str) -> dict[str, str]:
+    """{config file: value} for every JSON or YAML file of the project that sets `key` (at any depth)."""
     found: dict[str, str] = {}
     for path in [*project_files(f.p.root, ".yaml"), *project_files(f.p.root, ".yml")]:
         try:
@@ -120,6 +108,24 @@ def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
                 todo += list(d.values())
             elif isinstance(d, list):
                 todo += d
+    return found
+
+
+def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
+    """(the file, the address) when `init_method=h.dist_config['dist_url']` reads a key that the project's JSON
+    configs (MP-SENet's and HiFi-GAN's config.json: `"dist_url": "tcp://localhost:54321"`) all set to one address on
+    this host with a port, or `init_method=f"{args.dist_url}"` an attribute no option defines that its YAML configs
+    set so (CBIM's `dist_url: 'tcp://localhost:10000'`); None when a config sets it otherwise, or none holds it."""
+    key = const_str(url.slice) if isinstance(url, ast.Subscript) else None
+    if isinstance(url, ast.JoinedStr) and len(url.values) == 1 and isinstance(url.values[0], ast.FormattedValue):
+        url = url.values[0].value  # f"{args.dist_url}"
+    if isinstance(url, ast.Attribute) and not any(callee(c) == "add_argument" and any(
+            (const_str(a) or "").lstrip("-").replace("-", "_") == url.attr for a in c.args)
+            for mm in f.p.modules.values() for c in mm.calls):
+        key = url.attr  # `args.dist_url` that no option defines: the YAML config the script loads into args (CBIM)
+    if not key or not f.p.on_disk:
+        return None
+    found = _config_values(f, key)
     texts = set(found.values())
     if len(texts) == 1 and LOOPBACK_PORT.search(next(iter(texts))):
         return next(iter(found)), next(iter(texts))
@@ -190,6 +196,11 @@ def hard_coded_master_port(f: Facts, m: Module):
         elif sets_port and (default := _default_kept(f, m, a.value)) is not None:
             yield a, (f"MASTER_PORT set from a parameter whose default {default!r} no caller replaces: the port is "
                       f"fixed: {advice}"), "check-by-hand"
+        elif sets_port and isinstance(a.value, ast.Attribute) and f.p.on_disk and len(
+                ports := set(_config_values(f, a.value.attr).values())) == 1 and re.fullmatch(r"\d{2,6}", *ports):
+            # os.environ['MASTER_PORT'] = dist_config.MASTER_PORT, "600010" in configs/default.json (WaveGrad)
+            yield a, (f"MASTER_PORT set from {ast.unparse(a.value)}, which the project's config files fix to "
+                      f"{next(iter(ports))!r}: {advice}"), "check-by-hand"
         elif sets_port and (default := _option_port(f, a.value)) is not None:
             yield a, (f"MASTER_PORT set from an option whose default is the fixed port {default!r}, overriding the "
                       f"environment: every run that keeps the default uses it: {advice}"), "check-by-hand"

@@ -197,7 +197,7 @@ def _own_walk(scope: ast.AST):
                  if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
 
 
-def _fed_at(m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | None:
+def _fed_at(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | None:
     """Where the loss goes into a meter that prints it elsewhere: `metric_logger.log_every(loader, ...)` in the
     loop header prints what `metric_logger.update(loss=loss_value)` fed it in the body; that line is the one to
     change. None when the log call prints the loss itself."""
@@ -207,6 +207,8 @@ def _fed_at(m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | None:
     scope = m.enclosing(c) or m.tree
     for x in sorted((x for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute)
                      and root(x.func.value) == meter and x is not c), key=lambda x: x.lineno):
+        if meter_print_calls(f, m, x):
+            continue  # another log through the same object (WaveGrad's log_training beside log_test), not a feed
         fed = [*x.args, *[k.value for k in x.keywords]]
         if any(LOSSISH.search(k.arg or "") and not NOT_A_LOSS.search(k.arg or "") for k in x.keywords) or any(
                 isinstance(n, (ast.Name, ast.Attribute)) and root(n) in lossy for v in fed for n in ast.walk(v)):
@@ -265,6 +267,9 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
         kind = f.g.effective(m, c)
+        inner = meter_print_calls(f, m, c) if kind is None and name not in LOG_CALLS else None
+        if inner and all(f.g.effective(mm, x) == "rank0" for mm, x in inner):
+            kind = "rank0"  # `logger.log_training(it, stats)` whose method returns unless self.rank == 0 (WaveGrad)
         out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
     cache[m.rel] = out
     return out
@@ -366,7 +371,7 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
         per_block |= {block, where}
         how = "" if kind is not None else "through a logger whose console is rank 0's, " if console0 else \
             "through a print only rank 0's console shows (builtins.print replaced, or stdout silenced), "
-        fed = _fed_at(m, c, lossy)
+        fed = _fed_at(f, m, c, lossy)
         at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
         yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",

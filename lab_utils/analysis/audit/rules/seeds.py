@@ -146,9 +146,10 @@ def seed_before_spawn(f: Facts, m: Module):
     if entry is None or not entry[1] & {"torch", "other"}:
         return  # no seed at all is no-seed's finding
     for c in m.calls:
-        if callee(c) not in SPAWNS or not c.args:
+        fn = c.args[0] if callee(c) in SPAWNS and c.args else _spawned_through(f, m, c)
+        if fn is None:
             continue
-        target = f.p.resolve(m, ast.Call(func=c.args[0], args=[], keywords=[]))
+        target = f.p.resolve(m, ast.Call(func=fn, args=[], keywords=[]))
         if not target:
             continue
         tm, tf = target[0]
@@ -162,6 +163,18 @@ def seed_before_spawn(f: Facts, m: Module):
                      f"and {'only seed torch.cuda' if 'cuda' in inside else 'never seed torch'}, so the DDP "
                      "run's init (built on the CPU) is unseeded while the single run's is seeded — seed inside "
                      f"{tf.name}()")
+
+
+def _spawned_through(f: Facts, m: Module, c: ast.Call) -> ast.AST | None:
+    """`run_distributed(run_training, config, args)` where the project helper runs `mp.spawn(fn, ...)` on its
+    parameter (WaveGrad): the function the workers run, as the call hands it."""
+    for _, tf in f.p.resolve(m, c):
+        params = [a.arg for a in tf.args.args]
+        for s in ast.walk(tf):
+            if isinstance(s, ast.Call) and callee(s) in SPAWNS and s.args and isinstance(s.args[0], ast.Name) \
+                    and s.args[0].id in params and params.index(s.args[0].id) < len(c.args):
+                return c.args[params.index(s.args[0].id)]
+    return None
 
 
 def _single_value(m: Module, name: str, depth: int = 0) -> float | None:
