@@ -1988,7 +1988,13 @@ RANK0_VALID = ("model = DDP(Net())\ndef step(dataset, model):\n    loss = model(
                "    if rank == 0:\n        losses = []\n        for {loop}:\n"
                "            losses.append(step({data}, model.module))\n        loss = torch.stack(losses).mean()\n"
                "        print(f'valid {{loss.item()}}')\n")
+# PET converts to SyncBatchNorm only under `--syn_bn`, an int option that defaults to 0
+SYN_BN_INT = ("import argparse\np = argparse.ArgumentParser()\n"
+              "p.add_argument('--syn_bn', default={default}, type=int)\nargs = p.parse_args()\n"
+              "model = Net()\nif args.syn_bn:\n"
+              "    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DDP(model)\n")
 CASES3236 = [
+    ("batchnorm-without-sync", SYN_BN_INT.format(default=1), SYN_BN_INT.format(default=0)),
     ("eval-padding-duplicates", SCATTERED.format(store="feats[indices] = model(data)"),
      SCATTERED.format(store="feats = torch.cat([feats, model(data)])")),
     ("load-without-map-location", AFTER_SPAWN.format(worker=""),

@@ -26,7 +26,10 @@ class DefaultOptions:
                         isinstance(default, ast.Constant) and default.value is True)
                     # `--lora_reinit default=False, type=bool`: off unless given, however it is parsed
                     false_default = isinstance(default, ast.Constant) and default.value is False
-                    if callee(a) == "add_argument" and opt and (store_true or false_default):
+                    # `--syn_bn default=0, type=int` (PET), tested as `if args.syn_bn:`: off unless given too
+                    zero_int = isinstance(default, ast.Constant) and type(default.value) is int and \
+                        default.value == 0 and dotted(kw(a, "type")) == "int"
+                    if callee(a) == "add_argument" and opt and (store_true or false_default or zero_int):
                         out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
             self.cache["flags"] = out
         return self.cache["flags"]
