@@ -1963,7 +1963,23 @@ HANDED_LOGGER = ("import logging\ndef get_logger(outdir):\n{guard}    logging.ba
                  "        if i % 10 == 0:\n            logger.info(loss_meter.value()[0])\n"
                  "    logger.info(loss_meter.value()[0])\n"
                  "logger = get_logger('exp')\nmodel = DDP(Net())\nrun_epoch(model, loader, logger)\n")
+# GFSLT-VLP sets up the group only when launched, yet builds its DistributedSampler on every path: a run without
+# the launcher stops there, so its set_epoch and all_gather under/outside the switch break no single run; its
+# `def loss_fn_kd(...)` with reduction='sum' is never called
+ONLY_DISTRIBUTED = ("import os\nif 'RANK' in os.environ:\n    dist.init_process_group('nccl')\n"
+                    "    distributed = True\nelse:\n    distributed = False\nmodel = DDP(Net())\n"
+                    "s = DistributedSampler(ds{replicas})\nfor epoch in range(3):\n    if distributed:\n"
+                    "        s.set_epoch(epoch)\n    for b in DataLoader(ds, sampler=s):\n"
+                    "        model(b).sum().backward()\n        out = [torch.zeros(1), torch.zeros(1)]\n"
+                    "        dist.all_gather(out, torch.ones(1))\n")
+UNUSED_KD = ("def loss_fn_kd(outputs, teacher):\n    return torch.nn.KLDivLoss(reduction='sum')(outputs, teacher)\n"
+             "model = DDP(Net())\nfor x in loader:\n    {use}.backward()\n")
 CASES35 = [
+    ("set-epoch-missing", ONLY_DISTRIBUTED.format(replicas=""),
+     ONLY_DISTRIBUTED.format(replicas=", num_replicas=2, rank=0"), ""),
+    ("collective-outside-switch", ONLY_DISTRIBUTED.format(replicas=""),
+     ONLY_DISTRIBUTED.format(replicas=", num_replicas=2, rank=0"), ""),
+    ("sum-loss-unscaled", UNUSED_KD.format(use="model(x).sum()"), UNUSED_KD.format(use="loss_fn_kd(model(x), t)")),
     ("lr-grows-with-world-size", SCALE_RATIO.format(world=""), SCALE_RATIO.format(world="world_size * ")),
     ("every-rank-prints-loss", HANDED_LOGGER.format(guard="    if rank != 0:\n        return None\n"),
      HANDED_LOGGER.format(guard="")),

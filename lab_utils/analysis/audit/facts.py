@@ -11,7 +11,7 @@ import re
 from .evaluation import eval_loop_reduces
 from .options import DefaultOptions
 from .project import Module, Project
-from .ranks import Guards, dead_branch, rank0_writer
+from .ranks import Guards, dead_branch, rank0_writer, switched
 from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
@@ -260,6 +260,20 @@ class Facts(DefaultOptions):
                         out.add(c.name)
             self.cache["samplers"] = out
         return self.cache["samplers"]
+
+    def runs_only_distributed(self) -> bool:
+        """The process group is set up under a switch, and a script builds a DistributedSampler on every path and
+        without num_replicas (GFSLT-VLP's train_vlp.py): it needs the group, so a run without the switch stops
+        there. Such a project has no single-process run for a collective or a set_epoch outside the switch to
+        break."""
+        if "only_distributed" not in self.cache:
+            inits = [(mm, c) for mm in self.p.modules.values() for c in mm.calls if callee(c) == "init_process_group"]
+            self.cache["only_distributed"] = bool(inits) and all(  # the group itself under the switch
+                switched(self.p, mm, c) is not None for mm, c in inits) and any(
+                callee(c) == "DistributedSampler" and len(c.args) < 2 and kw(c, "num_replicas") is None
+                and mm.entry and switched(self.p, mm, c) is None and not isinstance(mm.parent.get(id(c)), ast.IfExp)
+                and self.off_by_default(mm, c) is None for mm in self.p.modules.values() for c in mm.calls)
+        return self.cache["only_distributed"]
 
     def eval_loop_reduces(self) -> list[tuple[Module, ast.Call]]:
         """Where some evaluation loop of the project reduces over ranks (evaluation.eval_loop_reduces)."""

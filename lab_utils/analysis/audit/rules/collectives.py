@@ -185,8 +185,8 @@ def _wrap_reaches(m: Module, c: ast.Call, owner: str, line: int) -> bool:
       "'Default process group has not been initialized'")
 def collective_outside_switch(f: Facts, m: Module):
     inits = [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "init_process_group"]
-    if not inits or not all(_optional_group(mm, c) for mm, c in inits):
-        return  # the group exists in every run the script can make
+    if not inits or not all(_optional_group(mm, c) for mm, c in inits) or f.runs_only_distributed():
+        return  # the group exists in every run the script can make (or a run without it stops at the sampler)
     flags, told = _group_flags(f), set()
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
         wrap = f.is_ddp_call(m, c)  # DDP's constructor broadcasts rank 0's state over the default group too

@@ -54,10 +54,17 @@ def sum_loss_unscaled(f: Facts, m: Module):
         return  # the sum is scaled by the world size somewhere
     for c in m.calls:
         if any(k.arg == "reduction" and const_str(k.value) == "sum" for k in c.keywords) and \
-                not _divided_later(m, c):
+                not _divided_later(m, c) and not _in_a_function_nothing_uses(f, m, c):
             yield c, ("reduction='sum' under DDP without a x world_size: DDP averages the gradients over ranks, so "
                       "each step is 1/world_size of the single run's (AdamW hides it in the loss; the grad norm "
                       "shows it) — multiply the loss by world_size, or divide the sum by the global count")
+
+
+def _in_a_function_nothing_uses(f: Facts, m: Module, c: ast.Call) -> bool:
+    """GFSLT-VLP's `def loss_fn_kd(...)`, defined and never called or named anywhere in the project."""
+    fn = m.enclosing(c)
+    return isinstance(fn, ast.FunctionDef) and m.class_of(fn) is None and not f.p.callers(m, fn) and \
+        fn.name not in f.all_names()
 
 
 LOSS_CODE = re.compile(r"loss|contrast|nce|clip|simclr|moco|criterion", re.I)

@@ -120,7 +120,7 @@ def set_epoch_missing(f: Facts, m: Module):
                       f"every epoch, unlike the single run — call {name}.set_epoch(epoch) at the top of each epoch"))
         return
     switches = [distributed_switch(mm, c) for mm, c in set_epochs]
-    if all(s is not None for s in switches) and any(
+    if all(s is not None for s in switches) and not f.runs_only_distributed() and any(
             switched(f.p, m, c) is None and m.enclosing(c, (ast.IfExp,)) is None for c in made) and not any(
             isinstance(m.parent.get(id(x)), ast.IfExp) for x in made):
         mm, c = set_epochs[0]
