@@ -2688,6 +2688,29 @@ def test_a_model_from_a_factory_these_files_lack_whose_every_model_class_has_bat
     assert found("layernorm", "LayerNorm", factory) == []
 
 
+def test_a_model_its_yaml_config_names_for_a_dynamic_builder(tmp_path):
+    """OpenSphere wraps `self.backbone = self.build_module(cfg['backbone']).to(rank)`, a helper that imports the
+    class its YAML names (`type: iresnet100`), beside a head without BatchNorm: the named builder reaches
+    BatchNorm, reported for a check by hand; a config naming only the head says nothing."""
+    model = ("import importlib, torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+             "class Model:\n    def __init__(self, cfg, rank):\n"
+             "        self.backbone = self.build_module(cfg['backbone']).to(rank)\n"
+             "        self.backbone = DDP(self.backbone)\n    def build_module(self, args):\n"
+             "        return getattr(importlib.import_module('nets'), args.pop('type'))(**args)\n")
+    nets = ("import torch.nn as nn\nclass IResNet(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.bn = nn.BatchNorm2d(8)\ndef iresnet100():\n    return IResNet()\n"
+            "class SphereFace(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.w = nn.Linear(8, 8)\n")
+    script = ("import torch, torch.distributed as dist\nfrom model import Model\ndist.init_process_group('nccl')\n"
+              "torch.manual_seed(0)\nModel(cfg, 0)\n")
+    def found(name, config):
+        root = _project(tmp_path / name, {"train.py": script, "model.py": model, "nets.py": nets,
+                                          "config/train.yml": config})
+        return [(Path(f.path).name, f.line) for f in audit.audit_paths([root]) if f.rule == "batchnorm-without-sync"]
+    assert found("backbone", "backbone:\n  type: iresnet100\nhead:\n  type: SphereFace\n") == [("model.py", 6)]
+    assert found("head", "head:\n  type: SphereFace\n") == []
+
+
 def test_a_fixed_port_in_the_yaml_config_the_script_loads_into_args(tmp_path):
     """CBIM rendezvouses on `init_method=f"{args.dist_url}"`, an attribute no option defines, which its YAML config
     sets to 'tcp://localhost:10000'; an env:// there is no fixed port."""

@@ -7,6 +7,7 @@ import ast
 import re
 
 from ..facts import Facts
+from ..launch_scripts import project_files
 from ..project import Module
 from ..ranks import is_switch_test
 from ..registry import Hit, rule
@@ -46,9 +47,9 @@ def batchnorm_without_sync(f: Facts, m: Module):
         if wrap is None:
             unseen = _wrapped_from_unseen_factories(f, m)
             if unseen is not None:
-                w, factory, (bm, node) = unseen
-                yield Hit(w, (f"the model wrapped here comes from {factory}(), which these files do not hold, and "
-                              f"every model class these files define has BatchNorm ({bm.rel}:{node.lineno}); nothing "
+                w, factory, (bm, node), why = unseen
+                yield Hit(w, (f"the model wrapped here comes from {factory}(), whose class these files do not name "
+                              f"in code, and {why} ({bm.rel}:{node.lineno}); nothing "
                               "converts it to SyncBatchNorm: at 2 ranks each rank would normalise with its own "
                               "half-batch's statistics, unlike the single run — check which model the factory "
                               "builds; nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP"), "check-by-hand",
@@ -496,17 +497,56 @@ def _wrapped_from_unseen_factories(f: Facts, m: Module):
     packages = {mm.rel.split("/")[0] for mm in f.p.modules.values()}
     for w in sorted((c for c in m.calls if f.is_ddp_call(m, c) and c.args), key=lambda c: c.lineno):
         arg = w.args[0]
-        if not isinstance(arg, ast.Name):
+        if isinstance(arg, ast.Name):
+            made = _built_from(m, w, arg.id)
+        elif isinstance(arg, ast.Attribute):  # self.backbone = self.build_module(args['backbone']).to(rank)
+            made = [_unchained(a.value) for a in m.nodes if isinstance(a, ast.Assign) and a.lineno < w.lineno
+                    and any(dotted(t) == dotted(arg) for t in a.targets)]
+        else:
             continue
-        made = _built_from(m, w, arg.id)
-        parts = [p for c in made for p in (c.args if callee(c) == "Sequential" else [c])]
+        parts = [p for c in made for p in (c.args if isinstance(c, ast.Call) and callee(c) == "Sequential" else [c])]
         names = [_unseen_maker(f, m, p, packages) for p in parts]
         if not parts or not all(names):
             continue
         roots = _top_model_classes(f)
         found = [_class_batchnorm(f, cm, cd) for cm, cd in roots]
         if roots and all(found):
-            return w, names[0], found[0]
+            return w, names[0], found[0], "every model class these files define has BatchNorm"
+        named = _config_named_batchnorm(f)
+        if named is not None:
+            return w, names[0], named[1], f"the project's config names {named[0]}, which has BatchNorm"
+    return None
+
+
+def _unchained(v: ast.AST) -> ast.AST:
+    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
+            "to", "cuda", "float", "half", "train") and isinstance(v.func.value, ast.Call):
+        v = v.func.value
+    return v
+
+
+CONFIG_NAMES = re.compile(r"^\s*-?\s*(?:type|obj|arch|model|backbone|name)\s*:\s*['\"]?([\w.]+)")
+
+
+def _config_named_batchnorm(f: Facts):
+    """(name, (module, BatchNorm)) for a project class or builder function that the project's YAML configs name
+    as the thing to build (`type: iresnet100`, OpenSphere; `obj: speakerlab.models.campplus.DTDNN.CAMPPlus`)
+    and that reaches BatchNorm; None when no named one does."""
+    if not f.p.on_disk:
+        return None
+    named = set()
+    for path in [*project_files(f.p.root, ".yaml"), *project_files(f.p.root, ".yml")]:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace") if path.stat().st_size < 1_000_000 else ""
+        except OSError:
+            continue
+        named |= {hit.group(1).split(".")[-1] for line in text.splitlines() if (hit := CONFIG_NAMES.match(line))}
+    for mm in f.p.modules.values():
+        for name in sorted(named):
+            if name in mm.classes and (bn := _class_batchnorm(f, mm, mm.classes[name])) is not None:
+                return name, bn
+            if name in mm.functions and (bn := _bn_in(f, f.p.reach(mm, mm.functions[name]))) is not None:
+                return name, bn
     return None
 
 
@@ -520,12 +560,14 @@ def _unseen_maker(f: Facts, m: Module, v: ast.AST, packages: set[str]) -> str | 
         return _unseen_maker(f, m, made[0], packages) if len(made) == 1 else None
     while isinstance(v, ast.Call) and isinstance(v.func, ast.Call):
         v = v.func  # get_speaker_model(name)(**args)
-    if not (isinstance(v, ast.Call) and isinstance(v.func, ast.Name)):
+    if not (isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute))):
         return None
     found = f.p.resolve(m, v)
     if found:  # a project factory that imports the class its config names (3D-Speaker's build -> dynamic_import)
-        return v.func.id if all(f.p.function_does(tm, tf, lambda mm, cc: callee(cc) == "import_module", depth=3)
+        return callee(v) if all(f.p.function_does(tm, tf, lambda mm, cc: callee(cc) == "import_module", depth=3)
                                 for tm, tf in found) else None
+    if not isinstance(v.func, ast.Name):
+        return None
     imp = m.imports.get(v.func.id)
     return v.func.id if imp and f.p.module_for(m, v.func.id) is None and (
         imp[2] > 0 or imp[0].split(".")[0] in packages) else None
