@@ -2075,6 +2075,25 @@ CASES36 = [
 ]
 
 
+# Held-out batch 38's classes: DS2 calls set_epoch under `if isinstance(dataloader.sampler, DistributedSampler):`
+# (true whenever the sampler is one), and its detectron2-style setup_logger adds the console handler on rank 0 only
+# and a StreamHandler on each rank's own log file (no console)
+SAMPLER_TYPE = ("s = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=s)\nfor epoch in range(3):\n"
+                "    if {test}:\n        loader.sampler.set_epoch(epoch)\n    for b in loader: pass\n")
+FILE_STREAM = ("import logging, sys\ndef setup_logger(output, distributed_rank):\n"
+               "    logger = logging.getLogger('contrast')\n    if distributed_rank == 0:\n"
+               "        logger.addHandler(logging.StreamHandler(stream=sys.stdout))\n"
+               "    logger.addHandler(logging.StreamHandler({stream}))\n    return logger\n"
+               "logger = setup_logger('out', dist.get_rank())\nmodel = DDP(Net())\nfor x in loader:\n"
+               "    loss = model(x).sum()\n    loss.backward()\n    logger.info(f'loss {{loss.item():.3f}}')\n")
+CASES38 = [
+    ("set-epoch-missing", SAMPLER_TYPE.format(test="isinstance(loader.sampler, DistributedSampler)"),
+     SAMPLER_TYPE.format(test="args.distributed")),
+    ("rank0-local-loss", FILE_STREAM.format(stream="sys.stderr"),
+     FILE_STREAM.format(stream="open(f'log{rank}.txt', 'a')")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -2086,7 +2105,8 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "batch22": CASES22, "batch24-25": CASES24, "batch28": CASES28,
                "before-31": CASES31, "batch37": CASES37,
                "batch35": CASES35, "batch32-36": CASES3236,
-               "batch34": CASES34, "batch36": CASES36}
+               "batch34": CASES34, "batch36": CASES36,
+               "batch38": CASES38}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],

@@ -25,11 +25,18 @@ def rank0_loggers(f: Facts, m: Module) -> set[str]:
                 continue
             for tm, tf in f.p.resolve(m, a.value):
                 consoles = [c for c in ast.walk(tf) if isinstance(c, ast.Call)
-                            and callee(c) in ("StreamHandler", "basicConfig")]
+                            and callee(c) in ("StreamHandler", "basicConfig") and not _to_a_file(c)]
                 if consoles and all(f.g.effective(tm, c) == "rank0" for c in consoles):
                     out |= {dotted(t) for t in a.targets} - {""}
         cache[m.rel] = out
     return cache[m.rel]
+
+
+def _to_a_file(c: ast.Call) -> bool:
+    """`logging.StreamHandler(_cached_log_stream(filename))` (detectron2's setup_logger, every rank's own file):
+    a handler on an opened file, not on the console."""
+    stream = c.args[0] if c.args else kw(c, "stream")
+    return callee(c) == "StreamHandler" and stream is not None and dotted(stream) not in ("sys.stdout", "sys.stderr")
 
 
 def root_console_on_stdout(f: Facts, m: Module, c: ast.Call) -> bool:

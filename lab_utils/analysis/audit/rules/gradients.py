@@ -481,7 +481,7 @@ def lr_grows_with_world_size(f: Facts, m: Module):
                 dotted(t)) or _lr_factor_of_a_scheduler(t) for t in n.targets) and _grows(n.value, holding):
             found.append((n, n.value, ast.unparse(n)))
         elif isinstance(n, ast.Call) and kw(n, "lr") is not None and _grows(kw(n, "lr"), holding):
-            found.append((n, kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))
+            found.append((kw(n, "lr"), kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))  # (at the scaling line)
     # the scaling itself (`lr = base_lr * bs * get_world_size() / 512`) before a copy of a name it writes later
     # (`base_lr = args.lr` read before DyTox's loop assigns the scaled lr back to args.lr)
     found.sort(key=lambda x: not any(isinstance(b, ast.BinOp) for b in ast.walk(x[1])))

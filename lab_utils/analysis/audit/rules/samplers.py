@@ -120,13 +120,21 @@ def set_epoch_missing(f: Facts, m: Module):
                       f"every epoch, unlike the single run — call {name}.set_epoch(epoch) at the top of each epoch"))
         return
     switches = [distributed_switch(mm, c) for mm, c in set_epochs]
-    if all(s is not None for s in switches) and not f.runs_only_distributed() and any(
+    if all(s is not None and not _tests_the_sampler_type(s) for s in switches) and not f.runs_only_distributed() \
+            and any(
             switched(f.p, m, c) is None and m.enclosing(c, (ast.IfExp,)) is None for c in made) and not any(
             isinstance(m.parent.get(id(x)), ast.IfExp) for x in made):
         mm, c = set_epochs[0]
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
+
+
+def _tests_the_sampler_type(test: ast.AST) -> bool:
+    """`if isinstance(dataloader.sampler, DistributedSampler):` (DS2): true whenever the sampler is one, so the
+    set_epoch under it runs for every DistributedSampler; no switch the sampler ignores."""
+    return any(isinstance(n, ast.Call) and callee(n) == "isinstance" and len(n.args) == 2
+               and "Sampler" in dotted(n.args[1]) for n in ast.walk(test))
 
 
 def _sampler_left_out(m: Module, made: list[ast.Call], set_epochs) -> tuple[ast.Call, str, list[str]] | None:
