@@ -2745,6 +2745,24 @@ def test_a_fixed_port_in_the_yaml_config_the_script_loads_into_args(tmp_path):
     assert found("env", "env://") == []
 
 
+def test_a_port_option_defined_alike_in_two_scripts(tmp_path):
+    """ExpansionNet's train.py and test.py both define `--ddp_sync_port` with default 12354, and train.py sets
+    `os.environ['MASTER_PORT'] = args.ddp_sync_port`: one fixed default, reported; two different defaults are not
+    one port."""
+    train = ("import os, argparse, torch, torch.distributed as dist\n"
+             "from torch.nn.parallel import DistributedDataParallel as DDP\np = argparse.ArgumentParser()\n"
+             "p.add_argument('--ddp_sync_port', type=int, default=12354)\nargs = p.parse_args()\n"
+             "os.environ['MASTER_PORT'] = args.ddp_sync_port\ndist.init_process_group('nccl', rank=0, world_size=2)\n"
+             "torch.manual_seed(0)\nmodel = DDP(Net())\n")
+    def found(name, other):
+        test = ("import argparse\np = argparse.ArgumentParser()\n"
+                f"p.add_argument('--ddp_sync_port', type=int, default={other})\n")
+        root = _project(tmp_path / name, {"train.py": train, "test.py": test})
+        return [f.line for f in audit.audit_paths([root]) if f.rule == "hard-coded-master-port"]
+    assert found("same", 12354) == [6]
+    assert found("different", 12355) == []
+
+
 def test_master_port_from_a_config_attribute_the_projects_json_fixes(tmp_path):
     """ivanvovk/WaveGrad sets `os.environ['MASTER_PORT'] = dist_config.MASTER_PORT`, which configs/default.json
     fixes to "600010"; a config without the key says nothing."""

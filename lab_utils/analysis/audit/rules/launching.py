@@ -153,7 +153,9 @@ def _option_port(f: Facts, v: ast.AST):
                 if callee(c) == "add_argument" and any(
                     (const_str(a) or "").lstrip("-").replace("-", "_") == v.attr for a in c.args)]
     ports = {str(d.value) for d in defaults if isinstance(d, ast.Constant) and str(d.value).isdigit()}
-    return ports.pop() if defaults and len(ports) == 1 and len(defaults) == 1 else None
+    # (one option, or the same default in each script that defines it: ExpansionNet's train.py and test.py)
+    return ports.pop() if defaults and len(ports) == 1 and all(isinstance(d, ast.Constant) for d in defaults) \
+        else None
 
 
 def _env_fallback(m: Module, node: ast.Assign) -> bool:
