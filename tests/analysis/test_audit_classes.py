@@ -2743,6 +2743,10 @@ def test_a_fixed_port_in_the_yaml_config_the_script_loads_into_args(tmp_path):
         return [f.line for f in audit.audit_paths([root]) if f.rule == "hard-coded-master-port"]
     assert found("fixed", "tcp://localhost:10000") == [4]
     assert found("env", "env://") == []
+    # Stratified-Transformer's script replaces the config's address with a free port before it spawns
+    script = script.replace("args = load(", "args = load(").replace(
+        "dist.init_process_group(", "args.dist_url = f'tcp://127.0.0.1:{find_free_port()}'\ndist.init_process_group(")
+    assert found("replaced", "tcp://localhost:10000") == []
 
 
 def test_a_port_option_defined_alike_in_two_scripts(tmp_path):

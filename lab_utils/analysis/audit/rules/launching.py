@@ -121,7 +121,9 @@ def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
         url = url.values[0].value  # f"{args.dist_url}"
     if isinstance(url, ast.Attribute) and not any(callee(c) == "add_argument" and any(
             (const_str(a) or "").lstrip("-").replace("-", "_") == url.attr for a in c.args)
-            for mm in f.p.modules.values() for c in mm.calls):
+            for mm in f.p.modules.values() for c in mm.calls) and not any(
+            isinstance(a, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == url.attr for t in a.targets)
+            for mm in f.p.modules.values() for a in mm.nodes):  # (Stratified-Transformer sets it to a free port)
         key = url.attr  # `args.dist_url` that no option defines: the YAML config the script loads into args (CBIM)
     if not key or not f.p.on_disk:
         return None
