@@ -2094,6 +2094,96 @@ CASES38 = [
 ]
 
 
+# Held-out batch 40's class: MiniMind logs through `def Logger(content): if is_main_process(): print(content)`, a
+# print wrapper: its call logs what it is handed on rank 0 alone. A helper that is handed the loss and also loops
+# (a training function given a logger) is no such log.
+PRINT_WRAPPER = ("def is_main_process():\n    return dist.get_rank() == 0\n"
+                 "def Logger(content):\n    if is_main_process():\n        {body}\n"
+                 "model = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+                 "    Logger(f'loss {{loss.item():.3f}}')\n")
+CASES40 = [
+    ("rank0-local-loss", PRINT_WRAPPER.format(body="for line in content.split():\n            print(line)"),
+     PRINT_WRAPPER.format(body="print(content)")),
+    ("every-rank-prints-loss", PRINT_WRAPPER.format(body="print(content)"),
+     PRINT_WRAPPER.format(body="print(content)").replace("    if is_main_process():\n    ", "")),
+]
+
+
+# Held-out batches 44-47's classes. ADL-Stereo spawns its ranks under `if args.distributed and
+# args.multiprocessing_distributed:`, so `not args.multiprocessing_distributed or rank % ngpus == 0` is rank 0's
+# guard in every run it starts; YouReID saves under `'RANK' not in os.environ or int(os.environ['RANK']) == 0`, true
+# only on rank 0 of a launched run; Soft-HuBERT's `step, best = load_checkpoint(..., rank=rank)` returns no rank, so
+# `if step % N == 0:` is no rank test; and its validation meter is fed over a loader with no sampler (every rank
+# sees the whole set: rank 0's number is the single run's)
+SPAWN_AND = ("import torch.multiprocessing as mp\ndef main_worker(gpu, ngpus, args):\n    model = DDP(Net())\n"
+             "    if not args.multiprocessing_distributed or args.rank % ngpus == 0:\n"
+             "        torch.save(model.state_dict(), 'ckpt.pt')\n"
+             "if {flag}:\n    mp.spawn(main_worker, nprocs=2, args=(2, args))\n")
+LAUNCHED = ("model = DDP(Net())\nif {test}:\n    torch.save(model.state_dict(), 'ckpt.pt')\n")
+OPAQUE = ("def load_checkpoint(path, model, rank):\n    ckpt = torch.load(path, map_location=f'cuda:{{rank}}')\n"
+          "    step = ckpt['step']\n    return {ret}\n"
+          "model = DDP(Net())\nstep = load_checkpoint('c.pt', model, rank)\n"
+          "for x in loader:\n    step += 1\n    if step % 100 == 0:\n        model(x)\n")
+WHOLE_SET = ("model = DDP(Net())\nval_loader = DataLoader(val_ds, batch_size=1{sampler})\n"
+             "for x in loader:\n    model(x).sum().backward()\nval_loss = Meter()\n"
+             "with torch.no_grad():\n    for x in val_loader:\n        loss = model(x).mean()\n"
+             "        val_loss.update(loss.item())\nif rank == 0:\n    print(val_loss.avg)\n")
+CASES44 = [
+    ("save-on-every-rank", SPAWN_AND.format(flag="args.distributed and args.multiprocessing_distributed"),
+     SPAWN_AND.format(flag="args.distributed").replace("args.rank % ngpus == 0", "args.save")),
+    ("save-on-every-rank", LAUNCHED.format(test="'RANK' not in os.environ or int(os.environ['RANK']) == 0"),
+     LAUNCHED.format(test="'RANK' not in os.environ or args.save")),
+    ("ddp-forward-under-rank0", OPAQUE.format(ret="step"), OPAQUE.format(ret="rank")),
+    ("rank0-local-loss", WHOLE_SET.format(sampler=""),
+     WHOLE_SET.format(sampler=", sampler=DistributedSampler(val_ds)")),
+]
+
+
+# DGL's `mp.spawn(run, ...)` hands run its process index first (`def run(proc_id, ...)`, then `if proc_id == 0:`)
+# and passes init_method second by position; ADL-Stereo builds `__models__[args.model](...)` from a table these
+# files lack, --model defaulting to a class the project defines; HigherHRNet converts to SyncBatchNorm only under
+# `cfg.MODEL.SYNC_BN`, False in its yacs defaults
+SPAWN_INDEX = ("import torch.multiprocessing as mp\ndef run(proc_id, nprocs):\n    model = DDP(Net())\n"
+               "    for x in loader:\n        loss = model(x).sum()\n        loss.backward()\n"
+               "        if {test}:\n            print(loss.item())\nmp.spawn(run, args=(2,), nprocs=2)\n")
+PORT_ARG = "dist.init_process_group('nccl', {url}, world_size=2, rank=rank)\n"
+CONFIG_OFF = ("from yacs.config import CfgNode as CN\n_C = CN()\n_C.MODEL = CN()\n_C.MODEL.SYNC_BN = {default}\n"
+              "cfg = _C.clone()\nmodel = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))\n"
+              "if cfg.MODEL.SYNC_BN:\n    model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+              "model = DDP(model)\nfor x in loader:\n    model(x).sum().backward()\n")
+CASES44 += [
+    ("every-rank-prints-loss", SPAWN_INDEX.format(test="proc_id == 0"), SPAWN_INDEX.format(test="nprocs == 2")),
+    ("hard-coded-master-port", PORT_ARG.format(url="'env://'"), PORT_ARG.format(url="'tcp://127.0.0.1:12347'")),
+    ("batchnorm-without-sync", CONFIG_OFF.format(default="True"), CONFIG_OFF.format(default="False")),
+]
+
+
+# Held-out batches 48-51's classes: NeWCRFs's evaluation sampler keeps torch's padding line commented out (its own
+# __iter__ pads nothing); DDGAN logs DCGAN's `errG`/`errD`; PVDM loads GradScaler states (Python numbers) without
+# map_location
+SAMPLER_OWN_ITER = ("class EvalDistributedSampler(torch.utils.data.Sampler):\n    def __init__(self, ds):\n"
+                    "        self.total_size = len(ds)\n        self.ds = ds\n    def __iter__(self):\n"
+                    "        indices = list(range(len(self.ds)))\n{pad}"
+                    "        return iter(indices[rank:self.total_size:world_size])\n"
+                    "val_sampler = EvalDistributedSampler(val_ds)\n"
+                    "val_loader = DataLoader(val_ds, sampler=val_sampler)\n"
+                    "model = DDP(Net())\n"
+                    "for x in loader:\n    model(x).sum().backward()\ndef evaluate(loader):\n"
+                    "    for x in loader:\n        s = model(x).sum()\n        dist.all_reduce(s)\n"
+                    "evaluate(val_loader)\n")
+GAN_ERR = ("model = DDP(Net())\nfor x in loader:\n    errG = model(x).mean()\n    errG.backward()\n{reduce}"
+           "    if rank == 0:\n        print('G loss', errG.item())\n")
+SCALER_LOAD = ("from torch.cuda.amp import GradScaler\nscaler = GradScaler()\nmodel = DDP(Net())\n"
+               "{holder}.load_state_dict(torch.load('ckpt/scaler.pth'))\n")
+CASES48 = [
+    ("eval-padding-duplicates", SAMPLER_OWN_ITER.format(pad=""),
+     SAMPLER_OWN_ITER.format(pad="        indices += indices[:world_size - len(indices) % world_size]\n")),
+    ("rank0-local-loss", GAN_ERR.format(reduce="    dist.all_reduce(errG)\n    errG /= world_size\n"),
+     GAN_ERR.format(reduce="")),
+    ("load-without-map-location", SCALER_LOAD.format(holder="scaler"), SCALER_LOAD.format(holder="model")),
+]
+
+
 # Every batch's (rule, quiet, loud[, head]) cases in one test: the rule stays quiet on the first script and fires on
 # the second; `head` (batches 7 and 8) replaces the default DDP header for scripts that set up DDP themselves.
 BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CASES6, "batch7": CASES7,
@@ -2106,7 +2196,7 @@ BATCH_CASES = {"batch3": CASES, "batch4": CASES4, "batch5": CASES5, "batch6": CA
                "before-31": CASES31, "batch37": CASES37,
                "batch35": CASES35, "batch32-36": CASES3236,
                "batch34": CASES34, "batch36": CASES36,
-               "batch38": CASES38}
+               "batch38": CASES38, "batch40": CASES40, "batch44-47": CASES44, "batch48-51": CASES48}
 
 
 @pytest.mark.parametrize("case", [c for cases in BATCH_CASES.values() for c in cases],
@@ -2588,6 +2678,10 @@ def test_a_fixed_port_in_a_launch_script(tmp_path):
     assert found("export", "export MASTER_ADDR=localhost\nexport MASTER_PORT=29500\n") == [("run.sh", 2)]
     assert found("fallback", "torchrun --master_port=${MASTER_PORT:-29500} train.py\n") == []
     assert found("comment", "# torchrun --master_port 12345 train.py\ntorchrun --standalone train.py\n") == []
+    # YouReID's cmd.sh: `PORT=9996`, then `--master_port=${PORT}`; a variable with a fallback is the environment's
+    assert found("variable", "PORT=9996\npython -m torch.distributed.launch --master_port=${PORT} train.py\n") == [
+        ("run.sh", 2)]
+    assert found("variable-fallback", "PORT=${PORT:-9996}\ntorchrun --master_port=${PORT} train.py\n") == []
 
 
 def test_a_meter_display_names_the_updates_that_feed_it_the_loss(tmp_path):
@@ -2799,3 +2893,199 @@ def test_a_logger_a_base_class_in_another_file_sets_up(tmp_path):
     root = _project(tmp_path, {"base_trainer.py": base, "train.py": trainer})
     assert [(Path(f.path).name, f.line) for f in audit.audit_paths([root]) if f.rule == "rank0-local-loss"] == [
         ("train.py", 13)]
+
+
+def test_super_call_in_a_class_defined_inside_a_function_does_not_crash():
+    """RecBole (held-out batch 47) defines `class TracingAdapter(torch.nn.Module)` inside a function and calls
+    `super().__init__()` in it: the module's class index holds top-level classes only, and looking up the nested
+    class's bases raised KeyError (the audit's second crash on held-out code). Now the call resolves to nothing and
+    the rules go on."""
+    src = ("import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+           "def get_flops(model):\n    class TracingAdapter(torch.nn.Module):\n"
+           "        def __init__(self, m):\n            super().__init__()\n            self.m = m\n"
+           "    return TracingAdapter(model)\n"
+           "model = DDP(Net())\nget_flops(model)\nfor x in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+           "    print(loss.item())\n")
+    assert "every-rank-prints-loss" in {f.rule for f in audit.audit_source(src)}
+
+
+def test_a_model_table_these_files_lack_builds_the_option_default_class(tmp_path):
+    """ADL-Stereo (held-out batch 44) builds `__models__[args.model](maxdisp)` from backbones/__init__.py, which
+    the copies lack; --model defaults to 'PSMNet', a class the project defines with BatchNorm: the default run
+    wraps it in DDP without SyncBatchNorm. A default naming a class without BatchNorm is quiet."""
+    models = ("import torch\nclass PSMNet(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.bn = torch.nn.BatchNorm2d(4)\nclass GwcNet(torch.nn.Module):\n"
+              "    def __init__(self):\n        super().__init__()\n        self.ln = torch.nn.LayerNorm(4)\n")
+    train = (DDP_HEAD + "torch.manual_seed(0)\nimport argparse\nfrom backbones import __models__\n"
+             "p = argparse.ArgumentParser()\np.add_argument('--model', default='{default}')\nargs = p.parse_args()\n"
+             "model = __models__[args.model]()\nmodel = DDP(model)\nfor x in loader:\n    model(x).sum().backward()\n")
+
+    def found(name, default):
+        root = _project(tmp_path / name, {"backbones/PSMNet/models.py": models,
+                                          "train.py": train.format(default=default)})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "batchnorm-without-sync" not in found("gwc", "GwcNet")
+    assert "batchnorm-without-sync" in found("psm", "PSMNet")
+
+
+def test_a_save_helper_nothing_names_is_dead_code(tmp_path):
+    """Text4Vis's utils.py keeps an epoch_saving that train.py redefines, guards and calls itself; utils.py has a
+    `__main__` self-test, so it reads as a script, but nothing names its epoch_saving: no save runs there. A
+    helper the script imports and calls unguarded is a finding."""
+    utils = ("import torch\nclass Meter:\n    pass\n"
+             "def epoch_saving(model, filename):\n    torch.save(model.state_dict(), filename)\n"
+             "if __name__ == '__main__':\n    print(torch.load('probs.pth'))\n")
+    train = (DDP_HEAD + "torch.manual_seed(0)\n{imp}model = DDP(Net())\n{local}"
+             "for x in loader:\n    model(x).sum().backward()\n{call}")
+    local = "def epoch_saving(model, filename):\n    torch.save(model.state_dict(), filename)\n"
+
+    def found(name, imp, local, call):
+        root = _project(tmp_path / name, {"utils/utils.py": utils,
+                                          "train.py": train.format(imp=imp, local=local, call=call)})
+        return [(Path(f.path).name, f.line) for f in audit.audit_paths([root]) if f.rule == "save-on-every-rank"]
+    assert found("shadowed", "from utils.utils import Meter\n", local,
+                 "if rank == 0:\n    epoch_saving(model, 'last.pt')\n") == []
+    assert found("imported", "from utils.utils import epoch_saving\n", "", "epoch_saving(model, 'last.pt')\n")
+
+
+def test_a_load_in_the_arm_no_launcher_reaches_needs_no_map_location():
+    """ADL-Stereo loads without map_location only in the else of `if args.distributed:`, YouReID only in the else
+    of `if 'LOCAL_RANK' in os.environ:`: one process runs there. The same load on the launched path is a finding."""
+    src = ("ckpt = 'c.pth'\nif {test}:\n    state = torch.load(ckpt, map_location='cpu')\nelse:\n"
+           "    state = torch.load(ckpt)\nmodel = DDP(Net())\nmodel.load_state_dict(state)\n")
+    assert "load-without-map-location" not in rules(src.format(test="args.distributed"))
+    assert "load-without-map-location" not in rules(src.format(test="'LOCAL_RANK' in os.environ"))
+    assert "load-without-map-location" in rules(src.format(test="args.resume_from_cpu"))
+
+
+
+def test_a_plain_gather_whose_result_feeds_no_gradient_is_quiet(tmp_path):
+    """AVID's memory bank gathers every rank's embeddings with a plain all_gather and reads them only under
+    `with torch.no_grad():`; the same helper's result used in the loss is a finding. Text4Vis's gather_features is
+    called only by create_logits, which nothing in these files calls."""
+    helper = ("import torch, torch.distributed as dist\ndef gather_all(x):\n"
+              "    out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]\n"
+              "    dist.all_gather(out, x)\n    return torch.cat(out)\n")
+    loss = ("import torch\nfrom dist_utils import gather_all\nclass NCELoss(torch.nn.Module):\n"
+            "    def forward(self, z):\n        allz = gather_all(z)\n{use}")
+    no_grad = ("        with torch.no_grad():\n            self.bank = 0.5 * self.bank + allz.mean(0)\n"
+               "        return z.sum()\n")
+    in_loss = "        return (z @ allz.T).logsumexp(1).mean()\n"
+    script = (DDP_HEAD + "torch.manual_seed(0)\nfrom losses import NCELoss\nmodel = DDP(Net())\ncrit = NCELoss()\n"
+              "for x in loader:\n    crit(model(x)).backward()\n")
+
+    def found(name, use):
+        root = _project(tmp_path / name, {"dist_utils.py": helper, "losses.py": loss.format(use=use),
+                                          "train.py": script})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "gather-without-grad" not in found("bank", no_grad)
+    assert "gather-without-grad" in found("loss", in_loss)
+
+
+def test_python_config_defaults_turn_options_off(tmp_path):
+    """Pointcept's configs/_base_/default_runtime.py sets `sync_bn = False` and `gradient_accumulation_steps = 1`;
+    the trainer converts to SyncBatchNorm only `if self.cfg.sync_bn:` and divides the loss by
+    `self.cfg.gradient_accumulation_steps`: the default run has plain BatchNorm and no accumulation. With the
+    config's defaults turned on, the conversion runs and the accumulation is real."""
+    trainer = (DDP_HEAD + "torch.manual_seed(0)\nclass Trainer:\n    def __init__(self, cfg):\n"
+               "        self.cfg = cfg\n"
+               "        model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))\n"
+               "        if self.cfg.sync_bn:\n"
+               "            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+               "        self.model = DDP(model)\n    def train(self, loader, opt):\n"
+               "        for i, x in enumerate(loader):\n"
+               "            loss = self.model(x).sum() / self.cfg.gradient_accumulation_steps\n"
+               "            loss.backward()\n"
+               "            if (i + 1) % self.cfg.gradient_accumulation_steps == 0:\n                opt.step()\n"
+               "Trainer(cfg).train(loader, opt)\n")
+
+    def found(name, sync, steps):
+        root = _project(tmp_path / name, {"configs/_base_/default_runtime.py":
+                                          f"sync_bn = {sync}\ngradient_accumulation_steps = {steps}\n",
+                                          "train.py": trainer})
+        return {f.rule for f in audit.audit_paths([root])}
+    off = found("defaults", False, 1)
+    assert "batchnorm-without-sync" in off and "accumulation-without-no-sync" not in off, off
+    on = found("turned-on", True, 4)
+    assert "batchnorm-without-sync" not in on and "accumulation-without-no-sync" in on, on
+
+
+
+def test_a_rank0_flag_set_on_args_holds_in_the_function_it_is_handed_to(tmp_path):
+    """Chinese-CLIP's main sets `args.should_save = args.logs is not None and is_master(args)` and calls
+    `train(model, args)`; train saves under `if args.should_save:`: rank 0's. A flag with no rank test in it
+    leaves the save on every rank."""
+    train = ("import torch\ndef train(model, args):\n    if args.should_save:\n"
+             "        torch.save(model.state_dict(), 'ckpt.pt')\n")
+    main = (DDP_HEAD + "torch.manual_seed(0)\nfrom train_lib import train\ndef is_master(args):\n"
+            "    return args.rank == 0\nmodel = DDP(Net())\nargs.should_save = args.logs is not None{rank}\n"
+            "train(model, args)\n")
+
+    def found(name, rank):
+        root = _project(tmp_path / name, {"train_lib.py": train, "main.py": main.format(rank=rank)})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "save-on-every-rank" not in found("master", " and is_master(args)")
+    assert "save-on-every-rank" in found("everyone", "")
+
+
+def test_a_builder_asked_only_for_evaluation_needs_no_set_epoch(tmp_path):
+    """BiSeNet's get_data_loader builds a DistributedSampler only in its `else` of `if mode == 'train':`, and the
+    only call that gets there asks for mode='val': an evaluation loader, read once per evaluation. A training
+    call that reaches it needs set_epoch."""
+    lib = ("import torch\nfrom torch.utils.data import DataLoader, DistributedSampler\n"
+           "def get_data_loader(ds, mode='train'):\n    if mode == 'train':\n        sampler = None\n    else:\n"
+           "        sampler = DistributedSampler(ds, shuffle=True)\n    return DataLoader(ds, sampler=sampler)\n")
+    main = (DDP_HEAD + "torch.manual_seed(0)\nfrom loaders import get_data_loader\nmodel = DDP(Net())\n"
+            "dl = get_data_loader(ds, mode='{mode}')\nfor epoch in range(3):\n    for x in dl:\n"
+            "        model(x).sum().backward()\n")
+
+    def found(name, mode):
+        root = _project(tmp_path / name, {"loaders.py": lib, "main.py": main.format(mode=mode)})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "set-epoch-missing" not in found("val", "val")
+    assert "set-epoch-missing" in found("other", "trainval")
+
+
+def test_a_helper_only_rank_0_calls_tests_its_arguments_not_the_rank():
+    """AVID's CheckpointManager.save returns unless self.rank == 0, then calls save_checkpoint(state, ...), whose
+    `if filename is None:` picks a default path. Everything save_checkpoint is handed there was rank 0's; reading
+    `filename` as a rank-0 object made `filename is None` exclude rank 0 and the manager's save look unguarded.
+    Without the early return the save runs on every rank."""
+    src = ("def save_checkpoint(state, filename=None):\n    if filename is None:\n        filename = 'ckpt.pth'\n"
+           "    torch.save(state, filename)\nclass CheckpointManager:\n    def __init__(self, rank):\n"
+           "        self.rank = rank\n    def save(self, epoch, filename=None, **kw):\n{exit}"
+           "        state = {{'epoch': epoch}}\n        if filename is None:\n            save_checkpoint(state)\n"
+           "        else:\n            save_checkpoint(state, filename=filename)\n"
+           "model = DDP(Net())\nckp = CheckpointManager(rank)\nfor epoch in range(2):\n"
+           "    for x in loader:\n        model(x).sum().backward()\n    ckp.save(epoch, model=model)\n")
+    assert "save-on-every-rank" not in rules(src.format(exit="        if self.rank != 0:\n            return\n"))
+    assert "save-on-every-rank" in rules(src.format(exit=""))
+
+
+def test_batch52_53_classes(tmp_path):
+    """RepVGG's utils.py defines load_checkpoint twice (the first, without map_location, never runs);
+    image_classification_sota logs `loss_m = AverageMeter(dist=True)`, whose update() all-reduces; icefall's
+    save_checkpoint returns off rank 0 and then calls the save it imports as save_checkpoint_impl."""
+    load = ("model = DDP(Net())\ndef load_checkpoint(ckpt_path):\n    return torch.load(ckpt_path)\n{again}"
+            "model.load_state_dict(load_checkpoint('ckpt.pth'))\n")
+    assert "load-without-map-location" not in rules(load.format(
+        again="def load_checkpoint(ckpt_path):\n    return torch.load(ckpt_path, map_location='cpu')\n"))
+    assert "load-without-map-location" in rules(load.format(again=""))
+    meter = ("class AverageMeter:\n    def __init__(self, dist=False):\n        self.dist, self.val = dist, 0\n"
+             "    def update(self, v):\n        self.val = v\n{reduce}"
+             "loss_m = AverageMeter(dist=True)\nmodel = DDP(Net())\nfor x in loader:\n    loss = model(x).sum()\n"
+             "    loss.backward()\n    loss_m.update(loss.item())\n    if rank == 0:\n        print(loss_m.val)\n")
+    reduce = ("        if self.dist:\n            t = torch.tensor([self.val])\n            dist.all_reduce(t)\n"
+              "            self.val = t.item() / dist.get_world_size()\n")
+    assert "rank0-local-loss" not in rules(meter.format(reduce=reduce))
+    assert "rank0-local-loss" in rules(meter.format(reduce=""))
+    ckpt = ("import torch\ndef save_checkpoint(model, filename):\n    torch.save(model.state_dict(), filename)\n")
+    train = (DDP_HEAD + "torch.manual_seed(0)\nfrom ckpt import save_checkpoint as save_checkpoint_impl\n"
+             "def save_checkpoint(model, rank):\n{exit}    save_checkpoint_impl(model, 'epoch.pt')\n"
+             "model = DDP(Net())\nfor x in loader:\n    model(x).sum().backward()\nsave_checkpoint(model, rank)\n")
+
+    def saves(name, exit):
+        root = _project(tmp_path / name, {"ckpt.py": ckpt, "train.py": train.format(exit=exit)})
+        return {f.rule for f in audit.audit_paths([root])}
+    assert "save-on-every-rank" not in saves("guarded", "    if rank != 0:\n        return\n")
+    assert "save-on-every-rank" in saves("open", "")

@@ -244,11 +244,38 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     found = f.any_class(m, holder)
     meth = found[0].functions.get(f"{found[1].name}.{method}") if found else None
     if meth is None:
-        return []
+        return _helper_print_calls(f, m, c) if found is None else []
     logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS]
     if not logs:  # `logger.push(metrics)`, whose class prints in a method push calls
         logs = [(mm, x) for mm, x in f.p.calls_in(f.p.reach(found[0], meth)) if callee(x) in LOG_CALLS]
     return logs
+
+
+def _helper_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
+    """(module, log call) of a project function that hands its own parameter to a print or a logger: MiniMind's
+    `def Logger(content): if is_main_process(): print(content)`, called as `Logger(f'loss: {loss:.4f}')`, logs
+    what it is given, on the ranks its print runs on. Methods are the meters' case above."""
+    out = []
+    for hm, fn in f.p.resolve(m, c, exact=True):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or hm.class_of(fn) or not _a_print_wrapper(fn):
+            continue
+        params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+        params |= {fn.args.vararg.arg} if fn.args.vararg else set()
+        # the parameter itself is printed (`print(content)`, `print(*args)`), not a part of it: `print(
+        # loss_dict['loss'])` in a helper is a log the rule reads inside the helper, where it sees the value's source
+        out += [(hm, x) for x in ast.walk(fn) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS and any(
+            isinstance(a.value if isinstance(a, ast.Starred) else a, ast.Name) and
+            (a.value if isinstance(a, ast.Starred) else a).id in params for a in x.args)]
+    return out
+
+
+def _a_print_wrapper(fn: ast.AST) -> bool:
+    """A few statements and no loop (`if is_main_process(): print(content)`), printing to a console: a function
+    that also trains or writes files (UFLD's `train(net, loader, ..., logger)`, llm.c's `write_state`) is not a
+    log of what it is handed."""
+    stmts = [x for x in ast.walk(fn) if isinstance(x, ast.stmt) and x is not fn]
+    return len(stmts) <= 6 and not any(isinstance(x, (ast.For, ast.While, ast.With)) for x in stmts) and not any(
+        isinstance(x, ast.Call) and log_name(x) in ("write", "add_scalar", "add_scalars") for x in ast.walk(fn))
 
 
 def log_name(c: ast.Call) -> str:

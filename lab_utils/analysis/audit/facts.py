@@ -11,7 +11,8 @@ import re
 from .evaluation import eval_loop_reduces
 from .options import DefaultOptions
 from .project import Module, Project
-from .ranks import Guards, dead_branch, rank0_writer, switched
+from .ranks import Guards, rank0_writer
+from .switches import dead_branch, switched
 from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
@@ -423,7 +424,8 @@ class Facts(DefaultOptions):
             defined = {n.name for n in m.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             return bool(UNSEEN_SAVER.match(callee(c))) and callee(c) not in defined and (
                 isinstance(c.func, ast.Name) or root(c.func.value) in m.imports)
-        return any(tf.name == callee(c) and re.search(r"save|checkpoint|serialize", tf.name.lower())
+        named = {callee(c), m.imports.get(callee(c), ("", None, 0))[1]}  # (`save_checkpoint as ..._impl`, icefall)
+        return any(tf.name in named and re.search(r"save|checkpoint|serialize", tf.name.lower())
                    and not tf.name.lower().startswith("load")
                    and self.p.function_does(tm, tf, lambda mm, cc: dotted(cc.func) in ("torch.save", "th.save")
                                             and _to_file(cc), 1)

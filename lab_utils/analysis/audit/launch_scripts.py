@@ -4,30 +4,20 @@ configs a script reads its rendezvous address from. Chapter 09's port rule asks 
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
+from .files import project_files
 from .registry import Finding
-
-SKIPPED_DIRS = {"node_modules", "__pycache__", "venv", "site-packages"}
-
-
-def project_files(root: Path, suffix: str, limit: int = 200) -> list[Path]:
-    """The project's files ending in `suffix`, outside hidden folders and virtual environments; at most `limit`
-    (a data folder of a million JSON files is not read)."""
-    out: list[Path] = []
-    for here, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS)
-        out += [Path(here) / n for n in sorted(names) if n.endswith(suffix)]
-        if len(out) >= limit:
-            break
-    return out[:limit]
-
 
 # `--master_port 12345`, `--master-port=29500`, `MASTER_PORT=29500` (exported or inline); not `$PORT`, not
 # `${MASTER_PORT:-29500}` (a fallback the environment overrides)
 FIXED_PORT = re.compile(r"(--master[_-]port[= ]+|\bMASTER_PORT=)(\d{2,5})\b")
+
+
+# `--master_port=${PORT}` or `--master_port $PORT`, and `PORT=9996` (a constant, no `${PORT:-...}` fallback)
+VARIABLE_PORT = re.compile(r"(--master[_-]port[= ]+)\$(?:\{(\w+)\}|(\w+))")
+PORT_VARIABLE = re.compile(r"^\s*(?:export\s+)?(\w+)=(\d{2,5})\s*(?:#.*)?$")
 
 
 def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
@@ -39,13 +29,20 @@ def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             continue
+        # `PORT=9996` set in the script, then `--master_port=${PORT}` (YouReID's cmd.sh): the variable is the port
+        fixed = {v.group(1): v.group(2) for v in map(PORT_VARIABLE.match, lines) if v is not None}
         for i, line in enumerate(lines, 1):
             code = line.split("#", 1)[0]
             hit = FIXED_PORT.search(code)
+            via = VARIABLE_PORT.search(code)
+            name = via.group(2) or via.group(3) if via is not None else None
+            if hit is None and name in fixed:
+                hit = via
             if hit is None:
                 continue
+            text = f"`{hit.group(0).strip()}`" + (f" ({name}={fixed[name]} above)" if hit is via else "")
             found.append(Finding(i, "hard-coded-master-port", (
-                f"`{hit.group(0).strip()}` in this launch script fixes the rendezvous port: a second job on this "
+                f"{text} in this launch script fixes the rendezvous port: a second job on this "
                 "host (or a stale one) collides on the port — torchrun --standalone, or "
                 "--master_port=${MASTER_PORT:-29500} so the environment can choose"), "check-by-hand", str(path)))
             break  # one finding per script: its port is one choice

@@ -347,3 +347,56 @@ def instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
                     isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(a.value)):
                 out |= {dotted(t) for t in a.targets if dotted(t).startswith("self.")}
     return out
+
+
+def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
+    """Meters and sums fed only inside loops over a loader with no sampler, where nothing runs backward
+    (Soft-HuBERT's `validation_loss.update(loss.item())` in `for wavs, codes in validation_loader:`, a
+    `DataLoader(validation_dataset, batch_size=1, shuffle=False)`): every rank goes over the whole set, so rank
+    0's number is the single run's, not a shard's."""
+    whole = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+             and callee(a.value) == "DataLoader" and len(a.value.args) < 4 and not any(
+                 k.arg in ("sampler", "batch_sampler") for k in a.value.keywords) for t in a.targets}
+    feeds: dict[str, list[bool]] = {}
+    for n in ast.walk(scope):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "append") \
+                and n.args:
+            name, fed = dotted(n.func.value), n.args
+        elif isinstance(n, ast.AugAssign):
+            name, fed = dotted(n.target), [n.value]
+        else:
+            continue
+        if not name or not any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x)) for v in fed
+                               for x in ast.walk(v)):
+            continue
+        loop = m.parent.get(id(n))
+        while loop is not None and not isinstance(loop, (ast.For, ast.FunctionDef, ast.Module)):
+            loop = m.parent.get(id(loop))
+        it = loop.iter if isinstance(loop, ast.For) else None
+        while isinstance(it, ast.Call) and it.args and callee(it) in ("enumerate", "tqdm", "iter"):
+            it = it.args[0]
+        feeds.setdefault(name, []).append(it is not None and dotted(it) in whole and not any(
+            isinstance(c, ast.Call) and callee(c) == "backward" for c in ast.walk(loop)))
+    return {name for name, whole_loops in feeds.items() if all(whole_loops)}
+
+
+def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
+    """Meters of a project class whose update() all-reduces what it is fed (image_classification_sota's
+    `loss_m = AverageMeter(dist=True)`, whose update calls _dist_reduce): what they print is the global batch's.
+    When update() reduces only in one branch, the meter must be built with a keyword set True."""
+    out = set()
+    for a in ast.walk(scope):
+        if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.value, ast.Call)):
+            continue
+        name = dotted(a.targets[0])
+        found = f.any_class(m, name) if name else None
+        update = found[0].functions.get(f"{found[1].name}.update") if found else None
+        if update is None:
+            continue
+        reduces = [c for _, c in f.p.calls_in(f.p.reach(found[0], update))
+                   if callee(c) in ("all_reduce", "all_gather", "reduce")]
+        branches = any(isinstance(n, ast.If) for n in ast.walk(update))
+        if reduces and (not branches or any(isinstance(k.value, ast.Constant) and k.value.value is True
+                                            for k in a.value.keywords)):
+            out.add(name)
+    return out

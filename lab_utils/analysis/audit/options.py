@@ -5,9 +5,19 @@ a run with that option on would have (`if args.sync_bn:`, `if self.is_hpo:`)."""
 from __future__ import annotations
 
 import ast
+import re
 
+from .files import project_files
 from .project import Module
 from .syntax import callee, const_str, const_value, dotted, kw
+
+CONFIGISH = re.compile(r"^(cfg|config|conf|opt|hparams)$", re.I)
+
+
+def option_text(flag: str) -> str:
+    """How a finding names an option: `--sync_bn` for a command-line flag, `cfg.MODEL.SYNC_BN` (False in the
+    config defaults) for a config key."""
+    return f"`{flag}` (False in the project's config defaults)" if "." in flag else f"--{flag}"
 
 
 class DefaultOptions:
@@ -62,10 +72,39 @@ class DefaultOptions:
                     if isinstance(t, ast.Attribute) and dotted(t) == f"self.{t.attr}" and \
                             self._attribute_off(m, n, t.attr):
                         return t.attr, n
+                    if isinstance(t, ast.Attribute) and self._config_default_off(t):
+                        return dotted(t), n
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 break
             child, n = n, m.parent.get(id(n))
         return None
+
+    def config_defaults(self, key: str) -> list[ast.AST]:
+        """The values a Python config file of the project gives `key` at its top level (`sync_bn = False`,
+        `gradient_accumulation_steps = 1` in Pointcept's configs/_base_/default_runtime.py)."""
+        return [a.value for mm in self.p.modules.values() if re.search(r"(^|/)configs?(/|_|\.)", mm.rel)
+                for a in mm.tree.body if isinstance(a, ast.Assign) and len(a.targets) == 1
+                and isinstance(a.targets[0], ast.Name) and a.targets[0].id == key]
+
+    def _config_default_off(self, t: ast.Attribute) -> bool:
+        """`cfg.MODEL.SYNC_BN` where the project's config defaults set `_C.MODEL.SYNC_BN = False` (a yacs
+        default.py, HigherHRNet), or `self.cfg.sync_bn` where a Python config file sets `sync_bn = False`
+        (Pointcept), and no YAML file of the project turns the key on."""
+        parts = dotted(t).split(".")
+        if len(parts) < 3 and not (len(parts) == 2 and CONFIGISH.search(parts[0])):
+            return False
+        tail = ".".join(parts[1:])
+        defaults = [a.value for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
+                    and len(a.targets) == 1 and dotted(a.targets[0]).split(".", 1)[-1] == tail
+                    and dotted(a.targets[0]).count(".") == len(parts) - 1 and len(parts) > 2]
+        if CONFIGISH.search(parts[-2]):
+            defaults += self.config_defaults(parts[-1])
+        if not defaults or not all(const_value(v) is False for v in defaults):
+            return False
+        key = re.compile(rf"^\s*{re.escape(parts[-1])}\s*:\s*(true|True|yes|1)\b", re.M)
+        return not (self.p.on_disk and any(key.search(path.read_text(encoding="utf-8", errors="replace"))
+                                           for suffix in (".yaml", ".yml") for path in project_files(
+                                               self.p.root, suffix)))
 
     def empty_options(self) -> dict[str, str]:
         """Command-line options whose default is the empty string (`--load-model`, default=""): a path or name

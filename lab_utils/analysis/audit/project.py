@@ -11,16 +11,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from .syntax import (
-    DIST_SWITCH,
     ENTRY_CALLS,
-    RANKISH,
-    WORLDISH,
     callee,
     dotted,
-    involves_rank,
-    is_switch_value,
-    placement_only,
 )
+from .taint import module_taint, taint_parameters
 
 DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap
 
@@ -99,26 +94,8 @@ class Module:
         return any(callee(c) == "spawn" and re.search(r"(^|\.)(mp|multiprocessing)$", dotted(c.func.value))
                    for c in ast.walk(self.tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute))
 
-    def _taint(self, seed: frozenset = frozenset()) -> set[str]:
-        """Names assigned (anywhere) from an expression that involves a rank: flow-insensitive, to a fixpoint.
-        `seed`: parameters that callers pass a rank (Project._taint_parameters)."""
-        tainted: set[str] = set(seed)
-        assigns = [n for n in self.nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
-        changed = True
-        while changed:
-            changed = False
-            for a in assigns:
-                if a.value is None or not involves_rank(a.value, tainted) or placement_only(a.value, tainted):
-                    continue
-                if WORLDISH.search(dotted(a.value)) and not RANKISH.search(dotted(a.value)) or is_switch_value(a.value):
-                    continue
-                for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
-                    for name in ([dotted(e) for e in t.elts] if isinstance(t, ast.Tuple) else [dotted(t)]):
-                        if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1]) \
-                                and "device" not in name.lower() and name not in tainted:  # a placement, not a rank
-                            tainted.add(name)
-                            changed = True
-        return tainted
+    def _taint(self, seed: frozenset = frozenset(), opaque: frozenset = frozenset()) -> set[str]:
+        return module_taint(self, seed, opaque)
 
     def enclosing(self, node: ast.AST, kinds=(ast.FunctionDef, ast.AsyncFunctionDef)):
         n = self.parent.get(id(node))
@@ -193,28 +170,7 @@ class Project:
         return project
 
     def _taint_parameters(self):
-        """A rank handed to a project function or class (`Trainer(model, data, opt, rank, ...)`) makes the
-        parameter that receives it rank-holding (`self.gpu_id = gpu_id` ... `if self.gpu_id == 0:`)."""
-        seeds: dict[str, set[str]] = {rel: set() for rel in self.modules}
-        for _ in range(3):  # a rank passed on through two helpers
-            changed = False
-            for m in self.modules.values():
-                for c in m.calls:
-                    ranked = [i for i, a in enumerate(c.args) if involves_rank(a, m.rank_tainted)]
-                    kws = {k.arg for k in c.keywords if k.arg and involves_rank(k.value, m.rank_tainted)}
-                    if not ranked and not kws:
-                        continue
-                    for tm, tf in self.resolve(m, c, exact=True):
-                        params = [a.arg for a in tf.args.args]
-                        if params and params[0] in ("self", "cls") and tm.class_of(tf):
-                            params = params[1:]
-                        names = {params[i] for i in ranked if i < len(params)} | (kws & set(params))
-                        if names - seeds[tm.rel]:
-                            seeds[tm.rel] |= names
-                            tm.rank_tainted = tm._taint(frozenset(seeds[tm.rel]))
-                            changed = True
-            if not changed:
-                break
+        taint_parameters(self)
 
     def _rel(self, p: Path) -> str:
         try:
@@ -487,6 +443,8 @@ class Project:
 
     def bases_of(self, m: Module, cls: str) -> list[tuple[Module, str]]:
         self.methods(m, cls, "__init__")  # (builds the class index)
+        if cls not in m.classes:
+            return []  # a class defined inside a function (RecBole's TracingAdapter): not in the module's index
         return [(bm, bd.name) for b in m.classes[cls].bases
                 for bm, bd in self._class_index.get(dotted(b).split(".")[-1], [])]
 
@@ -542,6 +500,17 @@ class Project:
 
     def calls_in(self, keys) -> list[tuple[Module, ast.Call]]:
         return [(m, c) for m, f in self.nodes(keys) for c in ast.walk(f) if isinstance(c, ast.Call)]
+
+    def never_named(self, m: Module, fn: ast.AST) -> bool:
+        """`fn` is named nowhere: not in its own module outside its body (a call, `mp.spawn(fn)`, `fire.Fire(fn)`),
+        and no other module imports it by name (a star import brings every name): dead code in these files."""
+        name = getattr(fn, "name", "")
+        inside = {id(n) for n in ast.walk(fn)}
+        if any(isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inside and dotted(n).split(".")[-1] == name
+               for n in m.nodes):
+            return False
+        return not any(attr in (name, None) and self.module_for(mm, local) is m
+                       for mm in self.modules.values() if mm is not m for local, (_, attr, _) in mm.imports.items())
 
     def callers(self, m: Module, fn: ast.AST) -> list[tuple[Module, ast.Call]]:
         """The project calls that may run `fn` (every module's calls, resolved once into an index)."""

@@ -8,18 +8,14 @@ import ast
 import re
 
 from .project import Module, Project
+from .switches import conjuncts, set_by_launch, unlaunched
 from .syntax import (
-    DIST_SWITCH,
     RANK0_NAME,
     RANKISH,
-    WORLDISH,
-    always_returns,
     callee,
-    const_str,
     dotted,
     involves,
     involves_rank,
-    is_switch_value,
 )
 
 
@@ -70,8 +66,30 @@ class Guards:
                     self.flags[u.rel] |= {n for n in inherited if n not in self.flag_kinds[u.rel]}
                 if handed and u is not m and m.rel in project.imports_of(u):
                     self.flags[u.rel] |= {n for n in handed if n not in self.flag_kinds[u.rel]}
+        self._hand_flags_to_callees()
         self.objects: dict[str, set[str]] = {m.rel: self._rank0_objects(m) for m in project.modules.values()}
         self._hand_down_objects()
+
+    def _hand_flags_to_callees(self):
+        """A flag set on an object the script then hands to a project function (Chinese-CLIP's main sets
+        `args.should_save = ... and is_master(args)` and calls `train(..., args, ...)`): inside, `if
+        args.should_save:` is rank 0's too, under the parameter's own name."""
+        for m in self.p.modules.values():
+            rooted = {n for n in self.flags[m.rel] if "." in n and not n.startswith("self.")}
+            if not rooted:
+                continue
+            for c in m.calls:
+                passed = [*((i, a) for i, a in enumerate(c.args)), *((k.arg, k.value) for k in c.keywords)]
+                handed = [(slot, a.id) for slot, a in passed if isinstance(a, ast.Name)
+                          and any(n.split(".")[0] == a.id for n in rooted)]
+                for tm, tf in self.p.resolve(m, c, exact=True) if handed else []:
+                    params = [x.arg for x in tf.args.args]
+                    params = params[1:] if params and params[0] in ("self", "cls") and tm.class_of(tf) else params
+                    for slot, root in handed:
+                        name = params[slot] if isinstance(slot, int) and slot < len(params) else slot
+                        if isinstance(name, str):
+                            self.flags[tm.rel] |= {f"{name}.{n.split('.', 1)[1]}" for n in rooted
+                                                   if n.split(".")[0] == root} - set(self.flag_kinds[tm.rel])
 
     def _switched_off_elsewhere(self, m: Module, kinds: dict[str, str]) -> dict[str, str]:
         """`self.verbose = True`, then `if self.args.gpu != 0: self.verbose = False` (VL-T5): a flag true on rank
@@ -203,7 +221,11 @@ class Guards:
                             seen.setdefault(key, []).append(dotted(a) in self.objects[m.rel] or at_rank0 and not (
                                 isinstance(a, ast.Constant) and a.value is None))
             for key, rank0 in seen.items():
-                if all(rank0) and all(self._passes_rank0_or_none(key, cm, c) for cm, c in self._sites(key)):
+                sites = self._sites(key)
+                if all(rank0) and all(self._passes_rank0_or_none(key, cm, c) for cm, c in sites) and not all(
+                        self.kind(cm, c) == "rank0" for cm, c in sites):
+                    # (a function only rank 0 ever calls, AVID's save_checkpoint after CheckpointManager.save's
+                    # `if self.rank != 0: return`, gets values, not rank 0's objects: no rank holds None there)
                     self.objects[where[key]].add(key[2])
             for m in self.p.modules.values():  # `self.logger = logger` keeps the handed-down object
                 for a in m.nodes:
@@ -245,9 +267,12 @@ class Guards:
             if isinstance(t.op, ast.And):
                 return "rank0" if "rank0" in kinds else "not0" if "not0" in kinds else \
                     "leaky" if "leaky" in kinds else None
-            negated = [v for v in t.values if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not)
+            launched = [k for v, k in zip(t.values, kinds, strict=True) if not unlaunched(v)]
+            if len(launched) < len(kinds) and launched and all(k == "rank0" for k in launched):
+                return "rank0"  # `'RANK' not in os.environ or int(os.environ['RANK']) == 0` (YouReID): a launch
+            negated = [v for v in t.values if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not)  # sets RANK
                        and not involves_rank(v, m.rank_tainted)]
-            if "rank0" in kinds and negated and all(_set_by_launch(m, v.operand) or self._own_launch_switch(v.operand)
+            if "rank0" in kinds and negated and all(set_by_launch(m, v.operand) or self._own_launch_switch(v.operand)
                                                     for v in negated):
                 # `not is_distributed or rank == 0` with `is_distributed = num_gpus > 1` (from WORLD_SIZE): true
                 # in every launched run, so rank 0 alone passes; only a launcher option (`not
@@ -318,7 +343,7 @@ class Guards:
         cache = self.__dict__.setdefault("_launch_cache", {})
         if attr not in cache:
             cache[attr] = bool(attr) and any(
-                isinstance(n, ast.If) and dotted(n.test).split(".")[-1] == attr and any(
+                isinstance(n, ast.If) and attr in conjuncts(n.test) and any(
                     isinstance(c, ast.Call) and (callee(c) == "spawn" or "DistributedDataParallel" in dotted(c.func)
                                                  or callee(c) == "DDP") for s in n.body for c in ast.walk(s))
                 for mm in self.p.modules.values() for n in mm.nodes)
@@ -405,7 +430,6 @@ class Guards:
         return None
 
 
-
 def _used_between(m: Module, name: str, a: ast.AST, b: ast.AST) -> bool:
     """`name` is read after `a` binds it and before `b` rebinds it (PointNeXt's rank-0 SummaryWriter, used for the
     epoch's scalars, then `writer = csv.writer(f)` for the results table): `b` starts another object."""
@@ -414,165 +438,12 @@ def _used_between(m: Module, name: str, a: ast.AST, b: ast.AST) -> bool:
         and a.lineno < n.lineno < b.lineno for n in m.nodes)
 
 
-def _set_by_launch(m: Module, flag: ast.AST) -> bool:
-    """A distributed switch computed from what the launcher sets (`is_distributed = num_gpus > 1`, `ddp =
-    int(os.environ.get("RANK", -1)) != -1`, `dist.is_initialized()`), not an option the user passes."""
-    if isinstance(flag, ast.Call):
-        return group_check(flag)
-    name = dotted(flag)
+def _periodic(m: Module, name: str) -> bool:
+    """`log_input_output = (logger.iters % hps.save_iters == 0)`: a flag of a step count, not of the rank."""
     values = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)]
-    return bool(name) and bool(values) and all(
-        is_switch_value(v) or group_check(v) or isinstance(v, ast.Compare) and involves(v, WORLDISH)
-        for v in values)
-
-
-# `dist.is_initialized()`, a helper's `is_available()`, SparK's `dist.initialized()`
-GROUP_CHECKS = re.compile(r"^(is_initialized|is_available|initialized|is_dist_avail_and_initialized)$")
-
-
-def group_check(test: ast.AST) -> bool:
-    """The test asks torch.distributed whether the group exists (`dist.is_initialized()`, a helper's
-    `is_available()`); not `torch.cuda.is_available()`."""
-    return any(isinstance(n, ast.Call) and GROUP_CHECKS.match(callee(n)) and not re.search(
-        r"cuda|mps|xpu|backends", dotted(n.func)) for n in ast.walk(test))
-
-
-def is_switch_test(test: ast.AST) -> bool:
-    """A test of whether the run is distributed (`args.distributed`, `ddp`, `world_size > 1`,
-    `dist.is_initialized()`), not of the rank."""
-    if is_switch_value(test) or isinstance(test, ast.BoolOp) and any(is_switch_value(v) for v in test.values):
-        return True  # `if args.local_rank == -1 or args.no_cuda:` (Oscar): one arm is the one-process run
-    return involves(test, DIST_SWITCH) or involves(test, WORLDISH) or group_check(test) or any(
-        isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.In, ast.NotIn))
-        and "environ" in dotted(n.comparators[0]) and const_str(n.left) in LAUNCH_KEYS for n in ast.walk(test))
-
-
-# what a launcher (torchrun, SLURM) puts in the environment: `if 'RANK' in os.environ:` asks whether one started us
-LAUNCH_KEYS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"}
-
-
-def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
-    """The `if args.distributed:`-like test that guards `node` in its function, if any: an enclosing if, or an
-    earlier `if world_size == 1: return ...` in the same block."""
-    child, n = node, m.parent.get(id(node))
-    while n is not None and not isinstance(n, ast.Module):
-        if isinstance(n, (ast.If, ast.IfExp)) and is_switch_test(n.test):
-            return n.test
-        for s in n.body if isinstance(getattr(n, "body", None), list) else []:
-            if s is child:
-                break
-            if isinstance(s, ast.If) and is_switch_test(s.test) and always_returns(s.body):
-                return s.test
-            if isinstance(s, ast.If) and _returns_unless_launched(s):
-                return s.test
-            if isinstance(s, ast.If) and (arm := _launch_arm_returns(s)) is not None:
-                return arm
-        if isinstance(n, ast.FunctionDef):
-            break
-        child, n = n, m.parent.get(id(n))
-    return None
-
-
-def _returns_unless_launched(s: ast.If) -> bool:
-    """`if "RANK" in os.environ: ... elif "SLURM_PROCID" in os.environ: ... else: args.distributed = False;
-    return` (DeiT's init_distributed_mode): a chain of tests of the launcher's environment whose last arm returns.
-    What follows runs only when a launcher started the job, as under `if args.distributed:`."""
-    tests, n = [], s
-    while True:
-        tests.append(n.test)
-        if len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If):
-            n = n.orelse[0]
-            continue
-        break
-    return bool(n.orelse) and isinstance(n.orelse[-1], ast.Return) and all(
-        is_switch_value(t) or is_switch_test(t) for t in tests)
-
-
-def _launch_arm_returns(s: ast.If) -> ast.AST | None:
-    """`if not torch.cuda.is_available(): return` `elif "RANK" not in os.environ: ...; return`: a later arm of an
-    if/elif chain that tests the launcher's environment and returns. What follows the chain runs only when a
-    launcher started the job, as under `if args.distributed:`."""
-    n = s
-    while len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If):
-        n = n.orelse[0]
-        if n.body and isinstance(n.body[-1], ast.Return) and is_switch_value(n.test):
-            return n.test
-    return None
-
-
-def switched(p: Project, m: Module, node: ast.AST, depth: int = 2) -> ast.AST | None:
-    """distributed_switch() through the callers: code in a helper that every caller calls under the switch
-    (`samplers = create_sampler(...)` only inside `if args.distributed:`) runs only in a distributed run."""
-    test = distributed_switch(m, node)
-    if test is not None or depth == 0:
-        return test
-    fn = m.enclosing(node)
-    sites = p.callers(m, fn) if fn is not None else []
-    tests = [switched(p, cm, c, depth - 1) for cm, c in sites]
-    return tests[0] if tests and all(t is not None for t in tests) else None
-
-
-def one_process_arm(m: Module, node: ast.AST) -> bool:
-    """`node` runs only where the run is not distributed (Lightweight GAN's `if self.syncbatchnorm and not
-    self.is_ddp:` group of one process, or the else of `if args.distributed:` / `if cfg.MODEL.DIST_TRAIN:`): one
-    process, so no ranks meet there (a port) and no other rank writes the same file (a save)."""
-    child, n = node, m.parent.get(id(node))
-    while n is not None and not isinstance(n, ast.Module):
-        if isinstance(n, ast.If):
-            tests = n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test]
-            negated = any(isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and switch_flag(t.operand)
-                          for t in tests)
-            if negated and any(child is s for s in n.body) or switch_flag(n.test) and any(
-                    child is s for s in n.orelse):
-                return True
-            single = next((k for k in map(_single_process_test, tests) if k is not None), None)
-            if single == "body" and any(child is s for s in n.body) or \
-                    _single_process_test(n.test) == "orelse" and any(child is s for s in n.orelse):
-                return True
-        child, n = n, m.parent.get(id(n))
-    return False
-
-
-def dead_branch(m: Module, node: ast.AST) -> bool:
-    """`node` sits under `if ... and not evaluate:` where `evaluate` names a function of the module, not a value
-    (BERT-NER's copy of run_glue dropped the `evaluate` parameter): a function is always true, so the branch
-    never runs."""
-    child, n = node, m.parent.get(id(node))
-    fn = m.enclosing(node)
-    local = {a.arg for a in fn.args.args + fn.args.kwonlyargs} if isinstance(
-        fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
-    while n is not None and not isinstance(n, ast.Module):
-        if isinstance(n, ast.If) and any(child is s for s in n.body):
-            tests = n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test]
-            if any(isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and isinstance(t.operand, ast.Name)
-                   and t.operand.id in m.functions and t.operand.id not in local for t in tests):
-                return True
-        child, n = n, m.parent.get(id(n))
-    return False
-
-
-def _single_process_test(t: ast.AST) -> str | None:
-    """`args.local_rank == -1` (the launcher sets it to 0 or more) or `world_size == 1`: 'body' when the test
-    holds only in a run of one process, 'orelse' for `local_rank != -1` / `world_size > 1`; None otherwise."""
-    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Name, ast.Attribute))):
-        return None
-    name, op, right = dotted(t.left).split(".")[-1], t.ops[0], t.comparators[0]
-    try:
-        v = ast.literal_eval(right)
-    except ValueError:
-        return None
-    if re.fullmatch(r"(local_)?rank", name) and v == -1:
-        return "body" if isinstance(op, (ast.Eq, ast.Is)) else "orelse" if isinstance(op, (ast.NotEq, ast.IsNot)) \
-            else None
-    if re.fullmatch(r"world_size|n_?gpus?|num_gpus|nprocs", name):
-        return "body" if isinstance(op, ast.Eq) and v == 1 or isinstance(op, ast.Lt) and v == 2 else \
-            "orelse" if isinstance(op, ast.Gt) and v == 1 or isinstance(op, ast.GtE) and v == 2 else None
-    return None
-
-
-def switch_flag(t: ast.AST) -> bool:
-    """A bare distributed flag (`args.distributed`, `self.is_ddp`); not a comparison, whose else may be either."""
-    return isinstance(t, (ast.Name, ast.Attribute)) and involves(t, DIST_SWITCH)
+    return bool(values) and all(isinstance(v, ast.Compare) and (not involves_rank(v.left, m.rank_tainted) or isinstance(
+        v.left, ast.BinOp) and isinstance(v.left.op, ast.Mod) and isinstance(v.left.left, ast.Attribute)
+        and not RANKISH.search(v.left.left.attr)) for v in values)  # (or `(i == 0)`, the first batch)
 
 
 def rank0_writer(p, m: Module, value: ast.AST) -> bool:
@@ -590,11 +461,3 @@ def rank0_writer(p, m: Module, value: ast.AST) -> bool:
             isinstance(k, ast.Constant) and k.value == 0 for k in c.comparators) for c in ast.walk(n.test))
         and any(isinstance(x, ast.Call) and callee(x) == "write" for b in n.body for x in ast.walk(b))
         for n in ast.walk(write))
-
-
-def _periodic(m: Module, name: str) -> bool:
-    """`log_input_output = (logger.iters % hps.save_iters == 0)`: a flag of a step count, not of the rank."""
-    values = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)]
-    return bool(values) and all(isinstance(v, ast.Compare) and (not involves_rank(v.left, m.rank_tainted) or isinstance(
-        v.left, ast.BinOp) and isinstance(v.left.op, ast.Mod) and isinstance(v.left.left, ast.Attribute)
-        and not RANKISH.search(v.left.left.attr)) for v in values)  # (or `(i == 0)`, the first batch)

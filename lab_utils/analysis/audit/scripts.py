@@ -44,3 +44,12 @@ def evaluation_script(f: Facts, m: Module) -> bool:
             for c in calls)
         cache[m.rel] = not steps and says
     return cache[m.rel]
+
+
+def shadowed(m: Module, node: ast.AST) -> bool:
+    """`node` lies in a module-level function that the module defines again further down (RepVGG's utils.py has
+    two load_checkpoint): the name binds the last one, so the first never runs."""
+    top = next((s for s in m.tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and s.lineno <= getattr(node, "lineno", 0) <= (s.end_lineno or s.lineno)), None)
+    return top is not None and m.functions.get(top.name) is not top
+

@@ -13,7 +13,8 @@ WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus|get_world_
 RANK0_NAME = re.compile(r"master|is_main|main_process|rank_zero|is_rank0|is_primary|rank0$")
 BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
 ACCUMISH = re.compile(r"accum|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc
-LOSSISH = re.compile(r"loss", re.I)
+# a loss by name, or a GAN loss by DCGAN's convention (`errD = errD_real + errD_fake`, `errG`)
+LOSSISH = re.compile(r"(?i:loss)|\berr_?[DG](?:_\w*)?\b")
 EVALISH = re.compile(r"val|eval|test", re.I)
 # a whole word (a name part between _ or .) that names an evaluation: `val_loader`, `cfg.TEST.SPLIT`,
 # `evaluate`; not a word that merely holds the letters (`interval`, `value`)
@@ -170,7 +171,7 @@ def placement_only(value: ast.AST, tainted: set[str]) -> bool:
             placed |= {id(x) for x in ast.walk(n)}
         if isinstance(n, ast.Call) and re.fullmatch(r"[A-Z]\w*[a-z]\w*", callee(n)) and not callee(n).endswith(
                 "Tensor"):  # an object built with the rank (`XMemTrainer(config, local_rank=local_rank)`) keeps
-            # it inside (its class's parameters hold it: _taint_parameters); what its methods return is no rank
+            # it inside (its class's parameters hold it: taint.taint_parameters); what its methods return is no rank
             placed |= {id(x) for a in [*n.args, *(k.value for k in n.keywords)] for x in ast.walk(a)}
     return not any(is_rankish_node(n, tainted) for n in ast.walk(value) if id(n) not in placed)
 

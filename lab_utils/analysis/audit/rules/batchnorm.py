@@ -7,11 +7,12 @@ import ast
 import re
 
 from ..facts import Facts
-from ..launch_scripts import project_files
+from ..files import project_files
+from ..options import option_text
 from ..project import Module
-from ..ranks import is_switch_test
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
+from ..switches import is_switch_test
 from ..syntax import callee, const_str, dotted, kw, root
 
 
@@ -69,7 +70,7 @@ def batchnorm_without_sync(f: Facts, m: Module):
              else None for g in (f.flag_gate(m, c) for c in converts)]
     if converts and all(gates):  # offering --sync-bn says the model has BatchNorm; the default run goes without
         flag, test = gates[0]
-        yield test, (f"SyncBatchNorm only with --{flag}, which is off by default: the default DDP run "
+        yield test, (f"SyncBatchNorm only with {option_text(flag)}, which is off by default: the default DDP run "
                      "normalises each rank's micro-batch with its own statistics, unlike the single run — "
                      "turn the flag on when you compare the port")
         return
@@ -383,7 +384,13 @@ def _named_from_a_table(f: Facts, m: Module, c: ast.Call):
         fn = next((a.value for a in ast.walk(m.enclosing(c) or m.tree) if isinstance(a, ast.Assign)
                    and isinstance(a.value, ast.Subscript) and any(dotted(t) == fn.id for t in a.targets)), fn)
     if isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Name):
-        return _dict_registry_batchnorm(f, m, fn.value.id)
+        found = _dict_registry_batchnorm(f, m, fn.value.id)
+        if found is None and isinstance(fn.slice, ast.Attribute) and (name := _arch_default(f, fn.slice.attr)):
+            # `__models__[args.model](maxdisp)` from a table these files lack, --model defaulting to 'PSMNet', a
+            # class the project defines (ADL-Stereo): the default run builds that class
+            found = next((bn for mm in f.p.modules.values() if name in mm.classes
+                          for bn in [_class_batchnorm(f, mm, mm.classes[name])] if bn is not None), None)
+        return found
     return None
 
 

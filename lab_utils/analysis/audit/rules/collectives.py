@@ -8,8 +8,8 @@ import re
 
 from ..facts import Facts
 from ..project import Module
-from ..ranks import distributed_switch, group_check, one_process_arm, switched
 from ..registry import Hit, rule
+from ..switches import distributed_switch, group_check, one_process_arm, switched
 from ..syntax import WORLDISH, always_returns, callee, const_str, const_value, dotted, involves, kw, root
 
 

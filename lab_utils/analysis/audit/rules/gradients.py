@@ -128,6 +128,44 @@ def _loss_callers(f: Facts, m: Module, fn: ast.AST | None) -> list[tuple[Module,
     return out
 
 
+def _uncalled(f: Facts, m: Module, fn: ast.AST, depth: int = 2) -> bool:
+    """Nothing in these files runs `fn`: no call and, in a script, no mention (a library's function is its
+    callers' to judge), or only functions that nothing runs call it (Text4Vis's gather_features, called by
+    create_logits, which only a script not copied calls)."""
+    sites = f.p.callers(m, fn)
+    if not sites:  # (a module another one imports is a library, even with a self-test `__main__` block)
+        return (not m.entry or any(m.rel in f.p.imports_of(o) for o in f.p.modules.values() if o is not m)) and \
+            f.p.never_named(m, fn)
+    return depth > 0 and all((g := cm.enclosing(c)) is not None and not cm.class_of(g) and _uncalled(
+        f, cm, g, depth - 1) for cm, c in sites)
+
+
+def _no_grad_at(m: Module, node: ast.AST) -> bool:
+    """`node` sits in a `with torch.no_grad():` block or a function decorated with no_grad."""
+    n = m.parent.get(id(node))
+    while n is not None:
+        if isinstance(n, ast.With) and any("no_grad" in dotted(i.context_expr) for i in n.items) or isinstance(
+                n, (ast.FunctionDef, ast.AsyncFunctionDef)) and any("no_grad" in dotted(d) for d in n.decorator_list):
+            return True
+        n = m.parent.get(id(n))
+    return False
+
+
+def _called_only_without_grad(f: Facts, m: Module, fn: ast.AST) -> bool:
+    """Every project call of `fn` sits under no_grad, or hands its result only to code under no_grad (AVID's
+    memory bank: `video_emb_gathered = _gather_from_all(video_emb)`, read only in `with torch.no_grad():`): what
+    it gathers carries no gradient by design."""
+    def result_without_grad(cm: Module, c: ast.AST) -> bool:
+        bound = cm.parent.get(id(c))
+        if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
+            return False
+        name, scope = bound.targets[0].id, cm.enclosing(c) or cm.tree
+        reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+        return bool(reads) and all(_no_grad_at(cm, r) for r in reads)
+    sites = f.p.callers(m, fn)
+    return bool(sites) and all(_no_grad_at(cm, c) or result_without_grad(cm, c) for cm, c in sites)
+
+
 def _callers_never_step(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     """A gather helper that the project calls only from code that never runs backward or an optimizer step
     (an evaluation gathering features for a kNN/SVM probe): its result feeds no gradient, so the missing autograd
@@ -156,6 +194,9 @@ def gather_without_grad(f: Facts, m: Module):
         fn = m.enclosing(c)
         scope = fn or m.tree
         lst, x = dotted(c.args[0]), c.args[1]
+        if fn is not None and not m.class_of(fn) and (_uncalled(f, m, fn) or _called_only_without_grad(f, m, fn)):
+            continue  # a helper nobody here calls (Text4Vis's gather_features, for a script not copied) is its
+            # callers' to judge; one called only under no_grad (AVID's memory-bank update) feeds no gradient
         own = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == lst and
                                                     involves_rank(t.slice, m.rank_tainted) for t in a.targets)
                   for a in ast.walk(scope))
@@ -336,6 +377,7 @@ def _option_defaults_to_one(f: Facts, attr: str) -> bool:
     defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
                 if callee(c) == "add_argument" and any(
                     (const_str(a) or "").lstrip("-").replace("-", "_") == attr for a in c.args)]
+    defaults += f.config_defaults(attr)  # `gradient_accumulation_steps = 1` in a Python config file (Pointcept)
     return bool(defaults) and all(isinstance(d, ast.Constant) and d.value == 1 for d in defaults)
 
 

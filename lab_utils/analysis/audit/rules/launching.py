@@ -9,10 +9,10 @@ import json
 import re
 
 from ..facts import Facts
-from ..launch_scripts import project_files
+from ..files import project_files
 from ..project import Module
-from ..ranks import one_process_arm
 from ..registry import Hit, rule
+from ..switches import one_process_arm
 from ..syntax import callee, const_str, dotted, kw
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
@@ -173,15 +173,21 @@ def _env_fallback(m: Module, node: ast.Assign) -> bool:
     return False
 
 
+def _init_method(c: ast.Call) -> ast.AST | None:
+    """init_process_group's init_method, by keyword or as its second argument (`init_process_group("nccl",
+    "tcp://127.0.0.1:12347", ...)`, DGL)."""
+    return kw(c, "init_method") or (c.args[1] if len(c.args) > 1 else None)
+
+
 @rule("hard-coded-master-port", "09_launching", "a fixed rendezvous port (MASTER_PORT or a tcp:// init_method) with "
       "no environment fallback: a second job on the host collides on it")
 def hard_coded_master_port(f: Facts, m: Module):
     advice = "a second job on this host (or a stale one) collides on the port — torchrun --standalone, or env://"
-    urls = {dotted(kw(c, "init_method")) for mm in f.p.modules.values() for c in mm.calls
-            if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), (ast.Name, ast.Attribute))}
+    urls = {dotted(_init_method(c)) for mm in f.p.modules.values() for c in mm.calls
+            if callee(c) == "init_process_group" and isinstance(_init_method(c), (ast.Name, ast.Attribute))}
     # the keys an init_method is read from (`init_method=opt['init_method']`, Palette's option dict)
-    keys = {const_str(kw(c, "init_method").slice) for mm in f.p.modules.values() for c in mm.calls
-            if callee(c) == "init_process_group" and isinstance(kw(c, "init_method"), ast.Subscript)} - {None}
+    keys = {const_str(_init_method(c).slice) for mm in f.p.modules.values() for c in mm.calls
+            if callee(c) == "init_process_group" and isinstance(_init_method(c), ast.Subscript)} - {None}
     reported: set[str] = set()
     for a in sorted((a for a in m.nodes if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
         if _env_fallback(m, a) or one_process_arm(m, a):
@@ -214,10 +220,10 @@ def hard_coded_master_port(f: Facts, m: Module):
             reported |= {dotted(t) for t in a.targets}
             yield a, f"{ast.unparse(a.value)} (passed as init_method) fixes the rendezvous port: {advice}", \
                 "check-by-hand"
-    passed = any(callee(c) == "init_process_group" and kw(c, "init_method") is not None
-                 and const_str(kw(c, "init_method")) is None for mm in f.p.modules.values() for c in mm.calls)
+    passed = any(callee(c) == "init_process_group" and _init_method(c) is not None
+                 and const_str(_init_method(c)) is None for mm in f.p.modules.values() for c in mm.calls)
     for c in m.calls:
-        url = kw(c, "init_method") if callee(c) == "init_process_group" else None
+        url = _init_method(c) if callee(c) == "init_process_group" else None
         if url is not None and const_str(url) and _fixed_port(url):
             yield url, f"init_method={url.value!r} fixes the rendezvous port: {advice}", "check-by-hand"
         # an option whose default is a port on this very host (`--init_method default='tcp://localhost:9999'`),

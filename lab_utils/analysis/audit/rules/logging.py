@@ -30,7 +30,9 @@ from ..losses import (
     loss_carriers,
     origins,
     packed_losses,
+    reducing_meters,
     returned_losses,
+    whole_set_meters,
 )
 from ..project import Module
 from ..registry import Hit, rule
@@ -250,7 +252,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
         lossy -= _rank0_own(f, m, scope)
-        lossy -= global_model_losses(f, m, scope)
+        lossy -= global_model_losses(f, m, scope) | whole_set_meters(m, scope) | reducing_meters(f, m, scope)
         if every_loss_over_gathered_labels(m, scope):
             continue  # MagFace: the model-parallel loss covers every rank's labels; its meters hold the global one
         lossy = {n for n in lossy if not handed_global(f, m, scope, n)

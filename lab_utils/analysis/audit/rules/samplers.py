@@ -8,8 +8,8 @@ import re
 
 from ..facts import Facts
 from ..project import Module
-from ..ranks import distributed_switch, switched
 from ..registry import Hit, rule
+from ..switches import distributed_switch, switched
 from ..syntax import (
     DIST_SWITCH,
     EVAL_WORD,
@@ -19,6 +19,7 @@ from ..syntax import (
     TRAIN_WORD,
     branches,
     callee,
+    const_str,
     const_value,
     dotted,
     kw,
@@ -100,6 +101,12 @@ def set_epoch_missing(f: Facts, m: Module):
         what = ("every epoch repeats epoch 0's order, and the run leaves the single run at the first epoch boundary "
                 "— call sampler.set_epoch(epoch) at the top of each epoch")
         site = entry = f.entry_site(m, made[0])
+        builder = m.enclosing(made[0])
+        calls = [c for _, c in f.p.callers(m, builder)] if builder is not None else []
+        calls = [c for c in calls if _reaches(m, builder, made[0], c)]
+        if calls and all(_asks_for_evaluation(c) for c in calls):
+            return  # every call asks the builder for an evaluation split (BiSeNet's `get_data_loader(cfg,
+            # mode='val')`): that loader goes over its shard once per evaluation, order immaterial
         if site is None or not _has_epoch_loop(site[0]):
             site = _epoch_loop_caller(f, m, made[0])
         if site is not None and _has_epoch_loop(site[0]):
@@ -128,6 +135,32 @@ def set_epoch_missing(f: Facts, m: Module):
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
+
+
+def _reaches(m: Module, fn: ast.AST, node: ast.AST, call: ast.Call) -> bool:
+    """Whether `call` of `fn` can reach `node`, judging only tests of a parameter against a constant (`if mode ==
+    'train':` ... `else:` in BiSeNet's get_data_loader): the value the call hands that parameter (or its
+    default) must take the branch `node` is in."""
+    names = [a.arg for a in fn.args.args]
+    defaults = dict(zip(names[len(names) - len(fn.args.defaults):], fn.args.defaults, strict=True))
+    child, n = node, m.parent.get(id(node))
+    while n is not None and n is not fn:
+        t = n.test if isinstance(n, ast.If) else None
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and \
+                isinstance(t.left, ast.Name) and t.left.id in names and isinstance(t.comparators[0], ast.Constant):
+            i = names.index(t.left.id)
+            given = kw(call, t.left.id) or (call.args[i] if i < len(call.args) else defaults.get(t.left.id))
+            if isinstance(given, ast.Constant):
+                holds = (given.value == t.comparators[0].value) == isinstance(t.ops[0], ast.Eq)
+                if holds != any(child is b for b in n.body):
+                    return False
+        child, n = n, m.parent.get(id(n))
+    return True
+
+
+def _asks_for_evaluation(c: ast.Call) -> bool:
+    """A builder call handed a constant that names an evaluation split (`mode='val'`, `'test'`)."""
+    return any(EVAL_WORD.fullmatch(const_str(a) or "") for a in [*c.args, *(k.value for k in c.keywords)])
 
 
 def _tests_the_sampler_type(test: ast.AST) -> bool:
@@ -388,8 +421,30 @@ def _pads(f: Facts, name: str) -> bool:
         own_iter = any(isinstance(d, ast.FunctionDef) and d.name == "__iter__" for d in cd.body)
         if any("DistributedSampler" in dotted(b) for b in cd.bases) and not own_iter:
             return True
+        if _extends_by_its_own_head(cd):
+            return True  # the padding itself (code only: NeWCRFs's sampler keeps torch's line commented out)
         text = ast.unparse(cd)
-        if "ceil" in text or "total_size" in text or re.search(r"indices\s*\+=|indices\s*=\s*indices\s*\+", text):
+        if not own_iter and ("ceil" in text or "total_size" in text):
+            return True
+    return False
+
+
+def _extends_by_its_own_head(cd: ast.ClassDef) -> bool:
+    """`indices += indices[:pad]`, `idx = idx + idx[:pad]`, `indices.extend(indices[:pad])`, or
+    `np.concatenate([indices, indices[:pad]])`: a list padded with repeats of its own head."""
+    def own_slice(v: ast.AST, name: str) -> bool:
+        return any(isinstance(x, ast.Subscript) and dotted(x.value) == name for x in ast.walk(v))
+    for n in ast.walk(cd):
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add) and own_slice(n.value, dotted(n.target)):
+            return True
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, (ast.BinOp, ast.Call)):
+            name = dotted(n.targets[0])
+            parts = [n.value.left, n.value.right] if isinstance(n.value, ast.BinOp) else [
+                e for a in n.value.args if isinstance(a, (ast.List, ast.Tuple)) for e in a.elts]
+            if name and len(parts) == 2 and dotted(parts[0]) == name and own_slice(parts[1], name):
+                return True
+        if isinstance(n, ast.Call) and callee(n) == "extend" and isinstance(n.func, ast.Attribute) and n.args and \
+                own_slice(n.args[0], dotted(n.func.value)):
             return True
     return False
 

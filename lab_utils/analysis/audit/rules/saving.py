@@ -7,8 +7,8 @@ import re
 
 from ..facts import Facts
 from ..project import Module
-from ..ranks import is_switch_test, one_process_arm
 from ..registry import Hit, rule
+from ..switches import LAUNCH_KEYS, is_switch_test, one_process_arm
 from ..syntax import callee, const_str, dotted, involves_rank, kw
 
 
@@ -116,9 +116,12 @@ def load_without_map_location(f: Facts, m: Module):
                 or _loaded_into_a_state_dict(m, c) or _option_names_a_torch_file(f, c)) and \
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
-                not f.off_in_default_run(m, c) and \
+                not f.off_in_default_run(m, c) and not one_process_arm(m, c) and not _unlaunched_arm(m, c) and \
+                not _into_a_grad_scaler(m, c) and \
                 f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c):
-            # (an option unset unless given; rank 0 alone loads onto its own GPU; the launcher alone, after them)
+            # (an option unset unless given; the arm of a run of one process (ADL-Stereo's else of `if
+            # args.distributed:`, YouReID's of `if 'LOCAL_RANK' in os.environ:`); rank 0 alone loads onto its own
+            # GPU; the launcher alone, after the workers)
             yield c, (f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device that saved "
                       "them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's own device)")
 
@@ -192,8 +195,9 @@ def _saves_on_every_rank(f: Facts, m: Module):
         sites = f.p.callers(m, fn) if fn is not None else []
         if fn is not None and sites and re.search(r"save|checkpoint|serialize", fn.name.lower()):
             continue  # inside a save helper (torch.save or a helper of its own): each call is judged where it is made
-        if fn is not None and not sites and not m.entry:
-            continue  # a library function nobody in the audited files calls: its callers decide
+        if fn is not None and not sites and (not m.entry or f.p.never_named(m, fn)):
+            continue  # a library function nobody in the audited files calls: its callers decide (or dead code:
+            # Text4Vis's utils.py keeps the epoch_saving its train.py redefines and calls)
         if not any(f.p.mentions_ddp(r) for r in f.p.related(m)):
             continue  # a tool no distributed script runs or imports (a checkpoint converter): one process
         if f.off_in_default_run(m, c):
@@ -207,3 +211,29 @@ def _saves_on_every_rank(f: Facts, m: Module):
         else:
             yield c, (f"{ast.unparse(c.func)}(...) runs on every rank: world_size processes write one file at once "
                       "(a torn or mixed checkpoint) — save on rank 0 only, then barrier outside the if")
+
+
+def _unlaunched_arm(m: Module, c: ast.Call) -> bool:
+    """`c` is in the else of `if 'LOCAL_RANK' in os.environ:` (YouReID's load_ckpt): only a run no launcher
+    started, one process, gets there. (A port there is still a port two single-GPU runs share: the port rule
+    does not ask this.)"""
+    child, n = c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 and isinstance(
+                n.test.ops[0], ast.In) and const_str(n.test.left) in LAUNCH_KEYS and "environ" in dotted(
+                n.test.comparators[0]) and any(child is s for s in n.orelse):
+            return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _into_a_grad_scaler(m: Module, c: ast.Call) -> bool:
+    """`scaler.load_state_dict(torch.load('scaler.pth'))` with `scaler = GradScaler()` (PVDM): a GradScaler's state
+    is Python numbers, no tensor lands on any GPU."""
+    up = m.parent.get(id(c))
+    if not (isinstance(up, ast.Call) and callee(up) == "load_state_dict" and isinstance(up.func, ast.Attribute)):
+        return False
+    holder = dotted(up.func.value)
+    made = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(x) == holder for x in a.targets)]
+    return bool(made) and all(isinstance(v, ast.Call) and callee(v) == "GradScaler" for v in made)
+

@@ -8,10 +8,11 @@ import re
 import warnings
 
 from ..facts import Facts
+from ..options import option_text
 from ..project import Module
-from ..ranks import is_switch_test
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
+from ..switches import is_switch_test
 from ..syntax import (
     ITERABLE_NOT_LOADER,
     LOADERISH,
@@ -62,7 +63,7 @@ def no_seed(f: Facts, m: Module):
                       for flag in [f.off_by_default(mm, c)] if flag), None)
         failed = next((t for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
                        for t in [_failed_by_default(f, mm, c)] if t), None)
-        what = f"torch is seeded only under --{gated}, which is off by default" if gated else \
+        what = f"torch is seeded only under {option_text(gated)}, which is off by default" if gated else \
             f"torch is seeded only when `{failed}`, which the option's default fails" if failed else \
             "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
             "other" in kinds else "nothing seeds torch"

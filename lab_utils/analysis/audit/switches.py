@@ -1,0 +1,195 @@
+"""Which branches run under which world size: the distributed switch (`if ddp:`, `if args.distributed:`, `if
+world_size > 1:`, `dist.is_initialized()`), true on every rank of a distributed run; the arm that runs only when
+the run is one process; branches no run takes; and the tests that say a launcher started the run. ranks.py asks
+these when it reads a rank-0 guard; the rules ask them to gate a finding on the run it can happen in."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .project import Module, Project
+from .syntax import (
+    DIST_SWITCH,
+    WORLDISH,
+    always_returns,
+    callee,
+    const_str,
+    dotted,
+    involves,
+    is_switch_value,
+)
+
+
+def unlaunched(test: ast.AST) -> bool:
+    """`'RANK' not in os.environ`: true only in a run no launcher started, which is one process."""
+    return isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotIn) and \
+        const_str(test.left) in LAUNCH_KEYS and "environ" in dotted(test.comparators[0])
+
+
+def conjuncts(test: ast.AST) -> set[str]:
+    """The flags a test requires: `args.mp` in `if args.mp:` and in `if args.distributed and args.mp:` (ADL's
+    spawn), by their last attribute."""
+    values = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    return {dotted(v).split(".")[-1] for v in values if isinstance(v, (ast.Name, ast.Attribute))}
+
+
+def set_by_launch(m: Module, flag: ast.AST) -> bool:
+    """A distributed switch computed from what the launcher sets (`is_distributed = num_gpus > 1`, `ddp =
+    int(os.environ.get("RANK", -1)) != -1`, `dist.is_initialized()`), not an option the user passes."""
+    if isinstance(flag, ast.Call):
+        return group_check(flag)
+    name = dotted(flag)
+    values = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)]
+    return bool(name) and bool(values) and all(
+        is_switch_value(v) or group_check(v) or isinstance(v, ast.Compare) and involves(v, WORLDISH)
+        for v in values)
+
+
+# `dist.is_initialized()`, a helper's `is_available()`, SparK's `dist.initialized()`
+GROUP_CHECKS = re.compile(r"^(is_initialized|is_available|initialized|is_dist_avail_and_initialized)$")
+
+
+def group_check(test: ast.AST) -> bool:
+    """The test asks torch.distributed whether the group exists (`dist.is_initialized()`, a helper's
+    `is_available()`); not `torch.cuda.is_available()`."""
+    return any(isinstance(n, ast.Call) and GROUP_CHECKS.match(callee(n)) and not re.search(
+        r"cuda|mps|xpu|backends", dotted(n.func)) for n in ast.walk(test))
+
+
+def is_switch_test(test: ast.AST) -> bool:
+    """A test of whether the run is distributed (`args.distributed`, `ddp`, `world_size > 1`,
+    `dist.is_initialized()`), not of the rank."""
+    if is_switch_value(test) or isinstance(test, ast.BoolOp) and any(is_switch_value(v) for v in test.values):
+        return True  # `if args.local_rank == -1 or args.no_cuda:` (Oscar): one arm is the one-process run
+    return involves(test, DIST_SWITCH) or involves(test, WORLDISH) or group_check(test) or any(
+        isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.In, ast.NotIn))
+        and "environ" in dotted(n.comparators[0]) and const_str(n.left) in LAUNCH_KEYS for n in ast.walk(test))
+
+
+# what a launcher (torchrun, SLURM) puts in the environment: `if 'RANK' in os.environ:` asks whether one started us
+LAUNCH_KEYS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT"}
+
+
+def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
+    """The `if args.distributed:`-like test that guards `node` in its function, if any: an enclosing if, or an
+    earlier `if world_size == 1: return ...` in the same block."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, (ast.If, ast.IfExp)) and is_switch_test(n.test):
+            return n.test
+        for s in n.body if isinstance(getattr(n, "body", None), list) else []:
+            if s is child:
+                break
+            if isinstance(s, ast.If) and is_switch_test(s.test) and always_returns(s.body):
+                return s.test
+            if isinstance(s, ast.If) and _returns_unless_launched(s):
+                return s.test
+            if isinstance(s, ast.If) and (arm := _launch_arm_returns(s)) is not None:
+                return arm
+        if isinstance(n, ast.FunctionDef):
+            break
+        child, n = n, m.parent.get(id(n))
+    return None
+
+
+def _returns_unless_launched(s: ast.If) -> bool:
+    """`if "RANK" in os.environ: ... elif "SLURM_PROCID" in os.environ: ... else: args.distributed = False;
+    return` (DeiT's init_distributed_mode): a chain of tests of the launcher's environment whose last arm returns.
+    What follows runs only when a launcher started the job, as under `if args.distributed:`."""
+    tests, n = [], s
+    while True:
+        tests.append(n.test)
+        if len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If):
+            n = n.orelse[0]
+            continue
+        break
+    return bool(n.orelse) and isinstance(n.orelse[-1], ast.Return) and all(
+        is_switch_value(t) or is_switch_test(t) for t in tests)
+
+
+def _launch_arm_returns(s: ast.If) -> ast.AST | None:
+    """`if not torch.cuda.is_available(): return` `elif "RANK" not in os.environ: ...; return`: a later arm of an
+    if/elif chain that tests the launcher's environment and returns. What follows the chain runs only when a
+    launcher started the job, as under `if args.distributed:`."""
+    n = s
+    while len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If):
+        n = n.orelse[0]
+        if n.body and isinstance(n.body[-1], ast.Return) and is_switch_value(n.test):
+            return n.test
+    return None
+
+
+def switched(p: Project, m: Module, node: ast.AST, depth: int = 2) -> ast.AST | None:
+    """distributed_switch() through the callers: code in a helper that every caller calls under the switch
+    (`samplers = create_sampler(...)` only inside `if args.distributed:`) runs only in a distributed run."""
+    test = distributed_switch(m, node)
+    if test is not None or depth == 0:
+        return test
+    fn = m.enclosing(node)
+    sites = p.callers(m, fn) if fn is not None else []
+    tests = [switched(p, cm, c, depth - 1) for cm, c in sites]
+    return tests[0] if tests and all(t is not None for t in tests) else None
+
+
+def one_process_arm(m: Module, node: ast.AST) -> bool:
+    """`node` runs only where the run is not distributed (Lightweight GAN's `if self.syncbatchnorm and not
+    self.is_ddp:` group of one process, or the else of `if args.distributed:` / `if cfg.MODEL.DIST_TRAIN:`): one
+    process, so no ranks meet there (a port) and no other rank writes the same file (a save)."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If):
+            tests = n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test]
+            negated = any(isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and switch_flag(t.operand)
+                          for t in tests)
+            if negated and any(child is s for s in n.body) or switch_flag(n.test) and any(
+                    child is s for s in n.orelse):
+                return True
+            single = next((k for k in map(_single_process_test, tests) if k is not None), None)
+            if single == "body" and any(child is s for s in n.body) or \
+                    _single_process_test(n.test) == "orelse" and any(child is s for s in n.orelse):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def dead_branch(m: Module, node: ast.AST) -> bool:
+    """`node` sits under `if ... and not evaluate:` where `evaluate` names a function of the module, not a value
+    (BERT-NER's copy of run_glue dropped the `evaluate` parameter): a function is always true, so the branch
+    never runs."""
+    child, n = node, m.parent.get(id(node))
+    fn = m.enclosing(node)
+    local = {a.arg for a in fn.args.args + fn.args.kwonlyargs} if isinstance(
+        fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and any(child is s for s in n.body):
+            tests = n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test]
+            if any(isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and isinstance(t.operand, ast.Name)
+                   and t.operand.id in m.functions and t.operand.id not in local for t in tests):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _single_process_test(t: ast.AST) -> str | None:
+    """`args.local_rank == -1` (the launcher sets it to 0 or more) or `world_size == 1`: 'body' when the test
+    holds only in a run of one process, 'orelse' for `local_rank != -1` / `world_size > 1`; None otherwise."""
+    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Name, ast.Attribute))):
+        return None
+    name, op, right = dotted(t.left).split(".")[-1], t.ops[0], t.comparators[0]
+    try:
+        v = ast.literal_eval(right)
+    except ValueError:
+        return None
+    if re.fullmatch(r"(local_)?rank", name) and v == -1:
+        return "body" if isinstance(op, (ast.Eq, ast.Is)) else "orelse" if isinstance(op, (ast.NotEq, ast.IsNot)) \
+            else None
+    if re.fullmatch(r"world_size|n_?gpus?|num_gpus|nprocs", name):
+        return "body" if isinstance(op, ast.Eq) and v == 1 or isinstance(op, ast.Lt) and v == 2 else \
+            "orelse" if isinstance(op, ast.Gt) and v == 1 or isinstance(op, ast.GtE) and v == 2 else None
+    return None
+
+
+def switch_flag(t: ast.AST) -> bool:
+    """A bare distributed flag (`args.distributed`, `self.is_ddp`); not a comparison, whose else may be either."""
+    return isinstance(t, (ast.Name, ast.Attribute)) and involves(t, DIST_SWITCH)

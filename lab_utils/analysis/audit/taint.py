@@ -1,0 +1,118 @@
+"""Which names hold a rank: assigned from an expression that involves one (flow-insensitive, to a fixpoint), a
+project function's parameters that its callers hand a rank, less the results of project functions that are handed
+the rank but return none (a logger, a checkpoint's numbers). The guards (ranks.py) ask whether a test involves
+these names. `m` is a project.Module and `project` a project.Project, unnamed here: project.py calls this module
+while it builds itself, so this one does not import it back."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .syntax import DIST_SWITCH, RANKISH, WORLDISH, callee, dotted, involves_rank, is_switch_value, placement_only
+
+
+def module_taint(m, seed: frozenset = frozenset(), opaque: frozenset = frozenset()) -> set[str]:
+    """Names assigned (anywhere) from an expression that involves a rank: flow-insensitive, to a fixpoint.
+    `seed`: parameters that callers pass a rank (taint_parameters); `opaque`: ids of calls of
+    project functions that are handed the rank but return no rank (untaint_opaque_calls)."""
+    tainted: set[str] = set(seed)
+    assigns = [n for n in m.nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
+    changed = True
+    while changed:
+        changed = False
+        for a in assigns:
+            if a.value is None or not involves_rank(a.value, tainted) or placement_only(a.value, tainted):
+                continue
+            if id(a.value) in opaque:
+                continue
+            if WORLDISH.search(dotted(a.value)) and not RANKISH.search(dotted(a.value)) or is_switch_value(a.value):
+                continue
+            for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
+                for name in ([dotted(e) for e in t.elts] if isinstance(t, ast.Tuple) else [dotted(t)]):
+                    if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1]) \
+                            and "device" not in name.lower() and name not in tainted:  # a placement, not a rank
+                        tainted.add(name)
+                        changed = True
+    return tainted
+
+
+def taint_parameters(project):
+    """A rank handed to a project function or class (`Trainer(model, data, opt, rank, ...)`) makes the
+    parameter that receives it rank-holding (`self.gpu_id = gpu_id` ... `if self.gpu_id == 0:`)."""
+    seeds: dict[str, set[str]] = {rel: set() for rel in project.modules}
+    spawned_index(project, seeds)
+    for _ in range(3):  # a rank passed on through two helpers
+        changed = False
+        for m in project.modules.values():
+            for c in m.calls:
+                ranked = [i for i, a in enumerate(c.args) if involves_rank(a, m.rank_tainted)]
+                kws = {k.arg for k in c.keywords if k.arg and involves_rank(k.value, m.rank_tainted)}
+                if not ranked and not kws:
+                    continue
+                for tm, tf in project.resolve(m, c, exact=True):
+                    params = [a.arg for a in tf.args.args]
+                    if params and params[0] in ("self", "cls") and tm.class_of(tf):
+                        params = params[1:]
+                    names = {params[i] for i in ranked if i < len(params)} | (kws & set(params))
+                    if names - seeds[tm.rel]:
+                        seeds[tm.rel] |= names
+                        tm.rank_tainted = tm._taint(frozenset(seeds[tm.rel]))
+                        changed = True
+        if not changed:
+            break
+    untaint_opaque_calls(project, seeds)
+
+
+def untaint_opaque_calls(project, seeds: dict[str, set[str]]):
+    """`logger = setup_logger(out, distributed_rank=dist.get_rank())`, `step, best = load_checkpoint(...,
+    rank=rank)`: a project function handed the rank returns a logger or a checkpoint's numbers, not a rank,
+    when nothing it returns involves a rank or its parameters. Counting them as ranks made `if step %
+    VALIDATION_INTERVAL == 0:` (Soft-HuBERT) and `if is_best:` (Text4Vis) rank tests."""
+    for m in project.modules.values():
+        opaque = set()
+        for a in m.nodes:
+            if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)) or involves_rank(
+                    a.value.func, m.rank_tainted) or not involves_rank(a.value, m.rank_tainted):
+                continue
+            targets = project._resolve(m, a.value, True)
+            if targets and all(isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)) and not tm.class_of(tf)
+                               and not returns_rank(m, tf, a.value) for tm, tf in targets):
+                opaque.add(id(a.value))
+        if opaque:
+            m.rank_tainted = m._taint(frozenset(seeds[m.rel]), frozenset(opaque))
+
+
+def returns_rank(m, fn: ast.AST, call: ast.Call) -> bool:
+    """Something `fn` returns involves the rank this call hands it (`def to_int(x): return int(x)`), or a rank of
+    its own: its parameters that get a rank, then its own assignments, to a fixpoint. Local to `fn`: the
+    module-wide taint mixes every function's `step` (Soft-HuBERT's save_checkpoint gets the step; its
+    load_checkpoint returns another)."""
+    params = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+    if params and params[0] in ("self", "cls"):
+        params = params[1:]
+    tainted = {params[i] for i, a in enumerate(call.args) if i < len(params) and involves_rank(a, m.rank_tainted)}
+    tainted |= {k.arg for k in call.keywords if k.arg and involves_rank(k.value, m.rank_tainted)}
+    assigns = [a for a in ast.walk(fn) if isinstance(a, ast.Assign)]
+    for _ in range(3):
+        tainted |= {dotted(t) for a in assigns if involves_rank(a.value, tainted) and not placement_only(
+            a.value, tainted) for x in a.targets for t in ast.walk(x) if isinstance(t, (ast.Name, ast.Attribute))}
+    return any(isinstance(r, ast.Return) and r.value is not None and involves_rank(r.value, tainted)
+               for r in ast.walk(fn))
+
+
+def spawned_index(project, seeds: dict[str, set[str]]):
+    """`mp.spawn(run, args=(...), nprocs=n)` calls `run(i, *args)`: the first parameter of the function it starts
+    is the process index, the rank on one node (DGL's `def run(proc_id, ...)`, then `if proc_id == 0:`)."""
+    for m in project.modules.values():
+        for c in m.calls:
+            if callee(c) != "spawn" or not c.args or not re.search(r"(^|\.)(mp|multiprocessing)$", dotted(
+                    c.func.value) if isinstance(c.func, ast.Attribute) else ""):
+                continue
+            fake = ast.Call(func=c.args[0], args=[], keywords=[])
+            for tm, tf in project._resolve(m, fake, True):
+                params = [a.arg for a in tf.args.args]
+                if params and not tm.class_of(tf) and params[0] not in seeds[tm.rel]:
+                    seeds[tm.rel].add(params[0])
+                    tm.rank_tainted = tm._taint(frozenset(seeds[tm.rel]))
+
