@@ -28,8 +28,21 @@ def rank0_loggers(f: Facts, m: Module) -> set[str]:
                             and callee(c) in ("StreamHandler", "basicConfig") and not _to_a_file(c)]
                 if consoles and all(f.g.effective(tm, c) == "rank0" for c in consoles):
                     out |= {dotted(t) for t in a.targets} - {""}
+            if _unseen_setup_handed_the_rank(f, m, a.value):  # `logger = setup_logger(out, distributed_rank=rank)`
+                out |= {dotted(t) for t in a.targets} - {""}
+        # loguru's one global logger, its sinks set by a helper these files lack that is handed the rank (YOLOX's
+        # `setup_logger(file_name, distributed_rank=self.rank)`, which adds the console sink on rank 0 alone)
+        out |= {local for local, (mod, _, _) in m.imports.items() if mod.split(".")[0] == "loguru"
+                and _unseen_setup_given_the_rank(f)}
         cache[m.rel] = out
     return cache[m.rel]
+
+
+def _unseen_setup_handed_the_rank(f: Facts, m: Module, c: ast.Call) -> bool:
+    """A logger set-up from outside the audited files (`setup_logger`, `get_root_logger`) handed the rank: such
+    helpers keep the console on rank 0 (detectron2's, YOLOX's, mmcv's: the other ranks log to files or at ERROR)."""
+    return re.search(r"logg", callee(c), re.I) is not None and not f.p.resolve(m, c) and any(
+        involves_rank(a, m.rank_tainted) for a in [*c.args, *(k.value for k in c.keywords)])
 
 
 def _to_a_file(c: ast.Call) -> bool:
@@ -75,9 +88,7 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
 def _unseen_setup_given_the_rank(f: Facts) -> bool:
     """`setup_logger_dist(cfg.log_path, cfg.rank, name=...)` from a module these files lack (PointNeXt): a logger
     set-up handed the rank decides per rank, so which consoles show the root's lines is not known here."""
-    return any(re.search(r"logg", callee(c), re.I) and not f.p.resolve(mm, c) and any(
-        involves_rank(a, mm.rank_tainted) for a in [*c.args, *(k.value for k in c.keywords)])
-        for mm in f.p.modules.values() for c in mm.calls)
+    return any(_unseen_setup_handed_the_rank(f, mm, c) for mm in f.p.modules.values() for c in mm.calls)
 
 
 INFO_CALLS = ("info", "debug")

@@ -33,6 +33,7 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
                 continue  # an evaluation nothing calls (Point-MAE's validate(), its call commented out)
             out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
                     callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
+                    _unseen_gather(facts, mm, n) or
                     any(facts.p.function_does(tm, tf, reduces_or_gathers, 2)
                         for tm, tf in facts.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)
                     and not _helper_scatters(facts, mm, n)
@@ -93,3 +94,14 @@ def _drops_the_padding(fn: ast.AST) -> bool:
         for x in ast.walk(n.left)) and any(
         isinstance(x, (ast.Name, ast.Attribute, ast.Call)) and WORLDISH.search(dotted(x.func) if isinstance(
             x, ast.Call) else dotted(x)) for x in ast.walk(n.right)) for n in ast.walk(fn))
+
+
+GATHERS = {"gather", "all_gather", "all_gather_object", "gather_object"}
+
+
+def _unseen_gather(facts, m: Module, c: ast.Call) -> bool:
+    """`data_list = gather(data_list, dst=0)` with `gather` imported from the project's own distributed utilities
+    outside the audited files (YOLOX's yolox.utils): a gather of every rank's predictions, not torch.gather (a
+    tensor method or `torch.gather(input, dim, index)`)."""
+    return isinstance(c.func, ast.Name) and c.func.id in GATHERS and c.func.id in m.imports and \
+        not m.imports[c.func.id][0].startswith("torch") and not facts.p.resolve(m, c)

@@ -75,10 +75,33 @@ class Facts(DefaultOptions):
                     for t in a.targets:
                         names[dotted(t)] = a.lineno
             out[m.rel] = self._aliases_of_wrapped(m, names)
+        self._inherit_wrapped(out)
         return out
 
-    @staticmethod
-    def _aliases_of_wrapped(m: Module, names: dict[str, int]) -> dict[str, int]:
+    def _inherit_wrapped(self, out: dict[str, dict[str, int]]) -> None:
+        """`self.model = DDP(self.model)` in a subclass's __init__ (P5's Trainer) holds the wrapper in the methods
+        its base classes define too (TrainerBase.save's `self.model.state_dict()`), unless a base sets that
+        attribute itself. Kept in `self.inherited` as (module, name): such a base never saw the wrap line."""
+        self.inherited: set[tuple[str, str]] = set()
+        for m in self.p.modules.values():
+            for name in [n for n in out.get(m.rel, {}) if n.startswith("self.")]:
+                at = next((a for a in m.nodes if isinstance(a, ast.Assign) and out[m.rel][name] == a.lineno), None)
+                fn = m.enclosing(at) if at is not None else None
+                todo = self.p.bases_of(m, m.class_of(fn)) if fn is not None and m.class_of(fn) else []
+                seen = set()
+                while todo:
+                    bm, base = todo.pop()
+                    if (bm.rel, base) in seen:
+                        continue
+                    seen.add((bm.rel, base))
+                    sets_it = any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)
+                                  and bm.class_of(bm.enclosing(a) or bm.tree) == base for a in bm.nodes)
+                    if not sets_it and bm is not m:
+                        out.setdefault(bm.rel, {}).setdefault(name, 0)
+                        self.inherited.add((bm.rel, name))
+                    todo += self.p.bases_of(bm, base)
+
+    def _aliases_of_wrapped(self, m: Module, names: dict[str, int]) -> dict[str, int]:
         """Names that hold the wrapper too: a copy (`self.model = model`), or one arm of a choice
         (`save_model = self.ema.ema if use_ema else self.model`: the wrapper whenever the switch is off). An arm
         that unwraps (`model.module if ... else model`) makes no alias."""
@@ -90,6 +113,10 @@ class Facts(DefaultOptions):
                     continue
                 v = a.value
                 arms = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
+                if isinstance(v, ast.IfExp) and self.default_value(m, v.test) in (True, False):
+                    # the arm the default run takes (YOLOX: `self.ema_model.ema if self.use_model_ema else
+                    # self.model`, use_model_ema = exp.ema = True)
+                    arms = [v.body if self.default_value(m, v.test) else v.orelse]
                 unwraps = any(dotted(x).endswith(".module") or isinstance(x, ast.Call) and any(
                     held(y) for y in ast.walk(x)) for x in arms)
                 if any(held(x) and names[dotted(x)] < a.lineno or held(x) and dotted(x).startswith("self.")
@@ -115,9 +142,11 @@ class Facts(DefaultOptions):
         if d in CUDA_SEEDS:
             return "cuda"
         if d in TORCH_SEEDS:
-            if d == "manual_seed" and m.imports.get("manual_seed", ("", "", 0))[0] != "torch":
+            if d != "manual_seed" or m.imports.get("manual_seed", ("", "", 0))[0] == "torch":
+                return "torch"
+            if direct or not self.p.resolve(m, c):
                 return None
-            return "torch"
+            # else the project's own `def manual_seed(seed):` (MSST's utils/settings.py): judged as a helper
         if d in OTHER_SEEDS:
             return "other"
         name = callee(c)

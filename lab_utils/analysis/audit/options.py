@@ -9,9 +9,26 @@ import re
 
 from .files import project_files
 from .project import Module
-from .syntax import callee, const_str, const_value, dotted, kw
+from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw
 
 CONFIGISH = re.compile(r"^(cfg|config|conf|opt|hparams)$", re.I)
+UNKNOWN = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()  # default_value's "cannot tell"
+
+
+def _one(values: list):
+    """The one value all of `values` agree on, else UNKNOWN (also when there are none)."""
+    return values[0] if values and UNKNOWN not in values and len({repr(x) for x in values}) == 1 else UNKNOWN
+
+
+def _option_default(c: ast.Call):
+    """What argparse gives an option nobody passes: its default=, False/True for store_true/store_false, None."""
+    d = kw(c, "default")
+    if d is not None:
+        try:
+            return ast.literal_eval(d)  # (`-1` is a unary minus, not a constant)
+        except ValueError:
+            return UNKNOWN
+    return {"store_true": False, "store_false": True}.get(const_str(kw(c, "action")), None)
 
 
 def option_text(flag: str) -> str:
@@ -41,8 +58,19 @@ class DefaultOptions:
                         default.value == 0 and dotted(kw(a, "type")) == "int"
                     if callee(a) == "add_argument" and opt and (store_true or false_default or zero_int):
                         out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
-            self.cache["flags"] = out
+            # on in the run judged: the distributed switch itself (P5's `--distributed`, which the DDP run passes),
+            # and a flag the project's launch scripts pass (`--distributed --multiGPU` in its pretrain_*.sh)
+            passed = self._passed_in_launch_scripts()
+            self.cache["flags"] = {k: v for k, v in out.items() if k not in passed and v.replace("-", "_") not in
+                                   passed and not DIST_SWITCH.search(k)}
         return self.cache["flags"]
+
+    def _passed_in_launch_scripts(self) -> set[str]:
+        """Every `--flag` a shell script of the project passes (as argparse's attribute, `-` read as `_`)."""
+        if not self.p.on_disk:
+            return set()
+        return {flag.replace("-", "_") for path in project_files(self.p.root, ".sh") for flag in re.findall(
+            r"(?<![\w-])--([A-Za-z][\w-]*)", path.read_text(encoding="utf-8", errors="replace"))}
 
     def off_by_default(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
         """The flag `node` runs under when that flag is off in the default run: an enclosing `if args.sync_bn:`
@@ -206,3 +234,87 @@ class DefaultOptions:
                 continue
             return None
         return named
+
+    def default_value(self, m: Module, v: ast.AST, depth: int = 2):
+        """The constant `v` holds in the default run, or UNKNOWN: a literal; `args.accum_iter` where every
+        add_argument (or a Python config file) of the option gives the same default (None when it names none);
+        `int(x)`; `getattr(config.training, "key", 1)` where every YAML file of the project that names `key` gives
+        that default too; a local name whose every assignment in its function holds one constant; a parameter
+        that every project caller passes one (AudioMAE's `accum_iter = args.accum_iter`, MSST's
+        `gradient_accumulation_steps` handed from a YAML key set to 1); an attribute no option sets
+        (_attribute_default)."""
+        if isinstance(v, ast.Constant):
+            return v.value
+        if isinstance(v, ast.Call) and callee(v) in ("int", "float") and len(v.args) == 1:
+            return self.default_value(m, v.args[0], depth)
+        if isinstance(v, ast.Call) and callee(v) == "getattr" and len(v.args) == 3 and const_str(v.args[1]):
+            return self._yaml_default(const_str(v.args[1]), self.default_value(m, v.args[2], depth))
+        if isinstance(v, ast.Attribute):
+            made = [kw(a.value, v.attr) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                    and any(dotted(t) == dotted(v.value) for t in a.targets) and kw(a.value, v.attr) is not None]
+            if made:  # `accelerator = Accelerator(gradient_accumulation_steps=1)`: what the object was built with
+                return _one([self.default_value(m, x, depth) for x in made])
+            options = [c for mm in self.p.modules.values() for c in mm.calls if callee(c) == "add_argument" and any(
+                (const_str(a) or "").lstrip("-").replace("-", "_") == v.attr for a in c.args)]
+            if not options:
+                return self._attribute_default(v.attr, depth)
+            values = {repr(_option_default(c)) for c in options} | {
+                repr(const_value(d)) if isinstance(d, ast.Constant) else "?" for d in self.config_defaults(v.attr)}
+            # ... and a launcher of the project that sets it (LiVT's script/finetune.py: `T.accum_iter = 8`)
+            values |= {repr(a.value.value) for mm in self.p.modules.values() for a in mm.nodes if isinstance(
+                a, ast.Assign) and isinstance(a.value, ast.Constant) and any(
+                isinstance(t, ast.Attribute) and t.attr == v.attr for t in a.targets)}
+            return _option_default(options[0]) if len(values) == 1 else UNKNOWN
+        if not isinstance(v, ast.Name):
+            return UNKNOWN
+        fn = m.enclosing(v)
+        scope = fn if fn is not None else m.tree
+        sets = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and len(a.targets) == 1
+                and isinstance(a.targets[0], ast.Name) and a.targets[0].id == v.id]
+        if sets:
+            return _one([self.default_value(m, x, depth) for x in sets])
+        params = [a.arg for a in fn.args.args] if fn is not None and depth else []
+        if v.id not in params:
+            return UNKNOWN
+        positional = params[1:] if params[:1] in (["self"], ["cls"]) else params
+        values = []
+        for cm, c in self.p.callers(m, fn):
+            given = kw(c, v.id)
+            if given is None and positional.index(v.id) < len(c.args):
+                given = c.args[positional.index(v.id)]
+            if given is None or any(isinstance(a, ast.Starred) for a in c.args):
+                return UNKNOWN
+            values.append(self.default_value(cm, given, depth - 1))
+        return _one(values)
+
+    def _attribute_default(self, attr: str, depth: int):
+        """An attribute no option sets: the constant every project assignment `X.attr = ...` gives, a setting
+        handed on followed one step (YOLOX: `self.use_model_ema = exp.ema` in the trainer, `self.ema = True` in
+        the Exp defaults; `self.seed = None` in the base Exp, which no subclass sets). An object assigned to a
+        same-named attribute of another class (`self.ema = deepcopy(model)`) is no setting and is passed over;
+        two different values, or none, give UNKNOWN."""
+        if depth <= 0:
+            return UNKNOWN
+        values = []
+        for mm in self.p.modules.values():
+            for a in mm.nodes:
+                if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Attribute) \
+                        and a.targets[0].attr == attr and not isinstance(a.value, ast.Call):
+                    handed = isinstance(a.value, (ast.Attribute, ast.Name)) and \
+                        dotted(a.value).split(".")[-1] != attr
+                    values.append(a.value.value if isinstance(a.value, ast.Constant) else
+                                  self.default_value(mm, a.value, depth - 1) if handed else UNKNOWN)
+        return _one(values)
+
+    def _yaml_default(self, key: str, default):
+        """`default` when no YAML file of the project sets `key` to anything else (`gradient_accumulation_steps: 1`
+        in every config, or the key absent), else UNKNOWN."""
+        if default is UNKNOWN or not self.p.on_disk:
+            return UNKNOWN
+        line = re.compile(rf"^\s*{re.escape(key)}\s*:\s*(\S+)", re.M)
+        for suffix in (".yaml", ".yml"):
+            for path in project_files(self.p.root, suffix):
+                for value in line.findall(path.read_text(encoding="utf-8", errors="replace")):
+                    if value.strip("'\"") != str(default):
+                        return UNKNOWN
+        return default

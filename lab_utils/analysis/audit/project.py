@@ -441,6 +441,19 @@ class Project:
             self._methods_cache[key] = self._find_methods(m, cls, attr)
         return self._methods_cache[key]
 
+    def overridden(self, m: Module, fn: ast.AST) -> bool:
+        """`fn` is a method every project subclass that runs redefines without calling it (YOLOX's
+        Exp.get_eval_loader, which the experiment file's Exp(MyExp) replaces): the run builds the subclass, so
+        the base's body is not what runs. A base with no subclass here is not overridden."""
+        cls = m.class_of(fn)
+        if cls is None:
+            return False
+        others = [(om, of) for om, of in self.methods(m, cls, fn.name) if of is not fn]
+        return bool(others) and all(om.class_of(of) != cls and not any(
+            isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == fn.name
+            and isinstance(c.func.value, ast.Call) and callee(c.func.value) == "super" for c in ast.walk(of))
+            for om, of in others)
+
     def bases_of(self, m: Module, cls: str) -> list[tuple[Module, str]]:
         self.methods(m, cls, "__init__")  # (builds the class index)
         if cls not in m.classes:

@@ -323,6 +323,9 @@ def _vision_lib(m: Module, n: ast.AST) -> bool:
     return full == "torchvision.models"
 
 
+PLAIN_BN = re.compile(r"(?<!Frozen)(?<!Sync)BatchNorm")
+
+
 def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
     """(module, node) when the model `c` builds has BatchNorm though no project class is called by name: a
     torchvision factory (`models.__dict__[arch]()`, `models.resnet50()`, `getattr(models, arch)()`) of a BN family,
@@ -363,6 +366,13 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
         bn = _registered_batchnorm(f, callee(fn))
         if bn is not None:
             return bn
+    if isinstance(fn, ast.Attribute) and not f.p.resolve(m, c):  # `self.exp.get_model()`, exp loaded at run time:
+        for tm in f.p.modules.values():  # a project method of that name that tunes the BatchNorm layers of the
+            for tf in (d for k, d in tm.functions.items() if k.split(".")[-1] == fn.attr):  # model (YOLOX)
+                bn = next((x for x in ast.walk(tf) if isinstance(x, ast.Call) and callee(x) == "isinstance"
+                           and len(x.args) == 2 and PLAIN_BN.search(ast.unparse(x.args[1]))), None)
+                if bn is not None:
+                    return tm, bn
     if isinstance(fn, ast.Call) and callee(fn) == "eval" and fn.args and isinstance(fn.args[0], ast.BinOp):
         tail = fn.args[0]
         while isinstance(tail, ast.BinOp):

@@ -367,9 +367,11 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
         n = m.parent.get(id(n))
     # the step gate itself counts with such an option: `if (step + 1) % args.gradient_accumulation_steps == 0:`
     # (CLIP4Clip) steps every micro-batch in the default run
-    # (CLIP4Clip), and so does a loss divided by it (`_lm_loss / args.grad_acc`, LoRA's gpt2_ft)
-    return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and isinstance(b.right, ast.Attribute)
-               and involves(b.right, ACCUMISH) and _option_defaults_to_one(f, b.right.attr) for b in ast.walk(node))
+    # and so does a loss divided by it (`_lm_loss / args.grad_acc`, LoRA's gpt2_ft), or by a local
+    # or a parameter that holds it (AudioMAE's `accum_iter = args.accum_iter`, MSST's count from a YAML key set to 1)
+    return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and involves(b.right, ACCUMISH)
+               and (isinstance(b.right, ast.Attribute) and _option_defaults_to_one(f, b.right.attr)
+                    or f.default_value(m, b.right) == 1) for b in ast.walk(node))
 
 
 def _option_defaults_to_one(f: Facts, attr: str) -> bool:

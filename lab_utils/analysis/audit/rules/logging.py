@@ -265,7 +265,12 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             continue  # (last: a log under an option unset unless given, DLRM's print of a loaded model's loss)
         outer = _outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
         red = f.reduced_names(m, scope) | (f.reduced_names(m, outer) if outer not in (None, scope) else set())
-        red = {r for r in red if not _reduced_only_later(m, scope, c, r, red)}
+        red0 = set(red)
+        while True:  # a name reduced only through another that is not reduced here is not either
+            now = {r for r in red if not _not_reduced_at(m, scope, c, r, red, red0)}
+            if now == red:
+                break
+            red = now
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
         kind = f.g.effective(m, c)
@@ -277,29 +282,75 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     return out
 
 
-def _reduced_only_later(m: Module, scope: ast.AST, c: ast.Call, name: str, red: set[str]) -> bool:
-    """Every write that makes `name` an average over ranks comes after the log `c`, outside the loops around it
-    (3D-ResNets: the per-batch print of the meter `losses`, whose epoch average is all-reduced after the loop):
-    what the log prints was not reduced yet. reduced_names is flow-insensitive; this is the order it ignores."""
+def _not_reduced_at(m: Module, scope: ast.AST, c: ast.Call, name: str, red: set[str], red0: set[str]) -> bool:
+    """`name` does not hold an average over ranks where the log `c` reads it, though reduced_names (flow-
+    insensitive) says it does somewhere. The write that reaches `c` decides: the nearest one before it, or, with
+    none before it, one later in a loop around `c` (the next iteration's). 3D-ResNets: the epoch average of the
+    meter `losses` is all-reduced after the batch loop, so the per-batch print reads this rank's; P5: `results =
+    train_step(batch)` in the loop, `results = reduce_dict(epoch_results)` after it, and the meter fed from
+    `results` in the loop is this rank's too. `red`: the names still reduced here; `red0`: reduced_names' answer,
+    which a name keeps when none of its writes seen reduces by it (the reduction is one this reading misses)."""
     loops = []
     n = m.parent.get(id(c))
     while n is not None and n is not scope:
         if isinstance(n, (ast.For, ast.While)):
             loops.append(n)
         n = m.parent.get(id(n))
-
-    def inside(node, loop):
-        return any(x is node for x in ast.walk(loop))
-    writes = []
-    for a in ast.walk(scope):
+    writes = []  # (statement, reduces)
+    for a in _own_walk(scope):  # (a method defined here has its own `loss`)
         if isinstance(a, (ast.Assign, ast.AugAssign)):
-            targets = a.targets if isinstance(a, ast.Assign) else [a.target]
-            reads = {root(x) for x in ast.walk(a.value) if isinstance(x, (ast.Name, ast.Attribute))}
-            if any(root(t) == name for t in targets) and (reads - {name}) & red:
-                writes.append(a)
+            targets, value = (a.targets if isinstance(a, ast.Assign) else [a.target]), a.value
+        elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in ("update", "append") \
+                and a.args:
+            targets, value = [a.func.value], a.args[0]  # a meter fed a value holds what it is fed
         elif isinstance(a, ast.Call) and callee(a) in ("all_reduce", "reduce") and a.args and root(a.args[0]) == name:
-            writes.append(a)
-    return bool(writes) and all(w.lineno > c.lineno and not any(inside(w, lp) for lp in loops) for w in writes)
+            writes.append((a, True, True))
+            continue
+        else:
+            continue
+        if any(root(e) == name for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])):
+            reads = {root(x) for x in ast.walk(value) if isinstance(x, (ast.Name, ast.Attribute))}
+            partial = isinstance(a, ast.Assign) and not any(isinstance(e, ast.Name) and e.id == name for t in targets
+                                                            for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
+            called = any(isinstance(x, ast.Call) and REDUCEISH.search(callee(x)) for x in ast.walk(value))
+            if (isinstance(a, (ast.AugAssign, ast.Call)) or partial or name in reads) and not (
+                    (reads - {name}) & red0 or called):
+                continue  # `loss /= world_size`, `avg = avg.item() / world_size`, `text += '\n'`, `stats['epoch'] =
+                # epoch`, `meter.update(n=1)`: keeps what it held
+            reads -= {name}
+            writes.append((a, bool(reads & red) or called, bool(reads & red0) or called))
+    if not any(reduced0 for _, _, reduced0 in writes):
+        return False
+    writes = [(w, reduces) for w, reduces, _ in writes]
+    before = [w for w in writes if w[0].lineno < c.lineno]
+    definite = [w for w in before if _on_the_path(m, scope, w[0], c)]
+    last = max(definite, key=lambda w: w[0].lineno) if definite else None
+    # a write in a branch `c` is not in may or may not have run (msst's `if ddp:` arm reduces, its `else:` does not)
+    if any(reduces for w, reduces in before if last is None or w.lineno > last[0].lineno):
+        return False
+    if before:  # the nearest write on the path, or writes in branches, none reducing
+        return not (last is not None and last[1])
+    return not any(reduces and any(x is w for lp in loops for x in ast.walk(lp)) for w, reduces in writes)
+
+
+def _on_the_path(m: Module, scope: ast.AST, w: ast.AST, c: ast.AST) -> bool:
+    """`w` runs whenever `c` does: every branch or loop around `w` (inside `scope`) is around `c` too, with `c` in
+    the same arm of each `if`."""
+    around_c, n = {}, c
+    while n is not None and n is not scope:
+        up = m.parent.get(id(n))
+        around_c[id(up)] = n
+        n = up
+    child, n = w, m.parent.get(id(w))
+    while n is not None and n is not scope:
+        if isinstance(n, (ast.If, ast.For, ast.While, ast.ExceptHandler, ast.IfExp)):
+            if id(n) not in around_c:
+                return False
+            if isinstance(n, ast.If) and (any(child is x for x in n.body) != any(around_c[id(n)] is x
+                                                                                  for x in n.body)):
+                return False
+        child, n = n, m.parent.get(id(n))
+    return True
 
 
 @rule("rank0-local-loss", "01_unchanged", "rank 0 logs the loss of its own micro-batch, which no reduction averaged: "

@@ -464,6 +464,8 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue  # `if args.dist_eval:` on a store_true option (DeiT, DyTox): the default run evaluates whole
         if asked and _kept_for_training(m, c):
             continue
+        if m.enclosing(c) is not None and f.p.overridden(m, m.enclosing(c)):
+            continue  # a base class's loader builder the run's own subclass replaces: reported in that one
         if f.eval_loop_reduces():
             # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
             near = {mm.rel for mm in f.p.related(m)}

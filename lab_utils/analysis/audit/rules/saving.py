@@ -19,6 +19,19 @@ def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> bool:
                and dotted(c.func.value) == owner and c.lineno > wrap_line for c in m.calls)
 
 
+def _subclass_loads(f: Facts, m: Module, owner: str) -> bool:
+    """A subclass that holds the wrapper in `owner` calls this base class's method that loads into it (VL-T5's
+    vqa.py: `self.load(best_path)` after training, TrainerBase.load's `self.model.load_state_dict`): the run
+    resumes its own wrapped checkpoint, so the `module.` prefix round-trips."""
+    loaders = {fn.name for fn in m.functions.values() if any(
+        isinstance(c, ast.Call) and callee(c) == "load_state_dict" and isinstance(c.func, ast.Attribute)
+        and dotted(c.func.value) == owner for c in ast.walk(fn))}
+    return any((mm.rel, owner) not in f.inherited and owner in f.ddp_wrapped.get(mm.rel, {}) and any(
+        isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self" and c.func.attr in loaders
+        and c.lineno > f.ddp_wrapped[mm.rel][owner] for c in mm.calls) for mm in f.p.modules.values())
+    # (P5's `self.load_checkpoint(...)` in __init__ before the wrap loads into the plain model: no round trip)
+
+
 def _unwrapped_between(m: Module, c: ast.AST, owner: str) -> bool:
     fn = m.enclosing(c) or m.tree
     return any(isinstance(a, ast.Assign) and any(dotted(t) == owner for t in a.targets) and
@@ -71,7 +84,9 @@ def save_without_module(f: Facts, m: Module):
         owner = dotted(c.func.value)
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
-                and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
+                and not (_loaded_into_wrapped(m, owner, wrapped[owner]) and ((m.rel, owner) not in f.inherited
+                                                                              or _subclass_loads(f, m, owner))) \
+                and not _branch_on_wrapper(m, c):
             yield c, (f"{owner}.state_dict() where {owner} holds the DDP wrapper (line {wrapped[owner]}): every "
                       "key gets a 'module.' prefix and the checkpoint does not load into the plain model (the single "
                       f"run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")

@@ -4,11 +4,12 @@ iterator that draws from the global RNG."""
 from __future__ import annotations
 
 import ast
+import operator
 import re
 import warnings
 
 from ..facts import Facts
-from ..options import option_text
+from ..options import UNKNOWN, option_text
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
@@ -59,10 +60,12 @@ def no_seed(f: Facts, m: Module):
         return  # no DDP, or nothing trained: loaded weights are evaluated, the init is never used
     kinds = entry[1]
     if "torch" not in kinds:  # random and numpy seeded alone leave the model's init (torch's CPU RNG) unseeded
-        gated = next((flag for mm, c in entry[0] if f.seed_kind(mm, c) == "torch"
-                      for flag in [f.off_by_default(mm, c)] if flag), None)
-        failed = next((t for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
-                       for t in [_failed_by_default(f, mm, c)] if t), None)
+        gated, at = next(((flag, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c) == "torch"
+                          for flag in [f.off_by_default(mm, c)] if flag), (None, None))
+        failed, at = next(((t, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
+                           for t in [_failed_by_default(f, mm, c)] if t), (None, at))
+        if failed and not gated and _before_a_spawn(*at):
+            return  # an optional seed in the parent before mp.spawn: seed-before-spawn's finding, given or not
         what = f"torch is seeded only under {option_text(gated)}, which is off by default" if gated else \
             f"torch is seeded only when `{failed}`, which the option's default fails" if failed else \
             "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
@@ -72,7 +75,23 @@ def no_seed(f: Facts, m: Module):
         yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
-                  related=tuple(wraps[:1]))
+                  related=tuple(wraps[:1]) + ((_test_of(*at, failed),) if at else ()))  # (and the seed the
+        # default run skips: the test that skips it)
+
+
+def _before_a_spawn(m: Module, c: ast.AST) -> bool:
+    scope = m.enclosing(c) or m.tree
+    return any(isinstance(x, ast.Call) and callee(x) in SPAWNS and x.lineno > c.lineno for x in ast.walk(scope))
+
+
+def _test_of(m: Module, c: ast.AST, failed: str | None) -> tuple[Module, ast.AST]:
+    """(m, the `if` around `c` whose test reads `failed`), or (m, c) when there is none."""
+    n = m.parent.get(id(c))
+    while failed and n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and ast.unparse(n.test) == failed:
+            return m, n
+        n = m.parent.get(id(n))
+    return m, c
 
 
 def _gated(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> bool:
@@ -94,24 +113,27 @@ def _helper_gated(f: Facts, m: Module, c: ast.Call) -> bool:
     return bool(seeds) and all(_gated(f, mm, x) for mm, x in seeds)
 
 
+COMPARES = {ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Lt: operator.lt, ast.LtE: operator.le,
+            ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+
+
 def _failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
-    """The test of an enclosing `if args.seed > 0:` (a comparison of an option with a number) that the option's
-    constant default fails (`--seed default=-1`), as written; None when the default run reaches `node`. Options
-    about ranks (`--local_rank -1`, which the launcher replaces) are left out."""
+    """The test of an enclosing `if args.seed > 0:` or `if exp.seed is not None:` (a comparison of a setting with
+    a constant) that the setting's default fails (`--seed default=-1`; YOLOX's `self.seed = None`, which no Exp
+    sets), as written; None when the default run reaches `node`. Settings about ranks (`--local_rank -1`, which
+    the launcher replaces) are left out."""
     child, n = node, m.parent.get(id(node))
     while n is not None and not isinstance(n, ast.Module):
         t = n.test if isinstance(n, ast.If) and any(child is b for b in n.body) else None
         if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, ast.Attribute) and isinstance(
-                t.comparators[0], ast.Constant) and isinstance(t.comparators[0].value, (int, float)) \
+                t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes)) \
                 and not re.search(r"rank|gpu|world|local|dist|device", t.left.attr, re.I):
-            defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
-                        if callee(c) == "add_argument" and any(
-                            (const_str(a) or "").lstrip("-").replace("-", "_") == t.left.attr for a in c.args)]
-            x = _number(defaults[0]) if len(defaults) == 1 else None  # (-1 is a unary minus, not a constant)
-            if x is not None:
-                y, op = t.comparators[0].value, t.ops[0]
-                holds = {ast.Gt: x > y, ast.GtE: x >= y, ast.Lt: x < y, ast.LtE: x <= y, ast.Eq: x == y,
-                         ast.NotEq: x != y}.get(type(op), True)
+            x, y, op = f.default_value(m, t.left), t.comparators[0].value, t.ops[0]
+            if x is not UNKNOWN and not isinstance(op, (ast.In, ast.NotIn)):
+                try:
+                    holds = COMPARES[type(op)](x, y)
+                except TypeError:  # (None > 0)
+                    holds = True
                 if not holds:
                     return ast.unparse(t)
         child, n = n, m.parent.get(id(n))
@@ -144,7 +166,9 @@ def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
       "RNG, so the DDP init is unseeded while the single run's is seeded", scope="entry")
 def seed_before_spawn(f: Facts, m: Module):
     entry = _entry_calls(f, m)
-    if entry is None or not entry[1] & {"torch", "other"}:
+    # (a seed only under `if args.seed is not None:` counts here: given or not, the workers never see it)
+    if entry is None or not entry[1] & {"torch", "other"} and not any(
+            f.seed_kind(mm, c) in ("torch", "other") and _failed_by_default(f, mm, c) for mm, c in entry[0]):
         return  # no seed at all is no-seed's finding
     for c in m.calls:
         fn = c.args[0] if callee(c) in SPAWNS and c.args else _spawned_through(f, m, c)
@@ -307,6 +331,51 @@ def _read_by_rank0_only(f: Facts, m: Module, fn: ast.AST, copy: ast.Call) -> boo
     return bool(reads) and all(f.g.effective(m, n) == "rank0" for n in reads)
 
 
+WALL_CLOCK = re.compile(r"^(time\.)?(time|time_ns)$|(^|\.)(now|utcnow)$")
+
+
+def _wall_clock(m: Module, c: ast.Call) -> ast.Call | None:
+    """The wall-clock call in the seed `c` is given, directly or through an unconditional assignment in the same
+    function (MSST's DDP setup: `seed = (seed + int(time.time())) % 55535 + 10000; manual_seed(seed)`); a clock
+    that is only a fallback (`args.seed if args.seed is not None else time.time()`) is not judged."""
+    if not c.args:
+        return None
+    fn = m.enclosing(c) or m.tree
+    exprs = [c.args[0]]
+    if isinstance(c.args[0], ast.Name):
+        exprs += [a.value for a in getattr(fn, "body", []) if isinstance(a, ast.Assign) and a.lineno < c.lineno
+                  and any(isinstance(t, ast.Name) and t.id == c.args[0].id for t in a.targets)]
+    for e in exprs:
+        if any(isinstance(x, (ast.IfExp, ast.BoolOp)) for x in ast.walk(e)):
+            continue
+        clock = next((n for n in ast.walk(e) if isinstance(n, ast.Call) and WALL_CLOCK.search(dotted(n.func))), None)
+        if clock is not None:
+            return clock
+    return None
+
+
+def _seed_argument(f: Facts, m: Module, c: ast.Call) -> ast.AST | None:
+    """The argument of `c` that becomes the seed. A torch seed's first argument; for a project helper, the
+    argument bound to the parameter the helper seeds with (`initialize_environment_ddp(rank, world_size,
+    args.seed)` seeds `seed`, not `rank`); None when the helper computes its seed itself (judged there)."""
+    targets = f.p.resolve(m, c) if f.seed_kind(m, c, direct=True) is None else []
+    if not targets:
+        return c.args[0] if c.args else None
+    tm, tf = targets[0]
+    params = [a.arg for a in getattr(tf, "args", ast.arguments()).args]
+    positional = params[1:] if params[:1] in (["self"], ["cls"]) else params
+    for inner in (n for n in ast.walk(tf) if isinstance(n, ast.Call) and n.args and f.seed_kind(tm, n)):
+        name = inner.args[0].id if isinstance(inner.args[0], ast.Name) else None
+        if name not in positional or any(isinstance(a, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == name for t in a.targets) for a in ast.walk(tf)):
+            continue
+        given = kw(c, name)
+        if given is None and positional.index(name) < len(c.args):
+            given = c.args[positional.index(name)]
+        return given
+    return None
+
+
 @rule("seed-per-rank", "02_seeds", "rank 0's seed differs from the single run's (`seed + 1 + RANK`, RANK = -1 "
       "alone), or a per-rank init is copied (EMA) before the wrap: rank 0's init is not the single run's",
       needs_ddp=False)
@@ -320,7 +389,17 @@ def seed_per_rank(f: Facts, m: Module):
             continue
         if f.seed_kind(m, c) == "other" and (id(m.enclosing(c)), ast.unparse(c.args[0])) in torch_seeded:
             continue
-        arg = _inline(m, c.args[0])
+        clock = _wall_clock(m, c)
+        if clock is not None and f.seed_kind(m, c, direct=True) != "other":
+            yield Hit(c, f"{ast.unparse(c)} seeds with the wall clock (line {clock.lineno}: `{ast.unparse(clock)}`): "
+                      "each rank, started in its own second, draws another seed, and none is the single run's "
+                      "seed, so rank 0's init, which DDP broadcasts, and every rank's draws differ from the single "
+                      "run's — seed with the configured seed alone (seed + rank only where ranks must differ)")
+            continue
+        arg = _seed_argument(f, m, c)
+        if arg is None:
+            continue
+        arg = _inline(m, arg)
         if not involves_rank(arg, m.rank_tainted, skip_conditional=True) or _handed_in(m, c, arg):
             continue
         at0 = _seed_value(m, arg, lambda name: 0)
