@@ -196,3 +196,29 @@ def test_a_reduction_in_a_branch_and_a_value_rewritten_from_itself():
            "    if rank == 0:\n        print('loss', loss)\n")
     assert "rank0-local-loss" not in rules(src.format(reduce="du.all_reduce"))
     assert "rank0-local-loss" in rules(src.format(reduce="du.stack"))
+
+
+def test_a_backbone_table_in_a_star_imported_package_and_the_scripts_call(tmp_path):
+    """CavaFace: `BACKBONE_DICT[name](size)` with the table in backbone/__init__.py, star-imported by the script,
+    whose IR_* classes hold BatchNorm2d. PermaTrack: the wrap sits in a library's set_device, and the script's call
+    of it is named as a related place."""
+    files = {"backbone/__init__.py": "from backbone.irse import *\nBACKBONE_DICT = {'IR_50': IR_50}\n",
+             "backbone/irse.py": ("import torch.nn as nn\nclass IR_50(nn.Module):\n    def __init__(self, size):\n"
+                                  "        super().__init__()\n        self.bn = nn.{norm}(64)\n"),
+             "train.py": SEEDED + "from backbone import *\nbackbone = BACKBONE_DICT['IR_50'](112)\n"
+                         "backbone = DDP(backbone)\nfor x in loader:\n    backbone(x).sum().backward()\n"}
+    irse = files["backbone/irse.py"]
+    quiet = _project(tmp_path / "ln", {**files, "backbone/irse.py": irse.format(norm="LayerNorm")})
+    loud = _project(tmp_path / "bn", {**files, "backbone/irse.py": irse.format(norm="BatchNorm2d")})
+    assert "batchnorm-without-sync" not in found(quiet)
+    assert "batchnorm-without-sync" in found(loud)
+    lib = ("import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\nclass Trainer:\n"
+           "    def set_device(self, model, device):\n        self.model = DDP(model, device_ids=[device])\n")
+    models = ("import torch.nn as nn\nclass Net2(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.bn = nn.BatchNorm2d(8)\n")
+    script = (SEEDED + "from trainer import Trainer\nfrom models import Net2\nmodel = Net2()\ntrainer = Trainer()\n"
+              "trainer.set_device(model, rank)\n")
+    root = _project(tmp_path / "lib", {"trainer.py": lib, "models.py": models, "train.py": script})
+    hits = [h for h in audit.audit_paths([root]) if h.rule == "batchnorm-without-sync"]
+    assert [h.path.split("/")[-1] for h in hits] == ["trainer.py"], hits
+    assert any(p.endswith("train.py") for p, _ in hits[0].related), hits

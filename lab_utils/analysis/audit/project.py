@@ -541,6 +541,12 @@ class Project:
             self._callers_index = index
         return list(index.get(id(fn), []))
 
+    def script_calls(self, m: Module, node: ast.AST) -> tuple:
+        """Where the entry scripts call the library function around `node` (PermaTrack's `trainer.set_device(...)`,
+        which wraps the model in DDP): the lines a user changes, as a finding's related places."""
+        fn = m.enclosing(node)
+        return () if m.entry or fn is None else tuple((cm, c) for cm, c in self.callers(m, fn)[:2] if cm.entry)
+
     def function_does(self, m: Module, fn: ast.AST, pred, depth: int = 4) -> bool:
         """Whether fn, or a project function it calls (to `depth`), has a call satisfying pred(module, call)."""
         todo, seen = [(m, fn, 0)], set()

@@ -62,7 +62,7 @@ def batchnorm_without_sync(f: Facts, m: Module):
                              "SyncBatchNorm: at 2 ranks each rank normalises with its own half-batch's statistics (and "
                              "keeps its own running stats), unlike the single run's whole batch — "
                              "nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP"),
-                      related=((bn[0], bn[1]),) if bn[1] is not wrap else ())
+                      related=(((bn[0], bn[1]),) if bn[1] is not wrap else ()) + f.p.script_calls(m, wrap))
         return
     # a flag that gates the DDP wrap as well (`if args.distributed:` around both) is the distributed switch, not an
     # opt-in to SyncBatchNorm: every DDP run converts
@@ -406,14 +406,15 @@ def _named_from_a_table(f: Facts, m: Module, c: ast.Call):
 
 def _dict_registry_batchnorm(f: Facts, m: Module, table: str):
     """`BACKBONE_DICT = {'IR_50': IR_50, ...}` then `BACKBONE_DICT[name](size)` (CurricularFace): BatchNorm when
-    every entry the project defines reaches it (entries from files these copies lack are not known)."""
-    for a in m.nodes:
+    every entry the project defines reaches it (entries in files these copies lack are unknown); the table in the
+    script, else where the project defines it (CavaFace's star-imported backbone/__init__.py)."""
+    for tm0, a in ((mm, a) for mm in [m, *(x for x in f.p.modules.values() if x is not m)] for a in mm.nodes):
         if isinstance(a, ast.Assign) and isinstance(a.value, ast.Dict) and any(dotted(t) == table for t in a.targets):
             found = []
             for v in a.value.values:
                 if isinstance(v, (ast.Name, ast.Attribute)):
                     call = ast.Call(func=v, args=[], keywords=[])
-                    targets = f.p.resolve(m, call, exact=True)
+                    targets = f.p.resolve(tm0, call, exact=True)
                     for tm, tf in targets[:1]:
                         cls = tm.class_of(tf)
                         found.append(_class_batchnorm(f, tm, tm.classes[cls]) if cls and tf.name == "__init__"
