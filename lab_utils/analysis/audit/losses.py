@@ -316,6 +316,13 @@ def instance_carriers(m: Module, scope: ast.AST) -> frozenset:
     cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
     if cls is None:
         return frozenset()
+    cache = m.__dict__.setdefault("_instance_carriers", {})  # per class: every log in its methods asks again
+    if cls not in cache:
+        cache[cls] = _instance_carriers(m, cls)
+    return cache[cls]
+
+
+def _instance_carriers(m: Module, cls: str) -> frozenset:
     methods = {k.split(".", 1)[1]: fn for k, fn in m.functions.items() if k.startswith(cls + ".")}
     seeds: dict[str, set[str]] = {name: set() for name in methods}
     found: set[str] = set()
