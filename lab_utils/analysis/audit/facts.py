@@ -180,6 +180,11 @@ class Facts(DefaultOptions):
         for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
             if callee(c) in ("all_reduce", "reduce", "all_gather") and c.args:
                 red.add(root(c.args[0]))
+                # `for v in logs.values(): dist.reduce(v.div_(world_size), 0)` (VICRegL): each value in place
+                loop = next((x for x in ast.walk(scope) if isinstance(x, ast.For) and isinstance(x.target, ast.Name)
+                             and x.target.id == root(c.args[0]) and any(y is c for y in ast.walk(x))), None)
+                if loop is not None and isinstance(loop.iter, ast.Call) and callee(loop.iter) == "values":
+                    red.add(root(loop.iter.func.value))
         # a model is no reduced value: convert_sync_batchnorm(model) or DDP(model) does not make model(x)'s loss
         # an average over ranks; what the model's forward returns is judged by forward_reduced instead
         models = self.model_names(m)

@@ -9,15 +9,28 @@ import re
 
 from .files import project_files
 from .project import Module
-from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw
+from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root
 
 CONFIGISH = re.compile(r"^(cfg|config|conf|opt|hparams)$", re.I)
+# options that name a file the user may give (a checkpoint to resume or start from): unset unless given
+OPTIONAL_PATH = re.compile(r"^(resume|resume_from|load|load_from|load_path|checkpoint|ckpt|init_from|pretrained|"
+                           r"weights|finetune)$")
 UNKNOWN = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()  # default_value's "cannot tell"
 
 
 def _one(values: list):
     """The one value all of `values` agree on, else UNKNOWN (also when there are none)."""
     return values[0] if values and UNKNOWN not in values and len({repr(x) for x in values}) == 1 else UNKNOWN
+
+
+def _unconditional(m: Module, node: ast.AST) -> bool:
+    """`node` runs whenever its function (or module) does: no branch, loop or handler around it there."""
+    n = m.parent.get(id(node))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+        if isinstance(n, (ast.If, ast.For, ast.While, ast.Try, ast.ExceptHandler, ast.With)):
+            return False
+        n = m.parent.get(id(n))
+    return True
 
 
 def _option_default(c: ast.Call):
@@ -72,6 +85,13 @@ class DefaultOptions:
         return {flag.replace("-", "_") for path in project_files(self.p.root, ".sh") for flag in re.findall(
             r"(?<![\w-])--([A-Za-z][\w-]*)", path.read_text(encoding="utf-8", errors="replace"))}
 
+    def _cached(self, kind: str, key: str, compute):
+        """compute(key), kept per audit: the flag tests ask about the same settings for every branch they read."""
+        cache = self.cache.setdefault(kind, {})
+        if key not in cache:
+            cache[key] = compute(key)
+        return cache[key]
+
     def off_by_default(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
         """The flag `node` runs under when that flag is off in the default run: an enclosing `if args.sync_bn:`
         (or `if args.distributed and args.sync_bn:`) on a store_true option, or `if use_multi_epochs_loader:` on a
@@ -102,6 +122,15 @@ class DefaultOptions:
                         return t.attr, n
                     if isinstance(t, ast.Attribute) and self._config_default_off(t):
                         return dotted(t), n
+                    # (a yacs node's `_C.AUTO_RESUME = False` is what experiment YAMLs override: only a settings
+                    # dataclass field counts for a config object)
+                    if isinstance(t, ast.Attribute) and depth and not self._is_option(t.attr) and \
+                            not DIST_SWITCH.search(t.attr) and not self._yaml_turns_on(t.attr) and (
+                            self._field_default(t.attr) is False or not CONFIGISH.search(root(t)) and
+                            self.default_value(m, t) is False):
+                        return dotted(t), n  # a settings field that defaults to False (ColBERT's config)
+                    if isinstance(t, ast.Attribute) and OPTIONAL_PATH.match(t.attr) and self._never_defined(t.attr):
+                        return f"{dotted(t)} (a path option these files never define)", n
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 break
             child, n = n, m.parent.get(id(n))
@@ -129,10 +158,16 @@ class DefaultOptions:
             defaults += self.config_defaults(parts[-1])
         if not defaults or not all(const_value(v) is False for v in defaults):
             return False
-        key = re.compile(rf"^\s*{re.escape(parts[-1])}\s*:\s*(true|True|yes|1)\b", re.M)
-        return not (self.p.on_disk and any(key.search(path.read_text(encoding="utf-8", errors="replace"))
-                                           for suffix in (".yaml", ".yml") for path in project_files(
-                                               self.p.root, suffix)))
+        return not self._yaml_turns_on(parts[-1])
+
+    def _yaml_turns_on(self, key: str):
+        return self._cached("_yaml_turns_on", key, self._yaml_turns_on_uncached)
+
+    def _yaml_turns_on_uncached(self, key: str) -> bool:
+        """Some YAML file of the project sets `key` on (HigherHRNet's `AUTO_RESUME: True` over a False default)."""
+        line = re.compile(rf"^\s*{re.escape(key)}\s*:\s*(true|True|yes|1)\b", re.M)
+        return self.p.on_disk and any(line.search(path.read_text(encoding="utf-8", errors="replace"))
+                                      for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
 
     def empty_options(self) -> dict[str, str]:
         """Command-line options whose default is the empty string (`--load-model`, default=""): a path or name
@@ -257,7 +292,9 @@ class DefaultOptions:
             options = [c for mm in self.p.modules.values() for c in mm.calls if callee(c) == "add_argument" and any(
                 (const_str(a) or "").lstrip("-").replace("-", "_") == v.attr for a in c.args)]
             if not options:
-                return self._attribute_default(v.attr, depth)
+                found = self._attribute_default(v.attr, depth)
+                # ... else the project's YAML configs, read into args (Latte: `gradient_accumulation_steps: 1`)
+                return found if found is not UNKNOWN else self._yaml_value(v.attr)
             values = {repr(_option_default(c)) for c in options} | {
                 repr(const_value(d)) if isinstance(d, ast.Constant) else "?" for d in self.config_defaults(v.attr)}
             # ... and a launcher of the project that sets it (LiVT's script/finetune.py: `T.accum_iter = 8`)
@@ -287,6 +324,44 @@ class DefaultOptions:
             values.append(self.default_value(cm, given, depth - 1))
         return _one(values)
 
+    def _field_default(self, attr: str):
+        return self._cached("_field_default", attr, self._field_default_uncached)
+
+    def _field_default_uncached(self, attr: str):
+        """The default of a settings dataclass field `attr: bool = DefaultVal(False)` (ColBERT), else UNKNOWN."""
+        values = []
+        for mm in self.p.modules.values():
+            for a in mm.nodes:
+                if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and a.target.id == attr and \
+                        isinstance(mm.parent.get(id(a)), ast.ClassDef) and a.value is not None:
+                    v = a.value
+                    if isinstance(v, ast.Call) and len(v.args) == 1 and not v.keywords:
+                        v = v.args[0]
+                    elif isinstance(v, ast.Call) and kw(v, "default") is not None:
+                        v = kw(v, "default")
+                    values.append(v.value if isinstance(v, ast.Constant) else UNKNOWN)
+        return _one(values)
+
+    def _is_option(self, attr: str):
+        return self._cached("_is_option", attr, self._is_option_uncached)
+
+    def _is_option_uncached(self, attr: str) -> bool:
+        """Some add_argument of the project defines --attr (store_true_flags judges those)."""
+        return any(callee(c) == "add_argument" and any((const_str(a) or "").lstrip("-").replace("-", "_") == attr
+                                                       for a in c.args) for mm in self.p.modules.values()
+                   for c in mm.calls)
+
+    def _never_defined(self, attr: str):
+        return self._cached("_never_defined", attr, self._never_defined_uncached)
+
+    def _never_defined_uncached(self, attr: str) -> bool:
+        """No add_argument, config default, settings field or assignment of `attr` in the project: an option whose
+        parser is elsewhere (SegmenTron's `args.resume`, parsed in a module these files lack)."""
+        return not self._is_option(attr) and not any(
+            isinstance(a, (ast.Assign, ast.AnnAssign)) and any(dotted(t).split(".")[-1] == attr for t in (
+                a.targets if isinstance(a, ast.Assign) else [a.target])) for mm in self.p.modules.values()
+            for a in mm.nodes)
+
     def _attribute_default(self, attr: str, depth: int):
         """An attribute no option sets: the constant every project assignment `X.attr = ...` gives, a setting
         handed on followed one step (YOLOX: `self.use_model_ema = exp.ema` in the trainer, `self.ema = True` in
@@ -299,12 +374,29 @@ class DefaultOptions:
         for mm in self.p.modules.values():
             for a in mm.nodes:
                 if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Attribute) \
-                        and a.targets[0].attr == attr and not isinstance(a.value, ast.Call):
+                        and a.targets[0].attr == attr and not isinstance(a.value, ast.Call) and \
+                        _unconditional(mm, a):  # (semseg's `args.sync_bn = False` for one GPU is no default)
                     handed = isinstance(a.value, (ast.Attribute, ast.Name)) and \
                         dotted(a.value).split(".")[-1] != attr
                     values.append(a.value.value if isinstance(a.value, ast.Constant) else
                                   self.default_value(mm, a.value, depth - 1) if handed else UNKNOWN)
-        return _one(values)
+        field = self._field_default(attr)  # a settings dataclass field (`sync_bn: bool = False`)
+        return _one(values + ([field] if field is not UNKNOWN else []))
+
+    def _yaml_value(self, key: str):
+        return self._cached("_yaml_value", key, self._yaml_value_uncached)
+
+    def _yaml_value_uncached(self, key: str):
+        """The one number or boolean every YAML file of the project that names `key` gives it, else UNKNOWN."""
+        if not self.p.on_disk:
+            return UNKNOWN
+        line = re.compile(rf"^\s*{re.escape(key)}\s*:\s*([^\s#]+)", re.M)
+        raw = {v.strip("'\"") for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)
+               for v in line.findall(path.read_text(encoding="utf-8", errors="replace"))}
+        if len(raw) != 1:
+            return UNKNOWN
+        text = raw.pop()
+        return {"true": True, "false": False}.get(text.lower(), int(text) if text.lstrip("-").isdigit() else UNKNOWN)
 
     def _yaml_default(self, key: str, default):
         """`default` when no YAML file of the project sets `key` to anything else (`gradient_accumulation_steps: 1`

@@ -409,6 +409,13 @@ class Guards:
                 k = self.classify(m, s.test)
                 if k in ("rank0", "not0"):
                     return "rank0" if k == "not0" else "not0"
+                # `if args.rank != 0 or epoch % freq != 0: return` (VICRegL's checkpoint): past it, every operand
+                # of the `or` was false, the rank test too
+                if isinstance(s.test, ast.BoolOp) and isinstance(s.test.op, ast.Or):
+                    kinds = {self.classify(m, v) for v in s.test.values}
+                    named = any(self.classify(m, v) == "not0" and involves_rank(v) for v in s.test.values)
+                    if named and "rank0" not in kinds:  # (a rank named in the test itself, not a tainted flag)
+                        return "rank0"
         return None
 
     def effective(self, m: Module, node: ast.AST, depth: int = 3) -> str | None:

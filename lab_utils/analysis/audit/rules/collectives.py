@@ -198,6 +198,10 @@ def collective_outside_switch(f: Facts, m: Module):
             continue
         fn = m.enclosing(c)
         sites = f.p.callers(m, fn) + _apply_sites(m, fn) if fn is not None else []
+        if fn is not None and not sites:  # a closure (SegmenTron's reduce_tensor): its outer body calls it
+            outer = m.enclosing(fn)
+            sites = [(m, x) for x in ast.walk(outer) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
+                     and x.func.id == fn.name] if outer is not None else []
         if wrap and fn is not None and not sites:
             continue  # a wrap helper nothing here calls (SparK's unused parallelize()): its callers decide
         if any(switched(f.p, cm, cc) is not None for cm, cc in sites) or fn is not None and \

@@ -10,7 +10,7 @@ from ..facts import Facts
 from ..gathers import applications
 from ..project import Module
 from ..registry import Hit, rule
-from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, dotted, involves, involves_rank, kw
+from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, const_value, dotted, involves, involves_rank, kw
 
 
 def _divided_later(m: Module, c: ast.Call) -> bool:
@@ -246,12 +246,30 @@ def gather_without_grad(f: Facts, m: Module):
                           "the gradient through the gathered copy, so at 2 ranks the step is a fraction of the single "
                           "run's — torch.distributed.nn.functional.all_gather keeps it"),
                       related=tuple(_loss_callers(f, m, fn)))
-        elif fn is not None and f.p.callers(m, fn) and not _callers_never_step(f, m, fn):
+        elif fn is not None and f.p.callers(m, fn) and not _callers_never_step(f, m, fn) and not all(
+                cc.args and _index_valued(cc.args[0]) for _, cc in f.p.callers(m, fn)):
+            # (iBOT's concat_all_gather of argmax predictions and labels for an accuracy: no gradient to lose)
             # a helper nobody in these files calls (a utility module's gather of metrics) is judged by its callers
             yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
                       "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
     yield from _gathered_as_objects(f, m)
+
+
+LABELISH = re.compile(r"^(labels?|targets?|y|gt|idx|index|indices|ids?)$", re.I)
+
+
+def _index_valued(v: ast.AST) -> bool:
+    """A tensor of class indices or labels, which carries no gradient: `probs.max(dim=1)[1]`, `x.argmax(1)`,
+    `labels.to(device)`."""
+    if isinstance(v, ast.Subscript) and isinstance(v.value, ast.Call) and callee(v.value) in ("max", "topk", "sort") \
+            and const_value(v.slice) == 1:
+        return True
+    if isinstance(v, ast.Call) and callee(v) in ("argmax", "argsort", "argmin", "long", "int"):
+        return True
+    if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and callee(v) in ("to", "cuda", "cpu"):
+        return _index_valued(v.func.value)
+    return isinstance(v, (ast.Name, ast.Attribute)) and bool(LABELISH.match(dotted(v).split(".")[-1]))
 
 
 def _detached(scope: ast.AST, v: ast.AST) -> bool:
@@ -330,7 +348,12 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
     loss-scaler helper given `update_grad=(i + 1) % accum == 0`, whatever the counter is called; or the
     accumulation count used by name (`loss / accum_steps`)."""
     out = []
-    for loop in (n for n in m.nodes if isinstance(n, (ast.For, ast.While))):
+    loops = [n for n in m.nodes if isinstance(n, (ast.For, ast.While))]
+    # ... or a step function an engine calls once per micro-batch (ignite's `def update(engine, batch)`, gated by
+    # `engine.state.iteration % accum`), with no loop of its own around the backward
+    loops += [fn for fn in m.functions.values() if not any(isinstance(x, (ast.For, ast.While)) and any(
+        isinstance(b, ast.Call) and callee(b) == "backward" for b in ast.walk(x)) for x in ast.walk(fn))]
+    for loop in loops:
         if not _backward_each_iteration(loop):
             continue
         gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and _counts_micro_batches(n.test)
@@ -369,9 +392,12 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
     # (CLIP4Clip) steps every micro-batch in the default run
     # and so does a loss divided by it (`_lm_loss / args.grad_acc`, LoRA's gpt2_ft), or by a local
     # or a parameter that holds it (AudioMAE's `accum_iter = args.accum_iter`, MSST's count from a YAML key set to 1)
-    return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and involves(b.right, ACCUMISH)
-               and (isinstance(b.right, ast.Attribute) and _option_defaults_to_one(f, b.right.attr)
-                    or f.default_value(m, b.right) == 1) for b in ast.walk(node))
+    def one(x):
+        return involves(x, ACCUMISH) and (isinstance(x, ast.Attribute) and _option_defaults_to_one(f, x.attr)
+                                          or f.default_value(m, x) == 1)
+    # ... or compares a counter with it (Pointcept: `self._counter >= self.cfg.gradient_accumulation_steps`)
+    return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and one(b.right)
+               or isinstance(b, ast.Compare) and any(one(x) for x in b.comparators) for b in ast.walk(node))
 
 
 def _option_defaults_to_one(f: Facts, attr: str) -> bool:
@@ -529,7 +555,9 @@ def lr_grows_with_world_size(f: Facts, m: Module):
     # the scaling itself (`lr = base_lr * bs * get_world_size() / 512`) before a copy of a name it writes later
     # (`base_lr = args.lr` read before DyTox's loop assigns the scaled lr back to args.lr)
     found.sort(key=lambda x: not any(isinstance(b, ast.BinOp) for b in ast.walk(x[1])))
-    for n, _, where in found:
+    for n, value, where in found:
+        # at the line of the growing product when the statement spans lines (iBOT's cosine_scheduler(...) call)
+        n = next((x for x in ast.walk(value) if isinstance(x, ast.BinOp) and _grows(x, holding)), n)
         yield n, (f"`{where[:90]}` grows the learning rate with the number of GPUs: the single run and the 2-rank "
                   "run step with different lrs, so their losses part from the first step (linear scaling is a "
                   "choice, not a port) — keep the lr and the global batch fixed when you check the port, and scale "

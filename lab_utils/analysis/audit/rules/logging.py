@@ -235,7 +235,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     for c in m.calls:
         name = callee(c)
         handed = _handed_to_a_writer(f, m, c)
-        if name not in LOG_CALLS and not handed and not _writer_writes(f, m, c) and not meter_prints(f, m, c):
+        if name not in LOG_CALLS and not handed and not _writer_writes(f, m, c) and not meter_prints(f, m, c) \
+                and not _unseen_print_helper(f, m, c):
             continue
         values = [*c.args, *[k.value for k in c.keywords if k.arg not in ("force", "file", "flush")]]
         values += [c.func.value] if handed else []
@@ -280,6 +281,17 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
     cache[m.rel] = out
     return out
+
+
+UNSEEN_PRINTER = re.compile(r"^(print|log)_(message|msg|info|metrics?|stats?|progress)$")
+
+
+def _unseen_print_helper(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`print_message(batch_idx, train_loss)` from a utility module these files lack (ColBERT's colbert.utils):
+    a helper named as a printer prints what it is handed."""
+    return bool(UNSEEN_PRINTER.match(callee(c))) and not f.p.resolve(m, c) and (
+        isinstance(c.func, ast.Name) and callee(c) in m.imports or isinstance(c.func, ast.Attribute)
+        and root(c.func.value) in m.imports)
 
 
 def _not_reduced_at(m: Module, scope: ast.AST, c: ast.Call, name: str, red: set[str], red0: set[str]) -> bool:

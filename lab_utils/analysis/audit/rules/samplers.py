@@ -464,6 +464,10 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue  # `if args.dist_eval:` on a store_true option (DeiT, DyTox): the default run evaluates whole
         if asked and _kept_for_training(m, c):
             continue
+        sites = _evaluation_caller(f, m, c, every=True) if asked else []
+        sites = [sites] if isinstance(sites, tuple) else sites or [asked]
+        if asked and all(f.off_in_default_run(am, call) for am, call in sites):
+            continue  # the evaluation split is asked for only under an option off by default (VICRegL's --evaluate)
         if m.enclosing(c) is not None and f.p.overridden(m, m.enclosing(c)):
             continue  # a base class's loader builder the run's own subclass replaces: reported in that one
         if f.eval_loop_reduces():

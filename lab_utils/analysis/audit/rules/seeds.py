@@ -22,6 +22,7 @@ from ..syntax import (
     WORLDISH,
     callee,
     const_str,
+    const_value,
     dotted,
     involves_rank,
     is_rankish_node,
@@ -429,12 +430,29 @@ def seed_per_rank(f: Facts, m: Module):
                                                                          "ExponentialMovingAverage", "EMA")
                                                          or "ema" in callee(a).lower())
                   and not _after_a_wrapped_pass(f, m, a)]
-        if wrap is not None and copies and not _read_by_rank0_only(f, m, fn, copies[0]):
+        if wrap is not None and copies and not _read_by_rank0_only(f, m, fn, copies[0]) and \
+                not _resynced_after(m, fn, copies[0], wrap):
             yield Hit(copies[0], f"{ast.unparse(copies[0])} copies each rank's own init "
                      f"(seeded per rank at line {c.lineno}) before the DDP wrap (line {wrap}), which broadcasts "
                      "rank 0's weights to the wrapped model only: ranks other than 0 keep another copy — make "
                      "the copy after the wrap, or check that only rank 0's copy is ever used", "check-by-hand")
 
+
+
+def _resynced_after(m: Module, fn: ast.AST, copy: ast.Call, wrap: int) -> bool:
+    """After the wrap, the copy is overwritten with the wrapped model's (rank 0's) weights: `update_ema(ema,
+    model.module, decay=0)` (Latte, DiT's later versions) or `ema.load_state_dict(model.module.state_dict())`."""
+    a = m.parent.get(id(copy))
+    while isinstance(a, (ast.Attribute, ast.Call)):  # `deepcopy(model).to(device)`
+        a = m.parent.get(id(a))
+    name = dotted(a.targets[0]) if isinstance(a, ast.Assign) and len(a.targets) == 1 else None
+    return name is not None and any(
+        isinstance(c, ast.Call) and c.lineno > wrap and (
+            c.args and dotted(c.args[0]) == name and any(k.arg == "decay" and const_value(k.value) == 0
+                                                         for k in c.keywords)
+            or callee(c) == "load_state_dict" and isinstance(c.func, ast.Attribute) and dotted(c.func.value) == name
+            and "module" in ast.unparse(c.args[0] if c.args else c))
+        for c in ast.walk(fn))
 
 
 def _after_a_wrapped_pass(f: Facts, m: Module, copy: ast.Call) -> bool:
