@@ -64,7 +64,8 @@ def test_an_evaluation_split_asked_for_only_under_an_option_off_by_default(tmp_p
     evaluates, so the padding sampler counts nothing."""
     lib = ("import torch\nfrom torch.utils.data import DataLoader, DistributedSampler\n"
            "def build_loader(args, is_train):\n    ds = make(is_train)\n"
-           "    sampler = DistributedSampler(ds, shuffle=is_train)\n    return DataLoader(ds, sampler=sampler), sampler\n")
+           "    sampler = DistributedSampler(ds, shuffle=is_train)\n"
+           "    return DataLoader(ds, sampler=sampler), sampler\n")
     script = (SEEDED + "import argparse\nfrom datasets import build_loader\np = argparse.ArgumentParser()\n"
               "p.add_argument('--evaluate', action='store_true')\nargs = p.parse_args()\nmodel = DDP(Net())\n"
               "train_loader, sampler = build_loader(args, is_train=True)\n{guard}"
