@@ -135,7 +135,14 @@ class Facts(DefaultOptions):
 
     def seed_kind(self, m: Module, c: ast.Call, direct: bool = False) -> str | None:
         """'torch' (seeds torch's CPU RNG: the model init), 'cuda', 'other' (random/numpy), or None; `direct`:
-        without looking into project helpers."""
+        without looking into project helpers. Kept per call: the seed rules ask about every call of the run."""
+        cache = self.cache.setdefault("seed_kind", {})
+        key = (m.rel, id(c), direct)
+        if key not in cache or cache[key][0] is not c:  # (the call kept beside its answer: an id can be reused)
+            cache[key] = (c, self._seed_kind(m, c, direct))
+        return cache[key][1]
+
+    def _seed_kind(self, m: Module, c: ast.Call, direct: bool) -> str | None:
         d = dotted(c.func)
         if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Call, ast.Subscript)):
             return None  # torch.Generator().manual_seed(...)
