@@ -1632,6 +1632,8 @@ OPTIONAL_GROUP = ("import argparse, torch, torch.distributed as dist\n"
                   "p = argparse.ArgumentParser()\np.add_argument('--distributed', action='store_true')\n"
                   "args = p.parse_args()\nif args.distributed:\n    dist.init_process_group('nccl')\n"
                   "torch.manual_seed(0)\nmodel = Net()\n")
+ONE_PROCESS_PATH = ("def main(rank, use_ddp):\n    if use_ddp:\n        dist.init_process_group('nccl')\n{wrap}"
+                    "if __name__ == '__main__':\n    main(0, False)\n")
 PORT_IN_OPT = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('-P', '--port', default={default})\n"
                "args = p.parse_args()\nopt = {{}}\nopt['init_method'] = 'tcp://127.0.0.1:' + args.port\n"
                "def main_worker(gpu, opt):\n"
@@ -1639,9 +1641,11 @@ PORT_IN_OPT = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('
                "    torch.manual_seed(0)\n    model = DDP(Net())\n")
 
 CASES20 = [
-    # a DDP wrap outside the switch that sets up an optional group: the single-process run raises (SEA-RAFT)
-    ("collective-outside-switch", "if args.distributed:\n    model = DDP(model)\n" + LOOP,
-     "model = DDP(model)\n" + LOOP, OPTIONAL_GROUP),
+    # a DDP wrap outside the switch that sets up an optional group, in a project that runs itself without the
+    # group (SEA-RAFT's `main(0, 1, args, False)` for one GPU): that run raises at the wrap. (Without such a call
+    # the wrap is left out: the one-process run stops there before any work, test_audit_classes63.)
+    ("collective-outside-switch", ONE_PROCESS_PATH.format(wrap="    if use_ddp:\n        m = DDP(model)\n"),
+     ONE_PROCESS_PATH.format(wrap="    m = DDP(model)\n"), OPTIONAL_GROUP),
     # 'tcp://127.0.0.1:' + args.port stored in opt['init_method'] and passed on, --port defaulting to a fixed
     # port (Palette)
     ("hard-coded-master-port", PORT_IN_OPT.format(default="None"), PORT_IN_OPT.format(default="'21012'"), NO_HEAD),
@@ -1662,10 +1666,10 @@ RESUMED_DESC = ("def load_checkpoint(path):\n    ckpt = torch.load(path, map_loc
 
 CASES22 = [
 
-    # a helper named initialized() asks whether the group exists (SparK's dist.initialized()): the wrap under it is
-    # switched
-    ("collective-outside-switch", INITIALIZED_WRAP.format(wrap="if initialized():\n    model = DDP(model)\n"),
-     INITIALIZED_WRAP.format(wrap="model = DDP(model)\n"), OPTIONAL_GROUP),
+    # a helper named initialized() asks whether the group exists (SparK's dist.initialized()): the collective under
+    # it is switched
+    ("collective-outside-switch", INITIALIZED_WRAP.format(wrap="if initialized():\n    dist.barrier()\n"),
+     INITIALIZED_WRAP.format(wrap="dist.barrier()\n"), OPTIONAL_GROUP),
     # a global batch made of a per-GPU batch divided by the world size, times it, stays fixed (SparK's arg_util)
     ("lr-grows-with-world-size", GLOBAL_BATCH.format(glb="per_gpu * dist.get_world_size()"),
      GLOBAL_BATCH.format(glb="args.bs * dist.get_world_size()")),
@@ -1876,8 +1880,8 @@ CASES28 = [
               "            return x.unsqueeze(0)\n"), EARLY_GATHER.format(early=""), ""),
     ("rank0-local-loss", PARTIAL_BACKWARD.format(value="reduce_mean(disc_loss)"),
      PARTIAL_BACKWARD.format(value="disc_loss")),
-    ("collective-outside-switch", ALWAYS_GROUP.format(test=">= 1") + "model = DDP(Net())\n",
-     ALWAYS_GROUP.format(test="> 1") + "model = DDP(Net())\n", ""),
+    ("collective-outside-switch", ALWAYS_GROUP.format(test=">= 1") + "model = DDP(Net())\ndist.barrier()\n",
+     ALWAYS_GROUP.format(test="> 1") + "model = DDP(Net())\ndist.barrier()\n", ""),
     ("accumulation-without-no-sync", GRAD_ACC.format(default=1), GRAD_ACC.format(default=4)),
     ("rank0-local-loss", STDOUT_LOGGER.format(test="if True:"), STDOUT_LOGGER.format(test="if self.rank == 0:")),
     ("gather-without-grad",
@@ -2535,16 +2539,18 @@ def test_an_import_cycle_of_re_exports_does_not_crash(tmp_path):
 
 def test_a_wrap_in_a_helper_nothing_calls_is_judged_by_its_callers(tmp_path):
     """SparK's dist.parallelize(net) wraps in DDP but no audited file calls it: no collective-outside-switch there,
-    though the group is optional; the same helper called outside the switch is one."""
+    though the group is optional; the same helper called outside the switch, in a script that runs itself without
+    the group (`main(False)`), is one."""
     helper = ("import torch\ndef parallelize(net):\n    return torch.nn.parallel.DistributedDataParallel(net)\n")
-    script = ("import torch, torch.distributed as dist\nimport dist_utils\nif args.distributed:\n"
-              "    dist.init_process_group('nccl')\ntorch.manual_seed(0)\nmodel = Net()\n"
-              "{call}for x in loader:\n    model(x).sum().backward()\n")
+    script = ("import torch, torch.distributed as dist\nimport dist_utils\ndef main(distributed):\n"
+              "    if distributed:\n        dist.init_process_group('nccl')\n    torch.manual_seed(0)\n"
+              "    model = Net()\n{call}    for x in loader:\n        model(x).sum().backward()\n"
+              "if __name__ == '__main__':\n    main(False)\n")
     def found(name, call):
         root = _project(tmp_path / name, {"dist_utils.py": helper, "main.py": script.format(call=call)})
         return {f.rule for f in audit.audit_paths([root])}
     assert "collective-outside-switch" not in found("unused", "")
-    assert "collective-outside-switch" in found("used", "model = dist_utils.parallelize(model)\n")
+    assert "collective-outside-switch" in found("used", "    model = dist_utils.parallelize(model)\n")
 
 
 

@@ -13,13 +13,15 @@ The package:
 - `project`: the parsed files, imports resolved inside the folder, calls resolved to project functions;
 - `ranks`: which code runs on which rank (rank-0 guards, distributed switches);
 - `facts`: the project model the rules query (the wrapped model, seeding, reduced values, saves, collectives);
+- `options`, `scripts`: the default run (option and config defaults, launch-script flags; the classes and
+  functions it never reaches);
 - `registry`: one rule = id, chapter, the defect and its consequence in one sentence, its recogniser;
 - `rules/`: the recognisers, one module per chapter group (`python -m lab_utils audit --sarif` lists them);
 - `launch_scripts`: the shell scripts and JSON configs that decide how a run starts;
 - `report`: text, JSON and SARIF output.
 
 What it cannot see: code outside the audited folder (an installed package; a config file's values, but for a
-rendezvous address in the folder's JSON files and a port in its shell launch scripts), values known
+rendezvous address in the folder's JSON files, a port or a flag in its shell launch scripts), values known
 only at run time (the dataset size, which branch a flag takes, whether a model has buffers), models built by name
 (torchvision's resnet has BatchNorm), calls through objects it cannot type (`obj.method()` on a parameter; a
 model is typed only when the script builds a project nn.Module class by name, whose forward then decides whether
@@ -76,7 +78,10 @@ def audit_paths(paths) -> list[Finding]:
     project = Project(files, root)
     given = {str(f) for f in files}
     found = [f for f in run_rules(Facts(project), project.modules.values()) if f.path in given]
-    if project.ddp and any(Path(p).is_dir() for p in paths):  # a folder: its launch scripts too
+    # a folder: its launch scripts too, unless the Python code sets MASTER_PORT itself over the launcher's (VoCo's
+    # `os.environ['MASTER_PORT'] = '28890'`): the script's --master_port is then not the port used
+    overridden = any(f.rule == "hard-coded-master-port" and f.message.startswith("MASTER_PORT") for f in found)
+    if project.ddp and any(Path(p).is_dir() for p in paths) and not overridden:
         found += [f for p in paths if Path(p).is_dir() for f in fixed_ports_in_launch_scripts(Path(p))]
     return sorted(found, key=lambda f: (f.path, f.line, f.rule))
 

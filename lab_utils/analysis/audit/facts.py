@@ -451,6 +451,13 @@ class Facts(DefaultOptions):
                                             for i in s.items)
             and any(isinstance(x, (ast.For, ast.While)) for x in ast.walk(s)) for s in ast.walk(fn))
 
+    def callees(self, m: Module, c: ast.Call) -> list[tuple[Module, ast.AST]]:
+        """The project functions `c` may run, and a closure an enclosing function defines (VoCo's and I-JEPA's
+        `def save_checkpoint(epoch):` inside main)."""
+        return self.p.resolve(m, c) or [
+            (m, d) for d in m.nodes if isinstance(d, ast.FunctionDef) and isinstance(c.func, ast.Name)
+            and d.name == c.func.id and m.enclosing(d) is not None and m.enclosing(d) in _enclosers(m, c)]
+
     def is_save(self, m: Module, c: ast.Call) -> bool:
         """A checkpoint save: torch.save of model/optimizer state into a file, or a project helper named like a
         save that writes one (save_checkpoint(...)); an unseen helper named like one (`save_model(args, model,
@@ -460,7 +467,7 @@ class Facts(DefaultOptions):
             text = ast.unparse(c).lower()
             return _to_file(c) and bool(re.search(r"state|model|optim|ckpt|checkpoint|snapshot|epoch|package|net",
                                                   text))
-        targets = self.p.resolve(m, c)
+        targets = self.callees(m, c)
         if not targets:
             defined = {n.name for n in m.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             return bool(UNSEEN_SAVER.match(callee(c))) and callee(c) not in defined and (
@@ -478,7 +485,7 @@ class Facts(DefaultOptions):
         must sit under a rank-0 guard, or go through a helper that guards itself."""
         if dotted(c.func) in ("torch.save", "th.save") or depth == 0:
             return False
-        saves = [(tm, cc) for tm, tf in self.p.resolve(m, c) for cc in ast.walk(tf) if isinstance(cc, ast.Call)
+        saves = [(tm, cc) for tm, tf in self.callees(m, c) for cc in ast.walk(tf) if isinstance(cc, ast.Call)
                  and (dotted(cc.func) in ("torch.save", "th.save") or self.is_save(tm, cc))]
         return bool(saves) and all(self.g.kind(tm, cc) == "rank0" or self.guarded_inside(tm, cc, depth - 1)
                                    for tm, cc in saves)
@@ -509,6 +516,15 @@ class Facts(DefaultOptions):
         return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in dotted(
             cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2)
             for tm, tf in self.p.resolve(m, c))
+
+
+def _enclosers(m: Module, node: ast.AST) -> list[ast.AST]:
+    """The functions around `node`, innermost first."""
+    out, fn = [], m.enclosing(node)
+    while fn is not None:
+        out.append(fn)
+        fn = m.enclosing(fn)
+    return out
 
 
 def _function_apply(c: ast.Call) -> bool:

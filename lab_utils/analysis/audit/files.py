@@ -20,3 +20,8 @@ def project_files(root: Path, suffix: str, limit: int = 200) -> list[Path]:
         if len(out) >= limit:
             break
     return out[:limit]
+
+
+def shell_scripts(root: Path) -> list[Path]:
+    """The project's shell scripts: `train.sh`, and `pt_run_*.bash` (RoboFlamingo's launch scripts)."""
+    return [*project_files(root, ".sh"), *project_files(root, ".bash")]

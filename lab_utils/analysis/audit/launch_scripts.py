@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .files import project_files
+from .files import shell_scripts
 from .registry import Finding
 
 # `--master_port 12345`, `--master-port=29500`, `MASTER_PORT=29500` (exported or inline); not `$PORT`, not
@@ -24,7 +24,7 @@ def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
     """A fixed rendezvous port in a shell script of the project: every run launched by that script, on a host
     where another job (or a stale one) holds the port, fails to rendezvous."""
     found = []
-    for path in project_files(root, ".sh"):
+    for path in shell_scripts(root):
         try:
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:

@@ -209,6 +209,15 @@ def looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
     return out
 
 
+def _rebound_to_constants(scope: ast.AST, name: str, line: int) -> bool:
+    """The last assignment of `name` before `line` binds a literal of constants (UniMatch's `metrics = ['abs_rel',
+    'sq_rel', ...]` after `metrics` held the step's losses): what is built from it there holds no loss."""
+    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < line
+             and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)]
+    last = max(binds, key=lambda a: a.lineno).value if binds else None
+    return isinstance(last, (ast.List, ast.Tuple, ast.Set)) and all(isinstance(e, ast.Constant) for e in last.elts)
+
+
 def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     """Meters and records a loss is fed into, whatever their names: `meter.update(loss.item(), n)`,
     `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss. `seed`:
@@ -249,7 +258,8 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
             # one a helper files the loss into under its name (`self.metrics = evaluator.update("loss",
             # loss.item(), self.metrics)`, Equiformer/OCP)
             if isinstance(a, ast.Assign) and (isinstance(a.value, (ast.DictComp, ast.ListComp, ast.Dict)) and any(
-                    isinstance(n, (ast.Name, ast.Attribute)) and root(n) in out - {""} for n in ast.walk(a.value))
+                    isinstance(n, (ast.Name, ast.Attribute)) and root(n) in out - {""}
+                    and not _rebound_to_constants(scope, root(n), a.lineno) for n in ast.walk(a.value))
                     or _filed_under_loss(a.value)):
                 out |= {dotted(t) for t in a.targets} - {""}
         out |= _fed_records(scope, out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
-from .files import project_files
+from .files import project_files, shell_scripts
 from .project import Module
 from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root
 
@@ -82,7 +82,7 @@ class DefaultOptions:
         """Every `--flag` a shell script of the project passes (as argparse's attribute, `-` read as `_`)."""
         if not self.p.on_disk:
             return set()
-        return {flag.replace("-", "_") for path in project_files(self.p.root, ".sh") for flag in re.findall(
+        return {flag.replace("-", "_") for path in shell_scripts(self.p.root) for flag in re.findall(
             r"(?<![\w-])--([A-Za-z][\w-]*)", path.read_text(encoding="utf-8", errors="replace"))}
 
     def _cached(self, kind: str, key: str, compute):
@@ -113,6 +113,10 @@ class DefaultOptions:
                     empty = self._empty_option_tested(t)
                     if empty:
                         return empty, n
+                    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.NotEq) and \
+                            isinstance(t.left, ast.Name) and const_str(t.comparators[0]) == "" and \
+                            self.default_value(m, t.left) == "":
+                        return t.left.id, n  # `if head_resume != '':` with head_resume a config's empty path
                     if isinstance(t, ast.Name) and depth:
                         off = self._parameter_off(m, n, t.id, depth)
                         if off:
@@ -181,7 +185,19 @@ class DefaultOptions:
                     if callee(a) == "add_argument" and opt and isinstance(default, ast.Constant) and \
                             default.value == "":
                         out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
-            self.cache["empty"] = out
+                    # ... or a resume path left None, written or not (`--resume default=None`, VoCo), that no
+                    # launch script, config or assignment sets: a first training run starts fresh (a pretrained
+                    # weights path, by contrast, is what the README's command usually passes)
+                    elif callee(a) == "add_argument" and opt and (default is None or isinstance(
+                            default, ast.Constant) and default.value is None) and kw(a, "action") is None and \
+                            kw(a, "required") is None and kw(a, "nargs") is None and \
+                            re.search(r"resume|restart|reload", opt, re.I):
+                        out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
+            passed = self._passed_in_launch_scripts()
+            assigned = {t.attr for mm in self.p.modules.values() for n in mm.nodes if isinstance(n, ast.Assign)
+                        for t in n.targets if isinstance(t, ast.Attribute)}
+            self.cache["empty"] = {k: v for k, v in out.items() if k not in passed and k not in assigned
+                                   and not self.config_defaults(k) and not self._yaml_names(k)}
         return self.cache["empty"]
 
     def _empty_option_tested(self, t: ast.AST) -> str | None:
@@ -198,6 +214,9 @@ class DefaultOptions:
         if negated and isinstance(c.left, ast.Attribute) and isinstance(c.comparators[0], ast.Constant) \
                 and c.comparators[0].value == "":
             return empty.get(c.left.attr)
+        if len(c.ops) == 1 and isinstance(c.ops[0], ast.IsNot) and isinstance(c.left, ast.Attribute) and \
+                isinstance(c.comparators[0], ast.Constant) and c.comparators[0].value is None:
+            return empty.get(c.left.attr)  # `if args.resume is not None:`
         return None
 
     def off_in_default_run(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
@@ -284,6 +303,10 @@ class DefaultOptions:
             return self.default_value(m, v.args[0], depth)
         if isinstance(v, ast.Call) and callee(v) == "getattr" and len(v.args) == 3 and const_str(v.args[1]):
             return self._yaml_default(const_str(v.args[1]), self.default_value(m, v.args[2], depth))
+        if isinstance(v, ast.Call) and callee(v) == "get" and isinstance(v.func, ast.Attribute) and \
+                len(v.args) == 2 and const_str(v.args[0]) and CONFIGISH.search(dotted(v.func.value).split(".")[-1]):
+            # `self.cfg.get('HEAD_RESUME', '')` with `HEAD_RESUME: ""` in the task's YAML (TFace)
+            return self._yaml_default(const_str(v.args[0]), self.default_value(m, v.args[1], depth))
         if isinstance(v, ast.Attribute):
             made = [kw(a.value, v.attr) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                     and any(dotted(t) == dotted(v.value) for t in a.targets) and kw(a.value, v.attr) is not None]
@@ -315,10 +338,13 @@ class DefaultOptions:
             return UNKNOWN
         positional = params[1:] if params[:1] in (["self"], ["cls"]) else params
         values = []
+        defaults = dict(zip(params[len(params) - len(fn.args.defaults):], fn.args.defaults, strict=True))
         for cm, c in self.p.callers(m, fn):
             given = kw(c, v.id)
             if given is None and positional.index(v.id) < len(c.args):
                 given = c.args[positional.index(v.id)]
+            if given is None and v.id in defaults and not any(k.arg is None for k in c.keywords):
+                given, cm = defaults[v.id], m  # left out: the parameter's default (`def fit(..., seed=None)`)
             if given is None or any(isinstance(a, ast.Starred) for a in c.args):
                 return UNKNOWN
             values.append(self.default_value(cm, given, depth - 1))
@@ -382,6 +408,14 @@ class DefaultOptions:
                                   self.default_value(mm, a.value, depth - 1) if handed else UNKNOWN)
         field = self._field_default(attr)  # a settings dataclass field (`sync_bn: bool = False`)
         return _one(values + ([field] if field is not UNKNOWN else []))
+
+    def _yaml_names(self, key: str) -> bool:
+        """Some YAML file of the project sets `key` (to anything)."""
+        if not self.p.on_disk:
+            return False
+        line = re.compile(rf"^\s*{re.escape(key)}\s*:", re.M)
+        return any(line.search(path.read_text(encoding="utf-8", errors="replace"))
+                   for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
 
     def _yaml_value(self, key: str):
         return self._cached("_yaml_value", key, self._yaml_value_uncached)

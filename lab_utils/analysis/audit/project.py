@@ -91,8 +91,20 @@ class Module:
                 return True
         # a console-script entry (`def main(): fire.Fire(train_from_folder)`, named in setup.py) whose module
         # spawns the ranks: the launcher's module is the script, though no `__main__` block says so
+        # ... unless what the workers run is a function handed in (VQ-VAE-2's distributed/launch.py: `launch(fn,
+        # ...)` spawns a worker that ends in `fn(*args)`): a generic launcher, the script is its caller
         return any(callee(c) == "spawn" and re.search(r"(^|\.)(mp|multiprocessing)$", dotted(c.func.value))
+                   and not self._runs_a_parameter(c)
                    for c in ast.walk(self.tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute))
+
+    def _runs_a_parameter(self, spawn: ast.Call) -> bool:
+        target = self.tree.body and next((d for d in self.tree.body if isinstance(d, ast.FunctionDef) and spawn.args
+                                          and isinstance(spawn.args[0], ast.Name) and d.name == spawn.args[0].id), None)
+        if target is None:
+            return False
+        params = {a.arg for a in target.args.args}
+        return any(isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id in params
+                   for x in ast.walk(target))
 
     def _taint(self, seed: frozenset = frozenset(), opaque: frozenset = frozenset()) -> set[str]:
         return module_taint(self, seed, opaque)
@@ -380,6 +392,17 @@ class Project:
                 target = self.package_member(m, base.id, f.attr)
                 if target is not None:
                     in_module(target, f.attr)
+                if not out:  # `CkptLoader.load_head(...)`, an imported class (re-exported by a package __init__ these
+                    # files lack: the one project class of that name)
+                    cls = m.imports[base.id][1] or base.id
+                    home = self.module_for(m, base.id)
+                    self.methods(m, "", "__init__")  # (builds the class index)
+                    homes = [home] if home is not None and cls in home.classes else [
+                        cm for cm, _ in self._class_index.get(cls, [])]
+                    if len(homes) == 1:
+                        out.extend(self.methods(homes[0], cls, f.attr))
+            elif isinstance(base, ast.Name) and base.id in m.classes:
+                out.extend(self.methods(m, base.id, f.attr))  # `Trainer.build_loader(cfg)` in its own module
             elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in m.imports:
                 target = self.module_for(m, base.value.id)  # pkg.utils.f() with `import pkg`
                 if target is not None:

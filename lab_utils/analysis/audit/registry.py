@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .scripts import demo_block, shadowed
+from .scripts import demo_block, off_the_default_path, shadowed, unchosen
 
 SEVERITIES = ("defect", "check-by-hand")
 
@@ -103,9 +103,11 @@ def run_rules(facts, modules) -> list[Finding]:
                         where, hit = hit[0], hit[1:]
                     node, message, severity = (*hit, "defect")[:3]
                 assert isinstance(message, str) and severity in SEVERITIES, (r.id, message, severity)
-                if demo_block(facts, where, node) or shadowed(where, node):
-                    continue  # a library's own demo under its main guard, or a function the module defines
-                    # again later: the DDP run never executes it
+                if demo_block(facts, where, node) or shadowed(where, node) or unchosen(facts, where, node) or \
+                        off_the_default_path(facts, where, node):
+                    continue  # a library's own demo under its main guard, a function the module defines again
+                    # later, a class the default settings never pick, or a function called only in arms they
+                    # skip: the default DDP run never executes it
                 line = getattr(node, "lineno", 0) or 1
                 found.setdefault((str(where.path), line, r.id),
                                  Finding(line, r.id, message, severity, str(where.path), related))

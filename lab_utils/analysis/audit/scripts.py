@@ -1,5 +1,8 @@
 """What a script runs, as far as the rules' consequences go: a library's demo under its main guard that the
-training run never executes, and a script that only evaluates loaded weights (nothing it runs steps)."""
+training run never executes, a script that only evaluates loaded weights (nothing it runs steps), a class the
+default settings never pick (a class table indexed by an option's default, a config's `target:`), and a function
+called only in arms the default settings skip. The registry drops findings in code the default run never
+executes."""
 
 from __future__ import annotations
 
@@ -7,8 +10,10 @@ import ast
 import re
 
 from .facts import Facts
+from .files import project_files, shell_scripts
+from .options import UNKNOWN
 from .project import Module
-from .syntax import EVAL_WORD, callee, dotted
+from .syntax import EVAL_WORD, callee, const_str, dotted
 
 
 def demo_block(f: Facts, m: Module, node: ast.AST) -> bool:
@@ -53,3 +58,169 @@ def shadowed(m: Module, node: ast.AST) -> bool:
                 and s.lineno <= getattr(node, "lineno", 0) <= (s.end_lineno or s.lineno)), None)
     return top is not None and m.functions.get(top.name) is not top
 
+
+
+def unchosen(f: Facts, m: Module, node: ast.AST) -> bool:
+    """`node` lies in a method of a class the default run never builds: a table of classes picked by an option's
+    default (UER-py's `str2trainer[args.data_processor]` with --data_processor 'bert': BertTrainer and its bases
+    run, MlmTrainer and ClsTrainer do not), or a sibling of the class the project's config names as its `target`
+    (DifFace's `target: trainer.TrainerSR` beside TrainerDiffusionFace) that nothing else names."""
+    fn = m.enclosing(node)
+    cls = m.class_of(fn) if fn is not None else None
+    return cls is not None and (m.rel, cls) in _unchosen_classes(f)
+
+
+def _unchosen_classes(f: Facts) -> set[tuple[str, str]]:
+    if "unchosen" in f.cache:
+        return f.cache["unchosen"]
+    f.p.methods(next(iter(f.p.modules.values())), "", "__init__")  # (builds the class index)
+    index = f.p._class_index
+    named = {n.id for mm in f.p.modules.values() for n in mm.nodes if isinstance(n, ast.Name)
+             and isinstance(n.ctx, ast.Load)}
+    out: set[tuple[str, str]] = set()
+    for mm in f.p.modules.values():
+        for a in mm.nodes:
+            if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
+                    and isinstance(a.value, ast.Dict) and len(a.value.keys) >= 2
+                    and all(const_str(k) is not None for k in a.value.keys)
+                    and all(isinstance(v, ast.Name) and v.id in index for v in a.value.values)):
+                continue
+            table = dict(zip((k.value for k in a.value.keys), (v.id for v in a.value.values), strict=True))
+            picks = [(um, n.slice) for um in f.p.modules.values() for n in um.nodes if isinstance(n, ast.Subscript)
+                     and isinstance(n.value, ast.Name) and n.value.id == a.targets[0].id]
+            keys = {f.default_value(um, x) for um, x in picks}
+            if not picks or not keys <= set(table):
+                continue  # an index the default run does not fix: any class may run
+            chosen = _with_bases(f, {table[k] for k in keys})
+            # (a class named outside tables and class statements is built directly somewhere: it may run)
+            out |= {(cm.rel, c) for c in set(table.values()) - chosen for cm, _ in index.get(c, [])
+                    if _named_count(f, c) <= _table_count(f, c)}
+    targets = _config_targets(f)
+    for c in targets & set(index):
+        chosen = _with_bases(f, {c})
+        for cm, _ in index[c]:
+            family = {b for _, b in _all_bases(f, cm, c)}
+            for name in cm.classes:
+                if name in chosen or name in targets or name in named:
+                    continue
+                if family & {b for _, b in _all_bases(f, cm, name)} or c in {b for _, b in _all_bases(f, cm, name)}:
+                    out.add((cm.rel, name))
+    f.cache["unchosen"] = out
+    return out
+
+
+def _named_count(f: Facts, cls: str) -> int:
+    """Loads of the class's name in the project, but for `super(Cls, self)`."""
+    return sum(1 for mm in f.p.modules.values() for n in mm.nodes if isinstance(n, ast.Name) and n.id == cls
+               and isinstance(n.ctx, ast.Load) and not any(
+                   isinstance(c, ast.Call) and callee(c) == "super" and c.args and c.args[0] is n for c in mm.nodes))
+
+
+def _table_count(f: Facts, cls: str) -> int:
+    """How often the class's name is a value of a string-keyed dict, or a base in a class statement."""
+    return sum(1 for mm in f.p.modules.values() for n in mm.nodes
+               for v in (n.values if isinstance(n, ast.Dict) else n.bases if isinstance(n, ast.ClassDef) else [])
+               if isinstance(v, ast.Name) and v.id == cls)
+
+
+def _all_bases(f: Facts, m: Module, cls: str) -> list[tuple[Module, str]]:
+    out, todo = [], f.p.bases_of(m, cls)
+    while todo:
+        bm, b = todo.pop()
+        if (bm.rel, b) not in {(x.rel, y) for x, y in out}:
+            out.append((bm, b))
+            todo += f.p.bases_of(bm, b)
+    return out
+
+
+def _with_bases(f: Facts, classes: set[str]) -> set[str]:
+    index = f.p._class_index
+    return classes | {b for c in classes for cm, _ in index.get(c, []) for _, b in _all_bases(f, cm, c)}
+
+
+def _config_targets(f: Facts) -> set[str]:
+    """Class names the project's YAML configs build by a dotted `target:` (`target: trainer.TrainerSR`)."""
+    if not f.p.on_disk:
+        return set()
+    out = set()
+    for path in [*project_files(f.p.root, ".yaml"), *project_files(f.p.root, ".yml")]:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace") if path.stat().st_size < 1_000_000 else ""
+        except OSError:
+            continue
+        out |= set(re.findall(r"^\s*target\s*:\s*['\"]?[\w.]+\.([A-Z]\w*)", text, re.M))
+    return out
+
+
+def off_the_default_path(f: Facts, m: Module, node: ast.AST, depth: int = 2) -> bool:
+    """`node` lies in a function that every project call runs only in an arm the default run does not take
+    (RoboFlamingo's `if args.head_type == "diffusion": train_one_epoch_calvin_diff(...) elif args.fusion_mode ==
+    'two_way': ...`, with --head_type 'lstm' and the launch script's --fusion_mode post): that code does not run.
+    A function nothing here calls is left alone (its caller may be a file these copies lack)."""
+    fn = m.enclosing(node)
+    while fn is not None and m.enclosing(fn) is not None:
+        fn = m.enclosing(fn)
+    if fn is None:
+        return False
+    cache = f.cache.setdefault("off_path", {})
+    key = (m.rel, id(fn), depth)
+    if key not in cache:
+        cache[key] = False  # (a recursive call reaches the function again: not known off)
+        sites = f.p.callers(m, fn)
+        cache[key] = bool(sites) and not _handed_on(f, fn) and all(
+            _arm_off(f, cm, s) or depth > 0 and off_the_default_path(f, cm, s, depth - 1) for cm, s in sites)
+    return cache[key]
+
+
+def _handed_on(f: Facts, fn: ast.AST) -> bool:
+    """The function is also passed by name (`mp.spawn(main_worker, ...)`, a callback, a thread target): it runs
+    where it is handed, whatever arms its direct calls sit in (HybrIK's `main_worker(None, opt, cfg)` only under
+    --launcher slurm)."""
+    if "handed_names" not in f.cache:
+        calls = {id(c.func) for mm in f.p.modules.values() for c in mm.calls}
+        f.cache["handed_names"] = {n.id if isinstance(n, ast.Name) else n.attr for mm in f.p.modules.values()
+                                   for n in mm.nodes if isinstance(n, (ast.Name, ast.Attribute))
+                                   and isinstance(n.ctx, ast.Load) and id(n) not in calls}
+    return getattr(fn, "name", None) in f.cache["handed_names"]
+
+
+def _arm_off(f: Facts, m: Module, node: ast.AST) -> bool:
+    """`node` sits in the body of an `if` whose test the default settings fail, or in the else of one they pass."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(n, (ast.If, ast.IfExp)):
+            holds = _default_truth(f, m, n.test)
+            body = n.body if isinstance(n.body, list) else [n.body]
+            orelse = n.orelse if isinstance(n.orelse, list) else [n.orelse]
+            if holds is False and any(child is b for b in body) or holds is True and any(child is b for b in orelse):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
+    """Whether `args.head_type == "diffusion"` holds in the default run: the launch scripts' value of the option
+    when they pass one, else its default; None when unknown (or the setting is about ranks or devices)."""
+    if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq))
+            and isinstance(t.left, ast.Attribute) and isinstance(t.comparators[0], ast.Constant)
+            and isinstance(t.comparators[0].value, str)):
+        return None
+    if re.search(r"rank|gpu|world|local|dist|device", t.left.attr, re.I) or t.left.attr in (
+            "mode", "phase", "split", "stage", "task"):
+        return None  # (a mode the script switches itself, or one every command sets)
+    value = _script_value(f, t.left.attr)
+    if value is None:
+        value = f.default_value(m, t.left)
+    if value is UNKNOWN or not isinstance(value, str):
+        return None
+    return (value == t.comparators[0].value) == isinstance(t.ops[0], ast.Eq)
+
+
+def _script_value(f: Facts, attr: str) -> str | None:
+    """The one value the project's shell scripts give `--attr` (`--fusion_mode post`); None when none passes it
+    or they disagree."""
+    if not f.p.on_disk:
+        return None
+    found = {v.strip("'\"") for path in shell_scripts(f.p.root) for v in re.findall(
+        rf"(?<![\w-])--{re.escape(attr)}[= ]+(\S+)", path.read_text(encoding="utf-8", errors="replace"))}
+    return found.pop() if len(found) == 1 else None

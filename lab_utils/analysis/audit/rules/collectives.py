@@ -10,7 +10,7 @@ from ..facts import Facts
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import distributed_switch, group_check, one_process_arm, switched
-from ..syntax import WORLDISH, always_returns, callee, const_str, const_value, dotted, involves, kw, root
+from ..syntax import DIST_SWITCH, WORLDISH, always_returns, callee, const_str, const_value, dotted, involves, kw, root
 
 
 @rule("collective-under-rank0", "00_preflight", "a collective only rank 0 (or only the others) reaches: the "
@@ -41,6 +41,7 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
         if kind != "rank0" and (kind is not None or f.g.effective(m, c) != "rank0") or f.collective(m, c):
             continue
         if isinstance(c.func, (ast.Name, ast.Attribute)) and dotted(c.func) in wrapped and \
+                not _other_arm_unwraps(m, c, dotted(c.func)) and \
                 f.same_scope(m, c, dotted(c.func), wrapped[dotted(c.func)]) and \
                 _wrap_reaches(m, c, dotted(c.func), wrapped[dotted(c.func)]):
             if _no_grad(m, c) and _buffer_free(f, m, dotted(c.func)):
@@ -49,6 +50,25 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
                       "broadcast_buffers=True (the default) and a module that has buffers its forward broadcasts them "
                       "and waits for the other ranks (a hang), and with grad on the next backward does — call "
                       f"{dotted(c.func)}.module(...) for rank-0-only evaluation"), "check-by-hand"
+            continue
+        param = _wrapper_parameter(f, m, c)
+        if param is not None:
+            if not (_no_grad(m, c) and _buffer_free(f, m, dotted(c.func))):
+                cm, site = param
+                yield Hit(c, (f"{dotted(c.func)}(...) runs on rank 0 alone, and {dotted(c.func)} is the DDP-wrapped "
+                              f"model ({cm.path.name}:{site.lineno} hands it in): with broadcast_buffers=True (the "
+                              "default) and a module that has buffers its forward broadcasts them and waits for the "
+                              f"other ranks (a hang) — call {dotted(c.func)}.module(...) for rank-0-only evaluation"),
+                          "check-by-hand", related=((cm, site),))
+            continue
+        method = _self_forward_in_method(f, m, c)
+        if method is not None:
+            name, inner, tm = method
+            yield Hit(c, (f"rank 0 alone runs {ast.unparse(c.func)}(), which calls the DDP-wrapped {name} (line "
+                          f"{inner.lineno}: `{ast.unparse(inner)[:50]}`): with broadcast_buffers=True (the default) "
+                          "and a module that has buffers that forward broadcasts them and waits for the other ranks "
+                          f"(a hang) — call {name}.module(...) there for rank-0-only evaluation"), "check-by-hand",
+                      related=((tm, inner),))
             continue
         handed = _forwarded_in_callee(f, m, c, wrapped)
         fn = m.enclosing(c) or m.tree
@@ -152,6 +172,79 @@ def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, in
     return None
 
 
+def _wrapper_parameter(f: Facts, m: Module, c: ast.Call):
+    """(caller's module, call site) when `c` calls a parameter of its function that a caller fills with the DDP
+    wrapper (VQ-VAE-2: `train(i, loader, model, ...)` after `model = DDP(model)`, and train's rank-0 branch runs
+    `model(sample)`). A function that rebinds the parameter (`net = net.module`) calls something else."""
+    fn = m.enclosing(c)
+    if fn is None or not isinstance(c.func, ast.Name) or f.g.kind(m, c) != "rank0":
+        return None  # (a function only rank 0 calls is judged where rank 0 hands it the wrapper)
+    params = [x.arg for x in fn.args.args]
+    if c.func.id not in params or any(isinstance(x, (ast.Assign, ast.AugAssign)) and c.func.id in {
+            dotted(t) for t in (x.targets if isinstance(x, ast.Assign) else [x.target])} for x in ast.walk(fn)):
+        return None
+    i = params.index(c.func.id) - (1 if params[:1] in (["self"], ["cls"]) else 0)
+    for cm, site in f.p.callers(m, fn):
+        held = f.ddp_wrapped.get(cm.rel, {})
+        args = [a for j, a in enumerate(site.args) if j == i] + [k.value for k in site.keywords if k.arg == c.func.id]
+        for a in args:
+            name = dotted(a) if isinstance(a, (ast.Name, ast.Attribute)) else ""
+            if name in held and f.same_scope(cm, site, name, held[name]) and _wrap_reaches(cm, site, name, held[name]) \
+                    and not _no_buffer_broadcast(cm, held[name]) and not _only_in_a_dead_arm(f, cm, name, held[name]):
+                return cm, site
+    return None
+
+
+def _self_forward_in_method(f: Facts, m: Module, c: ast.Call):
+    """(wrapped name, its call, module) when a rank-0-only call runs a method of the same object whose body calls
+    the wrapped `self.model(...)` in an arm the call's constant arguments reach (DifFace: `self.feed_data(data,
+    phase='val')` in rank 0's validation, and feed_data runs `self.model(data['lq'])` for phase 'val')."""
+    if not (isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self"):
+        return None
+    for tm, tf in f.p.resolve(m, c, exact=True):
+        if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        held = f.ddp_wrapped.get(tm.rel, {})
+        params = [x.arg for x in tf.args.args][1:]
+        consts = {params[j]: a.value for j, a in enumerate(c.args) if j < len(params) and isinstance(a, ast.Constant)}
+        consts.update({k.arg: k.value.value for k in c.keywords if isinstance(k.value, ast.Constant)})
+        for x in ast.walk(tf):
+            name = dotted(x.func) if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) else ""
+            if name.startswith("self.") and name in held and not _arm_ruled_out(tm, x, tf, consts) and \
+                    not _other_arm_unwraps(tm, x, name) and \
+                    not _no_buffer_broadcast(tm, held[name]) and not (_no_grad(tm, x) and _buffer_free(f, tm, name)):
+                return name, x, tm
+    return None
+
+
+def _other_arm_unwraps(m: Module, node: ast.AST, name: str) -> bool:
+    """`node` sits in the else of an `if` whose body calls `name.module(...)` (EzFlow's `if self.model_parallel:
+    output = self.model.module(img1, img2) else: output = self.model(img1, img2)`): the author unwrapped in the
+    arm the DDP run takes; the else is the plain model's."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and any(child is s for s in n.orelse) and any(
+                isinstance(x, ast.Call) and dotted(x.func) == f"{name}.module" for s in n.body for x in ast.walk(s)):
+            return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _arm_ruled_out(m: Module, node: ast.AST, fn: ast.AST, consts: dict) -> bool:
+    """`node` lies in an arm of `if phase == 'train':` that the call's constant (`phase='val'`) does not take."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and n is not fn:
+        t = n.test if isinstance(n, ast.If) else None
+        if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id in consts and \
+                len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and \
+                isinstance(t.comparators[0], ast.Constant):
+            holds = (consts[t.left.id] == t.comparators[0].value) == isinstance(t.ops[0], ast.Eq)
+            if any(child is s for s in (n.orelse if holds else n.body)):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
 def _no_buffer_broadcast(m: Module, line: int) -> bool:
     """The wrap broadcasts no buffers in forward: broadcast_buffers=False, or apex's DistributedDataParallel
     (it reduces gradients in backward only)."""
@@ -184,12 +277,29 @@ def _wrap_reaches(m: Module, c: ast.Call, owner: str, line: int) -> bool:
       "(`if args.distributed:`), but a collective runs outside it: the single-process run of the script raises "
       "'Default process group has not been initialized'")
 def collective_outside_switch(f: Facts, m: Module):
+    """One defect per switch: every collective the switch leaves out (ANCE's barrier after each step, at the
+    end of training and in its MRR evaluation) is fixed the same way, so the first (a script's before a
+    helper's) is the finding and the others are its related places."""
+    if "outside_switch" not in f.cache:
+        hits = [(mm, h) for mm in f.p.modules.values() for h in _outside_switch_hits(f, mm)]
+        hits.sort(key=lambda x: (not x[0].entry, x[0].rel, x[1].node.lineno))
+        f.cache["outside_switch"] = (hits[0][0], hits[0][1]._replace(related=(*hits[0][1].related, *(
+            (mm, h.node) for mm, h in hits[1:]))[:6])) if hits else None
+    first = f.cache["outside_switch"]
+    if first is not None and first[0] is m:
+        yield first[1]
+
+
+def _outside_switch_hits(f: Facts, m: Module):
     inits = [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "init_process_group"]
     if not inits or not all(_optional_group(mm, c) for mm, c in inits) or f.runs_only_distributed():
         return  # the group exists in every run the script can make (or a run without it stops at the sampler)
     flags, told = _group_flags(f), set()
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
-        wrap = f.is_ddp_call(m, c)  # DDP's constructor broadcasts rank 0's state over the default group too
+        # a DDP wrap outside the switch counts only where the project itself runs without the group (SEA-RAFT's
+        # `main(0, 1, args, False)` for one GPU): elsewhere the one-process run stops at the wrap, before any step,
+        # so the script plainly needs its launcher; the collectives hidden in a loop or a helper fail after work
+        wrap = f.is_ddp_call(m, c) and _runs_one_process(f)
         if not wrap and (callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather")
                          or "dist" not in dotted(c.func) or not _torch_distributed(m, c)):
             continue
@@ -221,6 +331,23 @@ def collective_outside_switch(f: Facts, m: Module):
                       "single-process run of this script raises 'Default process group has not been initialized' — "
                       "put it under the same switch (or `if dist.is_initialized():`)"),
                   related=tuple(_entry_sites(f, m, fn))[:3] if fn is not None else ())
+
+
+def _runs_one_process(f: Facts) -> bool:
+    """A script of the project calls its own code with the distributed switch off (`main(0, 1, args, False)` for
+    `def main(rank, world_size, args, use_ddp)`, SEA-RAFT's one-GPU path): the project has a one-process run."""
+    if "one_process" not in f.cache:
+        f.cache["one_process"] = False
+        for m in (mm for mm in f.p.modules.values() if mm.entry):
+            for c in m.calls:
+                for _, tf in f.p.resolve(m, c, exact=True):
+                    params = [a.arg for a in getattr(tf, "args", ast.arguments(args=[])).args]
+                    params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+                    given = [*zip(params, c.args, strict=False), *((k.arg, k.value) for k in c.keywords)]
+                    if any(p and DIST_SWITCH.search(p) and isinstance(a, ast.Constant) and a.value in (False, 0)
+                           for p, a in given):
+                        f.cache["one_process"] = True
+    return f.cache["one_process"]
 
 
 def _entry_sites(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> list[tuple[Module, ast.Call]]:

@@ -144,6 +144,22 @@ def _address_and_port(url: ast.AST | None):
     return None, None
 
 
+def _computed_port(m: Module, v: ast.AST | None) -> str | None:
+    """'tcp://127.0.0.1:<port>' for `default=f"tcp://127.0.0.1:{port}"` whose `port` the module computes without
+    the environment, a free-port probe or a random draw (VQ-VAE-2: `port = 2 ** 15 + 2 ** 14 + hash(os.getuid()) %
+    2 ** 14`, the same port for every job of one user); None otherwise."""
+    if not (isinstance(v, ast.JoinedStr) and len(v.values) == 2 and const_str(v.values[0]) is not None
+            and LOOPBACK_HEAD.search(v.values[0].value) and isinstance(v.values[1], ast.FormattedValue)
+            and isinstance(v.values[1].value, ast.Name)):
+        return None
+    name = v.values[1].value.id
+    binds = [a for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)]
+    if not binds or any(re.search(r"environ|getenv|socket|free|rand|port|argv", ast.unparse(a.value), re.I)
+                        for a in binds):
+        return None
+    return f"{v.values[0].value}{{{name}}}"
+
+
 def _option_port(f: Facts, v: ast.AST):
     """`os.environ['MASTER_PORT'] = args.port` (or str(args.port)) where every add_argument of --port defaults to
     a constant port number (voxceleb_trainer's '8888')."""
@@ -248,6 +264,11 @@ def hard_coded_master_port(f: Facts, m: Module):
                                 f"port on this host with no environment fallback: {advice}"), "check-by-hand",
                           related=((dm, d),))
         default = kw(c, "default") if callee(c) == "add_argument" else None
-        if passed and default is not None and const_str(default) and LOOPBACK_PORT.search(default.value):
-            yield default, (f"the option's default {default.value!r} is a fixed port on this host, used by every "
-                            f"run that keeps it: {advice}"), "check-by-hand"
+        text = default.value if default is not None and const_str(default) else _computed_port(m, default)
+        if passed and text and (LOOPBACK_PORT.search(text) or default is not None and not const_str(default)):
+            # where it happens: the init_process_group that takes its init_method from the options (UER-py's
+            # uer/initialize.py), named with the option
+            sites = [(mm, x) for mm in f.p.modules.values() for x in mm.calls if callee(x) == "init_process_group"
+                     and _init_method(x) is not None and const_str(_init_method(x)) is None]
+            yield Hit(default, (f"the option's default {text!r} is a fixed port on this host, used by every run that "
+                                f"keeps it: {advice}"), "check-by-hand", related=tuple(sites[:2]))

@@ -36,6 +36,7 @@ from ..losses import (
 )
 from ..project import Module
 from ..registry import Hit, rule
+from ..switches import one_process_arm
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee, const_str, dotted, kw, root
 
 ABORTS = {"exit", "_exit", "abort", "stop"}
@@ -88,8 +89,11 @@ def _keyed_not_loss(values: list, name: str) -> bool:
 def _handed_to_a_writer(f: Facts, m: Module, c: ast.Call) -> bool:
     """`loss_info.write_summary(tb_writer, "train/", step)`: a record's own method handed a logger object (one that
     only rank 0 holds): the record writes itself into that log, as `tb_writer.add_scalar(...)` would."""
-    return isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute)) and any(
-        dotted(a) in f.g.objects.get(m.rel, ()) for a in [*c.args, *[k.value for k in c.keywords]])
+    # (a checkpoint save handed what rank 0 holds writes a checkpoint, not a log: 3D Diffuser Actor's
+    # `best_loss = self.save_checkpoint(model, optimizer, step_id, new_loss, best_loss)` under rank 0)
+    return isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute)) and not \
+        re.search(r"save|checkpoint|ckpt", c.func.attr, re.I) and any(
+            dotted(a) in f.g.objects.get(m.rel, ()) for a in [*c.args, *[k.value for k in c.keywords]])
 
 
 def _writer_writes(f: Facts, m: Module, c: ast.Call) -> bool:
@@ -418,6 +422,20 @@ def _bar_on_every_rank(m: Module, c: ast.Call) -> bool:
 
 
 def _rank0_local_loss_hits(f: Facts, m: Module):
+    """One finding per guarded block, and per function (RoboFlamingo's wandb.log of divided_loss_calvin, then the
+    print and the progress bar of loss_calvin with its parts): the later logs are the first one's related places,
+    where the same fix (reduce before logging) goes."""
+    out: list = []
+    for hit, scope, lossy, where in _rank0_local_loss_logs(f, m):
+        i = next((i for i, o in enumerate(out) if o[3][0] is where[0] and where[0] is not None), None)
+        if i is None:
+            out.append((hit, scope, lossy, where))
+        elif len(out[i][0].related) < 4:
+            out[i] = (out[i][0]._replace(related=(*out[i][0].related, (m, hit.node))), *out[i][1:])
+    yield from ((hit, scope, lossy) for hit, scope, lossy, _ in out)
+
+
+def _rank0_local_loss_logs(f: Facts, m: Module):
     per_block = set()
     # in source order, so a guarded block's finding is its first log of the loss
     for c, lossy, kind in sorted(loss_logs(f, m), key=lambda log: (log[0].lineno, log[0].col_offset)):
@@ -442,7 +460,7 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
                   related=tuple(meter_print_calls(f, m, c)[:2]) if fed is not None else
                   _value_lines(m, c, lossy) + _meter_feeds(f, c)), \
-            m.enclosing(c), frozenset(lossy)  # (fed: the meter's own print lines, where it shows the loss)
+            m.enclosing(c), frozenset(lossy), where  # (fed: the meter's own print lines, where it shows the loss)
 
 
 def _meter_feeds(f: Facts, c: ast.Call) -> tuple:
@@ -493,6 +511,8 @@ def every_rank_prints_loss(f: Facts, m: Module):
 
 def _every_rank_hits(f: Facts, m: Module):
     for c, lossy, kind in loss_logs(f, m):
+        if one_process_arm(m, c):
+            continue  # the else of `if args.distributed:` (VoCo's running-average print): one process prints
         written = shared_file_write(f, m, c) if kind is None else None
         if written is not None:
             wm, w = written

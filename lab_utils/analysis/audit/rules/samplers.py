@@ -49,10 +49,19 @@ def _order_matters(m: Module, c: ast.Call) -> bool:
     return const_value(kw(c, "shuffle")) is not False and not EVALISH.search(_label(m, c))
 
 
+def _advances_itself(f: Facts, name: str) -> bool:
+    """A project sampler class that moves its own epoch on each reshuffle (TFace's MultiDistributedSampler:
+    `self.current_epoch[name] += 1` before seeding its generator): every pass gets a new order without set_epoch."""
+    return any(isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add) and re.search(
+        r"epoch", dotted(a.target.value if isinstance(a.target, ast.Subscript) else a.target)) and dotted(
+        a.target.value if isinstance(a.target, ast.Subscript) else a.target).startswith("self.")
+        for mm in f.p.modules.values() if name in mm.classes for a in ast.walk(mm.classes[name]))
+
+
 def _sampler_context(f: Facts, m: Module):
     """(samplers built here whose epoch order matters, set_epoch calls of the scripts that run with m), or None
     when there is nothing to judge: no sampler, or a loader library audited without any script."""
-    made = [c for c in _made(f, m) if _order_matters(m, c)]
+    made = [c for c in _made(f, m) if _order_matters(m, c) and not _advances_itself(f, callee(c))]
     if not made or not any(mm.entry for mm in f.p.modules.values()):
         return None
     # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's. When no

@@ -208,6 +208,10 @@ def _saves_on_every_rank(f: Facts, m: Module):
         if kind in ("rank0", "not0") or f.guarded_inside(m, c) or one_process_arm(m, c):
             continue  # rank 0's alone, or the arm that runs only when the run is not distributed
         sites = f.p.callers(m, fn) if fn is not None else []
+        if fn is not None and not sites and m.enclosing(fn) is not None:  # a closure (VoCo's `def save_ckp(state,
+            # path): torch.save(state, path)` inside main): the outer function calls it by name
+            sites = [(m, x) for x in ast.walk(m.enclosing(fn)) if isinstance(x, ast.Call)
+                     and isinstance(x.func, ast.Name) and x.func.id == fn.name]
         if fn is not None and sites and re.search(r"save|checkpoint|serialize", fn.name.lower()):
             continue  # inside a save helper (torch.save or a helper of its own): each call is judged where it is made
         if fn is not None and not sites and (not m.entry or f.p.never_named(m, fn)):

@@ -126,9 +126,11 @@ def _failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
     child, n = node, m.parent.get(id(node))
     while n is not None and not isinstance(n, ast.Module):
         t = n.test if isinstance(n, ast.If) and any(child is b for b in n.body) else None
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, ast.Attribute) and isinstance(
-                t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes)) \
-                and not re.search(r"rank|gpu|world|local|dist|device", t.left.attr, re.I):
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Attribute, ast.Name)) and \
+                isinstance(t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes)) \
+                and not re.search(r"rank|gpu|world|local|dist|device", dotted(t.left).split(".")[-1], re.I):
+            # (`if args.seed > 0:`, or a parameter: `if seed is not None:` in `def fit(..., seed=None)` that no
+            # call passes, nlp-recipes' Transformer.fit)
             x, y, op = f.default_value(m, t.left), t.comparators[0].value, t.ops[0]
             if x is not UNKNOWN and not isinstance(op, (ast.In, ast.NotIn)):
                 try:
