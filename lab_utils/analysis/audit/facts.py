@@ -18,6 +18,7 @@ from .syntax import (
     CUDA_SEEDS,
     DDP_NAMES,
     EVAL_WORD,
+    LOSSISH,
     OTHER_SEEDS,
     REDUCEISH,
     REDUCING,
@@ -207,8 +208,10 @@ class Facts(DefaultOptions):
                     value = a.value
                 elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
                         "update", "append", "add_") and (a.args or a.keywords):
-                    # meter.update(v, n) or metric_logger.update(loss=v): the meter holds what it is fed
-                    targets, value = [a.func.value], a.args[0] if a.args else a.keywords[0].value
+                    # meter.update(v, n) or metric_logger.update(loss=v): the meter holds what it is fed (its loss
+                    # keyword's value: EMCL's `meters.update(time=batch_time, loss=float(reduced_l))`)
+                    lossy = [k.value for k in a.keywords if k.arg and LOSSISH.search(k.arg)]
+                    targets, value = [a.func.value], a.args[0] if a.args else (lossy or [a.keywords[0].value])[0]
                 if value is None:
                     continue
                 read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))}

@@ -303,6 +303,9 @@ class DefaultOptions:
             return self.default_value(m, v.args[0], depth)
         if isinstance(v, ast.Call) and callee(v) == "getattr" and len(v.args) == 3 and const_str(v.args[1]):
             return self._yaml_default(const_str(v.args[1]), self.default_value(m, v.args[2], depth))
+        if isinstance(v, ast.Subscript) and const_str(v.slice) and isinstance(v.value, (ast.Name, ast.Attribute)) and \
+                CONFIGISH.search(dotted(v.value).split(".")[-1]):
+            return self._yaml_value(const_str(v.slice))  # `config["ACCUMULATION_STEPS"]`, 1 in the YAML (MeMOTR)
         if isinstance(v, ast.Call) and callee(v) == "get" and isinstance(v.func, ast.Attribute) and \
                 len(v.args) == 2 and const_str(v.args[0]) and CONFIGISH.search(dotted(v.func.value).split(".")[-1]):
             # `self.cfg.get('HEAD_RESUME', '')` with `HEAD_RESUME: ""` in the task's YAML (TFace)

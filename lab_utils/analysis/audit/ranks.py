@@ -270,9 +270,9 @@ class Guards:
             launched = [k for v, k in zip(t.values, kinds, strict=True) if not unlaunched(v)]
             if len(launched) < len(kinds) and launched and all(k == "rank0" for k in launched):
                 return "rank0"  # `'RANK' not in os.environ or int(os.environ['RANK']) == 0` (YouReID): a launch
-            negated = [v for v in t.values if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not)  # sets RANK
+            negated = [_negated(v) for v in t.values if _negated(v) is not None  # sets RANK
                        and not involves_rank(v, m.rank_tainted)]
-            if "rank0" in kinds and negated and all(set_by_launch(m, v.operand) or self._own_launch_switch(v.operand)
+            if "rank0" in kinds and negated and all(set_by_launch(m, v) or self._own_launch_switch(v)
                                                     for v in negated):
                 # `not is_distributed or rank == 0` with `is_distributed = num_gpus > 1` (from WORLD_SIZE): true
                 # in every launched run, so rank 0 alone passes; only a launcher option (`not
@@ -468,3 +468,15 @@ def rank0_writer(p, m: Module, value: ast.AST) -> bool:
             isinstance(k, ast.Constant) and k.value == 0 for k in c.comparators) for c in ast.walk(n.test))
         and any(isinstance(x, ast.Call) and callee(x) == "write" for b in n.body for x in ast.walk(b))
         for n in ast.walk(write))
+
+
+def _negated(v: ast.AST) -> ast.AST | None:
+    """X of `not X`, `X is not True`, `X is False` or `X == False` (DIST_KD's `(args.distributed is not True) or
+    (args.distributed and args.local_rank == 0)`); None otherwise."""
+    if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not):
+        return v.operand
+    if isinstance(v, ast.Compare) and len(v.ops) == 1 and isinstance(v.comparators[0], ast.Constant) and (
+            isinstance(v.ops[0], ast.IsNot) and v.comparators[0].value is True or
+            isinstance(v.ops[0], (ast.Is, ast.Eq)) and v.comparators[0].value is False):
+        return v.left
+    return None

@@ -157,6 +157,9 @@ def off_the_default_path(f: Facts, m: Module, node: ast.AST, depth: int = 2) -> 
     (RoboFlamingo's `if args.head_type == "diffusion": train_one_epoch_calvin_diff(...) elif args.fusion_mode ==
     'two_way': ...`, with --head_type 'lstm' and the launch script's --fusion_mode post): that code does not run.
     A function nothing here calls is left alone (its caller may be a file these copies lack)."""
+    if _arm_off(f, m, node):
+        return True  # (VoiceCraft's `if self.args.dynamic_batching:` ... else: DistributedSampler(...), with the
+        # launch script's --dynamic_batching 1: the else does not run)
     fn = m.enclosing(node)
     while fn is not None and m.enclosing(fn) is not None:
         fn = m.enclosing(fn)
@@ -199,8 +202,20 @@ def _arm_off(f: Facts, m: Module, node: ast.AST) -> bool:
 
 
 def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
-    """Whether `args.head_type == "diffusion"` holds in the default run: the launch scripts' value of the option
-    when they pass one, else its default; None when unknown (or the setting is about ranks or devices)."""
+    """Whether `args.head_type == "diffusion"` (or `self.args.dynamic_batching`) holds in the default run: the
+    launch scripts' value of the option when they pass one, else its default; None when unknown (or the setting
+    is about ranks, devices or the distributed switch, which the DDP run sets)."""
+    if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Load) and re.fullmatch(r"(self\.)?(args|opt|cfg)",
+                                                                                      dotted(t.value) or ""):
+        if re.search(r"rank|gpu|world|local|dist|device|ddp|parallel", t.attr, re.I):
+            return None
+        value = _script_value(f, t.attr)
+        if value is not None and not value.startswith(("-", "\\")):
+            return value.lower() not in ("0", "false", "none", "''", '""')
+        if t.attr in f._passed_in_launch_scripts():
+            return True  # a flag the scripts pass bare (`--keep`, a store_true option)
+        value = f.default_value(m, t)
+        return None if value is UNKNOWN else bool(value)
     if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq))
             and isinstance(t.left, ast.Attribute) and isinstance(t.comparators[0], ast.Constant)
             and isinstance(t.comparators[0].value, str)):

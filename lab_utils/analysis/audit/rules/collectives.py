@@ -152,9 +152,12 @@ def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, in
     broadcast_buffers=False broadcasts nothing in a forward."""
     for i, a in [*enumerate(c.args), *((k.arg, k.value) for k in c.keywords)]:
         name = dotted(a) if isinstance(a, (ast.Name, ast.Attribute)) else ""
-        if name not in wrapped or not f.same_scope(m, c, name, wrapped[name]) or \
-                not _wrap_reaches(m, c, name, wrapped[name]) or _no_buffer_broadcast(m, wrapped[name]) or \
-                _only_in_a_dead_arm(f, m, name, wrapped[name]):
+        here = name in wrapped and f.same_scope(m, c, name, wrapped[name])
+        handed_in = not here and isinstance(a, ast.Name) and m.enclosing(c) is not None and \
+            _param_holds_wrapper(f, m, m.enclosing(c), name)  # (llm-baselines: train(model) -> eval_and_log(model))
+        if not handed_in and (name not in wrapped or not f.same_scope(m, c, name, wrapped[name]) or
+                              not _wrap_reaches(m, c, name, wrapped[name]) or
+                              _no_buffer_broadcast(m, wrapped[name]) or _only_in_a_dead_arm(f, m, name, wrapped[name])):
             continue
         for _tm, tf in f.p.resolve(m, c, exact=True):
             if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -183,14 +186,29 @@ def _wrapper_parameter(f: Facts, m: Module, c: ast.Call):
     if c.func.id not in params or any(isinstance(x, (ast.Assign, ast.AugAssign)) and c.func.id in {
             dotted(t) for t in (x.targets if isinstance(x, ast.Assign) else [x.target])} for x in ast.walk(fn)):
         return None
-    i = params.index(c.func.id) - (1 if params[:1] in (["self"], ["cls"]) else 0)
+    return _param_holds_wrapper(f, m, fn, c.func.id)
+
+
+def _param_holds_wrapper(f: Facts, m: Module, fn: ast.AST, param: str, depth: int = 3):
+    """(caller's module, call site) when a caller fills the parameter `param` of `fn` with the DDP wrapper, itself
+    or through its own parameter, up to `depth` calls up (llm-baselines: main's wrapped model -> train(model) ->
+    eval_and_log(model)); None otherwise."""
+    params = [x.arg for x in fn.args.args] if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    if param not in params or depth == 0:
+        return None
+    i = params.index(param) - (1 if params[:1] in (["self"], ["cls"]) else 0)
     for cm, site in f.p.callers(m, fn):
         held = f.ddp_wrapped.get(cm.rel, {})
-        args = [a for j, a in enumerate(site.args) if j == i] + [k.value for k in site.keywords if k.arg == c.func.id]
+        args = [a for j, a in enumerate(site.args) if j == i] + [k.value for k in site.keywords if k.arg == param]
         for a in args:
             name = dotted(a) if isinstance(a, (ast.Name, ast.Attribute)) else ""
-            if name in held and f.same_scope(cm, site, name, held[name]) and _wrap_reaches(cm, site, name, held[name]) \
-                    and not _no_buffer_broadcast(cm, held[name]) and not _only_in_a_dead_arm(f, cm, name, held[name]):
+            direct = name in held and f.same_scope(cm, site, name, held[name])
+            if direct and _wrap_reaches(cm, site, name, held[name]) and not _no_buffer_broadcast(cm, held[name]) \
+                    and not _only_in_a_dead_arm(f, cm, name, held[name]):
+                return cm, site
+            outer = cm.enclosing(site)
+            if isinstance(a, ast.Name) and not direct and outer is not None and \
+                    _param_holds_wrapper(f, cm, outer, name, depth - 1) is not None:
                 return cm, site
     return None
 

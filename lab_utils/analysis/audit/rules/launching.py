@@ -160,6 +160,25 @@ def _computed_port(m: Module, v: ast.AST | None) -> str | None:
     return f"{v.values[0].value}{{{name}}}"
 
 
+def _address_option(f: Facts, url: ast.AST) -> str | None:
+    """'tcp://127.0.0.1:1234' for `'tcp://%s' % args.dist_address` (or f'tcp://{args.dist_address}') whose every
+    add_argument defaults to one 'host:port' on this host; None otherwise."""
+    if isinstance(url, ast.BinOp) and isinstance(url.op, ast.Mod) and const_str(url.left) == "tcp://%s":
+        opt = url.right
+    elif isinstance(url, ast.JoinedStr) and len(url.values) == 2 and const_str(url.values[0]) == "tcp://" and \
+            isinstance(url.values[1], ast.FormattedValue):
+        opt = url.values[1].value
+    else:
+        return None
+    if not isinstance(opt, ast.Attribute):
+        return None
+    defaults = {const_str(kw(c, "default")) for mm in f.p.modules.values() for c in mm.calls
+                if callee(c) == "add_argument" and any(
+                    (const_str(a) or "").lstrip("-").replace("-", "_") == opt.attr for a in c.args)}
+    text = f"tcp://{next(iter(defaults))}" if len(defaults) == 1 and None not in defaults else None
+    return text if text and LOOPBACK_PORT.search(text) else None
+
+
 def _option_port(f: Facts, v: ast.AST):
     """`os.environ['MASTER_PORT'] = args.port` (or str(args.port)) where every add_argument of --port defaults to
     a constant port number (voxceleb_trainer's '8888')."""
@@ -252,6 +271,10 @@ def hard_coded_master_port(f: Facts, m: Module):
             # 'tcp://127.0.0.1:' + args.port (Palette)
             yield url, (f"{ast.unparse(url)} rendezvouses on --port, whose default {port} is a fixed port on this host "
                         f"with no environment fallback: {advice}"), "check-by-hand"
+        if url is not None and (text := _address_option(f, url)) is not None:
+            # 'tcp://%s' % args.dist_address with --dist_address defaulting to '127.0.0.1:1234' (SimCLR, Atanov)
+            yield url, (f"{ast.unparse(url)} rendezvouses at the option's default {text!r}, a fixed port on this "
+                        f"host with no environment fallback: {advice}"), "check-by-hand"
         if url is not None and const_str(url) is None and (found := _json_config_url(f, url)) is not None:
             name, text = found
             yield url, (f"{ast.unparse(url)} is {text!r}, written in the project's {name}, a fixed port on this host "

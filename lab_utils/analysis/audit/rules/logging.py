@@ -481,8 +481,17 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
     that holds the loss value, as the finding's related place."""
     names = {n.lineno: n for n in ast.walk(c) if isinstance(n, (ast.Name, ast.Attribute))
              and dotted(n) in lossy and n.lineno != c.lineno}
+    scope = m.enclosing(c) or m.tree
+    # ... and where the logged value was taken from the loss (llama2.c: `lossf = loss.item() *
+    # gradient_accumulation_steps` before the print): the line that makes it this rank's own
+    took = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and a.lineno not in names
+            and any(isinstance(t, ast.Name) and t.id in lossy for t in a.targets)
+            and any(isinstance(x, ast.Call) and callee(x) == "item" for x in ast.walk(a.value))]
+    taken = ((m, max(took, key=lambda a: a.lineno)),) if took else ()
     if names:
-        return tuple((m, names[line]) for line in sorted(names)[:1])
+        return tuple((m, names[line]) for line in sorted(names)[:1]) + taken
+    if taken:
+        return taken
     # a text that carries the loss (`desc_str += f' | Loss {loss_meter.val:4f}'`, then pbar.set_description(
     # desc_str), VL-T5): the line that put the loss into it
     scope = m.enclosing(c) or m.tree

@@ -106,9 +106,19 @@ def set_epoch_missing(f: Facts, m: Module):
     if ctx is None:
         return
     made, set_epochs = ctx
+    stale = [(mm, c) for mm, c in set_epochs if _rebuilt_after(mm, c)]
+    # (a dataset's own set_epoch, MeMOTR's `dataset_train.set_epoch(epoch)`, moves no sampler)
+    set_epochs = [(mm, c) for mm, c in set_epochs if (mm, c) not in stale and not (
+        isinstance(c.func, ast.Attribute) and re.search(r"dataset", dotted(c.func.value), re.I)
+        and not re.search(r"sampler|loader", dotted(c.func.value), re.I))]
     if not set_epochs:
         what = ("every epoch repeats epoch 0's order, and the run leaves the single run at the first epoch boundary "
                 "— call sampler.set_epoch(epoch) at the top of each epoch")
+        if stale:  # MeMOTR: `sampler_train.set_epoch(epoch)`, then `sampler_train = build_sampler(...)` anew
+            sm, sc = stale[0]
+            what = (f"the set_epoch at {sm.rel}:{sc.lineno} goes to the sampler of the epoch before, which the loop "
+                    "then replaces with a new one at epoch 0: every epoch repeats epoch 0's order — call set_epoch "
+                    "on the sampler the loader gets, after building it")
         site = entry = f.entry_site(m, made[0])
         builder = m.enclosing(made[0])
         calls = [c for _, c in f.p.callers(m, builder)] if builder is not None else []
@@ -121,9 +131,10 @@ def set_epoch_missing(f: Facts, m: Module):
         if site is not None and _has_epoch_loop(site[0]):
             # One defect, one finding: shown in the script whose epoch loop never calls set_epoch (the fix goes
             # there), with the helper's sampler as its related place.
+            never = "" if stale else " whose set_epoch nothing in the project calls"
             yield Hit(site[1], f"{ast.unparse(site[1].func)}(...) makes a shuffling DistributedSampler "
-                               f"({m.rel}:{made[0].lineno}) whose set_epoch nothing in the project calls: {what}",
-                      module=site[0], related=((m, made[0]),))
+                               f"({m.rel}:{made[0].lineno}){never}: {what}",
+                      module=site[0], related=((m, made[0]), *stale[:1]))
         else:  # (the script's call of the builder, whose epoch loop is around a train-one-epoch helper: MagFace)
             yield Hit(made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}",
                       related=((entry[0], entry[1]),) if entry is not None else ())
@@ -144,6 +155,22 @@ def set_epoch_missing(f: Facts, m: Module):
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
+
+
+def _rebuilt_after(m: Module, c: ast.Call) -> bool:
+    """`c` (`s.set_epoch(epoch)`) sits in a loop whose body later binds `s` to a new object, with no set_epoch on it
+    after that: the call reaches the sampler of the iteration before, never the one the loader gets."""
+    if not isinstance(c.func, ast.Attribute):
+        return False
+    name, loop = dotted(c.func.value), m.parent.get(id(c))
+    while loop is not None and not isinstance(loop, (ast.For, ast.While, ast.FunctionDef, ast.Module)):
+        loop = m.parent.get(id(loop))
+    if not isinstance(loop, (ast.For, ast.While)):
+        return False
+    binds = [a.lineno for a in ast.walk(loop) if isinstance(a, ast.Assign) and a.lineno > c.lineno
+             and isinstance(a.value, ast.Call) and any(dotted(t) == name for t in a.targets)]
+    return bool(binds) and not any(isinstance(x, ast.Call) and callee(x) == "set_epoch" and isinstance(
+        x.func, ast.Attribute) and dotted(x.func.value) == name and x.lineno > min(binds) for x in ast.walk(loop))
 
 
 def _reaches(m: Module, fn: ast.AST, node: ast.AST, call: ast.Call) -> bool:

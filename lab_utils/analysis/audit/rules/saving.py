@@ -199,9 +199,7 @@ def _saves_on_every_rank(f: Facts, m: Module):
     for c in sorted(m.calls, key=lambda c: c.lineno):
         if not f.is_save(m, c):
             continue
-        target = c.args[1] if dotted(c.func).endswith("save") and len(c.args) > 1 else kw(c, "f")
-        if target is not None and (involves_rank(target, m.rank_tainted) or "buf" in dotted(target).lower()
-                                   or isinstance(target, ast.Call) and callee(target) == "BytesIO"):
+        if _per_rank_target(m, c) or _per_rank_helper(f, m, c):
             continue  # per-rank file names, or an in-memory buffer: no shared file is written
         fn = m.enclosing(c)
         kind = f.g.effective(m, c)
@@ -230,6 +228,20 @@ def _saves_on_every_rank(f: Facts, m: Module):
         else:
             yield c, (f"{ast.unparse(c.func)}(...) runs on every rank: world_size processes write one file at once "
                       "(a torn or mixed checkpoint) — save on rank 0 only, then barrier outside the if")
+
+
+def _per_rank_target(m: Module, c: ast.Call) -> bool:
+    target = c.args[1] if dotted(c.func).endswith("save") and len(c.args) > 1 else kw(c, "f")
+    return target is not None and (involves_rank(target, m.rank_tainted) or "buf" in dotted(target).lower()
+                                   or isinstance(target, ast.Call) and callee(target) == "BytesIO")
+
+
+def _per_rank_helper(f: Facts, m: Module, c: ast.Call) -> bool:
+    """A save helper every torch.save of which writes a per-rank file (llm-baselines' save_worker_state:
+    `torch.save(worker_state, ckpt_dir / f"worker_{rank}.pt")`): each rank writes its own."""
+    saves = [(tm, x) for tm, tf in f.callees(m, c) for x in ast.walk(tf) if isinstance(x, ast.Call)
+             and dotted(x.func) in ("torch.save", "th.save")]
+    return bool(saves) and all(_per_rank_target(tm, x) for tm, x in saves)
 
 
 def _unlaunched_arm(m: Module, c: ast.Call) -> bool:
