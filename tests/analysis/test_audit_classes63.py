@@ -99,18 +99,22 @@ def test_launch_scripts_ending_in_bash_and_a_python_port_that_overrides_them(tmp
 
 def test_functions_called_only_in_arms_the_default_settings_skip(tmp_path):
     """RoboFlamingo: `if args.head_type == "diffusion": train_diff(...) else: train_lstm(...)` with --head_type
-    'lstm' (or the launch script's value): train_diff does not run, its rank-0 log is no finding."""
-    src = ("import argparse\np = argparse.ArgumentParser()\np.add_argument('--head_type', default='{default}')\n"
-           "args = p.parse_args()\nmodel = DDP(Net())\n"
-           "def train_diff(model):\n    for x in loader:\n        loss = model(x)\n        loss.backward()\n"
-           "        if rank == 0:\n            print(loss.item())\n"
-           "def train_lstm(model):\n    for x in loader:\n        loss = model(x)\n        loss.backward()\n"
-           "if args.head_type == 'diffusion':\n    train_diff(model)\nelse:\n    train_lstm(model)\n")
-    assert "rank0-local-loss" not in rules(src.format(default="lstm"), SEEDED)
-    assert "rank0-local-loss" in rules(src.format(default="diffusion"), SEEDED)
-    by_script = _project(tmp_path / "s", {"train.py": SEEDED + src.format(default="lstm"),
-                                          "run.sh": "torchrun train.py --head_type diffusion\n"})
-    assert "rank0-local-loss" in found(by_script)
+    'lstm', under a launch script that does not pass it: train_diff does not run, its rank-0 log is no finding.
+    A script that passes `--head_type diffusion` runs it; with no launch script among the files the default
+    decides nothing (a README's command may pass the option)."""
+    src = SEEDED + (
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--head_type', default='lstm')\n"
+        "args = p.parse_args()\nmodel = DDP(Net())\n"
+        "def train_diff(model):\n    for x in loader:\n        loss = model(x)\n        loss.backward()\n"
+        "        if rank == 0:\n            print(loss.item())\n"
+        "def train_lstm(model):\n    for x in loader:\n        loss = model(x)\n        loss.backward()\n"
+        "if args.head_type == 'diffusion':\n    train_diff(model)\nelse:\n    train_lstm(model)\n")
+    lstm = _project(tmp_path / "lstm", {"train.py": src, "run.sh": "torchrun train.py --fusion_mode post\n"})
+    diffusion = _project(tmp_path / "d", {"train.py": src, "run.sh": "torchrun train.py --head_type diffusion\n"})
+    unknown = _project(tmp_path / "u", {"train.py": src})
+    assert "rank0-local-loss" not in found(lstm)
+    assert "rank0-local-loss" in found(diffusion)
+    assert "rank0-local-loss" in found(unknown)
 
 
 def test_one_finding_per_switch_and_per_function():

@@ -31,7 +31,15 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
                 continue
             if not facts.p.callers(mm, f) and f.name.split(".")[-1] not in facts.all_names():
                 continue  # an evaluation nothing calls (Point-MAE's validate(), its call commented out)
-            out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (
+            # in a function not named for evaluation, only what its evaluation loops (or the evaluated values)
+            # reduce: SSD's do_train reduces its training losses, and loops over eval_results elsewhere
+            loops = [n for n in ast.walk(f) if isinstance(n, ast.For) and EVALISH.search(ast.unparse(n.iter))
+                     and not dict_view(n.iter)]
+            inside = None if named else {id(x) for lp in loops for x in ast.walk(lp)} | {
+                id(n) for n in ast.walk(f) if isinstance(n, ast.Call) and any(
+                    dotted(x) in evaluated for a in n.args for x in ast.walk(a))}
+            out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (inside is None or id(n) in inside)
+                    and (
                     callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
                     _unseen_gather(facts, mm, n) or
                     any(facts.p.function_does(tm, tf, reduces_or_gathers, 2)
@@ -53,6 +61,10 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
         over = {dotted(x) for x in ast.walk(loop.iter)}
         if not (names & over or any(x is c for x in ast.walk(loop.iter))):
             continue
+        each = {x.id for x in ast.walk(loop.target) if isinstance(x, ast.Name)}
+        if any(isinstance(a, ast.Call) and callee(a) == "update" and isinstance(a.func, ast.Attribute) and a.args
+               and dotted(a.args[0]) in each for a in ast.walk(loop)):
+            return True  # `for p in all_predictions: predictions.update(p)`, dicts keyed by image index (SSD)
         if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) or
                isinstance(a, ast.Call) and callee(a) == "update" for inner in ast.walk(loop)
                if isinstance(inner, ast.For) and inner is not loop and isinstance(inner.iter, ast.Call)
@@ -74,14 +86,21 @@ def _scattered_by_index(fn: ast.AST, buf: str) -> bool:
     return False
 
 
-def _helper_scatters(facts, m: Module, c: ast.Call) -> bool:
+def _helper_scatters(facts, m: Module, c: ast.Call, depth: int = 2) -> bool:
     """A call of a project helper whose every reduction is of a buffer it fills by sample index (OpenSphere's
-    `feats = self.model.get_feature_dataset(val_loader)`)."""
-    found = facts.p.resolve(m, c)
-    reds = [(tf, r) for _, tf in found for r in ast.walk(tf) if isinstance(r, ast.Call)
-            and callee(r) in ("all_reduce", "reduce", "all_gather") and r.args]
-    return bool(reds) and all(callee(r) != "all_gather" and _scattered_by_index(tf, dotted(r.args[0]))
-                              for tf, r in reds)
+    `feats = self.model.get_feature_dataset(val_loader)`), or whose every gather is merged by key (SSD's
+    inference() -> _accumulate_predictions_from_multiple_gpus: `for p in all_gather(...): predictions.update(p)`),
+    through up to `depth` helpers."""
+    verdicts = []
+    for tm, tf in facts.p.resolve(m, c):
+        for r in (x for x in ast.walk(tf) if isinstance(x, ast.Call)):
+            if callee(r) in ("all_reduce", "reduce", "all_gather") and r.args:
+                verdicts.append(_merged_by_key(tm, tf, r) if callee(r) == "all_gather" else
+                                _scattered_by_index(tf, dotted(r.args[0])))
+            elif depth and any(facts.p.function_does(sm, sf, reduces_or_gathers, 1)
+                               for sm, sf in facts.p.resolve(tm, r)):
+                verdicts.append(_helper_scatters(facts, tm, r, depth - 1))
+    return bool(verdicts) and all(verdicts)
 
 
 def _drops_the_padding(fn: ast.AST) -> bool:

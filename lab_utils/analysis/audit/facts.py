@@ -206,6 +206,9 @@ class Facts(DefaultOptions):
                 if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and a.value is not None:
                     targets = a.targets if isinstance(a, ast.Assign) else [a.target]
                     value = a.value
+                elif isinstance(a, (ast.For, ast.comprehension)) and root(a.iter) in red:
+                    # `for name, item in loss_dict_reduced.items():` (SSD): the items of a reduced record
+                    targets, value = [a.target], a.iter
                 elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
                         "update", "append", "add_") and (a.args or a.keywords):
                     # meter.update(v, n) or metric_logger.update(loss=v): the meter holds what it is fed (its loss

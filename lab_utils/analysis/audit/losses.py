@@ -174,8 +174,20 @@ def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set
                 isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(r))]  # reduced on return
             if lossy and len(lossy) == len(rets) and not f.reduced_names(tm, tf) & {
                     root(n) for r in rets for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))}:
-                out |= assigned_roots(a) & names
+                out |= _positions_holding(a, rets, holding) & names
     return out
+
+
+def _positions_holding(a: ast.Assign, rets: list, holding: set[str]) -> set[str]:
+    """The names `a` binds to the returned positions that hold a loss: `model, criterion = get_model(args)` whose
+    `return model, criterion` holds a loss only in criterion (Group-Free-3D); every name when the shapes differ."""
+    target = a.targets[0] if len(a.targets) == 1 else None
+    if isinstance(target, ast.Tuple) and all(isinstance(r, ast.Tuple) and len(r.elts) == len(target.elts)
+                                             for r in rets):
+        return {root(t) for i, t in enumerate(target.elts) if any(
+            isinstance(n, (ast.Name, ast.Attribute)) and root(n) in holding for r in rets
+            for n in ast.walk(r.elts[i]))} - {""}
+    return assigned_roots(a)
 
 
 def _holding_a_loss(fn: ast.AST) -> set[str]:

@@ -13,6 +13,7 @@ from .facts import Facts
 from .files import project_files, shell_scripts
 from .options import UNKNOWN
 from .project import Module
+from .switches import is_switch_test
 from .syntax import EVAL_WORD, callee, const_str, dotted
 
 
@@ -191,7 +192,7 @@ def _arm_off(f: Facts, m: Module, node: ast.AST) -> bool:
     """`node` sits in the body of an `if` whose test the default settings fail, or in the else of one they pass."""
     child, n = node, m.parent.get(id(node))
     while n is not None and not isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
-        if isinstance(n, (ast.If, ast.IfExp)):
+        if isinstance(n, (ast.If, ast.IfExp)) and not _sets_up_the_group(n):
             holds = _default_truth(f, m, n.test)
             body = n.body if isinstance(n.body, list) else [n.body]
             orelse = n.orelse if isinstance(n.orelse, list) else [n.orelse]
@@ -199,6 +200,14 @@ def _arm_off(f: Facts, m: Module, node: ast.AST) -> bool:
                 return True
         child, n = n, m.parent.get(id(n))
     return False
+
+
+def _sets_up_the_group(n: ast.AST) -> bool:
+    """An `if` whose arms set up the process group or wrap the model (image-restoration-sde's `if args.launcher ==
+    "none": ... else: init_dist()`): the distributed switch, which the DDP run takes whatever its default."""
+    return is_switch_test(n.test) or any(isinstance(x, ast.Call) and (
+        re.search(r"init_process_group|init_dist|setup_dist|DistributedDataParallel|^DDP$", callee(x)))
+        for x in ast.walk(n))
 
 
 def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
@@ -214,8 +223,7 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
             return value.lower() not in ("0", "false", "none", "''", '""')
         if t.attr in f._passed_in_launch_scripts():
             return True  # a flag the scripts pass bare (`--keep`, a store_true option)
-        value = f.default_value(m, t)
-        return None if value is UNKNOWN else bool(value)
+        return None  # (a default alone does not say: a README's command the files lack may pass `--do_train`)
     if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq))
             and isinstance(t.left, ast.Attribute) and isinstance(t.comparators[0], ast.Constant)
             and isinstance(t.comparators[0].value, str)):
@@ -224,7 +232,9 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
             "mode", "phase", "split", "stage", "task"):
         return None  # (a mode the script switches itself, or one every command sets)
     value = _script_value(f, t.left.attr)
-    if value is None:
+    if value is None and f.p.on_disk and shell_scripts(f.p.root):
+        # the option's default, when the project's own launch scripts (which do not pass it) define the run; with
+        # none in these files, a README's command may well pass `--task_name forecast` (Timer): unknown
         value = f.default_value(m, t.left)
     if value is UNKNOWN or not isinstance(value, str):
         return None

@@ -74,11 +74,12 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
         fn = m.enclosing(c) or m.tree
         if handed and not any(isinstance(o, ast.Call) and callee(o) == callee(c) and f.g.kind(m, o) in ("not0", None)
                               for o in ast.walk(fn)):  # `if rank == 0: train(..., logger) else: train(...)`
-            name, inner = handed
-            yield c, (f"rank 0 alone hands the DDP-wrapped {name} to {callee(c)}(), which calls it (line "
-                      f"{inner.lineno}: `{ast.unparse(inner)[:50]}`): with broadcast_buffers=True (the default) and "
-                      "a module that has buffers that forward broadcasts them and waits for the other ranks (a "
-                      f"hang) — pass {name}.module for rank-0-only evaluation"), "check-by-hand"
+            name, inner, tm = handed
+            yield Hit(c, (f"rank 0 alone hands the DDP-wrapped {name} to {callee(c)}(), which calls it (line "
+                          f"{inner.lineno}: `{ast.unparse(inner)[:50]}`): with broadcast_buffers=True (the default) "
+                          "and a module that has buffers that forward broadcasts them and waits for the other ranks "
+                          f"(a hang) — pass {name}.module for rank-0-only evaluation"), "check-by-hand",
+                      related=((tm, inner),))
 
 
 # torch.nn layers that hold no buffers (InstanceNorm only without track_running_stats=True)
@@ -159,7 +160,7 @@ def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, in
                               not _wrap_reaches(m, c, name, wrapped[name]) or
                               _no_buffer_broadcast(m, wrapped[name]) or _only_in_a_dead_arm(f, m, name, wrapped[name])):
             continue
-        for _tm, tf in f.p.resolve(m, c, exact=True):
+        for tm, tf in f.p.resolve(m, c, exact=True):
             if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             params = [x.arg for x in tf.args.args]
@@ -171,7 +172,7 @@ def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, in
             inner = next((x for x in ast.walk(tf) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
                           and x.func.id == param), None)
             if inner is not None:
-                return name, inner
+                return name, inner, tm
     return None
 
 

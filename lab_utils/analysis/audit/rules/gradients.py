@@ -10,6 +10,7 @@ from ..facts import Facts
 from ..gathers import applications
 from ..project import Module
 from ..registry import Hit, rule
+from ..scripts import off_the_default_path
 from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, const_value, dotted, involves, involves_rank, kw
 
 
@@ -555,6 +556,9 @@ def lr_grows_with_world_size(f: Facts, m: Module):
     # the scaling itself (`lr = base_lr * bs * get_world_size() / 512`) before a copy of a name it writes later
     # (`base_lr = args.lr` read before DyTox's loop assigns the scaled lr back to args.lr)
     found.sort(key=lambda x: not any(isinstance(b, ast.BinOp) for b in ast.walk(x[1])))
+    # (the arm the default run takes: PixPro's `if args.optimizer == 'sgd': ... elif ... 'lars':` with the launch
+    # script's --optimizer lars; the registry would drop a finding in the other arm, not pick the next)
+    found = [x for x in found if not off_the_default_path(f, m, x[0])] or found
     for n, value, where in found:
         # at the line of the growing product when the statement spans lines (iBOT's cosine_scheduler(...) call)
         n = next((x for x in ast.walk(value) if isinstance(x, ast.BinOp) and _grows(x, holding)), n)

@@ -239,9 +239,20 @@ def _per_rank_target(m: Module, c: ast.Call) -> bool:
 def _per_rank_helper(f: Facts, m: Module, c: ast.Call) -> bool:
     """A save helper every torch.save of which writes a per-rank file (llm-baselines' save_worker_state:
     `torch.save(worker_state, ckpt_dir / f"worker_{rank}.pt")`): each rank writes its own."""
-    saves = [(tm, x) for tm, tf in f.callees(m, c) for x in ast.walk(tf) if isinstance(x, ast.Call)
+    saves = [(tf, x) for _, tf in f.callees(m, c) for x in ast.walk(tf) if isinstance(x, ast.Call)
              and dotted(x.func) in ("torch.save", "th.save")]
-    return bool(saves) and all(_per_rank_target(tm, x) for tm, x in saves)
+    # (the helper's own rank, not the module's flow-insensitive taint: Timer's EarlyStopping.save_checkpoint
+    # writes path + '/checkpoint.pth', a `path` that some other function of utils/tools.py derives from a rank)
+    return bool(saves) and all(_names_its_rank(tf, x) for tf, x in saves)
+
+
+def _names_its_rank(fn: ast.AST, c: ast.Call) -> bool:
+    target = c.args[1] if len(c.args) > 1 else kw(c, "f")
+    ranked = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and any(
+        isinstance(x, (ast.Name, ast.Attribute, ast.Call)) and re.search(r"rank", dotted(
+            x.func if isinstance(x, ast.Call) else x), re.I) for x in ast.walk(a.value)) for t in a.targets}
+    return target is not None and any(isinstance(x, (ast.Name, ast.Attribute)) and (
+        re.search(r"rank", dotted(x), re.I) or dotted(x) in ranked) for x in ast.walk(target))
 
 
 def _unlaunched_arm(m: Module, c: ast.Call) -> bool:

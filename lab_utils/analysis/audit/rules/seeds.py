@@ -65,8 +65,8 @@ def no_seed(f: Facts, m: Module):
                           for flag in [f.off_by_default(mm, c)] if flag), (None, None))
         failed, at = next(((t, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
                            for t in [_failed_by_default(f, mm, c)] if t), (None, at))
-        # (a seed in the parent before mp.spawn that the default run skips is no-seed's finding too: the default
-        # run seeds nothing, SimCLR's `if args.seed != -1:` with --seed -1; seed-before-spawn takes a seed that runs)
+        if failed and not gated and _before_a_spawn(*at):
+            return  # an optional seed in the parent before mp.spawn: seed-before-spawn's finding, given or not
         what = f"torch is seeded only under {option_text(gated)}, which is off by default" if gated else \
             f"torch is seeded only when `{failed}`, which the option's default fails" if failed else \
             "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
@@ -78,6 +78,11 @@ def no_seed(f: Facts, m: Module):
                   "compared — torch.manual_seed(seed) before building the model",
                   related=tuple(wraps[:1]) + ((_test_of(*at, failed),) if at else ()))  # (and the seed the
         # default run skips: the test that skips it)
+
+
+def _before_a_spawn(m: Module, c: ast.AST) -> bool:
+    scope = m.enclosing(c) or m.tree
+    return any(isinstance(x, ast.Call) and callee(x) in SPAWNS and x.lineno > c.lineno for x in ast.walk(scope))
 
 
 def _test_of(m: Module, c: ast.AST, failed: str | None) -> tuple[Module, ast.AST]:
@@ -182,8 +187,7 @@ def seed_before_spawn(f: Facts, m: Module):
         inside = {f.seed_kind(mm, cc) for mm, cc in f.p.calls_in(f.p.reach(tm, tf))} - {None}
         parent = m.enclosing(c) or m.tree
         before = [cc for cc in ast.walk(parent) if isinstance(cc, ast.Call) and f.seed_kind(m, cc) == "torch"
-                  and cc.lineno < c.lineno and not _failed_by_default(f, m, cc)]  # (a seed the default run
-        # skips, `if args.seed != -1:` with --seed -1, seeds nothing: no-seed's finding)
+                  and cc.lineno < c.lineno]
         if "torch" not in inside and before:
             yield Hit(c, f"{dotted(before[0].func)}(...) (line {before[0].lineno}) seeds "
                      f"the parent only: the processes mp.spawn starts run {tf.name}() in a fresh interpreter "
