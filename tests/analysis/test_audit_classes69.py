@@ -119,3 +119,62 @@ def test_a_logged_value_names_the_line_that_took_it_from_the_loss():
     hits = [f for f in audit.audit_source(SEEDED + src) if f.rule == "rank0-local-loss"]
     took = SEEDED.count("\n") + 6
     assert hits and any(line == took for _, line in hits[0].related), hits
+
+
+# --- held-out batches 75-80 (first looks docs/measured/cpu2/audit_heldout_batch75..80.txt)
+
+def test_no_seed_is_shown_where_main_sets_up_the_group():
+    """GCA-Matting: main() sets up the group among much else and calls the trainer; the finding goes to the
+    init_process_group line in main, not to the `main()` call at the bottom (a small setup helper's call is
+    still where the seed goes)."""
+    head = "import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+    body = ("def train(model):\n    model = DDP(model)\n    for x in loader:\n        model(x).sum().backward()\n"
+            "def main():\n    dist.init_process_group('nccl')\n{more}    train(Net())\n"
+            "if __name__ == '__main__':\n    main()\n")
+    big = [f for f in audit.audit_source(head + body.format(more="".join(f"    x{i} = {i}\n" for i in range(12))))
+           if f.rule == "no-seed"]
+    assert big and big[0].line == 8, big
+    small = [f for f in audit.audit_source(head + body.format(more="")) if f.rule == "no-seed"]
+    assert small and small[0].line == 11, small  # a small setup helper: its call in the flow
+
+
+def test_an_opt_in_that_is_the_distributed_switch_and_an_arm_that_unwraps():
+    """GCA-Matting: `if CONFIG.dist: convert_sync_batchnorm(...)` and `if CONFIG.dist: DDP(...)`: the flag is the
+    distributed switch, not an opt-in to SyncBatchNorm. InSPyReNet: `if args.device_num > 1: ckpt =
+    model.module.state_dict() else: ckpt = model.state_dict()`: the else is the plain model's."""
+    bn = ("model = Net()\nif CONFIG.{flag}:\n    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+          "if CONFIG.dist:\n    model = DDP(model)\nfor x in loader:\n    model(x).sum().backward()\n")
+    assert "batchnorm-without-sync" not in rules(bn.format(flag="dist"))
+    assert "batchnorm-without-sync" in rules(bn.format(flag="sync_bn"))
+    save = ("model = DDP(Net())\nfor x in loader:\n    model(x).sum().backward()\nif rank == 0:\n"
+            "    if args.device_num > 1:\n        ckpt = {first}.state_dict()\n    else:\n"
+            "        ckpt = model.state_dict()\n    torch.save(ckpt, 'latest.pth')\n")
+    assert "save-without-module" not in rules(save.format(first="model.module"))
+    assert "save-without-module" in rules(save.format(first="model"))
+
+
+def test_an_accumulation_count_of_one_whatever_its_name():
+    """DynamicViT: `update_freq=args.update_freq` (default 1) gates the step with `(i + 1) % update_freq == 0`:
+    every micro-batch steps; TadTR's iter_size likewise."""
+    src = (PARSER + "p.add_argument('--update_freq', type=int, default={n})\nargs = p.parse_args()\n"
+           "def train_one_epoch(model, loader, update_freq=None):\n    for i, x in enumerate(loader):\n"
+           "        loss = model(x).sum() / update_freq\n        loss.backward()\n"
+           "        if (i + 1) % update_freq == 0:\n            opt.step()\n"
+           "train_one_epoch(DDP(Net()), loader, update_freq=args.update_freq)\n")
+    assert "accumulation-without-no-sync" not in rules(src.format(n=1), SEEDED)
+    assert "accumulation-without-no-sync" in rules(src.format(n=4), SEEDED)
+
+
+def test_an_ema_copy_that_only_rank_0_reads_out():
+    """EViT and DeiT: `model_ema = ModelEma(model)` before the wrap (each rank's own init), handed to
+    train_one_epoch, which only calls `model_ema.update(model)`, and saved through a rank-0 save helper: no other
+    rank's copy is read out. Evaluated on every rank (DynamicViT's dist_eval) it is. Off by default (PMF's
+    --model-ema store_true) or an EMA of the optimizer (DDGAN) is no finding either."""
+    src = ("import random\ntorch.manual_seed(0 + rank)\nmodel = Net()\nmodel_ema = ModelEma(model)\n"
+           "model = DDP(model)\ndef save_on_master(obj, path):\n    if rank == 0:\n        torch.save(obj, path)\n"
+           "def train_one_epoch(model, loader, model_ema):\n    for x in loader:\n        model(x).sum().backward()\n"
+           "        if model_ema is not None:\n            model_ema.update(model)\n"
+           "train_one_epoch(model, loader, model_ema)\n"
+           "save_on_master({{'model': model.module.state_dict(), 'ema': model_ema.state_dict()}}, 'c.pth')\n{more}")
+    assert "seed-per-rank" not in rules(src.format(more=""), DDP_HEAD)
+    assert "seed-per-rank" in rules(src.format(more="acc = evaluate(val_loader, model_ema.ema)\n"), DDP_HEAD)

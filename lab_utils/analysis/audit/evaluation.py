@@ -35,9 +35,11 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
             # reduce: SSD's do_train reduces its training losses, and loops over eval_results elsewhere
             loops = [n for n in ast.walk(f) if isinstance(n, ast.For) and EVALISH.search(ast.unparse(n.iter))
                      and not dict_view(n.iter)]
+            first = min((lp.lineno for lp in loops), default=0)
             inside = None if named else {id(x) for lp in loops for x in ast.walk(lp)} | {
-                id(n) for n in ast.walk(f) if isinstance(n, ast.Call) and any(
-                    dotted(x) in evaluated for a in n.args for x in ast.walk(a))}
+                id(n) for n in ast.walk(f) if isinstance(n, ast.Call) and (any(
+                    dotted(x) in evaluated for a in n.args for x in ast.walk(a)) or loops and n.lineno > first)}
+            # (a reduction after the evaluation loop, Depth Anything's all_reduce of the metric sums, counts)
             out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (inside is None or id(n) in inside)
                     and (
                     callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or

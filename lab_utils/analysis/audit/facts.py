@@ -206,8 +206,13 @@ class Facts(DefaultOptions):
                 if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and a.value is not None:
                     targets = a.targets if isinstance(a, ast.Assign) else [a.target]
                     value = a.value
-                elif isinstance(a, (ast.For, ast.comprehension)) and root(a.iter) in red:
-                    # `for name, item in loss_dict_reduced.items():` (SSD): the items of a reduced record
+                elif isinstance(a, ast.For) and root(a.iter) in red and any(
+                        isinstance(b, ast.Assign) and b.lineno < a.lineno and any(
+                            isinstance(t, ast.Name) and t.id == root(a.iter) for t in b.targets)
+                        and isinstance(b.value, ast.Call) and REDUCEISH.search(callee(b.value)) for b in nodes):
+                    # `for name, item in loss_dict_reduced.items():` (SSD): the items of a record a reduction
+                    # returned whole before the loop (not RADTTS's loss_outputs, whose items are replaced one by one
+                    # in the loop, nor P5's results, reduced only after it)
                     targets, value = [a.target], a.iter
                 elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
                         "update", "append", "add_") and (a.args or a.keywords):

@@ -30,7 +30,10 @@ def batchnorm_without_sync(f: Facts, m: Module):
     wraps = any(f.is_ddp_call(m, c) for c in m.calls)  # a run(settings) module a launcher imports by name wraps too
     if not converts and (m.entry or wraps) and not any(
             isinstance(n, (ast.Name, ast.Attribute)) and dotted(n).split(".")[-1] in SYNC_NAMES
-            and not _builds_a_layer(mm, n) for mm in related for n in mm.nodes):
+            and not (isinstance(mm.parent.get(id(n)), ast.Call) and mm.parent.get(id(n)).func is n
+                     and dotted(n).split(".")[-1] == "SyncBatchNorm") for mm in related for n in mm.nodes):
+        # (`nn.SyncBatchNorm(c)` built as one model's layer, LlamaGen's VQ model under norm_type='batch', converts no
+        # other model's BatchNorm: only a conversion call, or SyncBatchNorm chosen as the norm class, speaks)
         wrap, bn = _wrapped_batchnorm(f, m)
         if wrap is None and bns:  # BatchNorm in the script itself, whatever model it ends up in
             wrap, bn = bns[0], (m, bns[0])
@@ -83,13 +86,6 @@ def batchnorm_without_sync(f: Facts, m: Module):
                      "its default; turn it on when you compare the port"), "check-by-hand"
 
 
-def _builds_a_layer(m: Module, n: ast.AST) -> bool:
-    """`nn.SyncBatchNorm(c)` built as one model's layer (LlamaGen's VQ model under norm_type='batch') converts no
-    other model's BatchNorm: only a conversion call, or SyncBatchNorm chosen as the norm class, speaks for them."""
-    up = m.parent.get(id(n))
-    return isinstance(up, ast.Call) and up.func is n and dotted(n).split(".")[-1] == "SyncBatchNorm"
-
-
 def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | None:
     """(the `if args.sync_bn:` around the conversion, the option) when the option is read but no audited file
     defines it (no add_argument, no assignment): Point-MAE's parser lives in a file the audit was not given."""
@@ -98,13 +94,15 @@ def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | Non
         if isinstance(n, ast.If) and any(child is s for s in n.body) and isinstance(n.test, ast.Attribute) and \
                 isinstance(n.test.value, ast.Name) and not is_switch_test(n.test):
             attr = n.test.attr
-            defined = any(callee(a) == "add_argument" and any(
-                (const_str(x) or "").lstrip("-").replace("-", "_") == attr for x in a.args) or
-                const_str(kw(a, "dest")) == attr for mm in f.p.modules.values() for a in mm.calls) or any(
-                isinstance(a, (ast.Assign, ast.AnnAssign)) and any(
-                    isinstance(t, ast.Attribute) and t.attr == attr or isinstance(t, ast.Name) and t.id == attr
-                    for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
-                for mm in f.p.modules.values() for a in mm.nodes)
+            nodes = [(mm, a) for mm in f.p.modules.values() for a in mm.nodes]
+            bound = {dotted(t).split(".")[-1] for _, a in nodes if isinstance(a, (ast.Assign, ast.AnnAssign))
+                     for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
+            defined = attr in bound or any(callee(a) == "add_argument" and any(
+                (const_str(x) or "").lstrip("-").replace("-", "_") == attr for x in a.args) or const_str(
+                kw(a, "dest")) == attr for _, a in nodes if isinstance(a, ast.Call)) or any(
+                isinstance(i, ast.If) and dotted(i.test) == dotted(n.test) and any(isinstance(
+                    w, ast.Call) and f.is_ddp_call(mm, w) for w in ast.walk(i)) for mm, i in nodes)
+            # (the last: the distributed switch, which gates the DDP wrap too: GCA-Matting's CONFIG.dist)
             return None if defined else (n, dotted(n.test))
         child, n = n, m.parent.get(id(n))
     return None

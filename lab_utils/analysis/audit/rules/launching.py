@@ -184,8 +184,8 @@ def _option_port(f: Facts, v: ast.AST):
     a constant port number (voxceleb_trainer's '8888')."""
     if isinstance(v, ast.Call) and callee(v) in ("str", "int") and len(v.args) == 1:
         v = v.args[0]
-    if not isinstance(v, ast.Attribute):
-        return None
+    if not isinstance(v, ast.Attribute) or v.attr in f._passed_in_launch_scripts():
+        return None  # (the project's launch script passes the port: OpenUnReID's dist_train.sh, `--tcp-port ${PORT}`)
     defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
                 if callee(c) == "add_argument" and any(
                     (const_str(a) or "").lstrip("-").replace("-", "_") == v.attr for a in c.args)]

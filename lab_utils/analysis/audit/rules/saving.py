@@ -46,9 +46,12 @@ def _branch_on_wrapper(m: Module, c: ast.AST) -> bool:
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
         in_else = child is n.orelse if isinstance(n, ast.IfExp) else isinstance(n, ast.If) and any(
             child is s for s in n.orelse)
+        body = getattr(n, "body", [])
+        body = body if isinstance(body, list) else [body]
         if in_else and (is_switch_test(n.test) or "module" in {const_str(x) for x in ast.walk(n.test)} or any(
-                isinstance(x, ast.Call) and callee(x) == "isinstance" for x in ast.walk(n.test))):
-            return True
+                isinstance(x, ast.Call) and callee(x) == "isinstance" for x in ast.walk(n.test)) or any(
+                isinstance(x, ast.Attribute) and x.attr == "module" for s in body for x in ast.walk(s))):
+            return True  # (or the other arm unwraps: InSPyReNet's `if args.device_num > 1: model.module...`)
         child, n = n, m.parent.get(id(n))
     return False
 

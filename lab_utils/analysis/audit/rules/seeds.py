@@ -164,6 +164,8 @@ def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
     if fn is None or any(isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and f.is_ddp_call(m, n)
                          for n in ast.walk(fn)):
         return node
+    if not re.search(r"setup|init|dist|ddp", fn.name, re.I) and sum(isinstance(n, ast.stmt) for n in ast.walk(fn)) > 12:
+        return node  # the script's own main() (GCA-Matting's, which calls the trainer): the seed goes there
     sites = [c for cm, c in f.p.callers(m, fn) if cm is m]
     return min(sites, key=lambda c: c.lineno) if sites else node
 
@@ -314,7 +316,7 @@ def _other_arm_seed(f: Facts, m: Module, c: ast.Call, arm: ast.If) -> ast.AST | 
                  and x.args and f.seed_kind(m, x) == kind), None)
 
 
-SETUP_USE = re.compile(r"update|requires_grad|^eval$|^train$|^to$|cuda|half|float")
+SETUP_USE = re.compile(r"update|requires_grad|^eval$|^train$|^to$|cuda|half|float|load")
 
 
 def _read_by_rank0_only(f: Facts, m: Module, fn: ast.AST, copy: ast.Call) -> bool:
@@ -328,13 +330,53 @@ def _read_by_rank0_only(f: Facts, m: Module, fn: ast.AST, copy: ast.Call) -> boo
     for n in ast.walk(fn):
         if not (isinstance(n, ast.Name) and n.id == name and n.lineno > a.lineno and isinstance(n.ctx, ast.Load)):
             continue
+        inner = m.enclosing(n)
+        if inner is not None and inner is not fn and name in {x.arg for x in inner.args.args}:
+            continue  # another function's parameter of the same name: judged where it is handed in
+        if isinstance(m.parent.get(id(n)), ast.Compare):
+            continue  # `if model_ema is not None:` reads nothing out
         user = m.parent.get(id(n))
         call = user if isinstance(user, ast.Call) else m.parent.get(id(user))
         if isinstance(call, ast.Call) and SETUP_USE.search(callee(call)) and (
                 n in call.args[:1] or call.func is user):
             continue
+        if isinstance(call, ast.Call) and _only_updates(f, m, call, n):
+            continue  # handed to the training loop, which only updates it (`model_ema.update(model)`, DeiT/EViT)
         reads.append(n)
-    return bool(reads) and all(f.g.effective(m, n) == "rank0" for n in reads)
+    return bool(reads) and all(f.g.effective(m, n) == "rank0" or _into_a_rank0_save(f, m, n) for n in reads)
+
+
+def _only_updates(f: Facts, m: Module, call: ast.Call, n: ast.AST) -> bool:
+    """`call` hands `n` to a project function whose every use of that parameter is a None test or a set-up call
+    on it (`if model_ema is not None: model_ema.update(model)`)."""
+    i = next((i for i, a in enumerate(call.args) if a is n), None)
+    key = next((k.arg for k in call.keywords if k.value is n), None)
+    for _, tf in f.p.resolve(m, call, exact=True):
+        params = [a.arg for a in getattr(tf, "args", ast.arguments(args=[])).args]
+        params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+        param = key or (params[i] if i is not None and i < len(params) else None)
+        if param is None:
+            return False
+        uses = [x for x in ast.walk(tf) if isinstance(x, ast.Name) and x.id == param and isinstance(x.ctx, ast.Load)]
+        for x in uses:
+            up = next((p for p in ast.walk(tf) if any(c is x for c in ast.iter_child_nodes(p))), None)
+            ok = isinstance(up, ast.Compare) or isinstance(up, ast.Attribute) and SETUP_USE.search(up.attr)
+            if not ok:
+                return False
+        return bool(uses)
+    return False
+
+
+def _into_a_rank0_save(f: Facts, m: Module, n: ast.AST) -> bool:
+    """`n` is read into a checkpoint that a save helper writes on rank 0 alone (DeiT's `utils.save_on_master({...,
+    'model_ema': get_state_dict(model_ema)}, path)`): the other ranks' copies go nowhere."""
+    up = m.parent.get(id(n))
+    while up is not None and not isinstance(up, ast.stmt):
+        if isinstance(up, ast.Call) and f.is_save(m, up) and (f.guarded_inside(m, up) or f.g.effective(m, up) ==
+                                                               "rank0"):
+            return True
+        up = m.parent.get(id(up))
+    return False
 
 
 WALL_CLOCK = re.compile(r"^(time\.)?(time|time_ns)$|(^|\.)(now|utcnow)$")
@@ -434,7 +476,9 @@ def seed_per_rank(f: Facts, m: Module):
                   (wrap is None or a.lineno < wrap) and (callee(a) in ("deepcopy", "ModelEMA", "ModelEmaV2",
                                                                          "ExponentialMovingAverage", "EMA")
                                                          or "ema" in callee(a).lower())
-                  and not _after_a_wrapped_pass(f, m, a)]
+                  and not _after_a_wrapped_pass(f, m, a) and not f.off_by_default(m, a)
+                  and not (a.args and re.search(r"optim", dotted(a.args[0]), re.I))]  # (an EMA that wraps the
+        # optimizer keeps its averages from the synchronised steps: DDGAN's EMA(optimizerG))
         if wrap is not None and copies and not _read_by_rank0_only(f, m, fn, copies[0]) and \
                 not _resynced_after(m, fn, copies[0], wrap):
             yield Hit(copies[0], f"{ast.unparse(copies[0])} copies each rank's own init "
