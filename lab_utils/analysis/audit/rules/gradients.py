@@ -394,9 +394,13 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
     # and so does a loss divided by it (`_lm_loss / args.grad_acc`, LoRA's gpt2_ft), or by a local
     # or a parameter that holds it (AudioMAE's `accum_iter = args.accum_iter`, MSST's count from a YAML key set to 1)
     def one(x):  # (whatever the count is called, a default of 1 steps every micro-batch: DynamicViT's
-        # update_freq, TadTR's iter_size)
-        return involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and _option_defaults_to_one(f, x.attr) \
-            or f.default_value(m, x) == 1
+        # update_freq, TadTR's iter_size; unless a launch script passes another: UniTS's `--acc_it 32`)
+        fed = [x] + [a.value for a in m.nodes if isinstance(a, ast.Assign) and isinstance(x, ast.Name) and any(
+            isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]  # (`acc_it = self.args.acc_it`)
+        passed = {a.attr for v in fed for a in ast.walk(v) if isinstance(a, ast.Attribute)} & \
+            f._passed_in_launch_scripts()
+        return not passed and (involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and _option_defaults_to_one(
+            f, x.attr) or f.default_value(m, x) == 1)
     # ... or compares a counter with it (Pointcept: `self._counter >= self.cfg.gradient_accumulation_steps`)
     return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and one(b.right)
                or isinstance(b, ast.Compare) and any(one(x) for x in b.comparators) for b in ast.walk(node))
