@@ -178,3 +178,16 @@ def test_an_ema_copy_that_only_rank_0_reads_out():
            "save_on_master({{'model': model.module.state_dict(), 'ema': model_ema.state_dict()}}, 'c.pth')\n{more}")
     assert "seed-per-rank" not in rules(src.format(more=""), DDP_HEAD)
     assert "seed-per-rank" in rules(src.format(more="acc = evaluate(val_loader, model_ema.ema)\n"), DDP_HEAD)
+
+
+def test_an_accumulation_count_the_launch_script_passes(tmp_path):
+    """UniTS passes `--acc_it 32` (default 1): it accumulates; LEAD passes `--gradient_accumulation_steps=${GAS}`
+    with `GAS=1` set above it in the script: it does not."""
+    script = (SEEDED + PARSER + "p.add_argument('--acc_it', type=int, default=1)\nargs = p.parse_args()\n"
+              "model = DDP(Net())\nacc_it = args.acc_it\nfor i, x in enumerate(loader):\n"
+              "    loss = model(x).sum() / acc_it\n    loss.backward()\n    if (i + 1) % acc_it == 0:\n"
+              "        opt.step()\n")
+    many = _project(tmp_path / "many", {"train.py": script, "run.sh": "torchrun train.py --acc_it 32\n"})
+    one = _project(tmp_path / "one", {"train.py": script, "run.sh": "GAS=1\ntorchrun train.py --acc_it=${GAS}\n"})
+    assert "accumulation-without-no-sync" in found(many)
+    assert "accumulation-without-no-sync" not in found(one)

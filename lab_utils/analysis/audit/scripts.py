@@ -218,7 +218,7 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
                                                                                       dotted(t.value) or ""):
         if re.search(r"rank|gpu|world|local|dist|device|ddp|parallel", t.attr, re.I):
             return None
-        value = _script_value(f, t.attr)
+        value = script_value(f, t.attr)
         if value is not None and not value.startswith(("-", "\\")):
             return value.lower() not in ("0", "false", "none", "''", '""')
         if t.attr in f._passed_in_launch_scripts():
@@ -231,7 +231,7 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
     if re.search(r"rank|gpu|world|local|dist|device", t.left.attr, re.I) or t.left.attr in (
             "mode", "phase", "split", "stage", "task"):
         return None  # (a mode the script switches itself, or one every command sets)
-    value = _script_value(f, t.left.attr)
+    value = script_value(f, t.left.attr)
     if value is None and f.p.on_disk and shell_scripts(f.p.root):
         # the option's default, when the project's own launch scripts (which do not pass it) define the run; with
         # none in these files, a README's command may well pass `--task_name forecast` (Timer): unknown
@@ -241,11 +241,18 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
     return (value == t.comparators[0].value) == isinstance(t.ops[0], ast.Eq)
 
 
-def _script_value(f: Facts, attr: str) -> str | None:
+def script_value(f: Facts, attr: str) -> str | None:
     """The one value the project's shell scripts give `--attr` (`--fusion_mode post`); None when none passes it
     or they disagree."""
     if not f.p.on_disk:
         return None
-    found = {v.strip("'\"") for path in shell_scripts(f.p.root) for v in re.findall(
-        rf"(?<![\w-])--{re.escape(attr)}[= ]+(\S+)", path.read_text(encoding="utf-8", errors="replace"))}
+    found = set()
+    for path in shell_scripts(f.p.root):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        # (a value through a shell variable the script sets: LEAD's `--gradient_accumulation_steps=${GAS}`)
+        variables = dict(re.findall(r"^\s*(?:export\s+)?(\w+)=['\"]?([^\s'\"]+)", text, re.M))
+        for v in re.findall(rf"(?<![\w-])--{re.escape(attr)}[= ]+(\S+)", text):
+            v = v.strip("'\"")
+            name = re.fullmatch(r"\$\{?(\w+)\}?", v)
+            found.add(variables.get(name.group(1), v) if name else v)
     return found.pop() if len(found) == 1 else None

@@ -10,7 +10,7 @@ from ..facts import Facts
 from ..gathers import applications
 from ..project import Module
 from ..registry import Hit, rule
-from ..scripts import off_the_default_path
+from ..scripts import off_the_default_path, script_value
 from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, const_value, dotted, involves, involves_rank, kw
 
 
@@ -399,8 +399,10 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
             isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]  # (`acc_it = self.args.acc_it`)
         passed = {a.attr for v in fed for a in ast.walk(v) if isinstance(a, ast.Attribute)} & \
             f._passed_in_launch_scripts()
-        return not passed and (involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and _option_defaults_to_one(
-            f, x.attr) or f.default_value(m, x) == 1)
+        if passed:  # the scripts' value decides (LEAD passes --gradient_accumulation_steps 1)
+            return all(script_value(f, a) == "1" for a in passed)
+        return involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and _option_defaults_to_one(f, x.attr) \
+            or f.default_value(m, x) == 1
     # ... or compares a counter with it (Pointcept: `self._counter >= self.cfg.gradient_accumulation_steps`)
     return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and one(b.right)
                or isinstance(b, ast.Compare) and any(one(x) for x in b.comparators) for b in ast.walk(node))
