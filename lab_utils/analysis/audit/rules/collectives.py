@@ -64,22 +64,26 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
         method = _self_forward_in_method(f, m, c)
         if method is not None:
             name, inner, tm = method
-            yield Hit(c, (f"rank 0 alone runs {ast.unparse(c.func)}(), which calls the DDP-wrapped {name} (line "
-                          f"{inner.lineno}: `{ast.unparse(inner)[:50]}`): with broadcast_buffers=True (the default) "
-                          "and a module that has buffers that forward broadcasts them and waits for the other ranks "
-                          f"(a hang) — call {name}.module(...) there for rank-0-only evaluation"), "check-by-hand",
-                      related=((tm, inner),))
+            yield Hit(c, (f"rank 0 alone runs {ast.unparse(c.func)}(), which calls the DDP-wrapped {name} "
+                          f"{_at(inner)}: {BUFFER_HANG} — call {name}.module(...) there for rank-0-only evaluation"),
+                      "check-by-hand", related=((tm, inner),))
             continue
         handed = _forwarded_in_callee(f, m, c, wrapped)
         fn = m.enclosing(c) or m.tree
         if handed and not any(isinstance(o, ast.Call) and callee(o) == callee(c) and f.g.kind(m, o) in ("not0", None)
                               for o in ast.walk(fn)):  # `if rank == 0: train(..., logger) else: train(...)`
             name, inner, tm = handed
-            yield Hit(c, (f"rank 0 alone hands the DDP-wrapped {name} to {callee(c)}(), which calls it (line "
-                          f"{inner.lineno}: `{ast.unparse(inner)[:50]}`): with broadcast_buffers=True (the default) "
-                          "and a module that has buffers that forward broadcasts them and waits for the other ranks "
-                          f"(a hang) — pass {name}.module for rank-0-only evaluation"), "check-by-hand",
+            yield Hit(c, (f"rank 0 alone hands the DDP-wrapped {name} to {callee(c)}(), which calls it {_at(inner)}: "
+                          f"{BUFFER_HANG} — pass {name}.module for rank-0-only evaluation"), "check-by-hand",
                       related=((tm, inner),))
+
+
+BUFFER_HANG = ("with broadcast_buffers=True (the default) and a module that has buffers that forward broadcasts them "
+               "and waits for the other ranks (a hang)")
+
+
+def _at(inner: ast.AST) -> str:
+    return f"(line {inner.lineno}: `{ast.unparse(inner)[:50]}`)"
 
 
 # torch.nn layers that hold no buffers (InstanceNorm only without track_running_stats=True)
