@@ -465,9 +465,16 @@ class Facts(DefaultOptions):
     def callees(self, m: Module, c: ast.Call) -> list[tuple[Module, ast.AST]]:
         """The project functions `c` may run, and a closure an enclosing function defines (VoCo's and I-JEPA's
         `def save_checkpoint(epoch):` inside main)."""
-        return self.p.resolve(m, c) or [
-            (m, d) for d in m.nodes if isinstance(d, ast.FunctionDef) and isinstance(c.func, ast.Name)
-            and d.name == c.func.id and m.enclosing(d) is not None and m.enclosing(d) in _enclosers(m, c)]
+        found = self.p.resolve(m, c)
+        if found or not isinstance(c.func, ast.Name):
+            return found
+        nested = self.cache.setdefault("nested_defs", {})
+        if m.rel not in nested:  # (once per module: the closures by name)
+            nested[m.rel] = {}
+            for d in m.nodes:
+                if isinstance(d, ast.FunctionDef) and m.enclosing(d) is not None:
+                    nested[m.rel].setdefault(d.name, []).append(d)
+        return [(m, d) for d in nested[m.rel].get(c.func.id, []) if m.enclosing(d) in _enclosers(m, c)]
 
     def is_save(self, m: Module, c: ast.Call) -> bool:
         """A checkpoint save: torch.save of model/optimizer state into a file, or a project helper named like a
@@ -480,7 +487,10 @@ class Facts(DefaultOptions):
                                                   text))
         targets = self.callees(m, c)
         if not targets:
-            defined = {n.name for n in m.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            defined = self.cache.setdefault("defined", {}).get(m.rel)
+            if defined is None:
+                defined = self.cache["defined"][m.rel] = {
+                    n.name for n in m.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             return bool(UNSEEN_SAVER.match(callee(c))) and callee(c) not in defined and (
                 isinstance(c.func, ast.Name) or root(c.func.value) in m.imports)
         named = {callee(c), m.imports.get(callee(c), ("", None, 0))[1]}  # (`save_checkpoint as ..._impl`, icefall)

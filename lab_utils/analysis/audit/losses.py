@@ -221,12 +221,12 @@ def looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
     return out
 
 
-def _rebound_to_constants(scope: ast.AST, name: str, line: int) -> bool:
+def _rebound_to_constants(binds: dict, name: str, line: int) -> bool:
     """The last assignment of `name` before `line` binds a literal of constants (UniMatch's `metrics = ['abs_rel',
-    'sq_rel', ...]` after `metrics` held the step's losses): what is built from it there holds no loss."""
-    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < line
-             and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)]
-    last = max(binds, key=lambda a: a.lineno).value if binds else None
+    'sq_rel', ...]` after `metrics` held the step's losses): what is built from it there holds no loss. `binds`:
+    name -> the scope's plain assignments to it."""
+    before = [a for a in binds.get(name, ()) if a.lineno < line]
+    last = max(before, key=lambda a: a.lineno).value if before else None
     return isinstance(last, (ast.List, ast.Tuple, ast.Set)) and all(isinstance(e, ast.Constant) for e in last.elts)
 
 
@@ -235,6 +235,12 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     `metric_logger.update(loss=loss_value)`, `history.append(loss.item())`; logging them logs the loss. `seed`:
     the instance's records that other methods feed (`self.stats[k].append(loss.item())`)."""
     out = set(seed)
+    binds: dict = {}
+    for a in ast.walk(scope):
+        if isinstance(a, ast.Assign):
+            for t in a.targets:
+                if isinstance(t, ast.Name):
+                    binds.setdefault(t.id, []).append(a)
     out |= _fed_records(scope, out)
     # a record filled by key: `scalars_to_log['level_0/loss'] = rgb_loss.item()` (NeRF++), logged key by key
     for a in ast.walk(scope):
@@ -271,7 +277,7 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
             # loss.item(), self.metrics)`, Equiformer/OCP)
             if isinstance(a, ast.Assign) and (isinstance(a.value, (ast.DictComp, ast.ListComp, ast.Dict)) and any(
                     isinstance(n, (ast.Name, ast.Attribute)) and root(n) in out - {""}
-                    and not _rebound_to_constants(scope, root(n), a.lineno) for n in ast.walk(a.value))
+                    and not _rebound_to_constants(binds, root(n), a.lineno) for n in ast.walk(a.value))
                     or _filed_under_loss(a.value)):
                 out |= {dotted(t) for t in a.targets} - {""}
         out |= _fed_records(scope, out)

@@ -235,7 +235,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     cache = f.cache.setdefault("loss_logs", {})
     if m.rel in cache:
         return cache[m.rel]
-    out = []
+    out, carried = [], {}
     for c in m.calls:
         name = callee(c)
         handed = _handed_to_a_writer(f, m, c)
@@ -249,7 +249,10 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
         held = instance_carriers(m, scope)
-        carriers = loss_carriers(scope, held)
+        key = (id(scope), frozenset(held))  # (one function's logs share its carriers: DLRM has 89 logs)
+        carriers = carried.get(key)
+        if carriers is None:
+            carriers = carried[key] = loss_carriers(scope, held)
         lossy |= packed_losses(scope, names - lossy) | (names & carriers) | looped_losses(m, c, names)
         lossy |= returned_losses(f, m, scope, names - lossy)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
