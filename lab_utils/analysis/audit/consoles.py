@@ -101,7 +101,8 @@ def level_chosen_by_rank(f: Facts) -> bool:
     if "" not in cache:
         cache[""] = any(callee(c) in ("setLevel", "basicConfig") and not re.search(r"handler", dotted(
             c.func), re.I) and (any(
-            involves_rank(a, mm.rank_tainted) for a in [*c.args, *(k.value for k in c.keywords)]) or _under_rank_test(
+            involves_rank(a, mm.rank_tainted) or _set_under_rank_test(mm, c, a)
+            for a in [*c.args, *(k.value for k in c.keywords)]) or _under_rank_test(
             mm, c)) for mm in f.p.modules.values() for c in mm.calls)
     return cache[""]
 
@@ -122,6 +123,15 @@ def _basic_config_on_every_rank(f: Facts) -> bool:
     configs = [(mm, b) for mm in f.p.modules.values() for b in mm.calls if callee(b) == "basicConfig"]
     return bool(configs) and not level_chosen_by_rank(f) and not any(
         f.g.effective(mm, b) in ("rank0", "not0") for mm, b in configs)
+
+
+def _set_under_rank_test(m: Module, c: ast.Call, a: ast.AST) -> bool:
+    """The level is a name the function sets under a rank test (gtn_applications: `level = logging.INFO; if
+    world_rank != 0: level = logging.CRITICAL`, then `logging.getLogger().setLevel(level)`)."""
+    scope = m.enclosing(c) or m.tree
+    return isinstance(a, ast.Name) and any(isinstance(x, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == a.id for t in x.targets) and _under_rank_test(m, x)
+        for x in ast.walk(scope))
 
 
 def _under_rank_test(m: Module, node: ast.AST) -> bool:
@@ -268,8 +278,9 @@ def _helper_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     what it is given, on the ranks its print runs on. Methods are the meters' case above."""
     out = []
     for hm, fn in f.p.resolve(m, c, exact=True):
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or hm.class_of(fn) or not _a_print_wrapper(fn):
-            continue
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _a_print_wrapper(fn) or hm.class_of(
+                fn) and not (isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self"):
+            continue  # (a method of the caller's own object: PICK's `self.logger_info(msg)`, which logs msg)
         params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
         params |= {fn.args.vararg.arg} if fn.args.vararg else set()
         # the parameter itself is printed (`print(content)`, `print(*args)`), not a part of it: `print(

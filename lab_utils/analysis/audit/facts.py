@@ -26,6 +26,7 @@ from .syntax import (
     SPAWNS,
     TORCH_SEEDS,
     callee,
+    const_str,
     dotted,
     kw,
     layer_call,
@@ -69,6 +70,9 @@ class Facts(DefaultOptions):
             names = {}
             for a in m.nodes:
                 v = a.value if isinstance(a, ast.Assign) else None
+                if isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(v.orelse, ast.Call) and \
+                        self.is_ddp_call(m, v.body) and self.is_ddp_call(m, v.orelse):
+                    v = v.body  # `DDP(s, broadcast_buffers=False) if 'swin' in arch else DDP(s)` (FewTURE)
                 while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
                         "to", "cuda", "train", "eval") and isinstance(v.func.value, ast.Call):
                     v = v.func.value  # DDP(model, ...).to(device)
@@ -198,6 +202,12 @@ class Facts(DefaultOptions):
         models = self.model_names(m)
         nodes = list(ast.walk(scope))
         local = self._local_names(m, nodes, models)
+        # meters fed a loss by keyword somewhere (`metric_logger.update(loss=loss.item())`): what another update
+        # feeds them by another keyword (fewture's `metric_logger.update(acc=acc)`, acc from gathered labels) does
+        # not make their loss reduced
+        loss_fed = {root(a.func.value) for a in nodes if isinstance(a, ast.Call) and isinstance(
+            a.func, ast.Attribute) and a.func.attr == "update" and any(k.arg and LOSSISH.search(k.arg)
+                                                                       for k in a.keywords)}
         changed = True
         while changed:
             changed = False
@@ -219,7 +229,12 @@ class Facts(DefaultOptions):
                     # meter.update(v, n) or metric_logger.update(loss=v): the meter holds what it is fed (its loss
                     # keyword's value: EMCL's `meters.update(time=batch_time, loss=float(reduced_l))`)
                     lossy = [k.value for k in a.keywords if k.arg and LOSSISH.search(k.arg)]
-                    targets, value = [a.func.value], a.args[0] if a.args else (lossy or [a.keywords[0].value])[0]
+                    if not lossy and a.keywords and not a.args and root(a.func.value) in loss_fed:
+                        continue
+                    # (a keyed record's value follows its key: `train_metrics.update('loss', reduced_loss, n)`)
+                    keyed = len(a.args) > 1 and const_str(a.args[0]) is not None
+                    targets, value = [a.func.value], a.args[int(keyed)] if a.args else (
+                        lossy or [a.keywords[0].value])[0]
                 if value is None:
                     continue
                 read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))}

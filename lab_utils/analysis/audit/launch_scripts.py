@@ -18,6 +18,9 @@ FIXED_PORT = re.compile(r"(--master[_-]port[= ]+|\bMASTER_PORT=)(\d{2,5})\b")
 # `--master_port=${PORT}` or `--master_port $PORT`, and `PORT=9996` (a constant, no `${PORT:-...}` fallback)
 VARIABLE_PORT = re.compile(r"(--master[_-]port[= ]+)\$(?:\{(\w+)\}|(\w+))")
 PORT_VARIABLE = re.compile(r"^\s*(?:export\s+)?(\w+)=(\d{2,5})\s*(?:#.*)?$")
+# `PORT=${3:-29000}`: a fallback for the script's third argument, not for the environment: a command that passes
+# two arguments (STEERER's README: `sh train.sh CONFIG GPUS`) rendezvouses on the fixed port
+POSITIONAL_PORT = re.compile(r"^\s*(?:export\s+)?(\w+)=[\"']?\$\{\d:-(\d{2,5})\}[\"']?\s*(?:#.*)?$")
 
 
 def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
@@ -30,7 +33,8 @@ def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
         except OSError:
             continue
         # `PORT=9996` set in the script, then `--master_port=${PORT}` (YouReID's cmd.sh): the variable is the port
-        fixed = {v.group(1): v.group(2) for v in map(PORT_VARIABLE.match, lines) if v is not None}
+        fixed = {v.group(1): v.group(2) for v in [*map(PORT_VARIABLE.match, lines), *map(POSITIONAL_PORT.match, lines)]
+                 if v is not None}
         for i, line in enumerate(lines, 1):
             code = line.split("#", 1)[0]
             hit = FIXED_PORT.search(code)

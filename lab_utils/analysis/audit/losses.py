@@ -37,6 +37,57 @@ def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
     return bool(sites)
 
 
+def returned_reduced(f: Facts, m: Module, scope: ast.AST, name: str, depth: int = 2) -> bool:
+    """Every binding of `name` in `scope` holds what a project function returns after reducing it over ranks
+    (`val_loss, val_cer, val_wer = test(...)`, whose test() runs `meters.sync()`, an all_reduce, before `return
+    meters.avg_loss, ...`: gtn_applications), or is computed from such names and constants (`min_val_loss =
+    min(val_loss, min_val_loss)`)."""
+    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and name in assigned_roots(a)]
+    if not binds or depth < 0:
+        return False
+    found = False
+    for a in binds:
+        targets = f.p.resolve(m, a.value, exact=True) if isinstance(a.value, ast.Call) else []
+        if targets:
+            if not all(_returns_reduced(f, tm, tf) for tm, tf in targets):
+                return False
+            found = True
+            continue
+        reads = {root(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))} - {name, ""}
+        lossy = {r for r in reads if LOSSISH.search(r) and not NOT_A_LOSS.search(r)}
+        if not all(returned_reduced(f, m, scope, r, depth - 1) for r in lossy):
+            return False
+        found |= bool(lossy)
+    return found
+
+
+def backwarded(scope: ast.AST) -> set[str]:
+    """Names a backward runs from in `scope`, whatever they are called: `errorE.backward()` (SMI-SSED's
+    LossE/LossD), `scaler.scale(err).backward()`, `accelerator.backward(err)`: each one is a loss."""
+    out = set()
+    for c in ast.walk(scope):
+        if not (isinstance(c, ast.Call) and callee(c) == "backward" and isinstance(c.func, ast.Attribute)):
+            continue
+        held = c.func.value
+        if isinstance(held, ast.Call) and callee(held) == "scale" and held.args:
+            held = held.args[0]
+        elif isinstance(held, ast.Name) and c.args and held.id not in ("torch",):
+            held = c.args[0]  # accelerator.backward(loss)
+        if isinstance(held, (ast.Name, ast.Attribute)) and not NOT_A_LOSS.search(dotted(held)):
+            out.add(root(held))
+    return out - {""}
+
+
+def _returns_reduced(f: Facts, m: Module, fn: ast.AST) -> bool:
+    """Every return of `fn` reads only names reduced over ranks before it: a collective on them, or a reducing
+    method (`meters.sync()`) called on them."""
+    rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+    synced = {root(c.func.value) for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(
+        c.func, ast.Attribute) and REDUCEISH.search(c.func.attr)} | f.reduced_names(m, fn)
+    reads = [{root(n) for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))} - {""} for r in rets]
+    return bool(rets) and all(rd and rd <= synced for rd in reads)
+
+
 def holds_a_loss_module(m: Module, scope: ast.AST, c: ast.Call, name: str) -> bool:
     """At the log `c`, `name` still holds the loss function its last binding built (`loss =
     LOSS_DICT[name].cuda(gpu)`, then `print("{} Loss Generated".format(loss))`, CurricularFace): no loss value.

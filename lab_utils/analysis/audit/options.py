@@ -5,6 +5,7 @@ a run with that option on would have (`if args.sync_bn:`, `if self.is_hpo:`)."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 
 from .files import project_files, shell_scripts
@@ -446,4 +447,18 @@ class DefaultOptions:
                 for value in line.findall(path.read_text(encoding="utf-8", errors="replace")):
                     if value.strip("'\"") != str(default):
                         return UNKNOWN
+        # ... and the JSON configs (gtn_applications' `config.get("seed", None)` with `"seed": 0` in tds2d.json)
+        pair = re.compile(rf'"{re.escape(key)}"\s*:\s*([^,\s}}\]]+)')
+        for path in project_files(self.p.root, ".json"):
+            text = path.read_text(encoding="utf-8", errors="replace") if path.stat().st_size < 1_000_000 else ""
+            if any(_json_scalar(value) != default for value in pair.findall(text)):
+                return UNKNOWN
         return default
+
+
+def _json_scalar(text: str):
+    """The value a JSON scalar's text holds (`0`, `null`, `"x"`), or the text itself when it is not one."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

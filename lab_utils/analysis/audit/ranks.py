@@ -384,6 +384,8 @@ class Guards:
                     return "not0"
                 if k == "leaky" and in_body:
                     return "leaky"
+            if isinstance(n, ast.IfExp) and child is n.body and self.classify(m, n.test) in ("rank0", "leaky"):
+                return self.classify(m, n.test)  # `self.logger.info(msg) if self.local_master else None` (PICK)
             body = getattr(n, "body", None)
             if isinstance(body, list) and any(child is s for s in body):
                 exited = self._after_early_exit(m, body, child)

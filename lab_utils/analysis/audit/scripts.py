@@ -14,7 +14,7 @@ from .files import project_files, shell_scripts
 from .options import UNKNOWN
 from .project import Module
 from .switches import is_switch_test
-from .syntax import EVAL_WORD, callee, const_str, dotted
+from .syntax import EVAL_WORD, callee, const_str, dotted, kw
 
 
 def demo_block(f: Facts, m: Module, node: ast.AST) -> bool:
@@ -223,6 +223,12 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
             return value.lower() not in ("0", "false", "none", "''", '""')
         if t.attr in f._passed_in_launch_scripts():
             return True  # a flag the scripts pass bare (`--keep`, a store_true option)
+        options = [c for mm in f.p.modules.values() for c in mm.calls if callee(c) == "add_argument" and any(
+            (const_str(a) or "").lstrip("-").replace("-", "_") == t.attr for a in c.args)]
+        if options and all(isinstance(kw(c, "default"), ast.Constant) and kw(c, "default").value is True
+                           and const_str(kw(c, "action")) != "store_false" for c in options):
+            return True  # on unless a command turns it off (L2P's `--unscale_lr`, type=bool default=True: any
+            # value a command passes is true too)
         return None  # (a default alone does not say: a README's command the files lack may pass `--do_train`)
     if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq))
             and isinstance(t.left, ast.Attribute) and isinstance(t.comparators[0], ast.Constant)

@@ -145,11 +145,29 @@ def one_process_arm(m: Module, node: ast.AST) -> bool:
             if negated and any(child is s for s in n.body) or switch_flag(n.test) and any(
                     child is s for s in n.orelse):
                 return True
+            if any(child is s for s in n.body) and _arm_of_one_process(n.body):
+                return True
             single = next((k for k in map(_single_process_test, tests) if k is not None), None)
             if single == "body" and any(child is s for s in n.body) or \
                     _single_process_test(n.test) == "orelse" and any(child is s for s in n.orelse):
                 return True
         child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _arm_of_one_process(body: list) -> bool:
+    """An arm that declares the run one process: `args.rank, args.gpu, args.world_size = 0, 0, 1` (DINO's
+    init_distributed_mode when no launcher set RANK: `elif torch.cuda.is_available(): ... MASTER_PORT = '29500'`).
+    The launched run takes another arm."""
+    for a in body:
+        if not isinstance(a, ast.Assign):
+            continue
+        for t in a.targets:
+            pairs = zip(t.elts, a.value.elts, strict=False) if isinstance(t, ast.Tuple) and isinstance(
+                a.value, ast.Tuple) else [(t, a.value)]
+            if any(re.search(r"world_size$", dotted(x)) and isinstance(v, ast.Constant) and v.value == 1
+                   for x, v in pairs):
+                return True
     return False
 
 

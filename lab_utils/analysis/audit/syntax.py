@@ -29,8 +29,8 @@ REDUCING = {"all_reduce", "reduce", "all_gather", "all_gather_object", "all_gath
             "reduce_scatter_tensor", "gather", "gather_object"}
 LOG_CALLS = {"print", "info", "log", "write", "add_scalar", "add_scalars", "set_description", "set_postfix",
              "log_metrics", "warning", "debug"}
-TORCH_SEEDS = {"torch.manual_seed", "manual_seed", "seed_everything", "set_seed", "pl.seed_everything",
-               "L.seed_everything", "transformers.set_seed", "accelerate.utils.set_seed"}
+TORCH_SEEDS = {"torch.manual_seed", "torch.random.manual_seed", "manual_seed", "seed_everything", "set_seed",
+               "pl.seed_everything", "L.seed_everything", "transformers.set_seed", "accelerate.utils.set_seed"}
 CUDA_SEEDS = {"torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "cuda.manual_seed", "cuda.manual_seed_all"}
 OTHER_SEEDS = {"random.seed", "np.random.seed", "numpy.random.seed"}
 SEED_HELPER = re.compile(r"seed", re.I)  # an unseen helper named like a seeder (init_seeds, fix_random_seeds)
@@ -44,8 +44,8 @@ DIST_SWITCH = re.compile(r"distributed|ddp|multigpu|multi_gpu|^dist_?(train|trai
 ITERABLE_NOT_LOADER = {"items", "values", "keys", "parameters", "named_parameters", "buffers", "named_buffers",
                        "children", "modules", "named_modules", "state_dict"}
 LOADERISH = re.compile(r"loader|train_data|val_data|test_data|^data$|^dl$|dataloader|_dl$|batches", re.I)
-NOT_A_LOSS = re.compile(r"loss_?scal|loss_?fn|loss_?func|loss_?type|criterion|loss_?weight|loss_?cfg|loss_?config",
-                        re.I)
+NOT_A_LOSS = re.compile(r"loss_?scal|loss_?fn|loss_?func|loss_?type|criterion|loss_?weight|loss_?cfg|loss_?config|"
+                        r"loss_?lambda|loss_?coef", re.I)
 
 
 def dotted(node: ast.AST) -> str:

@@ -496,10 +496,12 @@ def _lr_factor_of_a_scheduler(t: ast.AST) -> bool:
         re.search(r"sched|optim", k, re.I) for k in keys[1:])
 
 
-def _world_holding(m: Module) -> set[str]:
+def _world_holding(f: Facts, m: Module) -> set[str]:
     """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint), and
     names that hold the count itself, whatever they are called (`num_tasks = utils.get_world_size()`). A product
-    whose other factor was divided by the count (`glb = (bs // world_size) * world_size`, SparK) stays fixed."""
+    whose other factor was divided by the count (`glb = (bs // world_size) * world_size`, SparK) stays fixed, and
+    so does one written only in an arm the default run skips (L2P's `if args.unscale_lr: global_batch_size =
+    args.batch_size else: ... * args.world_size`, --unscale_lr on by default)."""
     shrunk = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
               and isinstance(a.value.op, (ast.Div, ast.FloorDiv)) and involves(a.value.right, WORLDISH)
               for t in a.targets}
@@ -509,7 +511,8 @@ def _world_holding(m: Module) -> set[str]:
             count = isinstance(a, ast.Assign) and _a_count(a.value, out)
             cancels = isinstance(a, ast.Assign) and any(dotted(n) in shrunk for n in ast.walk(a.value)
                                                         if isinstance(n, (ast.Name, ast.Attribute)))
-            if isinstance(a, ast.Assign) and (count or _grows(a.value, out) and not cancels):
+            if isinstance(a, ast.Assign) and (count or _grows(a.value, out) and not cancels) and not (
+                    _grows(a.value, out) and off_the_default_path(f, m, a)):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out
 
@@ -552,7 +555,7 @@ def _carries(v: ast.AST, holding: set[str]) -> bool:
 @rule("lr-grows-with-world-size", "01_unchanged", "the learning rate is multiplied by the GPU count (directly or "
       "through a global batch that grows with it): at two ranks every step uses another lr than the single run")
 def lr_grows_with_world_size(f: Facts, m: Module):
-    holding = _world_holding(m)
+    holding = _world_holding(f, m)
     found = []
     for n in m.nodes:
         if isinstance(n, ast.Assign) and any(LR_NAME.search(_leaf(t)) and not NOT_LR.search(

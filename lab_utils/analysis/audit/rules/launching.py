@@ -18,6 +18,9 @@ from ..syntax import callee, const_str, dotted, kw
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
 LOOPBACK_PORT = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):\d+")
 LOOPBACK_HEAD = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):$")
+# ... or a host the code computes (`f"tcp://{get_master_ip()}:{args.port}"`, E2FGVI, whose helper gives 127.0.0.1
+# unless a cluster variable names another): the port is still the option's default on whatever host that is
+HOST_HEAD = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]|\{\}):$")
 
 
 def _fixed_port(v: ast.AST) -> str | None:
@@ -138,7 +141,8 @@ def _address_and_port(url: ast.AST | None):
     """(the constant text before the port, the port's expression) of `f'tcp://127.0.0.1:{args.port}'` or
     `'tcp://127.0.0.1:' + args.port`; (None, None) otherwise."""
     if isinstance(url, ast.JoinedStr) and len(url.values) >= 2 and isinstance(url.values[-1], ast.FormattedValue):
-        return const_str(url.values[-2]), url.values[-1].value
+        return "".join(str(p.value) if isinstance(p, ast.Constant) else "{}" for p in url.values[:-1]), \
+            url.values[-1].value
     if isinstance(url, ast.BinOp) and isinstance(url.op, ast.Add):
         return const_str(url.left), url.right
     return None, None
@@ -230,7 +234,7 @@ def hard_coded_master_port(f: Facts, m: Module):
         head, tail = _address_and_port(a.value)
         if (any(dotted(t) in urls for t in a.targets) or any(
                 isinstance(t, ast.Subscript) and const_str(t.slice) in keys for t in a.targets)) and head is not None \
-                and LOOPBACK_HEAD.search(head) and (port := _option_port(f, tail)) is not None:
+                and HOST_HEAD.search(head) and (port := _option_port(f, tail)) is not None:
             # opt['init_method'] = 'tcp://127.0.0.1:' + args.port, --port defaulting to '21012' (Palette)
             yield a, (f"{ast.unparse(a.value)} (passed as init_method) rendezvouses on an option whose default "
                       f"{port} is a fixed port on this host: {advice}"), "check-by-hand"
@@ -266,7 +270,7 @@ def hard_coded_master_port(f: Facts, m: Module):
         # keeps the default rendezvous there. A remote address as default must be replaced to run at all, so it
         # is no collision waiting to happen
         head, tail = _address_and_port(url)
-        if head is not None and LOOPBACK_HEAD.search(head) and (port := _option_port(f, tail)) is not None:
+        if head is not None and HOST_HEAD.search(head) and (port := _option_port(f, tail)) is not None:
             # f'tcp://127.0.0.1:{args.port}' with --port defaulting to 12361 (SAM-Med3D), or
             # 'tcp://127.0.0.1:' + args.port (Palette)
             yield url, (f"{ast.unparse(url)} rendezvouses on --port, whose default {port} is a fixed port on this host "

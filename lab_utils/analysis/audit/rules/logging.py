@@ -20,6 +20,7 @@ from ..facts import Facts
 from ..gathers import global_model_losses
 from ..losses import (
     assigned_roots,
+    backwarded,
     every_loss_over_gathered_labels,
     handed_global,
     holds_a_loss_module,
@@ -32,6 +33,7 @@ from ..losses import (
     packed_losses,
     reducing_meters,
     returned_losses,
+    returned_reduced,
     whole_set_meters,
 )
 from ..project import Module
@@ -39,7 +41,7 @@ from ..registry import Hit, rule
 from ..switches import one_process_arm
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee, const_str, dotted, kw, root
 
-ABORTS = {"exit", "_exit", "abort", "stop"}
+ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
 NONFINITE = {"isfinite", "isnan", "isinf"}
 
 
@@ -112,7 +114,7 @@ def _reports_an_abort(m: Module, c: ast.Call) -> bool:
     n = m.parent.get(id(c))
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
         if isinstance(n, ast.If):
-            tests_nonfinite = _needs_nonfinite(n.test)
+            tests_nonfinite = _needs_nonfinite(n.test) or _loss_out_of_range(n.test)
             ends = any(isinstance(s, ast.Raise) or isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)
                        and callee(s.value) in ABORTS for s in n.body)
             if tests_nonfinite or ends:
@@ -127,6 +129,18 @@ def _needs_nonfinite(t: ast.AST) -> bool:
     if isinstance(t, ast.BoolOp):
         return (all if isinstance(t.op, ast.Or) else any)(_needs_nonfinite(v) for v in t.values)
     return any(isinstance(x, ast.Call) and callee(x) in NONFINITE for x in ast.walk(t))
+
+
+def _loss_out_of_range(t: ast.AST) -> bool:
+    """The test holds only when the loss leaves a sane range: `if loss <= 0 or loss >= 1000000:` (EvoDiff), each
+    part a comparison of a loss with a number."""
+    if isinstance(t, ast.BoolOp) and isinstance(t.op, ast.Or):
+        return all(_loss_out_of_range(v) for v in t.values)
+    return isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (
+        ast.Lt, ast.LtE, ast.Gt, ast.GtE)) and any(
+        isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(root(x)) and not NOT_A_LOSS.search(root(x))
+        for x in (t.left, t.comparators[0])) and any(
+        isinstance(x, ast.Constant) and isinstance(x.value, (int, float)) for x in (t.left, t.comparators[0]))
 
 
 CONSTISH = {"np", "numpy", "math", "float", "inf", "torch"}
@@ -246,8 +260,9 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         values += [c.func.value] if handed else []
         names = {root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
-        lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)}
         scope = m.enclosing(c) or m.tree
+        lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)} | (
+            names & backwarded(scope))
         held = instance_carriers(m, scope)
         key = (id(scope), frozenset(held))  # (one function's logs share its carriers: DLRM has 89 logs)
         carriers = carried.get(key)
@@ -257,14 +272,17 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy |= returned_losses(f, m, scope, names - lossy)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
-        lossy -= {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
+        synced = {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
             x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
+        # ... with what is read off it (`meters.sync()`, then `meters.avg_loss`: gtn_applications)
+        lossy -= synced | {n.attr for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)
+                           and root(n) in synced - {""}}
         lossy -= _rank0_own(f, m, scope)
         lossy -= global_model_losses(f, m, scope) | whole_set_meters(m, scope) | reducing_meters(f, m, scope)
         if every_loss_over_gathered_labels(m, scope):
             continue  # MagFace: the model-parallel loss covers every rank's labels; its meters hold the global one
         lossy = {n for n in lossy if not handed_global(f, m, scope, n)
-                 and not loaded_from_a_checkpoint(f, m, scope, c, n)}
+                 and not loaded_from_a_checkpoint(f, m, scope, c, n) and not returned_reduced(f, m, scope, n)}
         lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)}
         own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
@@ -382,7 +400,13 @@ def rank0_local_loss(f: Facts, m: Module):
     for hit, scope, lossy in hits:
         source = next((i for i, (_, other, _) in enumerate(merged) if other is not None and other is not scope
                        and _returned_into(f, m, scope, lossy, other)), None)
-        if source is None:
+        into = next((i for i, (_, other, olossy) in enumerate(merged) if scope is not None and other is not scope
+                     and _returned_into(f, m, other, olossy, scope)), None) if source is None else None
+        if into is not None:  # an earlier log of what this function returns (PICK's epoch line in train(), fed
+            # by _train_epoch, logged first in the file): this log, where the loss is computed, leads
+            first = merged[into]
+            merged[into] = (hit._replace(related=(*hit.related, (m, first[0].node))), scope, lossy)
+        elif source is None:
             merged.append((hit, scope, lossy))
         else:
             first = merged[source]

@@ -58,10 +58,25 @@ def _advances_itself(f: Facts, name: str) -> bool:
         for mm in f.p.modules.values() if name in mm.classes for a in ast.walk(mm.classes[name]))
 
 
+def _epochless(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The sampler built is a project class of its own, on torch's plain Sampler, with no set_epoch and no epoch
+    anywhere in its code (genforce's DistributedSampler, reseeded from its iteration count by `__reset__`): its
+    order never depended on an epoch, so there is no set_epoch to miss."""
+    for cm, fn in f.p.resolve(m, c, exact=True):
+        cd = cm.classes.get(cm.class_of(fn) or "")
+        if cd is None or any(b in f.sampler_classes() or "DistributedSampler" in b
+                             for b in map(dotted, cd.bases)):
+            return False
+        return not any(isinstance(n, ast.Attribute) and "epoch" in n.attr or isinstance(n, ast.FunctionDef)
+                       and "epoch" in n.name for n in ast.walk(cd))
+    return False
+
+
 def _sampler_context(f: Facts, m: Module):
     """(samplers built here whose epoch order matters, set_epoch calls of the scripts that run with m), or None
     when there is nothing to judge: no sampler, or a loader library audited without any script."""
-    made = [c for c in _made(f, m) if _order_matters(m, c) and not _advances_itself(f, callee(c))]
+    made = [c for c in _made(f, m) if _order_matters(m, c) and not _advances_itself(f, callee(c))
+            and not _epochless(f, m, c)]
     if not made or not any(mm.entry for mm in f.p.modules.values()):
         return None
     # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's. When no
@@ -136,8 +151,15 @@ def set_epoch_missing(f: Facts, m: Module):
                                f"({m.rel}:{made[0].lineno}){never}: {what}",
                       module=site[0], related=((m, made[0]), *stale[:1]))
         else:  # (the script's call of the builder, whose epoch loop is around a train-one-epoch helper: MagFace)
-            yield Hit(made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project: {what}",
-                      related=((entry[0], entry[1]),) if entry is not None else ())
+            # an epoch handed to something that is not the sampler (Demucs denoiser's `data_loader.epoch = epoch`
+            # in its epoch loop): the place the user meant to set it
+            meant = [(mm, a) for mm in f.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
+                     and any(isinstance(t, ast.Attribute) and t.attr == "epoch" and dotted(t.value) != "self"
+                             for t in a.targets) and not isinstance(a.value, ast.Constant)][:1]
+            told = f" (line {meant[0][1].lineno} of {meant[0][0].rel} sets `{ast.unparse(meant[0][1].targets[0])}`, " \
+                "which no sampler reads)" if meant else ""
+            yield Hit(made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project{told}: "
+                      f"{what}", related=(*(((entry[0], entry[1]),) if entry is not None else ()), *meant))
         return
     forgotten = _sampler_left_out(m, made, set_epochs)
     if forgotten is not None:
@@ -445,6 +467,30 @@ def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3, every: 
     return found if every else None
 
 
+def _not_built_for(m: Module, c: ast.Call, call: ast.Call) -> bool:
+    """The helper builds the sampler `c` only under `if shuffle:` on a parameter that `call` leaves at its false
+    default or passes as a false constant (Demucs denoiser's `distrib.loader(dataset, batch_size=1)`: shuffle=False
+    takes the other arm, a strided Subset with no padding)."""
+    fn = m.enclosing(c)
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or callee(call) != fn.name or any(
+            k.arg is None for k in call.keywords) or any(isinstance(a, ast.Starred) for a in call.args):
+        return False
+    names = [a.arg for a in fn.args.args]
+    defaults = dict(zip(names[len(names) - len(fn.args.defaults):], fn.args.defaults, strict=True))
+    defaults |= {a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True) if d is not None}
+    positional = [n for n in names if n not in ("self", "cls")]
+    child, n = c, m.parent.get(id(c))
+    while n is not None and n is not fn:
+        if isinstance(n, ast.If) and any(child is b for b in n.body) and isinstance(n.test, ast.Name) and \
+                n.test.id in defaults:
+            at = positional.index(n.test.id) if n.test.id in positional else len(call.args)
+            given = kw(call, n.test.id) or (call.args[at] if at < len(call.args) else defaults[n.test.id])
+            if isinstance(given, ast.Constant) and not given.value:
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
 def _pads(f: Facts, name: str) -> bool:
     """Whether a sampler class repeats samples to even the shards: torch's DistributedSampler does (without
     drop_last), and so does a project subclass that keeps its __iter__; a project class of its own pads only if
@@ -502,6 +548,8 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue
         sites = _evaluation_caller(f, m, c, every=True) if asked else []
         sites = [sites] if isinstance(sites, tuple) else sites or [asked]
+        if asked and all(_not_built_for(m, c, call) for _, call in sites):
+            continue  # every evaluation call takes the helper's arm without the sampler
         if asked and all(f.off_in_default_run(am, call) for am, call in sites):
             continue  # the evaluation split is asked for only under an option off by default (VICRegL's --evaluate)
         if m.enclosing(c) is not None and f.p.overridden(m, m.enclosing(c)):

@@ -235,6 +235,12 @@ def _saves_on_every_rank(f: Facts, m: Module):
 
 def _per_rank_target(m: Module, c: ast.Call) -> bool:
     target = c.args[1] if dotted(c.func).endswith("save") and len(c.args) > 1 else kw(c, "f")
+    if target is None and not dotted(c.func).endswith("save"):
+        # a save helper handed a file name built with the rank (music-translation's
+        # `self.save_model(f'bestmodel_{self.args.rank}.pth')`): each rank its own file
+        target = next((a for a in [*c.args, *(k.value for k in c.keywords)] if isinstance(a, ast.JoinedStr) or (
+            isinstance(a, ast.BinOp) and any(isinstance(x, ast.Constant) and isinstance(x.value, str)
+                                             for x in ast.walk(a)))), None)
     return target is not None and (involves_rank(target, m.rank_tainted) or "buf" in dotted(target).lower()
                                    or isinstance(target, ast.Call) and callee(target) == "BytesIO")
 

@@ -445,8 +445,9 @@ def seed_per_rank(f: Facts, m: Module):
                       "run's — seed with the configured seed alone (seed + rank only where ranks must differ)")
             continue
         arg = _seed_argument(f, m, c)
-        if arg is None:
-            continue
+        if arg is None or _failed_by_default(f, m, c):
+            continue  # (a seed only where the default fails the test, genforce's `if config.seed is not None:`,
+            # seeds nothing in the default run: no-seed's finding)
         arg = _inline(m, arg)
         if not involves_rank(arg, m.rank_tainted, skip_conditional=True) or _handed_in(m, c, arg):
             continue
