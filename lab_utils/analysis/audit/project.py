@@ -10,6 +10,7 @@ import warnings
 from functools import lru_cache
 from pathlib import Path
 
+from .entries import demote_self_tests
 from .syntax import (
     ENTRY_CALLS,
     callee,
@@ -144,6 +145,7 @@ class Project:
         # every module is loaded: module_for's answer for (module, name) can no longer change
         self._module_for_cache: dict[tuple[str, str], Module | None] = {}
         self.ddp = any(self.mentions_ddp(m) for m in self.modules.values())
+        demote_self_tests(self)
         self._reach_cache: dict[tuple[str, str], set] = {}
         self._instance_cache: dict[tuple[str, str], tuple[Module, ast.ClassDef] | None] = {}
         self._imports_cache: dict[str, set[str]] = {}
@@ -262,6 +264,12 @@ class Project:
         if cache is not None:
             cache[key] = found
         return found
+
+    def _submodule(self, m: Module, local: str, name: str) -> Module | None:
+        """The project module `local.name` is when `local` is an imported package (`import pfns.train`)."""
+        mod, attr, level = m.imports[local]
+        return None if attr is not None else next((self.modules[self._rel(c)] for c in self._candidates(
+            m, f"{mod}.{name}", None, level) if self._rel(c) in self.modules), None)
 
     def _module_for(self, m: Module, local: str) -> Module | None:
         mod, attr, level = m.imports[local]
@@ -407,6 +415,10 @@ class Project:
                 target = self.module_for(m, base.value.id)  # pkg.utils.f() with `import pkg`
                 if target is not None:
                     in_module(target, f.attr)
+                if not out:  # ... or with `import pfns.train`: the submodule pfns/train.py (PFNs' CLI)
+                    sub = self._submodule(m, base.value.id, base.attr)
+                    if sub is not None:
+                        in_module(sub, f.attr)
             elif isinstance(base, ast.Name) or isinstance(base, ast.Attribute) and dotted(base).startswith("self."):
                 found = self.instance_class(m, dotted(base))  # `model = Trainer(...)` ... `model.save(n)`
                 if found is not None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .hierarchy import replaced_where_built
 from .scripts import demo_block, off_the_default_path, shadowed, unchosen
 
 SEVERITIES = ("defect", "check-by-hand")
@@ -104,10 +105,12 @@ def run_rules(facts, modules) -> list[Finding]:
                     node, message, severity = (*hit, "defect")[:3]
                 assert isinstance(message, str) and severity in SEVERITIES, (r.id, message, severity)
                 if demo_block(facts, where, node) or shadowed(where, node) or unchosen(facts, where, node) or \
-                        off_the_default_path(facts, where, node):
+                        off_the_default_path(facts, where, node) or replaced_where_built(
+                            facts.p, where, where.enclosing(node)):
                     continue  # a library's own demo under its main guard, a function the module defines again
-                    # later, a class the default settings never pick, or a function called only in arms they
-                    # skip: the default DDP run never executes it
+                    # later, a class the default settings never pick, a function called only in arms they
+                    # skip, or a base class's method every subclass the project builds replaces: the default DDP
+                    # run never executes it
                 line = getattr(node, "lineno", 0) or 1
                 found.setdefault((str(where.path), line, r.id),
                                  Finding(line, r.id, message, severity, str(where.path), related))

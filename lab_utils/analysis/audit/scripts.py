@@ -220,7 +220,7 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
             return None
         value = script_value(f, t.attr)
         if value is not None and not value.startswith(("-", "\\")):
-            return value.lower() not in ("0", "false", "none", "''", '""')
+            return value.lower() not in ("", "0", "false", "none", "''", '""')
         if t.attr in f._passed_in_launch_scripts():
             return True  # a flag the scripts pass bare (`--keep`, a store_true option)
         options = [c for mm in f.p.modules.values() for c in mm.calls if callee(c) == "add_argument" and any(
@@ -230,6 +230,9 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
             return True  # on unless a command turns it off (L2P's `--unscale_lr`, type=bool default=True: any
             # value a command passes is true too)
         return None  # (a default alone does not say: a README's command the files lack may pass `--do_train`)
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Is, ast.IsNot)) and \
+            isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None:
+        return _none_test_truth(f, t)
     if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq))
             and isinstance(t.left, ast.Attribute) and isinstance(t.comparators[0], ast.Constant)
             and isinstance(t.comparators[0].value, str)):
@@ -247,6 +250,24 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
     return (value == t.comparators[0].value) == isinstance(t.ops[0], ast.Eq)
 
 
+def _none_test_truth(f: Facts, t: ast.Compare) -> bool | None:
+    """Whether `args.checkpoint is not None` (or `is None`) holds in the default run: an option with no default
+    that the launch scripts leave out (or pass as an empty shell variable) is None; None when unknown."""
+    x = t.left
+    if not (isinstance(x, ast.Attribute) and re.fullmatch(r"(self\.)?(args|opt|cfg)", dotted(x.value) or "")) or \
+            re.search(r"rank|gpu|world|local|dist|device", x.attr, re.I):
+        return None
+    value = script_value(f, x.attr)
+    if value is None and x.attr in f._passed_in_launch_scripts() or value:
+        return None if not value else isinstance(t.ops[0], ast.IsNot)
+    options = [c for mm in f.p.modules.values() for c in mm.calls if callee(c) == "add_argument" and any(
+        (const_str(a) or "").lstrip("-").replace("-", "_") == x.attr for a in c.args)]
+    if options and all(kw(c, "default") is None or isinstance(kw(c, "default"), ast.Constant)
+                       and kw(c, "default").value is None for c in options):
+        return isinstance(t.ops[0], ast.Is)
+    return None
+
+
 def script_value(f: Facts, attr: str) -> str | None:
     """The one value the project's shell scripts give `--attr` (`--fusion_mode post`); None when none passes it
     or they disagree."""
@@ -256,7 +277,8 @@ def script_value(f: Facts, attr: str) -> str | None:
     for path in shell_scripts(f.p.root):
         text = path.read_text(encoding="utf-8", errors="replace")
         # (a value through a shell variable the script sets: LEAD's `--gradient_accumulation_steps=${GAS}`)
-        variables = dict(re.findall(r"^\s*(?:export\s+)?(\w+)=['\"]?([^\s'\"]+)", text, re.M))
+        # (`checkpoint=` left empty, then `${checkpoint:+--checkpoint $checkpoint}`: WeKws's run.sh passes nothing)
+        variables = dict(re.findall(r"^\s*(?:export\s+)?(\w+)=['\"]?([^\s'\"]*)", text, re.M))
         for v in re.findall(rf"(?<![\w-])--{re.escape(attr)}[= ]+(\S+)", text):
             v = v.strip("'\"")
             name = re.fullmatch(r"\$\{?(\w+)\}?", v)

@@ -8,10 +8,23 @@ import re
 
 from ..facts import Facts
 from ..gathers import applications
+from ..growth import a_count, grows, never_read, world_holding
+from ..hierarchy import replaced_where_built
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import off_the_default_path, script_value
-from ..syntax import ACCUMISH, BATCHISH, WORLDISH, callee, const_str, const_value, dotted, involves, involves_rank, kw
+from ..syntax import (
+    ACCUMISH,
+    BATCHISH,
+    WORLDISH,
+    callee,
+    const_str,
+    const_value,
+    dotted,
+    involves,
+    involves_rank,
+    kw,
+)
 
 
 def _divided_later(m: Module, c: ast.Call) -> bool:
@@ -311,7 +324,9 @@ def _steps(c: ast.AST) -> bool:
     """An optimizer step however it is spelt: `optimizer.step()`, `scaler.step(opt)`, a custom `optimizer_step(...)`,
     a loss-scaler helper told when to update (`loss_scaler(loss, opt, update_grad=...)`)."""
     return isinstance(c, ast.Call) and (callee(c) == "step" or callee(c).endswith("optimizer_step")
-                                        or any(k.arg == "update_grad" for k in c.keywords))
+                                        or any(k.arg == "update_grad" for k in c.keywords)
+                                        or callee(c).endswith("_step") and any(  # UniTabE's bp_step(optimizer)
+                                            "optim" in dotted(a).lower() for a in c.args))
 
 
 SCHEDULER = re.compile(r"[Ss]chedul|LR|Warmup")  # StepLR, OneCycleLR, PolynomialLRWarmup, CosineScheduler
@@ -332,8 +347,9 @@ def _scheduler_step(m: Module, c: ast.Call) -> bool:
 
 
 def _backward_each_iteration(loop: ast.AST) -> bool:
-    return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower())
-               for c in ast.walk(loop))
+    # (or a backward helper handed the loss: UniTabE's `self.backward_loss(loss)`)
+    return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower() or re.match(
+        r"backward_", callee(c)) and any("loss" in dotted(a).lower() for a in c.args)) for c in ast.walk(loop))
 
 
 def _counts_micro_batches(test: ast.AST) -> bool:
@@ -341,7 +357,9 @@ def _counts_micro_batches(test: ast.AST) -> bool:
     `ni - last_opt_step >= accumulate` (a comparison against the accumulation count)."""
     return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(test)) or any(
         isinstance(c, ast.Compare) and any(involves(x, ACCUMISH) for x in (c.left, *c.comparators))
-        and not any(isinstance(o, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for o in c.ops) for c in ast.walk(test))
+        and not any(isinstance(o, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for o in c.ops)
+        and not all(isinstance(x, ast.Constant) for x in c.comparators)  # (`if n_accum > 0:`, a flush of the rest)
+        for c in ast.walk(test))
 
 
 def _accumulation_steps(m: Module) -> list[ast.AST]:
@@ -359,7 +377,9 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
             continue
         gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and _counts_micro_batches(n.test)
                  and any(_steps(c) and not _scheduler_step(m, c) for s in n.body for c in ast.walk(s))]
-        inside = {id(c) for g in gated for s in g.body for c in ast.walk(s)}
+        # (a flush of the micro-batches left at the epoch's end, `if n_accumulate_bp > 0: step`, is gated too)
+        flushes = [n for n in ast.walk(loop) if isinstance(n, ast.If) and involves(n.test, ACCUMISH)]
+        inside = {id(c) for g in [*gated, *flushes] for s in g.body for c in ast.walk(s)}
         if gated and not any(_steps(c) and id(c) not in inside and not any(k.arg == "update_grad" for k in c.keywords)
                              and not _scheduler_step(m, c) for c in ast.walk(loop)):
             out.append(gated[0].test)  # every step of the loop is gated: it accumulates
@@ -445,7 +465,7 @@ def accumulation_without_no_sync(f: Facts, m: Module):
     # accumulation only under a flag that is off unless given (DLRM: `args.mlperf_logging and (j + 1) %
     # args.mlperf_grad_accum_iter == 0`): the default run steps every micro-batch
     steps = [s for s in _accumulation_steps(m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)
-             and not _under_count_above_one(f, m, s)]
+             and not _under_count_above_one(f, m, s) and not replaced_where_built(f.p, m, m.enclosing(s))]
     if steps:
         yield steps[0], (f"gradients accumulate over micro-batches (line {steps[0].lineno}: "
                          f"`{ast.unparse(steps[0])[:60]}`), but no micro-batch runs under model.no_sync(): at two "
@@ -496,72 +516,20 @@ def _lr_factor_of_a_scheduler(t: ast.AST) -> bool:
         re.search(r"sched|optim", k, re.I) for k in keys[1:])
 
 
-def _world_holding(f: Facts, m: Module) -> set[str]:
-    """Names that grow with the GPU count: `eff_batch = batch_size * accum * world_size` (to a fixpoint), and
-    names that hold the count itself, whatever they are called (`num_tasks = utils.get_world_size()`). A product
-    whose other factor was divided by the count (`glb = (bs // world_size) * world_size`, SparK) stays fixed, and
-    so does one written only in an arm the default run skips (L2P's `if args.unscale_lr: global_batch_size =
-    args.batch_size else: ... * args.world_size`, --unscale_lr on by default)."""
-    shrunk = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
-              and isinstance(a.value.op, (ast.Div, ast.FloorDiv)) and involves(a.value.right, WORLDISH)
-              for t in a.targets}
-    out: set[str] = set()
-    for _ in range(3):
-        for a in m.nodes:
-            count = isinstance(a, ast.Assign) and _a_count(a.value, out)
-            cancels = isinstance(a, ast.Assign) and any(dotted(n) in shrunk for n in ast.walk(a.value)
-                                                        if isinstance(n, (ast.Name, ast.Attribute)))
-            if isinstance(a, ast.Assign) and (count or _grows(a.value, out) and not cancels) and not (
-                    _grows(a.value, out) and off_the_default_path(f, m, a)):
-                out |= {dotted(t) for t in a.targets} - {""}
-    return out
-
-
-def _a_count(v: ast.AST, holding: set[str]) -> bool:
-    """The GPU count itself: `get_world_size()` (torch's or a helper's), `args.world_size`, a copy of a name
-    that holds it, `int(os.environ["WORLD_SIZE"])`; not an expression that merely uses it (`batch_size //
-    world_size` shrinks)."""
-    if isinstance(v, ast.Call) and callee(v) in ("int", "len") and len(v.args) == 1:
-        v = v.args[0]
-    if isinstance(v, ast.Subscript):
-        return const_str(v.slice) == "WORLD_SIZE"
-    if isinstance(v, ast.Call):
-        return bool(WORLDISH.search(callee(v))) or callee(v) == "get" and bool(v.args) and \
-            const_str(v.args[0]) == "WORLD_SIZE"
-    return isinstance(v, (ast.Name, ast.Attribute)) and (bool(WORLDISH.search(dotted(v).split(".")[-1]))
-                                                         or dotted(v) in holding)
-
-
-def _grows(v: ast.AST, holding: set[str]) -> bool:
-    """A product with a world-size factor (`x * world_size`, `x * get_world_size()`, `x * eff_batch`), or a value
-    that carries one on: a ratio over it (`batch_ratio = global_batch / 256`), a root of it (`batch_ratio ** 0.5`),
-    a copy of it. A world size in a divisor shrinks the value instead."""
-    def held(side):
-        return involves(side, WORLDISH) or any(dotted(n) in holding for n in ast.walk(side)
-                                               if isinstance(n, (ast.Name, ast.Attribute)))
-    if isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in holding:
-        return True
-    return any(isinstance(b, ast.BinOp) and (isinstance(b.op, ast.Mult) and any(held(s) for s in (b.left, b.right))
-                                             or isinstance(b.op, (ast.Div, ast.Pow)) and _carries(b.left, holding))
-               for b in ast.walk(v))
-
-
-def _carries(v: ast.AST, holding: set[str]) -> bool:
-    """The numerator or base of a ratio or a power is a name that grows with the GPU count."""
-    return isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in holding or isinstance(v, ast.BinOp) and \
-        _grows(v, holding)
-
-
 @rule("lr-grows-with-world-size", "01_unchanged", "the learning rate is multiplied by the GPU count (directly or "
       "through a global batch that grows with it): at two ranks every step uses another lr than the single run")
 def lr_grows_with_world_size(f: Facts, m: Module):
-    holding = _world_holding(f, m)
+    holding = world_holding(f, m)
     found = []
     for n in m.nodes:
         if isinstance(n, ast.Assign) and any(LR_NAME.search(_leaf(t)) and not NOT_LR.search(
-                dotted(t)) or _lr_factor_of_a_scheduler(t) for t in n.targets) and _grows(n.value, holding):
+                dotted(t)) or _lr_factor_of_a_scheduler(t) for t in n.targets) and grows(n.value, holding) and \
+                not never_read(f, m, n):
             found.append((n, n.value, ast.unparse(n)))
-        elif isinstance(n, ast.Call) and kw(n, "lr") is not None and _grows(kw(n, "lr"), holding):
+        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Mult) and LR_NAME.search(_leaf(n.target)) and (
+                grows(n.value, holding) or a_count(n.value, holding)):  # `hp["learning_rate"] *= get_world_size()`
+            found.append((n, n, ast.unparse(n)))
+        elif isinstance(n, ast.Call) and kw(n, "lr") is not None and grows(kw(n, "lr"), holding):
             found.append((kw(n, "lr"), kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))  # (at the scaling line)
     # the scaling itself (`lr = base_lr * bs * get_world_size() / 512`) before a copy of a name it writes later
     # (`base_lr = args.lr` read before DyTox's loop assigns the scaled lr back to args.lr)
@@ -571,7 +539,7 @@ def lr_grows_with_world_size(f: Facts, m: Module):
     found = [x for x in found if not off_the_default_path(f, m, x[0])] or found
     for n, value, where in found:
         # at the line of the growing product when the statement spans lines (iBOT's cosine_scheduler(...) call)
-        n = next((x for x in ast.walk(value) if isinstance(x, ast.BinOp) and _grows(x, holding)), n)
+        n = next((x for x in ast.walk(value) if isinstance(x, ast.BinOp) and grows(x, holding)), n)
         yield n, (f"`{where[:90]}` grows the learning rate with the number of GPUs: the single run and the 2-rank "
                   "run step with different lrs, so their losses part from the first step (linear scaling is a "
                   "choice, not a port) — keep the lr and the global batch fixed when you check the port, and scale "

@@ -212,6 +212,22 @@ def _env_fallback(m: Module, node: ast.Assign) -> bool:
     return False
 
 
+def _slurm_arm(m: Module, node: ast.AST) -> bool:
+    """`node` sits in an `elif "SLURM_PROCID" in os.environ:` arm after an arm for the launcher's own variables
+    (`if "LOCAL_RANK" in os.environ:`, PFNs' init_dist): a torchrun run takes the first arm, and only a SLURM job
+    (submitit) gets here."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and any(child is b for b in n.body) and any(
+                "SLURM" in (const_str(x) or "") for x in ast.walk(n.test)):
+            up = m.parent.get(id(n))
+            if isinstance(up, ast.If) and n in up.orelse and any(
+                    const_str(x) in ("RANK", "LOCAL_RANK", "WORLD_SIZE") for x in ast.walk(up.test)):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
 def _init_method(c: ast.Call) -> ast.AST | None:
     """init_process_group's init_method, by keyword or as its second argument (`init_process_group("nccl",
     "tcp://127.0.0.1:12347", ...)`, DGL)."""
@@ -229,7 +245,7 @@ def hard_coded_master_port(f: Facts, m: Module):
             if callee(c) == "init_process_group" and isinstance(_init_method(c), ast.Subscript)} - {None}
     reported: set[str] = set()
     for a in sorted((a for a in m.nodes if isinstance(a, ast.Assign)), key=lambda a: a.lineno):
-        if _env_fallback(m, a) or one_process_arm(m, a):
+        if _env_fallback(m, a) or one_process_arm(m, a) or _slurm_arm(m, a):
             continue
         head, tail = _address_and_port(a.value)
         if (any(dotted(t) in urls for t in a.targets) or any(

@@ -308,7 +308,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     return out
 
 
-UNSEEN_PRINTER = re.compile(r"^(print|log)_(message|msg|info|metrics?|stats?|progress)$")
+UNSEEN_PRINTER = re.compile(r"^(print|log)_(\w+_)?(message|msg|info|metrics?|stats?|progress|loss|losses)$")
 
 
 def _unseen_print_helper(f: Facts, m: Module, c: ast.Call) -> bool:
@@ -405,7 +405,8 @@ def rank0_local_loss(f: Facts, m: Module):
         if into is not None:  # an earlier log of what this function returns (PICK's epoch line in train(), fed
             # by _train_epoch, logged first in the file): this log, where the loss is computed, leads
             first = merged[into]
-            merged[into] = (hit._replace(related=(*hit.related, (m, first[0].node))), scope, lossy)
+            merged[into] = (hit._replace(related=(*hit.related, (m, first[0].node), *first[0].related[:2])), scope,
+                            lossy)
         elif source is None:
             merged.append((hit, scope, lossy))
         else:
@@ -433,7 +434,9 @@ def _returned_into(f: Facts, m: Module, scope: ast.AST, lossy: frozenset, fn: as
     for a in binds:
         if isinstance(a.value, ast.Name) and a.value.id in got:
             got |= {dotted(t) for t in a.targets}
-    return bool({g for g in got if g} & lossy or {g.split(".")[-1] for g in got if g} & lossy)
+    # ... or read off it (`epoch_result = train_epoch(...)`, then `epoch_result.loss`: PFNs)
+    read = {n.attr for n in ast.walk(scope or m.tree) if isinstance(n, ast.Attribute) and root(n) in got - {""}}
+    return bool({g for g in got if g} & lossy or {g.split(".")[-1] for g in got if g} & lossy or read & lossy)
 
 
 def _bar_on_every_rank(m: Module, c: ast.Call) -> bool:
@@ -486,8 +489,27 @@ def _rank0_local_loss_logs(f: Facts, m: Module):
         yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
                   related=tuple(meter_print_calls(f, m, c)[:2]) if fed is not None else
-                  _value_lines(m, c, lossy) + _meter_feeds(f, c)), \
+                  _value_lines(m, c, lossy) + _meter_feeds(f, c) + _handed_from(f, m, c, lossy)), \
             m.enclosing(c), frozenset(lossy), where  # (fed: the meter's own print lines, where it shows the loss)
+
+
+def _handed_from(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> tuple:
+    """When the logged loss is a parameter of the logging helper (PixelRec's `_add_train_loss_to_tensorboard(self,
+    epoch_idx, losses)`), the callers' calls and the lines that bind what they hand in (`train_loss =
+    self._train_epoch(...)`): where the unreduced loss comes from, as related places."""
+    fn = m.enclosing(c)
+    params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")] if isinstance(
+        fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    if not lossy & set(params):
+        return ()
+    out = []
+    for cm, call in f.p.callers(m, fn)[:2]:
+        out.append((cm, call))
+        given = {root(a) for a in call.args} | {root(k.value) for k in call.keywords}
+        scope = cm.enclosing(call) or cm.tree
+        out += [(cm, a) for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < call.lineno
+                and assigned_roots(a) & given][:1]
+    return tuple(out)
 
 
 def _meter_feeds(f: Facts, c: ast.Call) -> tuple:
@@ -507,7 +529,7 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
     """A log call over several lines (`print(f"Epoch {epoch}, "\n f"Train MAE: {train_mae:.4f}")`): the line
     that holds the loss value, as the finding's related place."""
     names = {n.lineno: n for n in ast.walk(c) if isinstance(n, (ast.Name, ast.Attribute))
-             and dotted(n) in lossy and n.lineno != c.lineno}
+             and (dotted(n) in lossy or dotted(n).split(".")[-1] in lossy) and n.lineno != c.lineno}
     scope = m.enclosing(c) or m.tree
     # ... and where the logged value was taken from the loss (llama2.c: `lossf = loss.item() *
     # gradient_accumulation_steps` before the print): the line that makes it this rank's own
@@ -526,7 +548,15 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
              and any(dotted(t) in lossy for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
              and (isinstance(a, ast.AugAssign) or any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
                  dotted(x).split(".")[-1] or "") for x in ast.walk(a.value)))]  # (+=: AOT-GAN adds each loss)
-    return ((m, max(built, key=lambda a: a.lineno)),) if built else ()
+    if built:
+        return ((m, max(built, key=lambda a: a.lineno)),)
+    # ... or a record filled key by key (NVIDIA's TinyBERT: `result['loss'] = mean_loss`, then each key logged):
+    # the first key that takes a loss
+    filled = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(
+        isinstance(t, ast.Subscript) and root(t) in lossy for t in a.targets) and any(
+        isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "")
+        for x in ast.walk(a.value))]
+    return ((m, min(filled, key=lambda a: a.lineno)),) if filled else ()
 
 
 @rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "

@@ -218,8 +218,9 @@ def _saves_on_every_rank(f: Facts, m: Module):
         if fn is not None and not sites and (not m.entry or f.p.never_named(m, fn)):
             continue  # a library function nobody in the audited files calls: its callers decide (or dead code:
             # Text4Vis's utils.py keeps the epoch_saving its train.py redefines and calls)
-        if not any(f.p.mentions_ddp(r) for r in f.p.related(m)):
-            continue  # a tool no distributed script runs or imports (a checkpoint converter): one process
+        if not any(f.p.mentions_ddp(r) for r in f.p.related(m)) or _launches_the_ranks(m):
+            continue  # a tool no distributed script runs or imports (a checkpoint converter), or the parent that
+            # starts the ranks with a shell command (UniTabE's train_mgpu.py): one process
         if f.off_in_default_run(m, c):
             continue  # only under an option that is off unless given (`if args.lora_reinit:`)
         if _crash_dump(m, c):
@@ -231,6 +232,15 @@ def _saves_on_every_rank(f: Facts, m: Module):
         else:
             yield c, (f"{ast.unparse(c.func)}(...) runs on every rank: world_size processes write one file at once "
                       "(a torn or mixed checkpoint) — save on rank 0 only, then barrier outside the if")
+
+
+def _launches_the_ranks(m: Module) -> bool:
+    """The module starts the ranks itself through a shell command (`subprocess.Popen("... python -m
+    torch.distributed.launch --nproc_per_node=2 trainer.py")`, `os.system("torchrun ...")`): it is the launcher's
+    parent, one process, not a rank."""
+    return any(callee(c) in ("Popen", "run", "call", "check_call", "system") for c in m.calls) and any(
+        re.search(r"torch\.distributed\.(launch|run)|\btorchrun\b", n.value) for n in m.nodes
+        if isinstance(n, ast.Constant) and isinstance(n.value, str))
 
 
 def _per_rank_target(m: Module, c: ast.Call) -> bool:
@@ -273,6 +283,13 @@ def _unlaunched_arm(m: Module, c: ast.Call) -> bool:
         if isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 and isinstance(
                 n.test.ops[0], ast.In) and const_str(n.test.left) in LAUNCH_KEYS and "environ" in dotted(
                 n.test.comparators[0]) and any(child is s for s in n.orelse):
+            return True
+        # ... or the body of `if args.gpu is None:` (the ImageNet example's resume, TransGeo's): the process has
+        # no GPU of its own, the DataParallel or CPU path, while each DDP rank gets its GPU index
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 and isinstance(
+                n.test.ops[0], ast.Is) and dotted(n.test.left).split(".")[-1] == "gpu" and isinstance(
+                n.test.comparators[0], ast.Constant) and n.test.comparators[0].value is None and any(
+                child is s for s in n.body):
             return True
         child, n = n, m.parent.get(id(n))
     return False

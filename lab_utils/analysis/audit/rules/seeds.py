@@ -48,9 +48,26 @@ def _entry_calls(f: Facts, m: Module):
         # in the default run
         # ... and so is one under a test its option's default fails (`if args.seed > 0:` with default -1, MaskGIT)
         seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not _gated(f, mm, c) and (
-            f.seed_kind(mm, c, True) or not _helper_gated(f, mm, c))}
+            f.seed_kind(mm, c, True) or not _helper_gated(f, mm, c)) and not _in_a_worker_init(f, mm, c)}
         cache[m.rel] = (calls, seeded) if ddp else None
     return cache[m.rel]
+
+
+def _in_a_worker_init(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The seed runs in a DataLoader worker: its function is handed as `worker_init_fn=` (PFNs' data_loading.py
+    seeds each worker with worker_id + rank * 100): the main process, where the model is built, stays unseeded."""
+    fn = m.enclosing(c)
+    if fn is None:
+        return False
+    if "worker_init" not in f.cache:
+        # handed by keyword, or kept for it (`self.worker_init_fn = partial(worker_init_fn, epoch=...)`)
+        mods = list(f.p.modules.values())
+        given = [k.value for mm in mods for x in mm.calls for k in x.keywords if k.arg == "worker_init_fn"] + [
+            a.value for mm in mods for a in mm.nodes if isinstance(a, ast.Assign)
+            and any(dotted(t).split(".")[-1] == "worker_init_fn" for t in a.targets)]
+        f.cache["worker_init"] = {n.id if isinstance(n, ast.Name) else n.attr for v in given for n in ast.walk(v)
+                                  if isinstance(n, (ast.Name, ast.Attribute))}
+    return fn.name in f.cache["worker_init"] or fn.name in ("worker_init_fn", "seed_worker")
 
 
 @rule("no-seed", "02_seeds", "an entry script that sets up DDP and never seeds torch (itself or through a helper): "
