@@ -57,6 +57,9 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
     nothing is counted twice."""
     if callee(c) in ("all_reduce", "reduce") and c.args and _scattered_by_index(fn, dotted(c.args[0])):
         return True
+    if callee(c) == "all_gather" and any(isinstance(x, ast.Call) and callee(x) == "unique" and any(
+            k.arg == "return_index" for k in x.keywords) for x in ast.walk(fn)):
+        return True  # the gathered ids deduplicated (DETR's coco_eval merge: `np.unique(ids, return_index=True)`)
     assign = m.parent.get(id(c))
     names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
     for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
@@ -126,3 +129,12 @@ def _unseen_gather(facts, m: Module, c: ast.Call) -> bool:
     tensor method or `torch.gather(input, dim, index)`)."""
     return isinstance(c.func, ast.Name) and c.func.id in GATHERS and c.func.id in m.imports and \
         not m.imports[c.func.id][0].startswith("torch") and not facts.p.resolve(m, c)
+
+
+def dedups_gathered_ids(facts) -> bool:
+    """Some project function gathers results over ranks and keeps one per sample id (DETR's coco_eval.merge:
+    `all_gather(img_ids)`, then `np.unique(merged_img_ids, return_index=True)`): the evaluation's metric counts
+    each sample once, padded duplicates included."""
+    return any(any(isinstance(x, ast.Call) and callee(x) == "all_gather" for x in ast.walk(fn)) and any(
+        isinstance(x, ast.Call) and callee(x) == "unique" and any(k.arg == "return_index" for k in x.keywords)
+        for x in ast.walk(fn)) for mm in facts.p.modules.values() for fn in mm.functions.values())

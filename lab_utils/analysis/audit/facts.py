@@ -136,7 +136,17 @@ class Facts(DefaultOptions):
         if name in DDP_NAMES:
             return True
         imp = m.imports.get(name)
-        return bool(imp and imp[1] and "DistributedDataParallel" in imp[1])
+        if imp and imp[1] and "DistributedDataParallel" in imp[1]:
+            return True
+        # ... or a name the module binds to the class (TPVFormer's `ddp_model_module =
+        # torch.nn.parallel.DistributedDataParallel`, then `ddp_model_module(model.cuda(), ...)`)
+        aliases = m.__dict__.get("_ddp_aliases")
+        if aliases is None:
+            aliases = m.__dict__["_ddp_aliases"] = {
+                dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(
+                    a.value, (ast.Attribute, ast.Name)) and "DistributedDataParallel" in dotted(a.value).split(".")[-1]
+                for t in a.targets}
+        return isinstance(c.func, ast.Name) and name in aliases
 
     def seed_kind(self, m: Module, c: ast.Call, direct: bool = False) -> str | None:
         """'torch' (seeds torch's CPU RNG: the model init), 'cuda', 'other' (random/numpy), or None; `direct`:

@@ -31,3 +31,12 @@ def replaced_where_built(p: Project, m: Module, fn: ast.AST) -> bool:
 def _calls_super(d: ast.AST, name: str) -> bool:
     return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == name
                and isinstance(c.func.value, ast.Call) and callee(c.func.value) == "super" for c in ast.walk(d))
+
+
+PLAIN_DECORATORS = ("no_grad", "inference_mode", "torch.jit", "lru_cache", "cache", "wraps")
+
+
+def plain_function(fn: ast.AST) -> bool:
+    """A function whose decorators do not register it anywhere (`@torch.no_grad()` only): if nothing names it,
+    nothing runs it. A registered one (`@MODELS.register_module()`, `@app.command()`) runs by its registry."""
+    return all(any(k in ast.unparse(d) for k in PLAIN_DECORATORS) for d in getattr(fn, "decorator_list", []))

@@ -62,8 +62,15 @@ def dotted(node: ast.AST) -> str:
     return ""
 
 
+# option declarations under another name: optparse's add_option, a project's thin wrapper (CroCo's
+# `add_arg('--accum_iter', default=1, ...)`): read as argparse's add_argument by every rule that asks for defaults
+OPTION_DECLARERS = {"add_option", "add_arg"}
+
+
 def callee(call: ast.Call) -> str:
-    return dotted(call.func).split(".")[-1].rstrip("()[]")
+    name = dotted(call.func).split(".")[-1].rstrip("()[]")
+    return "add_argument" if name in OPTION_DECLARERS and call.args and (
+        const_str(call.args[0]) or "").startswith("-") else name
 
 
 def root(node: ast.AST) -> str:

@@ -102,8 +102,9 @@ def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | Non
                 kw(a, "dest")) == attr for _, a in nodes if isinstance(a, ast.Call)) or any(
                 isinstance(i, ast.If) and dotted(i.test) == dotted(n.test) and any(isinstance(
                     w, ast.Call) and f.is_ddp_call(mm, w) for w in ast.walk(i)) for mm, i in nodes)
-            # (the last: the distributed switch, which gates the DDP wrap too: GCA-Matting's CONFIG.dist)
-            return None if defined else (n, dotted(n.test))
+            # (the last: the distributed switch, which gates the DDP wrap too: GCA-Matting's CONFIG.dist; or the
+            # project's YAML config sets it on, CRIS's `sync_bn: True` read into args)
+            return None if defined or f._yaml_turns_on(attr) else (n, dotted(n.test))
         child, n = n, m.parent.get(id(n))
     return None
 

@@ -7,6 +7,7 @@ import ast
 import re
 
 from ..facts import Facts
+from ..hierarchy import plain_function
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import distributed_switch, group_check, one_process_arm, switched
@@ -337,6 +338,9 @@ def _outside_switch_hits(f: Facts, m: Module):
                      and x.func.id == fn.name] if outer is not None else []
         if wrap and fn is not None and not sites:
             continue  # a wrap helper nothing here calls (SparK's unused parallelize()): its callers decide
+        if fn is not None and not sites and m.enclosing(fn) is None and m.class_of(fn) is None and \
+                plain_function(fn) and f.p.never_named(m, fn):
+            continue  # a module function named nowhere (semantic-segmentation's reduce_tensor): dead code here
         if any(switched(f.p, cm, cc) is not None for cm, cc in sites) or fn is not None and \
                 _called_under_switch(f, m, fn):
             continue  # the helper is only called under the switch

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 
+from ..evaluation import dedups_gathered_ids
 from ..facts import Facts
 from ..project import Module
 from ..registry import Hit, rule
@@ -554,7 +555,7 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue  # the evaluation split is asked for only under an option off by default (VICRegL's --evaluate)
         if m.enclosing(c) is not None and f.p.overridden(m, m.enclosing(c)):
             continue  # a base class's loader builder the run's own subclass replaces: reported in that one
-        if f.eval_loop_reduces():
+        if f.eval_loop_reduces() and not dedups_gathered_ids(f):
             # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
             near = {mm.rel for mm in f.p.related(m)}
             # (up to three: UniTS's test() reduces in one helper per task kind; each helper's collective too)
