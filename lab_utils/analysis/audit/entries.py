@@ -38,5 +38,12 @@ def demote_self_tests(p) -> None:
              for part in [*(mod or "").split("."), name or ""] if part}
     imported |= {rel for rel in p.modules if Path(rel).stem in named and Path(rel).stem != "__init__"}
     for m in p.modules.values():
-        if m.entry and m.rel in imported and self_test_only(m):
+        if m.entry and (m.rel in imported or _tries_its_own_class(m)) and self_test_only(m):
             m.entry = False
+
+
+def _tries_its_own_class(m) -> bool:
+    """The `__main__` block builds a class the module defines (CoCLR's backbone/s3dg.py: `model =
+    S3D(num_classes=400)`): a model file trying itself out, whoever imports it."""
+    mains = [n for n in m.tree.body if isinstance(n, ast.If) and "__name__" in {dotted(x) for x in ast.walk(n.test)}]
+    return any(isinstance(c, ast.Call) and callee(c) in m.classes for n in mains for c in ast.walk(n))

@@ -200,6 +200,22 @@ def _in_a_forward(f: Facts, m: Module, fn: ast.AST | None, depth: int) -> bool:
 @rule("gather-without-grad", "05_ddp_flags", "in-batch negatives through a plain all_gather: the other ranks' "
       "features carry no gradient, so the model gets a fraction of the single run's gradient")
 def gather_without_grad(f: Facts, m: Module):
+    """One defect per loss function: OpenCLIP-style losses gather the image and the text features (and their
+    MLP projections, LAION-CLAP) the same way; the first gather is the finding, the others its related places."""
+    per_fn: dict[int, Hit] = {}
+    order = []
+    for hit in _gather_hits(f, m):
+        hit = hit if isinstance(hit, Hit) else Hit(*hit)
+        key = id(m.enclosing(hit.node)) if m.enclosing(hit.node) is not None else id(hit.node)
+        if key in per_fn:
+            per_fn[key] = per_fn[key]._replace(related=(*per_fn[key].related, (m, hit.node)))
+        else:
+            per_fn[key] = hit
+            order.append(key)
+    yield from (per_fn[k] for k in order)
+
+
+def _gather_hits(f: Facts, m: Module):
     for c in m.calls:
         plain = dotted(c.func) in ("dist.all_gather", "torch.distributed.all_gather", "all_gather")
         into = callee(c) == "all_gather_into_tensor" and "dist" in dotted(c.func)
