@@ -34,6 +34,15 @@ def _unconditional(m: Module, node: ast.AST) -> bool:
     return True
 
 
+def _bound_in(fn: ast.AST | None, name: str) -> bool:
+    """`name` is a parameter of `fn` or assigned in it: a local, not the module's global."""
+    if fn is None:
+        return False
+    params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)} if hasattr(fn, "args") else set()
+    return name in params or any(isinstance(x, ast.Name) and x.id == name and isinstance(x.ctx, ast.Store)
+                                 for x in ast.walk(fn))
+
+
 def _option_default(c: ast.Call):
     """What argparse gives an option nobody passes: its default=, False/True for store_true/store_false, None."""
     d = kw(c, "default")
@@ -111,6 +120,10 @@ class DefaultOptions:
                           else [n.test]):
                     if isinstance(t, ast.Attribute) and t.attr in flags:
                         return flags[t.attr], n
+                    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.Is)) \
+                            and const_value(t.comparators[0]) is True and isinstance(t.left, ast.Attribute) and \
+                            t.left.attr in flags:
+                        return flags[t.left.attr], n  # `if args.run_eval_only==True and ...` (MeshGraphormer)
                     empty = self._empty_option_tested(t)
                     if empty:
                         return empty, n
@@ -119,7 +132,8 @@ class DefaultOptions:
                             self.default_value(m, t.left) == "":
                         return t.left.id, n  # `if head_resume != '':` with head_resume a config's empty path
                     if isinstance(t, ast.Name) and depth:
-                        off = self._parameter_off(m, n, t.id, depth)
+                        off = self._parameter_off(m, n, t.id, depth) or (
+                            not _bound_in(m.enclosing(n), t.id) and self._global_flag(m, t.id))
                         if off:
                             return off, n
                     if isinstance(t, ast.Attribute) and dotted(t) == f"self.{t.attr}" and \
@@ -134,6 +148,9 @@ class DefaultOptions:
                             self._field_default(t.attr) is False or not CONFIGISH.search(root(t)) and
                             self.default_value(m, t) is False):
                         return dotted(t), n  # a settings field that defaults to False (ColBERT's config)
+                    unset = self._config_key_unset(m, t)
+                    if unset:
+                        return unset, n
                     if isinstance(t, ast.Attribute) and OPTIONAL_PATH.match(t.attr) and self._never_defined(t.attr):
                         return f"{dotted(t)} (a path option these files never define)", n
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -143,10 +160,13 @@ class DefaultOptions:
 
     def config_defaults(self, key: str) -> list[ast.AST]:
         """The values a Python config file of the project gives `key` at its top level (`sync_bn = False`,
-        `gradient_accumulation_steps = 1` in Pointcept's configs/_base_/default_runtime.py)."""
+        `gradient_accumulation_steps = 1` in Pointcept's configs/_base_/default_runtime.py), or to the config
+        object it builds there (`config = edict()`, `config.resume = False`: SwinFace's configs/config_train.py)."""
         return [a.value for mm in self.p.modules.values() if re.search(r"(^|/)configs?(/|_|\.)", mm.rel)
-                for a in mm.tree.body if isinstance(a, ast.Assign) and len(a.targets) == 1
-                and isinstance(a.targets[0], ast.Name) and a.targets[0].id == key]
+                for a in mm.tree.body if isinstance(a, ast.Assign) and len(a.targets) == 1 and (
+                    isinstance(a.targets[0], ast.Name) and a.targets[0].id == key
+                    or isinstance(a.targets[0], ast.Attribute) and a.targets[0].attr == key
+                    and isinstance(a.targets[0].value, ast.Name) and CONFIGISH.search(a.targets[0].value.id))]
 
     def _config_default_off(self, t: ast.Attribute) -> bool:
         """`cfg.MODEL.SYNC_BN` where the project's config defaults set `_C.MODEL.SYNC_BN = False` (a yacs
@@ -161,7 +181,9 @@ class DefaultOptions:
                     and dotted(a.targets[0]).count(".") == len(parts) - 1 and len(parts) > 2]
         if CONFIGISH.search(parts[-2]):
             defaults += self.config_defaults(parts[-1])
-        if not defaults or not all(const_value(v) is False for v in defaults):
+        if not defaults:  # (the defaults file not among these: every experiment YAML that sets the key sets it
+            return self._yaml_value(parts[-1]) is False  # off, CID's `SYNC_BN: False` in experiments/coco.yaml)
+        if not all(const_value(v) is False for v in defaults):
             return False
         return not self._yaml_turns_on(parts[-1])
 
@@ -191,7 +213,7 @@ class DefaultOptions:
                     # weights path, by contrast, is what the README's command usually passes)
                     elif callee(a) == "add_argument" and opt and (default is None or isinstance(
                             default, ast.Constant) and default.value is None) and kw(a, "action") is None and \
-                            kw(a, "required") is None and kw(a, "nargs") is None and \
+                            const_value(kw(a, "required")) in (None, False) and kw(a, "nargs") is None and \
                             re.search(r"resume|restart|reload", opt, re.I):
                         out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
             passed = self._passed_in_launch_scripts()
@@ -215,9 +237,9 @@ class DefaultOptions:
         if negated and isinstance(c.left, ast.Attribute) and isinstance(c.comparators[0], ast.Constant) \
                 and c.comparators[0].value == "":
             return empty.get(c.left.attr)
-        if len(c.ops) == 1 and isinstance(c.ops[0], ast.IsNot) and isinstance(c.left, ast.Attribute) and \
-                isinstance(c.comparators[0], ast.Constant) and c.comparators[0].value is None:
-            return empty.get(c.left.attr)  # `if args.resume is not None:`
+        if len(c.ops) == 1 and isinstance(c.ops[0], (ast.IsNot, ast.NotEq)) and isinstance(c.left, ast.Attribute) \
+                and isinstance(c.comparators[0], ast.Constant) and c.comparators[0].value is None:
+            return empty.get(c.left.attr)  # `if args.resume is not None:` (or `!= None`, MeshGraphormer)
         return None
 
     def off_in_default_run(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
@@ -287,8 +309,21 @@ class DefaultOptions:
             if isinstance(v, ast.Attribute) and v.attr in flags:
                 named = flags[v.attr]
                 continue
+            if isinstance(v, ast.Name) and self._global_flag(_cm, v.id):
+                named = self._global_flag(_cm, v.id)
+                continue
             return None
         return named
+
+    def _global_flag(self, m: Module, name: str) -> str | None:
+        """A module-level name bound only to an option that is off by default (UPR-Net's `RESUME = args.resume`
+        in its main block, `--resume default=False`): the option, else None."""
+        flags = self.store_true_flags()
+        bound = [a.value for a in m.nodes if isinstance(a, ast.Assign) and m.enclosing(a) is None
+                 and any(isinstance(x, ast.Name) and x.id == name for x in a.targets)]
+        if len(bound) == 1 and isinstance(bound[0], ast.Attribute) and bound[0].attr in flags:
+            return flags[bound[0].attr]
+        return None
 
     def default_value(self, m: Module, v: ast.AST, depth: int = 2):
         """The constant `v` holds in the default run, or UNKNOWN: a literal; `args.accum_iter` where every
@@ -435,6 +470,36 @@ class DefaultOptions:
             return UNKNOWN
         text = raw.pop()
         return {"true": True, "false": False}.get(text.lower(), int(text) if text.lstrip("-").isdigit() else UNKNOWN)
+
+    def _config_key_unset(self, m: Module, t: ast.AST) -> str | None:
+        """`if ckpt_path is not None:` after `ckpt_path = self.config.get('resume_state')`, where every YAML file of
+        the project that names the key leaves it null (AMT's `resume_state: null`): false in the default run. The
+        key, or None."""
+        if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.IsNot, ast.NotEq))
+                and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None):
+            return None
+        v = t.left
+        if isinstance(v, ast.Name):
+            scope = m.enclosing(t) or m.tree
+            bound = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+                     and any(isinstance(x, ast.Name) and x.id == v.id for x in a.targets)]
+            v = bound[0] if len(bound) == 1 else None
+        key = None
+        if isinstance(v, ast.Call) and callee(v) == "get" and isinstance(v.func, ast.Attribute) and \
+                len(v.args) == 1 and not v.keywords and CONFIGISH.search(dotted(v.func.value).split(".")[-1]):
+            key = const_str(v.args[0])
+        elif isinstance(v, ast.Subscript) and CONFIGISH.search(dotted(v.value).split(".")[-1]):
+            key = const_str(v.slice)
+        return key if key and self._yaml_null(key) else None
+
+    def _yaml_null(self, key: str) -> bool:
+        """Every YAML file of the project that names `key` leaves it null (and one does)."""
+        if not self.p.on_disk:
+            return False
+        line = re.compile(rf"^\s*{re.escape(key)}\s*:[ \t]*([^\s#]*)", re.M)
+        raw = {v.strip("'\"") for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)
+               for v in line.findall(path.read_text(encoding="utf-8", errors="replace"))}
+        return bool(raw) and raw <= {"null", "~", "None", "none"}
 
     def _yaml_default(self, key: str, default):
         """`default` when no YAML file of the project sets `key` to anything else (`gradient_accumulation_steps: 1`

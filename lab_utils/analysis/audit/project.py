@@ -549,17 +549,6 @@ class Project:
     def calls_in(self, keys) -> list[tuple[Module, ast.Call]]:
         return [(m, c) for m, f in self.nodes(keys) for c in ast.walk(f) if isinstance(c, ast.Call)]
 
-    def never_named(self, m: Module, fn: ast.AST) -> bool:
-        """`fn` is named nowhere: not in its own module outside its body (a call, `mp.spawn(fn)`, `fire.Fire(fn)`),
-        and no other module imports it by name (a star import brings every name): dead code in these files."""
-        name = getattr(fn, "name", "")
-        inside = {id(n) for n in ast.walk(fn)}
-        if any(isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inside and dotted(n).split(".")[-1] == name
-               for n in m.nodes):
-            return False
-        return not any(attr in (name, None) and self.module_for(mm, local) is m
-                       for mm in self.modules.values() if mm is not m for local, (_, attr, _) in mm.imports.items())
-
     def callers(self, m: Module, fn: ast.AST) -> list[tuple[Module, ast.Call]]:
         """The project calls that may run `fn` (every module's calls, resolved once into an index)."""
         index = getattr(self, "_callers_index", None)

@@ -8,7 +8,7 @@ import ast
 import re
 
 from .project import Module, Project
-from .switches import conjuncts, set_by_launch, unlaunched
+from .switches import conjuncts, is_switch_test, set_by_launch, unlaunched
 from .syntax import (
     RANK0_NAME,
     RANKISH,
@@ -407,6 +407,8 @@ class Guards:
         for s in body:
             if s is child:
                 return None
+            if self._only_rank0_goes_on(m, s):
+                return "rank0"
             if isinstance(s, ast.If) and s.body and isinstance(s.body[-1], (ast.Return, ast.Continue, ast.Break)):
                 k = self.classify(m, s.test)
                 if k in ("rank0", "not0"):
@@ -419,6 +421,17 @@ class Guards:
                     if named and "rank0" not in kinds:  # (a rank named in the test itself, not a tainted flag)
                         return "rank0"
         return None
+
+    def _only_rank0_goes_on(self, m: Module, s: ast.AST) -> bool:
+        """`if rank == 0: loss = stats[0] / world_size` `else: continue` (adaptive-span's reduced losses): past `s`
+        only rank 0 goes on; so too when that if sits in the distributed switch (`if distributed: ...`), whose
+        other arm is the run of one process."""
+        if not _others_may_leave(s):  # (the shape first: this is asked of every statement before a finding)
+            return False
+        if _exits(s.orelse) and not _exits(s.body) and self.classify(m, s.test) == "rank0":
+            return True
+        return not s.orelse and is_switch_test(s.test) and not self.classify(m, s.test) and any(
+            self._only_rank0_goes_on(m, x) for x in s.body)
 
     def effective(self, m: Module, node: ast.AST, depth: int = 3) -> str | None:
         """kind() through the callers: a function called only under a rank-0 guard runs on rank 0 only."""
@@ -437,6 +450,16 @@ class Guards:
         if "leaky" in kinds and kinds <= {"rank0", "leaky"}:
             return "leaky"
         return None
+
+
+def _exits(block: list) -> bool:
+    return bool(block) and isinstance(block[-1], (ast.Return, ast.Continue, ast.Break))
+
+
+def _others_may_leave(s: ast.AST) -> bool:
+    """The shape of _only_rank0_goes_on: an if whose else leaves, or an if without else around one."""
+    return isinstance(s, ast.If) and (_exits(s.orelse) and not _exits(s.body) or not s.orelse and any(
+        _others_may_leave(x) for x in s.body))
 
 
 def _used_between(m: Module, name: str, a: ast.AST, b: ast.AST) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .hierarchy import replaced_where_built
+from .hierarchy import never_called, replaced_where_built
 from .scripts import demo_block, off_the_default_path, shadowed, unchosen
 
 SEVERITIES = ("defect", "check-by-hand")
@@ -106,12 +106,25 @@ def run_rules(facts, modules) -> list[Finding]:
                 assert isinstance(message, str) and severity in SEVERITIES, (r.id, message, severity)
                 if demo_block(facts, where, node) or shadowed(where, node) or unchosen(facts, where, node) or \
                         off_the_default_path(facts, where, node) or replaced_where_built(
-                            facts.p, where, where.enclosing(node)):
+                            facts.p, where, where.enclosing(node)) or never_called(facts.p, where, node):
                     continue  # a library's own demo under its main guard, a function the module defines again
                     # later, a class the default settings never pick, a function called only in arms they
-                    # skip, or a base class's method every subclass the project builds replaces: the default DDP
-                    # run never executes it
+                    # skip, a base class's method every subclass the project builds replaces, or a function
+                    # nothing calls: the default DDP run never executes it
                 line = getattr(node, "lineno", 0) or 1
                 found.setdefault((str(where.path), line, r.id),
                                  Finding(line, r.id, message, severity, str(where.path), related))
-    return sorted(found.values(), key=lambda f: (f.path, f.line, f.rule))
+    return _named_elsewhere(sorted(found.values(), key=lambda f: (f.path, f.line, f.rule)))
+
+
+def _named_elsewhere(found: list[Finding]) -> list[Finding]:
+    """One defect, one finding: a finding whose line another finding of its rule already names as a related place
+    (SwinFace's `callback_logging(...)` in train.py, named by the helper's own rank-0 log that prints what it is
+    handed) is part of that finding. When two name each other, the first in file order stays."""
+    order = {id(f): i for i, f in enumerate(found)}
+    dropped: set[int] = set()
+    for f in found:
+        if any(g is not f and id(g) not in dropped and g.rule == f.rule and (f.path, f.line) in g.related
+               and not ((g.path, g.line) in f.related and order[id(g)] > order[id(f)]) for g in found):
+            dropped.add(id(f))
+    return [f for f in found if id(f) not in dropped]

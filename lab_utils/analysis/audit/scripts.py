@@ -265,6 +265,10 @@ def _none_test_truth(f: Facts, t: ast.Compare) -> bool | None:
     if options and all(kw(c, "default") is None or isinstance(kw(c, "default"), ast.Constant)
                        and kw(c, "default").value is None for c in options):
         return isinstance(t.ops[0], ast.Is)
+    if options and all(isinstance(kw(c, "default"), ast.Constant) and kw(c, "default").value is not None
+                       for c in options):
+        return isinstance(t.ops[0], ast.IsNot)  # `if args.lr is None:` with `--lr default=5e-5` (Spann3R): only
+        # an option left unset is None, and this one has a default
     return None
 
 

@@ -7,7 +7,7 @@ import ast
 import re
 
 from ..facts import Facts
-from ..hierarchy import plain_function
+from ..hierarchy import never_named, plain_function
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import distributed_switch, group_check, one_process_arm, switched
@@ -45,7 +45,7 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
                 not _other_arm_unwraps(m, c, dotted(c.func)) and \
                 f.same_scope(m, c, dotted(c.func), wrapped[dotted(c.func)]) and \
                 _wrap_reaches(m, c, dotted(c.func), wrapped[dotted(c.func)]):
-            if _no_grad(m, c) and _buffer_free(f, m, dotted(c.func)):
+            if _no_grad_run(f, m, c) and _buffer_free(f, m, dotted(c.func)):
                 continue  # no buffers to broadcast, no backward to prepare: the forward talks to no other rank
             yield c, (f"{dotted(c.func)}(...) is the DDP-wrapped model, called by rank 0 alone: with "
                       "broadcast_buffers=True (the default) and a module that has buffers its forward broadcasts them "
@@ -54,7 +54,7 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
             continue
         param = _wrapper_parameter(f, m, c)
         if param is not None:
-            if not (_no_grad(m, c) and _buffer_free(f, m, dotted(c.func))):
+            if not (_no_grad_run(f, m, c) and _buffer_free(f, m, dotted(c.func))):
                 cm, site = param
                 yield Hit(c, (f"{dotted(c.func)}(...) runs on rank 0 alone, and {dotted(c.func)} is the DDP-wrapped "
                               f"model ({cm.path.name}:{site.lineno} hands it in): with broadcast_buffers=True (the "
@@ -96,6 +96,10 @@ BUFFER_FREE = re.compile(r"(Conv(Transpose)?[123]d|Linear|Bilinear|Sequential|Mo
                          r"Pixel(Un)?Shuffle|Unfold|Fold)")
 
 
+# where submodules are built (`__init__`, `_make_layer`, `build_decoder`), as opposed to the forward's path
+BUILDER = re.compile(r"^__init__$|make|build|create|layer|block|stage|head|neck|backbone|encoder|decoder", re.I)
+
+
 def _no_grad(m: Module, c: ast.Call) -> bool:
     """The call runs under `with torch.no_grad():` / `torch.inference_mode()`, or in a function decorated so."""
     n = m.parent.get(id(c))
@@ -110,6 +114,16 @@ def _no_grad(m: Module, c: ast.Call) -> bool:
             return True
         n = m.parent.get(id(n))
     return False
+
+
+def _no_grad_run(f: Facts, m: Module, c: ast.Call) -> bool:
+    """_no_grad(), or every project call of the function around `c` runs under no_grad (UPR-Net's
+    `Pipeline.inference`, called in `with torch.no_grad():` by its evaluation)."""
+    if _no_grad(m, c):
+        return True
+    fn = m.enclosing(c)
+    sites = f.p.callers(m, fn) if fn is not None else []
+    return bool(sites) and all(_no_grad(cm, s) for cm, s in sites)
 
 
 def _buffer_free(f: Facts, m: Module, name: str) -> bool:
@@ -131,6 +145,9 @@ def _buffer_free(f: Facts, m: Module, name: str) -> bool:
         if not name[:1].isupper() or not isinstance(c.func, (ast.Name, ast.Attribute)) or \
                 root(c.func).startswith("self.") or f.p.resolve(mm, c):
             continue  # a function, a submodule called (`self.blocks[i](x)`), or a project class (reached above)
+        if not BUILDER.search(getattr(mm.enclosing(c), "name", "__init__")):
+            continue  # applied on the forward's path, not built (UPR-Net's `softsplat.FunctionSoftsplat(...)` in
+            # get_warped_representations): a submodule that holds buffers is built in __init__ (or a builder)
         if not BUFFER_FREE.fullmatch(name):
             return False
     return True
@@ -339,7 +356,7 @@ def _outside_switch_hits(f: Facts, m: Module):
         if wrap and fn is not None and not sites:
             continue  # a wrap helper nothing here calls (SparK's unused parallelize()): its callers decide
         if fn is not None and not sites and m.enclosing(fn) is None and m.class_of(fn) is None and \
-                plain_function(fn) and f.p.never_named(m, fn):
+                plain_function(fn) and never_named(f.p, m, fn):
             continue  # a module function named nowhere (semantic-segmentation's reduce_tensor): dead code here
         if any(switched(f.p, cm, cc) is not None for cm, cc in sites) or fn is not None and \
                 _called_under_switch(f, m, fn):
@@ -429,13 +446,22 @@ def _always_true(test: ast.AST) -> bool:
 def _called_under_switch(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> bool:
     """A helper called under a distributed switch, directly or through helpers (`all_reduce` called by
     `all_gather_list`, which the loss calls only `if world_size > 1:`)."""
-    for cm, cc in f.p.callers(m, fn):
+    for cm, cc in f.p.callers(m, fn) or _calls_by_method_name(f, m, fn):
         if distributed_switch(cm, cc) is not None:
             return True
         outer = cm.enclosing(cc)
         if depth and outer is not None and outer is not fn and _called_under_switch(f, cm, outer, depth - 1):
             return True
     return False
+
+
+def _calls_by_method_name(f: Facts, m: Module, fn: ast.AST) -> list:
+    """A reducing method no call resolves to (SevenNet's `metric.ddp_reduce(self.device)`, on an element of
+    `recorder.metrics`): the project's calls of that method name, when the name says it reduces."""
+    if m.class_of(fn) is None or not re.search(r"reduce|sync|gather|ddp|dist", fn.name, re.I):
+        return []
+    return [(mm, c) for mm in f.p.modules.values() for c in mm.calls
+            if isinstance(c.func, ast.Attribute) and c.func.attr == fn.name]
 
 
 GROUP_CHECKS = ("is_initialized", "is_available")

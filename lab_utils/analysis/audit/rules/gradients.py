@@ -9,7 +9,7 @@ import re
 from ..facts import Facts
 from ..gathers import applications
 from ..growth import a_count, grows, never_read, world_holding
-from ..hierarchy import replaced_where_built
+from ..hierarchy import never_named, replaced_where_built
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import off_the_default_path, script_value
@@ -149,7 +149,7 @@ def _uncalled(f: Facts, m: Module, fn: ast.AST, depth: int = 2) -> bool:
     sites = f.p.callers(m, fn)
     if not sites:  # (a module another one imports is a library, even with a self-test `__main__` block)
         return (not m.entry or any(m.rel in f.p.imports_of(o) for o in f.p.modules.values() if o is not m)) and \
-            f.p.never_named(m, fn)
+            never_named(f.p, m, fn)
     return depth > 0 and all((g := cm.enclosing(c)) is not None and not cm.class_of(g) and _uncalled(
         f, cm, g, depth - 1) for cm, c in sites)
 

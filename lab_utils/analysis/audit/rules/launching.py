@@ -199,6 +199,30 @@ def _option_port(f: Facts, v: ast.AST):
         else None
 
 
+def _default_text(f: Facts, m: Module, v: ast.AST) -> str | None:
+    """The text a string expression holds in the default run, composed of constants and the defaults of options
+    no launch script passes (`args.dist_url + ':{}'.format(args.port)`); None when any part is unknown."""
+    if const_str(v) is not None:
+        return const_str(v)
+    if isinstance(v, ast.Attribute) and f._is_option(v.attr) and v.attr not in f._passed_in_launch_scripts():
+        d = f.default_value(m, v)
+        return str(d) if isinstance(d, (str, int)) and not isinstance(d, bool) else None
+    if isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add):
+        left, right = _default_text(f, m, v.left), _default_text(f, m, v.right)
+        return left + right if left is not None and right is not None else None
+    if isinstance(v, ast.Call) and callee(v) == "format" and isinstance(v.func, ast.Attribute) and \
+            const_str(v.func.value) is not None and not v.keywords:
+        parts = [_default_text(f, m, a) for a in v.args]
+        try:
+            return None if None in parts else const_str(v.func.value).format(*parts)
+        except (IndexError, KeyError, ValueError):
+            return None
+    if isinstance(v, ast.JoinedStr):
+        parts = [_default_text(f, m, x.value if isinstance(x, ast.FormattedValue) else x) for x in v.values]
+        return None if None in parts else "".join(parts)
+    return None
+
+
 def _env_fallback(m: Module, node: ast.Assign) -> bool:
     """The fixed value is only a fallback: under `if "MASTER_PORT" not in os.environ:` (a test of the very
     variable or environment key it sets), so a launcher's port wins."""
@@ -274,6 +298,15 @@ def hard_coded_master_port(f: Facts, m: Module):
             # however many branches fix it
             reported |= {dotted(t) for t in a.targets}
             yield a, f"{ast.unparse(a.value)} (passed as init_method) fixes the rendezvous port: {advice}", \
+                "check-by-hand"
+        elif any(dotted(t) in urls - reported for t in a.targets) and isinstance(a.value, (
+                ast.BinOp, ast.Call, ast.JoinedStr)) and LOOPBACK_PORT.fullmatch(_default_text(f, m, a.value) or ""):
+            # (an option copied whole is judged at its add_argument default, below)
+            # dist_url = args.dist_url + ':{}'.format(args.port), --dist-url 'tcp://127.0.0.1' and --port '23459'
+            # by default (CID): the options' defaults compose a fixed port on this host
+            reported |= {dotted(t) for t in a.targets}
+            yield a, (f"{ast.unparse(a.value)} (passed as init_method) is {_default_text(f, m, a.value)!r} with the "
+                      f"options' defaults, a fixed port on this host with no environment fallback: {advice}"), \
                 "check-by-hand"
     passed = any(callee(c) == "init_process_group" and _init_method(c) is not None
                  and const_str(_init_method(c)) is None for mm in f.p.modules.values() for c in mm.calls)

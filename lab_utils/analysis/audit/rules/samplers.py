@@ -559,7 +559,10 @@ def eval_padding_duplicates(f: Facts, m: Module):
             # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
             near = {mm.rel for mm in f.p.related(m)}
             # (up to three: UniTS's test() reduces in one helper per task kind; each helper's collective too)
-            reduced = tuple(x for r in sorted(f.eval_loop_reduces(), key=lambda r: r[0].rel not in near)[:3]
+            # (a call that reduces before a class built there: Spann3R's synchronize_between_processes(), then
+            # the MetricLogger(...) whose method it is)
+            reduced = tuple(x for r in sorted(f.eval_loop_reduces(), key=lambda r: (
+                r[0].rel not in near, callee(r[1])[:1].isupper()))[:3]
                             for x in (r, *_collective_inside(f, *r)))
             what = ("pads the set to a multiple of world_size with repeated samples, and the evaluation loop reduces "
                     "its metrics over ranks: the duplicates are counted, so the metric is not the single run's unless "

@@ -6,6 +6,7 @@ import ast
 import re
 
 from ..facts import Facts
+from ..hierarchy import never_named
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import LAUNCH_KEYS, is_switch_test, one_process_arm
@@ -215,7 +216,7 @@ def _saves_on_every_rank(f: Facts, m: Module):
                      and isinstance(x.func, ast.Name) and x.func.id == fn.name]
         if fn is not None and sites and re.search(r"save|checkpoint|serialize", fn.name.lower()):
             continue  # inside a save helper (torch.save or a helper of its own): each call is judged where it is made
-        if fn is not None and not sites and (not m.entry or f.p.never_named(m, fn)):
+        if fn is not None and not sites and (not m.entry or never_named(f.p, m, fn)):
             continue  # a library function nobody in the audited files calls: its callers decide (or dead code:
             # Text4Vis's utils.py keeps the epoch_saving its train.py redefines and calls)
         if not any(f.p.mentions_ddp(r) for r in f.p.related(m)) or _launches_the_ranks(m):

@@ -9,7 +9,7 @@ import re
 import warnings
 
 from ..facts import Facts
-from ..hierarchy import plain_function
+from ..hierarchy import never_named, plain_function
 from ..options import UNKNOWN, option_text
 from ..project import Module
 from ..registry import Hit, rule
@@ -569,7 +569,7 @@ def peek_iterator(f: Facts, m: Module):
             continue
         fn = m.enclosing(c)
         if fn is not None and m.enclosing(fn) is None and m.class_of(fn) is None and plain_function(fn) and \
-                not f.p.callers(m, fn) and f.p.never_named(m, fn):
+                not f.p.callers(m, fn) and never_named(f.p, m, fn):
             continue  # a module function named nowhere (semantic-segmentation's throughput()): dead code here
         yield c, (f"{ast.unparse(c)} creates an extra iterator over the loader, which draws a seed from the global "
                   "RNG (even with num_workers=0) and shifts every later draw; give the DataLoader "
