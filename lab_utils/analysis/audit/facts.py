@@ -316,6 +316,9 @@ class Facts(DefaultOptions):
         rets = [r.value for r in ast.walk(fwd) if isinstance(r, ast.Return) and r.value is not None] if fwd else []
         if not rets:
             return False
+        known = self.cache.setdefault("forward_reduced", {})  # (once per forward: TransFG's nested ViT blocks
+        if id(fwd) in known:  # asked it again at every call of every block, 57 s before)
+            return known[id(fwd)]
         busy = self.cache.setdefault("forward_reduced_busy", set())
         if id(fwd) in busy:
             return False  # a forward that calls a model of its own kind (GFSLT-VLP's): no reduction found on the way
@@ -324,8 +327,9 @@ class Facts(DefaultOptions):
             red = self.reduced_names(found[0], fwd)
         finally:
             busy.discard(id(fwd))
-        return all(any(root(n) in red for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute)))
-                   for r in rets)
+        known[id(fwd)] = all(any(root(n) in red for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute)))
+                             for r in rets)
+        return known[id(fwd)]
 
     # --- samplers and evaluation (ch03, ch08)
     def sampler_classes(self) -> set[str]:

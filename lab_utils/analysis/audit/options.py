@@ -318,6 +318,9 @@ class DefaultOptions:
     def _global_flag(self, m: Module, name: str) -> str | None:
         """A module-level name bound only to an option that is off by default (UPR-Net's `RESUME = args.resume`
         in its main block, `--resume default=False`): the option, else None."""
+        return self._cached("_global_flag", (m.rel, name), lambda key: self._global_flag_uncached(m, name))
+
+    def _global_flag_uncached(self, m: Module, name: str) -> str | None:
         flags = self.store_true_flags()
         bound = [a.value for a in m.nodes if isinstance(a, ast.Assign) and m.enclosing(a) is None
                  and any(isinstance(x, ast.Name) and x.id == name for x in a.targets)]

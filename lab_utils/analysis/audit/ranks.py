@@ -472,7 +472,14 @@ def _used_between(m: Module, name: str, a: ast.AST, b: ast.AST) -> bool:
 
 def _periodic(m: Module, name: str) -> bool:
     """`log_input_output = (logger.iters % hps.save_iters == 0)`: a flag of a step count, not of the rank."""
-    values = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)]
+    index = m.__dict__.get("_assigned_values")
+    if index is None:  # (asked for every rank-like name a test reads: the module's assignments, indexed once)
+        index = m.__dict__["_assigned_values"] = {}
+        for a in m.nodes:
+            if isinstance(a, ast.Assign):
+                for t in a.targets:
+                    index.setdefault(dotted(t), []).append(a.value)
+    values = index.get(name, [])
     return bool(values) and all(isinstance(v, ast.Compare) and (not involves_rank(v.left, m.rank_tainted) or isinstance(
         v.left, ast.BinOp) and isinstance(v.left.op, ast.Mod) and isinstance(v.left.left, ast.Attribute)
         and not RANKISH.search(v.left.left.attr)) for v in values)  # (or `(i == 0)`, the first batch)
