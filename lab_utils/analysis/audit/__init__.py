@@ -37,7 +37,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import rules  # noqa: F401  (registers every rule)
+from .entries import unlaunched_lines
 from .facts import Facts
+from .files import shell_scripts
 from .launch_scripts import fixed_ports_in_launch_scripts
 from .project import AuditError, Module, Project
 from .registry import REGISTRY, SEVERITIES, Finding, Rule, run_rules
@@ -77,7 +79,10 @@ def audit_paths(paths) -> list[Finding]:
     files, root = _expand(paths)
     project = Project(files, root)
     given = {str(f) for f in files}
-    found = [f for f in run_rules(Facts(project), project.modules.values()) if f.path in given]
+    # (a second entry point the project's launch scripts never run, beside one they do, is not the documented run)
+    aside = unlaunched_lines(project, shell_scripts(project.root) if project.on_disk else [])
+    found = [f for f in run_rules(Facts(project), project.modules.values())
+             if f.path in given and not any(f.line in r for r in aside.get(f.path, ()))]
     # a folder: its launch scripts too, unless the Python code sets MASTER_PORT itself over the launcher's (VoCo's
     # `os.environ['MASTER_PORT'] = '28890'`): the script's --master_port is then not the port used
     overridden = any(f.rule == "hard-coded-master-port" and f.message.startswith("MASTER_PORT") for f in found)

@@ -47,3 +47,47 @@ def _tries_its_own_class(m) -> bool:
     S3D(num_classes=400)`): a model file trying itself out, whoever imports it."""
     mains = [n for n in m.tree.body if isinstance(n, ast.If) and "__name__" in {dotted(x) for x in ast.walk(n.test)}]
     return any(isinstance(c, ast.Call) and callee(c) in m.classes for n in mains for c in ast.walk(n))
+
+
+# `python tools/train.py`, `torchrun ... $method.py`, `-m torch.distributed.launch ... ${ROOT}/main.py`
+SCRIPT_ARGUMENT = re.compile(r"(?<![\w$/.-])((?:[\w$.{}/-]*/)?[\w${}-]+\.py)\b")
+SHELL_VARIABLE = re.compile(r"^\s*(?:export\s+)?(\w+)=['\"]?([\w./-]*)['\"]?\s*(?:#.*)?$")
+
+
+def launched_scripts(root: Path, scripts: list[Path]) -> set[str] | None:
+    """The Python files the project's shell scripts run (their names, a script's own variables filled in:
+    UniMatch V2's `method='unimatch_v2'`, then `$method.py`); None when no script runs any. A comment that lists
+    the other choices (`# method: ['unimatch_v2', 'fixmatch', 'supervised']`) runs nothing."""
+    found: set[str] = set()
+    for path in scripts:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = [line.split("#", 1)[0] for line in text.replace("\\\n", " ").splitlines()]
+        variables = {m.group(1): m.group(2) for m in map(SHELL_VARIABLE.match, text.splitlines()) if m}
+        for line in lines:
+            for name in SCRIPT_ARGUMENT.findall(line):
+                name = re.sub(r"\$\{?(\w+)\}?", lambda v, known=variables: known.get(v.group(1), "\0"), name)
+                if "\0" not in name:
+                    found.add(Path(name).name)
+    return found or None
+
+
+def unlaunched_lines(p, scripts: list[Path]) -> dict[str, list[range]]:
+    """Per script the project's launch scripts never run, when they run another of them (a second entry point,
+    UniMatch V2's supervised.py beside the unimatch_v2.py that train.sh runs): the lines only its own run reaches,
+    i.e. all but the functions and classes another module imports from it (unimatch_v2.py's `from supervised
+    import evaluate`). What is wrong only there is not in the run the project documents. {path: line ranges}."""
+    launched = launched_scripts(p.root, scripts) if p.on_disk else None
+    entries = [m for m in p.modules.values() if m.entry]
+    if not launched or not any(Path(m.rel).name in launched for m in entries):
+        return {}
+    out = {}
+    for e in entries:
+        if Path(e.rel).name in launched:
+            continue
+        used = {name for m in p.modules.values() if m is not e for local, (_, name, _) in m.imports.items()
+                if p.module_for(m, local) is e}
+        kept = [range(n.lineno, n.end_lineno + 1) for n in e.tree.body if getattr(n, "name", None) in used]
+        out[str(e.path)] = [range(a.stop, b.start) for a, b in zip(
+            [range(0, 1), *sorted(kept, key=lambda r: r.start)],
+            [*sorted(kept, key=lambda r: r.start), range(10**9, 10**9)], strict=True)]
+    return out

@@ -4,9 +4,10 @@ all_gather of the predictions): chapter 08's padding rule needs one to count the
 from __future__ import annotations
 
 import ast
+import re
 
 from .project import Module
-from .syntax import EVAL_WORD, EVALISH, REDUCING, WORLDISH, callee, dict_view, dotted, reduces_or_gathers
+from .syntax import EVAL_WORD, EVALISH, REDUCING, WORLDISH, callee, const_str, dict_view, dotted, reduces_or_gathers
 
 
 def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
@@ -137,4 +138,29 @@ def dedups_gathered_ids(facts) -> bool:
     each sample once, padded duplicates included."""
     return any(any(isinstance(x, ast.Call) and callee(x) == "all_gather" for x in ast.walk(fn)) and any(
         isinstance(x, ast.Call) and callee(x) == "unique" and any(k.arg == "return_index" for k in x.keywords)
-        for x in ast.walk(fn)) for mm in facts.p.modules.values() for fn in mm.functions.values())
+        for x in ast.walk(fn)) for mm in facts.p.modules.values() for fn in mm.functions.values()) or any(
+        _keyed_by_sample_id(facts.p, mm, d) for mm in facts.p.modules.values() for d in mm.nodes
+        if isinstance(d, ast.DictComp))
+
+
+SAMPLE_ID = re.compile(r"^(image_|img_|sample_|video_|utt_|doc_)?ids?$")
+
+
+def _keyed_by_sample_id(p, m, d: ast.DictComp) -> bool:
+    """`res = {target['image_id'].item(): output ...}` handed to an evaluator's update whose code is not in the
+    project (DETR's engine, whose CocoEvaluator file these copies may lack): results keyed by the sample's id, so a
+    padded duplicate overwrites its first copy instead of counting twice. An evaluator the project defines is
+    judged by its own code (TadTR's appends every window's detections: counted twice)."""
+    if not any(SAMPLE_ID.match(const_str(x) or getattr(x, "attr", "") or "") for x in ast.walk(d.key)):
+        return False
+    a = m.parent.get(id(d))
+    names = {t.id for t in getattr(a, "targets", []) if isinstance(t, ast.Name)} if isinstance(a, ast.Assign) else set()
+    return any(isinstance(c, ast.Call) and callee(c) == "update" and re.search(r"evaluat", dotted(c.func), re.I)
+               and any(isinstance(x, ast.Name) and x.id in names for x in c.args) and not _project_evaluator(p, m, c)
+               for c in m.calls)
+
+
+def _project_evaluator(p, m, c: ast.Call) -> bool:
+    """The evaluator's update is project code: resolved, or a method `update` of a project class named so."""
+    return bool(p.resolve(m, c)) or any(re.search(r"evaluat", cls, re.I) and f"{cls}.update" in mm.functions
+                                        for mm in p.modules.values() for cls in mm.classes)

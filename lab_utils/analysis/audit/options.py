@@ -115,7 +115,9 @@ class DefaultOptions:
         flags = self.store_true_flags()
         child, n = node, m.parent.get(id(node))
         while n is not None and not isinstance(n, ast.Module):
-            if isinstance(n, ast.If) and any(child is b for b in n.body):
+            # (`torch.load(...) if args.use_clip else None`: the arm of a conditional expression too, DebiasPL)
+            if isinstance(n, (ast.If, ast.IfExp)) and any(child is b for b in (
+                    n.body if isinstance(n.body, list) else [n.body])):
                 for t in (n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And)
                           else [n.test]):
                     if isinstance(t, ast.Attribute) and t.attr in flags:
@@ -291,8 +293,15 @@ class DefaultOptions:
                             strict=True))
         defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True)
                          if d is not None})
-        if name not in defaults or const_value(defaults[name]) not in (False, None):
+        # (a required parameter counts when every caller hands it such a flag: AnimateDiff's `use_wandb: bool`,
+        # `main(..., use_wandb=args.wandb, **config)`)
+        required = name not in defaults and name in [a.arg for a in args]
+        if not required and (name not in defaults or const_value(defaults[name]) not in (False, None)):
             return None
+        if required and any(isinstance(x, ast.Name) and x.id == fn.name and isinstance(x.ctx, ast.Load)
+                            and getattr(mm.parent.get(id(x)), "func", None) is not x for mm in self.p.modules.values()
+                            for x in mm.nodes):
+            return None  # (also handed to mp.spawn with its own arguments: SEA-RAFT's `main(..., use_ddp)`)
         sites, named = self.p.callers(m, fn), name
         if not sites:
             return None
@@ -304,6 +313,8 @@ class DefaultOptions:
                 params = params[1:]
             if v is None and name in params and params.index(name) < len(c.args):
                 v = c.args[params.index(name)]
+            if v is None and required:
+                return None
             if v is None or const_value(v) is False:
                 continue
             if isinstance(v, ast.Attribute) and v.attr in flags:
@@ -345,8 +356,14 @@ class DefaultOptions:
         if isinstance(v, ast.Subscript) and const_str(v.slice) and isinstance(v.value, (ast.Name, ast.Attribute)) and \
                 CONFIGISH.search(dotted(v.value).split(".")[-1]):
             return self._yaml_value(const_str(v.slice))  # `config["ACCUMULATION_STEPS"]`, 1 in the YAML (MeMOTR)
+        if isinstance(v, ast.Subscript) and const_str(v.slice):
+            # `op_sc['optimizer']['step_iteration']`, a dict the module builds with that key (VQ-Diffusion's
+            # `{'step_iteration': op_cfg.get('step_iteration', 1)}`): what every such entry holds
+            held = [val for d in m.nodes if isinstance(d, ast.Dict) for k, val in zip(d.keys, d.values, strict=True)
+                    if k is not None and const_str(k) == const_str(v.slice)]
+            return _one([self.default_value(m, x, depth - 1) for x in held]) if held and depth else UNKNOWN
         if isinstance(v, ast.Call) and callee(v) == "get" and isinstance(v.func, ast.Attribute) and \
-                len(v.args) == 2 and const_str(v.args[0]) and CONFIGISH.search(dotted(v.func.value).split(".")[-1]):
+                len(v.args) == 2 and const_str(v.args[0]) and _configish(v.func.value):
             # `self.cfg.get('HEAD_RESUME', '')` with `HEAD_RESUME: ""` in the task's YAML (TFace)
             return self._yaml_default(const_str(v.args[0]), self.default_value(m, v.args[1], depth))
         if isinstance(v, ast.Attribute):
@@ -373,6 +390,8 @@ class DefaultOptions:
         scope = fn if fn is not None else m.tree
         sets = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and len(a.targets) == 1
                 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == v.id]
+        # (`epochs = int(epochs)` keeps what the name held before: its parameter's value)
+        sets = [x for x in sets if not any(isinstance(n, ast.Name) and n.id == v.id for n in ast.walk(x))]
         if sets:
             return _one([self.default_value(m, x, depth) for x in sets])
         params = [a.arg for a in fn.args.args] if fn is not None and depth else []
@@ -385,7 +404,11 @@ class DefaultOptions:
             given = kw(c, v.id)
             if given is None and positional.index(v.id) < len(c.args):
                 given = c.args[positional.index(v.id)]
-            if given is None and v.id in defaults and not any(k.arg is None for k in c.keywords):
+            if given is None and v.id in defaults and any(k.arg is None for k in c.keywords):
+                # `main(**config)` with a YAML config (AnimateDiff): the YAML's value of the key, else the default
+                values.append(self._yaml_default(v.id, self.default_value(m, defaults[v.id], 0)))
+                continue
+            if given is None and v.id in defaults:
                 given, cm = defaults[v.id], m  # left out: the parameter's default (`def fit(..., seed=None)`)
             if given is None or any(isinstance(a, ast.Starred) for a in c.args):
                 return UNKNOWN
@@ -442,8 +465,13 @@ class DefaultOptions:
         for mm in self.p.modules.values():
             for a in mm.nodes:
                 if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Attribute) \
-                        and a.targets[0].attr == attr and not isinstance(a.value, ast.Call) and \
-                        _unconditional(mm, a):  # (semseg's `args.sync_bn = False` for one GPU is no default)
+                        and a.targets[0].attr == attr and _unconditional(mm, a):
+                    # (semseg's `args.sync_bn = False` for one GPU is no default)
+                    if isinstance(a.value, ast.Call):  # a config read (OpenOCR's `self.accumulation_steps =
+                        # self.cfg['Global'].get('accumulation_steps', 1)`); an object built is no setting
+                        read = self.default_value(mm, a.value, depth - 1)
+                        values += [read] if read is not UNKNOWN else []
+                        continue
                     handed = isinstance(a.value, (ast.Attribute, ast.Name)) and \
                         dotted(a.value).split(".")[-1] != attr
                     values.append(a.value.value if isinstance(a.value, ast.Constant) else
@@ -458,6 +486,14 @@ class DefaultOptions:
         line = re.compile(rf"^\s*{re.escape(key)}\s*:", re.M)
         return any(line.search(path.read_text(encoding="utf-8", errors="replace"))
                    for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
+
+    def yaml_files_naming(self, key: str, section: bool = False) -> bool | None:
+        """True when every YAML file of the project sets `key` (opens a `key:` section, with `section`), False
+        when none does, else None (or no YAML)."""
+        line = re.compile(rf"^\s*{re.escape(key)}\s*:" + (r"[ \t]*(#.*)?$" if section else ""), re.M)
+        named = {bool(line.search(path.read_text(encoding="utf-8", errors="replace")))
+                 for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)}
+        return named.pop() if len(named) == 1 else None
 
     def _yaml_value(self, key: str):
         return self._cached("_yaml_value", key, self._yaml_value_uncached)
@@ -506,15 +542,14 @@ class DefaultOptions:
 
     def _yaml_default(self, key: str, default):
         """`default` when no YAML file of the project sets `key` to anything else (`gradient_accumulation_steps: 1`
-        in every config, or the key absent), else UNKNOWN."""
+        in every config, or the key absent); the one other value they all give it; else UNKNOWN."""
         if default is UNKNOWN or not self.p.on_disk:
             return UNKNOWN
-        line = re.compile(rf"^\s*{re.escape(key)}\s*:\s*(\S+)", re.M)
-        for suffix in (".yaml", ".yml"):
-            for path in project_files(self.p.root, suffix):
-                for value in line.findall(path.read_text(encoding="utf-8", errors="replace")):
-                    if value.strip("'\"") != str(default):
-                        return UNKNOWN
+        line = re.compile(rf"^\s*{re.escape(key)}\s*:[ \t]*([^\s#]+)", re.M)
+        given = {value.strip("'\"") for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)
+                 for value in line.findall(path.read_text(encoding="utf-8", errors="replace"))} - {str(default)}
+        if given:  # the one value every YAML that sets the key gives (VQ-Diffusion's `adjust_lr: none`), typed
+            return _yaml_scalar(given.pop()) if len(given) == 1 else UNKNOWN
         # ... and the JSON configs (gtn_applications' `config.get("seed", None)` with `"seed": 0` in tds2d.json)
         pair = re.compile(rf'"{re.escape(key)}"\s*:\s*([^,\s}}\]]+)')
         for path in project_files(self.p.root, ".json"):
@@ -522,6 +557,30 @@ class DefaultOptions:
             if any(_json_scalar(value) != default for value in pair.findall(text)):
                 return UNKNOWN
         return default
+
+
+def _configish(x: ast.AST) -> bool:
+    """A config object however it is reached: `cfg`, `self.cfg['Global']`, `config['solver']`, `op_cfg`."""
+    while isinstance(x, (ast.Subscript, ast.Attribute)):
+        if isinstance(x, ast.Attribute) and CONFIGISH.search(x.attr):
+            return True
+        x = x.value
+    return isinstance(x, ast.Name) and bool(re.search(r"(^|_)(cfg|config|conf|opt|hparams)$", x.id, re.I))
+
+
+def _yaml_scalar(text: str):
+    """The value a YAML scalar's text holds: a boolean, a number, None, a plain word; else UNKNOWN."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "~"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text if re.fullmatch(r"[A-Za-z_][\w.\-/]*", text) else UNKNOWN
 
 
 def _json_scalar(text: str):

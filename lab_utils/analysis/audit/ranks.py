@@ -98,6 +98,8 @@ class Guards:
         for a in m.nodes:
             if isinstance(a, ast.Assign) and len(a.targets) == 1 and dotted(a.targets[0]):
                 name = dotted(a.targets[0])
+                if isinstance(a.value, ast.Constant) and a.value.value is None:
+                    continue  # (`self.save_models = None` in __init__, set for real later: IDDM)
                 if isinstance(a.value, ast.Constant) and isinstance(a.value.value, bool):
                     consts.setdefault(name, []).append((a.value.value, self._arm(m, a)))
                 else:
@@ -303,6 +305,8 @@ class Guards:
                 if has0:
                     return "rank0" if isinstance(op, ast.In) else "not0"
                 return None
+            if isinstance(right, (ast.Name, ast.Attribute)) and MAIN_RANK.search(dotted(right).split(".")[-1]):
+                right = ast.Constant(0)  # `dist.get_rank() != self.main_gpu` (IDDM): the main process's rank
             if not (isinstance(right, ast.Constant) and isinstance(right.value, (int, float))):
                 return None
             v = right.value
@@ -450,6 +454,10 @@ class Guards:
         if "leaky" in kinds and kinds <= {"rank0", "leaky"}:
             return "leaky"
         return None
+
+
+# the name of the main process's rank compared with the rank (`main_gpu`, `master_rank`, `main_process_rank`)
+MAIN_RANK = re.compile(r"^(main|master|root)_(gpu|rank|process|process_rank|device)$", re.I)
 
 
 def _exits(block: list) -> bool:

@@ -158,7 +158,7 @@ def off_the_default_path(f: Facts, m: Module, node: ast.AST, depth: int = 2) -> 
     (RoboFlamingo's `if args.head_type == "diffusion": train_one_epoch_calvin_diff(...) elif args.fusion_mode ==
     'two_way': ...`, with --head_type 'lstm' and the launch script's --fusion_mode post): that code does not run.
     A function nothing here calls is left alone (its caller may be a file these copies lack)."""
-    if _arm_off(f, m, node):
+    if arm_off(f, m, node):
         return True  # (VoiceCraft's `if self.args.dynamic_batching:` ... else: DistributedSampler(...), with the
         # launch script's --dynamic_batching 1: the else does not run)
     fn = m.enclosing(node)
@@ -172,7 +172,7 @@ def off_the_default_path(f: Facts, m: Module, node: ast.AST, depth: int = 2) -> 
         cache[key] = False  # (a recursive call reaches the function again: not known off)
         sites = f.p.callers(m, fn)
         cache[key] = bool(sites) and not _handed_on(f, fn) and all(
-            _arm_off(f, cm, s) or depth > 0 and off_the_default_path(f, cm, s, depth - 1) for cm, s in sites)
+            arm_off(f, cm, s) or depth > 0 and off_the_default_path(f, cm, s, depth - 1) for cm, s in sites)
     return cache[key]
 
 
@@ -188,7 +188,7 @@ def _handed_on(f: Facts, fn: ast.AST) -> bool:
     return getattr(fn, "name", None) in f.cache["handed_names"]
 
 
-def _arm_off(f: Facts, m: Module, node: ast.AST) -> bool:
+def arm_off(f: Facts, m: Module, node: ast.AST) -> bool:
     """`node` sits in the body of an `if` whose test the default settings fail, or in the else of one they pass."""
     child, n = node, m.parent.get(id(node))
     while n is not None and not isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -233,6 +233,20 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
     if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Is, ast.IsNot)) and \
             isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None:
         return _none_test_truth(f, t)
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.In, ast.NotIn)) and \
+            const_str(t.left) and f.p.on_disk and _config_section(f, t.comparators[0]):
+        # `'sampler' in config[mode]` (OpenOCR): whether the project's YAML configs name the key (all, or none)
+        named = f.yaml_files_naming(const_str(t.left))
+        return None if named is None else named == isinstance(t.ops[0], ast.In)
+    if isinstance(t, ast.Name) and not re.search(r"rank|gpu|world|local|dist|device|ddp|parallel|main", t.id, re.I):
+        # a parameter a YAML config fills (AnimateDiff's `if scale_lr:`, `scale_lr: bool = False`, `main(**config)`)
+        value = f.default_value(m, t)
+        return None if value is UNKNOWN else bool(value)
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and \
+            isinstance(t.left, ast.Name) and isinstance(t.comparators[0], ast.Constant) and \
+            isinstance(t.comparators[0].value, str):
+        value = f.default_value(m, t.left)  # `adjust_lr == 'sqrt'` with `adjust_lr: none` in the YAML (VQ-Diffusion)
+        return None if not isinstance(value, str) else (value == t.comparators[0].value) == isinstance(t.ops[0], ast.Eq)
     if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq))
             and isinstance(t.left, ast.Attribute) and isinstance(t.comparators[0], ast.Constant)
             and isinstance(t.comparators[0].value, str)):
@@ -248,6 +262,17 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
     if value is UNKNOWN or not isinstance(value, str):
         return None
     return (value == t.comparators[0].value) == isinstance(t.ops[0], ast.Eq)
+
+
+def _config_section(f: Facts, x: ast.AST) -> bool:
+    """`x` is a mapping of the project's config: `cfg`, `config[mode]`, or `config['Train']` where a YAML file
+    opens a `Train:` section; not `config['task_name']`, a value a substring is looked for in (UniTS)."""
+    if isinstance(x, (ast.Name, ast.Attribute)):
+        return re.search(r"cfg|conf", dotted(x), re.I) is not None
+    if not (isinstance(x, ast.Subscript) and re.search(r"cfg|conf", dotted(x.value), re.I)):
+        return False
+    key = const_str(x.slice)
+    return key is None or f.yaml_files_naming(key, section=True) is not False
 
 
 def _none_test_truth(f: Facts, t: ast.Compare) -> bool | None:

@@ -95,17 +95,23 @@ FRESH = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "zer
          "empty_like", "full_like", "from_numpy", "ByteTensor", "LongTensor", "IntTensor", "FloatTensor", "Tensor"}
 
 
-def _grad_free(scope: ast.AST, x: ast.AST) -> bool:
+# methods that move or reshape a tensor and keep whether it carries a gradient
+RESHAPES = {"to", "cuda", "unsqueeze", "view", "reshape", "float", "long", "double", "int", "contiguous", "flatten"}
+
+
+def _grad_free(scope: ast.AST, x: ast.AST, seen: frozenset = frozenset()) -> bool:
     """The gathered tensor cannot carry a gradient: built by a tensor constructor (`torch.tensor([t.numel()])`,
     the sizes gathered before an all_gather of pickled objects), directly or through every assignment of its
     name in the scope."""
+    if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr in RESHAPES:
+        return _grad_free(scope, x.func.value, seen)  # `torch.tensor(metric).unsqueeze(0).to(device)` (VAN)
     if isinstance(x, ast.Call):
         return callee(x) in FRESH and not any(k.arg == "requires_grad" for k in x.keywords)
-    if not isinstance(x, ast.Name):
+    if not isinstance(x, ast.Name) or x.id in seen:  # (`x = x.to(device)` names itself: not known free)
         return False
     values = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
               and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]
-    return bool(values) and all(_grad_free(scope, v) for v in values)
+    return bool(values) and all(_grad_free(scope, v, seen | {x.id}) for v in values)
 
 
 def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
@@ -345,6 +351,13 @@ def _steps(c: ast.AST) -> bool:
                                             "optim" in dotted(a).lower() for a in c.args))
 
 
+def _stepped(c: ast.Call) -> str:
+    """What a step call steps: `optim_g` for `optim_g.step()` or `scaler.step(optim_g)`; '' when it cannot tell."""
+    if callee(c) == "step" and isinstance(c.func, ast.Attribute) and re.search(r"scaler", dotted(c.func.value), re.I):
+        return dotted(c.args[0]) if c.args else ""
+    return dotted(c.func.value) if isinstance(c.func, ast.Attribute) else ""
+
+
 SCHEDULER = re.compile(r"[Ss]chedul|LR|Warmup")  # StepLR, OneCycleLR, PolynomialLRWarmup, CosineScheduler
 
 
@@ -396,9 +409,14 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
         # (a flush of the micro-batches left at the epoch's end, `if n_accumulate_bp > 0: step`, is gated too)
         flushes = [n for n in ast.walk(loop) if isinstance(n, ast.If) and involves(n.test, ACCUMISH)]
         inside = {id(c) for g in [*gated, *flushes] for s in g.body for c in ast.walk(s)}
-        if gated and not any(_steps(c) and id(c) not in inside and not any(k.arg == "update_grad" for k in c.keywords)
-                             and not _scheduler_step(m, c) for c in ast.walk(loop)):
-            out.append(gated[0].test)  # every step of the loop is gated: it accumulates
+        free = {_stepped(c) for c in ast.walk(loop) if _steps(c) and id(c) not in inside and not any(
+            k.arg == "update_grad" for k in c.keywords) and not _scheduler_step(m, c)}
+        # every step of the loop is gated: it accumulates; or one optimizer's steps are, while another (a GAN's
+        # discriminator, so-vits-svc's optim_d) steps every micro-batch
+        held = [g for g in gated if any(_steps(c) and not _scheduler_step(m, c) and _stepped(c) not in free and (
+            not free or re.search(r"optim|opt\b", _stepped(c), re.I)) for s in g.body for c in ast.walk(s))]
+        if held and (not free or "" not in free):
+            out.append(held[0].test)
         for n in ast.walk(loop):
             if isinstance(n, ast.Call) and any(k.arg == "update_grad" and any(
                     isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(k.value))

@@ -8,8 +8,10 @@ import re
 
 from ..evaluation import dedups_gathered_ids
 from ..facts import Facts
+from ..loaders import loader_places, one_epoch_run
 from ..project import Module
 from ..registry import Hit, rule
+from ..scripts import arm_off
 from ..switches import distributed_switch, switched
 from ..syntax import (
     DIST_SWITCH,
@@ -77,7 +79,8 @@ def _sampler_context(f: Facts, m: Module):
     """(samplers built here whose epoch order matters, set_epoch calls of the scripts that run with m), or None
     when there is nothing to judge: no sampler, or a loader library audited without any script."""
     made = [c for c in _made(f, m) if _order_matters(m, c) and not _advances_itself(f, callee(c))
-            and not _epochless(f, m, c)]
+            and not _epochless(f, m, c) and not arm_off(f, m, c)]  # (OpenOCR's `elif` after `if 'sampler' in
+    # config[mode]:`, which its YAML takes)
     if not made or not any(mm.entry for mm in f.p.modules.values()):
         return None
     # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's. When no
@@ -122,6 +125,8 @@ def set_epoch_missing(f: Facts, m: Module):
     if ctx is None:
         return
     made, set_epochs = ctx
+    if one_epoch_run(f):
+        return  # (TorchSSL's `for epoch in range(args.epoch)`, `epoch: 1` in its config: no epoch boundary)
     stale = [(mm, c) for mm, c in set_epochs if _rebuilt_after(mm, c)]
     # (a dataset's own set_epoch, MeMOTR's `dataset_train.set_epoch(epoch)`, moves no sampler)
     set_epochs = [(mm, c) for mm, c in set_epochs if (mm, c) not in stale and not (
@@ -159,8 +164,11 @@ def set_epoch_missing(f: Facts, m: Module):
                              for t in a.targets) and not isinstance(a.value, ast.Constant)][:1]
             told = f" (line {meant[0][1].lineno} of {meant[0][0].rel} sets `{ast.unparse(meant[0][1].targets[0])}`, " \
                 "which no sampler reads)" if meant else ""
+            # (and where its loader is iterated, epoch after epoch: IDDM's `tqdm(self.dataloader)` in a method the
+            # base trainer's epoch loop calls, the HTR trainer's epoch loop)
+            places = [*(((entry[0], entry[1]),) if entry is not None else ()), *meant, *loader_places(f.p, m, made[0])]
             yield Hit(made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project{told}: "
-                      f"{what}", related=(*(((entry[0], entry[1]),) if entry is not None else ()), *meant))
+                      f"{what}", related=tuple(x for i, x in enumerate(places) if x not in places[:i]))
         return
     forgotten = _sampler_left_out(m, made, set_epochs)
     if forgotten is not None:
