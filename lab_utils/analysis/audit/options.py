@@ -183,6 +183,11 @@ class DefaultOptions:
                     and dotted(a.targets[0]).count(".") == len(parts) - 1 and len(parts) > 2]
         if CONFIGISH.search(parts[-2]):
             defaults += self.config_defaults(parts[-1])
+        sets = [(mm, a) for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) and len(
+            a.targets) == 1 and dotted(a.targets[0]).count(".") == 1 and dotted(a.targets[0]).endswith(f".{parts[-1]}")]
+        if len(parts) == 2 and any(self.off_by_default(mm, a) for mm, a in sets):
+            # a yacs `_C.THROUGHPUT_MODE = False` only an option turns on (TinyViT's `if args.throughput:`)
+            defaults += [a.value for mm, a in sets if _unconditional(mm, a)]
         if not defaults:  # (the defaults file not among these: every experiment YAML that sets the key sets it
             return self._yaml_value(parts[-1]) is False  # off, CID's `SYNC_BN: False` in experiments/coco.yaml)
         if not all(const_value(v) is False for v in defaults):
@@ -361,6 +366,10 @@ class DefaultOptions:
             # `{'step_iteration': op_cfg.get('step_iteration', 1)}`): what every such entry holds
             held = [val for d in m.nodes if isinstance(d, ast.Dict) for k, val in zip(d.keys, d.values, strict=True)
                     if k is not None and const_str(k) == const_str(v.slice)]
+            # ... or a config module's `opt_cfg['lr_scale_func'] = 'none'` (SIMPL's simpl_cfg.py)
+            held += [a.value for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
+                     and isinstance(a.value, ast.Constant) and any(isinstance(t, ast.Subscript) and const_str(
+                         t.slice) == const_str(v.slice) for t in a.targets)]
             return _one([self.default_value(m, x, depth - 1) for x in held]) if held and depth else UNKNOWN
         if isinstance(v, ast.Call) and callee(v) == "get" and isinstance(v.func, ast.Attribute) and \
                 len(v.args) == 2 and const_str(v.args[0]) and _configish(v.func.value):

@@ -99,6 +99,14 @@ class Module:
                    for c in ast.walk(self.tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute))
 
     def _runs_a_parameter(self, spawn: ast.Call) -> bool:
+        # (a spawn inside `def launch_job(cfg, init_method, func)` handing `func` on: TimeSformer's misc.py)
+        outer = next((d for d in self.tree.body if isinstance(d, ast.FunctionDef) and d.lineno <= spawn.lineno <=
+                      (d.end_lineno or d.lineno)), None)
+        handed = {a.arg for a in outer.args.args if re.fullmatch(r"(\w+_)?(func|fn|function|job)", a.arg)} \
+            if outer is not None else set()
+        if any(isinstance(x, ast.Name) and x.id in handed for k in spawn.keywords if k.arg == "args"
+               for x in ast.walk(k.value)):
+            return True
         target = self.tree.body and next((d for d in self.tree.body if isinstance(d, ast.FunctionDef) and spawn.args
                                           and isinstance(spawn.args[0], ast.Name) and d.name == spawn.args[0].id), None)
         if target is None:

@@ -160,7 +160,25 @@ class Guards:
             elif isinstance(v, ast.Call) and any(k.arg == "disable" and self.classify(m, k.value) == "not0"
                                                  for k in v.keywords):
                 out.add(name)  # `pbar = tqdm(loader, disable=rank != 0)`: only rank 0's bar shows what it is given
+            elif isinstance(v, ast.Call) and self._enabled_on_rank0(m, v):
+                out.add(name)
         return out
+
+    def _enabled_on_rank0(self, m: Module, c: ast.Call) -> bool:
+        """`logger = Logger(..., enable=is_main)` (SIMPL): a project class handed a rank-0 flag that its __init__
+        keeps (`self.enable = enable`) and its printing method tests (`def print(self, info): if self.enable:`)."""
+        given = [k.arg for k in c.keywords if k.arg and self.classify(m, k.value) == "rank0"]
+        for tm, tf in self.p.resolve(m, c) if given else []:
+            cls = tm.classes.get(tm.class_of(tf) or "")
+            init = tm.functions.get(f"{cls.name}.__init__") if cls is not None else None
+            if init is None:
+                continue
+            kept = {dotted(t) for a in ast.walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name)
+                    and a.value.id in given for t in a.targets}
+            if any(isinstance(n, ast.If) and dotted(n.test) in kept for d in cls.body if isinstance(d, ast.FunctionDef)
+                   and re.search(r"print|log|info", d.name) for n in ast.walk(d)):
+                return True
+        return False
 
     def _builds_rank0_writer(self, m: Module, c: ast.Call, depth: int = 2) -> bool:
         """`logger = DistSummaryWriter(work_dir)`, or a factory returning one (`logger = get_logger(work_dir,

@@ -43,7 +43,11 @@ def evaluation_script(f: Facts, m: Module) -> bool:
             c for _, c in f.p.calls_in(f.entry_scope(m))]
         # (`self.var_opt.backward_clip_step(loss=loss)`, VAR's AmpOptimizer from a file these copies lack)
         steps = any("backward" in callee(c) or callee(c) == "step" and re.search(r"opt", dotted(c.func), re.I)
-                    or "scaler" in callee(c).lower() for c in calls)
+                    or "scaler" in callee(c).lower() for c in calls) or any(
+            # (or it runs a function named for training whose step is in a library: torchdistill's train_one_epoch
+            # hands the loss to training_box.update)
+            re.fullmatch(r"train(_one)?(_an)?(_epoch)?", callee(c)) and not isinstance(c.func, ast.Attribute)
+            for c in calls)
         stem = m.rel.rsplit("/", 1)[-1].removesuffix(".py")
         says = any(EVAL_WORD.fullmatch(w) for w in re.split(r"[_\W]+", stem)) or any(
             callee(c) in ("eval", "no_grad", "inference_mode") and isinstance(c.func, ast.Attribute)
@@ -243,7 +247,7 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
         value = f.default_value(m, t)
         return None if value is UNKNOWN else bool(value)
     if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and \
-            isinstance(t.left, ast.Name) and isinstance(t.comparators[0], ast.Constant) and \
+            isinstance(t.left, (ast.Name, ast.Subscript)) and isinstance(t.comparators[0], ast.Constant) and \
             isinstance(t.comparators[0].value, str):
         value = f.default_value(m, t.left)  # `adjust_lr == 'sqrt'` with `adjust_lr: none` in the YAML (VQ-Diffusion)
         return None if not isinstance(value, str) else (value == t.comparators[0].value) == isinstance(t.ops[0], ast.Eq)

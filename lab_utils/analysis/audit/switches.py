@@ -23,12 +23,17 @@ from .syntax import (
 
 def unlaunched(test: ast.AST) -> bool:
     """`'RANK' not in os.environ`: true only in a run no launcher started, which is one process; or `not
-    hasattr(args, "local_rank")`, the rank attribute the distributed setup sets (TiSASRec's is_main_process)."""
+    hasattr(args, "local_rank")`, the rank attribute the distributed setup sets (TiSASRec's is_main_process), or
+    `rank is None`."""
     return isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotIn) and \
         const_str(test.left) in LAUNCH_KEYS and "environ" in dotted(test.comparators[0]) or \
         isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Call) and \
         callee(test.operand) == "hasattr" and len(test.operand.args) == 2 and \
-        re.fullmatch(r"(local_|global_)?rank", const_str(test.operand.args[1]) or "") is not None
+        re.fullmatch(r"(local_|global_)?rank", const_str(test.operand.args[1]) or "") is not None or \
+        isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is) and \
+        isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None and \
+        re.fullmatch(r"(local_|global_)?rank", dotted(test.left).split(".")[-1]) is not None  # (`self.rank is
+    # None`: WaffleIron's trainer outside a launch)
 
 
 def conjuncts(test: ast.AST) -> set[str]:

@@ -440,8 +440,8 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
                 involves(t.left, ACCUMISH) and isinstance(t.comparators[0], ast.Constant) and (
                 isinstance(t.ops[0], (ast.Gt, ast.NotEq)) and t.comparators[0].value == 1 or
                 isinstance(t.ops[0], ast.GtE) and t.comparators[0].value == 2):
-            if _option_defaults_to_one(f, t.left.attr):
-                return True
+            if _option_defaults_to_one(f, t.left.attr) or f.default_value(m, t.left) in (0, 1):
+                return True  # (GroupViT's `accumulation_steps: 0` in its default YAML)
         n = m.parent.get(id(n))
     # the step gate itself counts with such an option: `if (step + 1) % args.gradient_accumulation_steps == 0:`
     # (CLIP4Clip) steps every micro-batch in the default run

@@ -4,16 +4,16 @@ iterator that draws from the global RNG."""
 from __future__ import annotations
 
 import ast
-import operator
 import re
 import warnings
 
 from ..facts import Facts
 from ..hierarchy import never_named, plain_function
-from ..options import UNKNOWN, option_text
+from ..options import option_text
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
+from ..seed_gates import failed_by_default, gated, helper_gated
 from ..switches import is_switch_test
 from ..syntax import (
     ITERABLE_NOT_LOADER,
@@ -48,8 +48,10 @@ def _entry_calls(f: Facts, m: Module):
         # a seed only under a store_true option (`if opt.deterministic: torch.manual_seed(27)`, CTKD) is no seed
         # in the default run
         # ... and so is one under a test its option's default fails (`if args.seed > 0:` with default -1, MaskGIT)
-        seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not _gated(f, mm, c) and (
-            f.seed_kind(mm, c, True) or not _helper_gated(f, mm, c)) and not _in_a_worker_init(f, mm, c)}
+        seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not gated(f, mm, c) and (
+            f.seed_kind(mm, c, True) and not f.p.resolve(mm, c) or not helper_gated(f, mm, c)) and not \
+            _in_a_worker_init(f, mm, c)}  # (a project's set_seed is judged by its body: torchdistill's returns
+        # early for the None a --seed without default gives)
         cache[m.rel] = (calls, seeded) if ddp else None
     return cache[m.rel]
 
@@ -82,7 +84,7 @@ def no_seed(f: Facts, m: Module):
         gated, at = next(((flag, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c) == "torch"
                           for flag in [f.off_by_default(mm, c)] if flag), (None, None))
         failed, at = next(((t, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
-                           for t in [_failed_by_default(f, mm, c)] if t), (None, at))
+                           for t in [failed_by_default(f, mm, c)] if t), (None, at))
         if failed and not gated and _before_a_spawn(*at):
             return  # an optional seed in the parent before mp.spawn: seed-before-spawn's finding, given or not
         what = f"torch is seeded only under {option_text(gated)}, which is off by default" if gated else \
@@ -91,10 +93,16 @@ def no_seed(f: Facts, m: Module):
             "other" in kinds else "nothing seeds torch"
         # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
         wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)]
+        # (and the script's call of a seeding helper the default run gets nothing from: torchdistill's
+        # `set_seed(args.seed)` with no --seed)
+        helpers = [(mm, c) for mm, c in entry[0] if mm is m and f.seed_kind(mm, c) == "torch"
+                   and f.p.resolve(mm, c) and helper_gated(f, mm, c)]
+        # (the seeding helper's own call rather than `main(args)` around it)
+        wraps = wraps[:1] + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1]
         yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
-                  related=tuple(wraps[:1]) + ((_test_of(*at, failed),) if at else ()))  # (and the seed the
+                  related=tuple(wraps) + ((_test_of(*at, failed),) if at else ()))  # (and the seed the
         # default run skips: the test that skips it)
 
 
@@ -111,65 +119,6 @@ def _test_of(m: Module, c: ast.AST, failed: str | None) -> tuple[Module, ast.AST
             return m, n
         n = m.parent.get(id(n))
     return m, c
-
-
-def _gated(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> bool:
-    """The default run never reaches `c`: it sits under an option that is off (or a test its default fails), or
-    inside a helper every call of which does (MTR's `if args.fix_random_seed: common_utils.set_random_seed(666)`
-    gates the torch.manual_seed inside set_random_seed)."""
-    if f.off_by_default(m, c) or _failed_by_default(f, m, c):
-        return True
-    fn = m.enclosing(c)
-    sites = f.p.callers(m, fn) if depth and fn is not None else []
-    return bool(sites) and all(_gated(f, cm, s, depth - 1) for cm, s in sites)
-
-
-def _helper_gated(f: Facts, m: Module, c: ast.Call) -> bool:
-    """`c` calls project code that seeds torch only through gated calls (`main()` whose seeding sits under `if
-    args.fix_random_seed:`): what the call seeds is what those gated calls would."""
-    keys = set().union(*(f.p.reach(tm, tf) for tm, tf in f.p.resolve(m, c))) if f.p.resolve(m, c) else set()
-    seeds = [(mm, x) for mm, x in f.p.calls_in(keys) if f.seed_kind(mm, x, True) == "torch"]
-    return bool(seeds) and all(_gated(f, mm, x) for mm, x in seeds)
-
-
-COMPARES = {ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Lt: operator.lt, ast.LtE: operator.le,
-            ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_, ast.IsNot: operator.is_not}
-
-
-def _failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
-    """The test of an enclosing `if args.seed > 0:` or `if exp.seed is not None:` (a comparison of a setting with
-    a constant) that the setting's default fails (`--seed default=-1`; YOLOX's `self.seed = None`, which no Exp
-    sets), as written; None when the default run reaches `node`. Settings about ranks (`--local_rank -1`, which
-    the launcher replaces) are left out."""
-    child, n = node, m.parent.get(id(node))
-    while n is not None and not isinstance(n, ast.Module):
-        t = n.test if isinstance(n, ast.If) and any(child is b for b in n.body) else None
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Attribute, ast.Name)) and (
-                isinstance(t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes))
-                or _number(t.comparators[0]) is not None) \
-                and not re.search(r"rank|gpu|world|local|dist|device", dotted(t.left).split(".")[-1], re.I):
-            # (`if args.seed > 0:`, or a parameter: `if seed is not None:` in `def fit(..., seed=None)` that no
-            # call passes, nlp-recipes' Transformer.fit)
-            x, op = f.default_value(m, t.left), t.ops[0]
-            y = t.comparators[0].value if isinstance(t.comparators[0], ast.Constant) else _number(t.comparators[0])
-            # (`-1` is a UnaryOp: `if args.seed != -1:`)
-            if x is not UNKNOWN and not isinstance(op, (ast.In, ast.NotIn)):
-                try:
-                    holds = COMPARES[type(op)](x, y)
-                except TypeError:  # (None > 0)
-                    holds = True
-                if not holds:
-                    return ast.unparse(t)
-        child, n = n, m.parent.get(id(n))
-    return None
-
-
-def _number(node: ast.AST | None) -> int | float | None:
-    try:
-        v = ast.literal_eval(node) if node is not None else None
-    except ValueError:
-        return None
-    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
@@ -194,7 +143,7 @@ def seed_before_spawn(f: Facts, m: Module):
     entry = _entry_calls(f, m)
     # (a seed only under `if args.seed is not None:` counts here: given or not, the workers never see it)
     if entry is None or not entry[1] & {"torch", "other"} and not any(
-            f.seed_kind(mm, c) in ("torch", "other") and _failed_by_default(f, mm, c) for mm, c in entry[0]):
+            f.seed_kind(mm, c) in ("torch", "other") and failed_by_default(f, mm, c) for mm, c in entry[0]):
         return  # no seed at all is no-seed's finding
     for c in m.calls:
         fn = c.args[0] if callee(c) in SPAWNS and c.args else _spawned_through(f, m, c)
@@ -463,7 +412,7 @@ def seed_per_rank(f: Facts, m: Module):
                       "run's — seed with the configured seed alone (seed + rank only where ranks must differ)")
             continue
         arg = _seed_argument(f, m, c)
-        if arg is None or _failed_by_default(f, m, c):
+        if arg is None or failed_by_default(f, m, c):
             continue  # (a seed only where the default fails the test, genforce's `if config.seed is not None:`,
             # seeds nothing in the default run: no-seed's finding)
         arg = _inline(m, arg)
@@ -571,6 +520,8 @@ def peek_iterator(f: Facts, m: Module):
         if fn is not None and m.enclosing(fn) is None and m.class_of(fn) is None and plain_function(fn) and \
                 not f.p.callers(m, fn) and never_named(f.p, m, fn):
             continue  # a module function named nowhere (semantic-segmentation's throughput()): dead code here
+        if f.off_in_default_run(m, c):
+            continue  # (TinyViT's throughput(), called only `if config.THROUGHPUT_MODE:`, False by default)
         yield c, (f"{ast.unparse(c)} creates an extra iterator over the loader, which draws a seed from the global "
                   "RNG (even with num_workers=0) and shifts every later draw; give the DataLoader "
                   "generator=torch.Generator().manual_seed(...), or read loader.batch_size")

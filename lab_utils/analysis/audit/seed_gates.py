@@ -1,0 +1,99 @@
+"""Which seeds the default run skips: a seed under a test the setting's default fails (`if args.seed > 0:` with
+--seed -1, `if exp.seed is not None:`), behind an early return the default takes (torchdistill's set_seed, `if not
+isinstance(seed, int): return`), or inside a helper every call of which is so gated. Chapter 02's rules ask it before
+they count a seed."""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+
+from .facts import Facts
+from .options import UNKNOWN
+from .project import Module
+from .syntax import callee, const_value, dotted
+
+
+def gated(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> bool:
+    """The default run never reaches `c`: it sits under an option that is off (or a test its default fails), or
+    inside a helper every call of which does (MTR's `if args.fix_random_seed: common_utils.set_random_seed(666)`
+    gates the torch.manual_seed inside set_random_seed)."""
+    if f.off_by_default(m, c) or failed_by_default(f, m, c):
+        return True
+    fn = m.enclosing(c)
+    sites = f.p.callers(m, fn) if depth and fn is not None else []
+    return bool(sites) and all(gated(f, cm, s, depth - 1) for cm, s in sites)
+
+
+def helper_gated(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`c` calls project code that seeds torch only through gated calls (`main()` whose seeding sits under `if
+    args.fix_random_seed:`): what the call seeds is what those gated calls would."""
+    keys = set().union(*(f.p.reach(tm, tf) for tm, tf in f.p.resolve(m, c))) if f.p.resolve(m, c) else set()
+    seeds = [(mm, x) for mm, x in f.p.calls_in(keys) if f.seed_kind(mm, x, True) == "torch"
+             and not f.p.resolve(mm, x)]  # (a project helper's own seeds are among the calls: judged there)
+    return bool(seeds) and all(gated(f, mm, x) for mm, x in seeds)
+
+
+COMPARES = {ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Lt: operator.lt, ast.LtE: operator.le,
+            ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Is: operator.is_, ast.IsNot: operator.is_not}
+
+
+def failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
+    """The test of an enclosing `if args.seed > 0:` or `if exp.seed is not None:` (a comparison of a setting with
+    a constant) that the setting's default fails (`--seed default=-1`; YOLOX's `self.seed = None`, which no Exp
+    sets), as written; None when the default run reaches `node`. Settings about ranks (`--local_rank -1`, which
+    the launcher replaces) are left out."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        t = n.test if isinstance(n, ast.If) and any(child is b for b in n.body) else None
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Attribute, ast.Name)) and (
+                isinstance(t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes))
+                or number(t.comparators[0]) is not None) \
+                and not re.search(r"rank|gpu|world|local|dist|device", dotted(t.left).split(".")[-1], re.I):
+            # (`if args.seed > 0:`, or a parameter: `if seed is not None:` in `def fit(..., seed=None)` that no
+            # call passes, nlp-recipes' Transformer.fit)
+            x, op = f.default_value(m, t.left), t.ops[0]
+            y = t.comparators[0].value if isinstance(t.comparators[0], ast.Constant) else number(t.comparators[0])
+            # (`-1` is a UnaryOp: `if args.seed != -1:`)
+            if x is not UNKNOWN and not isinstance(op, (ast.In, ast.NotIn)):
+                try:
+                    holds = COMPARES[type(op)](x, y)
+                except TypeError:  # (None > 0)
+                    holds = True
+                if not holds:
+                    return ast.unparse(t)
+        child, n = n, m.parent.get(id(n))
+    return _returned_before(f, m, node)
+
+
+def _returned_before(f: Facts, m: Module, node: ast.AST) -> str | None:
+    """An early exit before `node` in its function that the default takes: torchdistill's set_seed, `if not
+    isinstance(seed, int): return` (or `if seed is None: return`) with a --seed that has no default."""
+    fn = m.enclosing(node)
+    for s in getattr(fn, "body", []):
+        if s.lineno >= node.lineno:
+            break
+        if not (isinstance(s, ast.If) and s.body and isinstance(s.body[-1], ast.Return) and not s.orelse):
+            continue
+        t = s.test
+        negated = isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not)
+        inner = t.operand if negated else t
+        if isinstance(inner, ast.Call) and callee(inner) == "isinstance" and len(inner.args) == 2 and \
+                isinstance(inner.args[0], ast.Name):
+            value = f.default_value(m, inner.args[0])
+            if value is None and negated:  # None is no int: the early return is taken
+                return ast.unparse(inner)  # (what the seed needs, as the finding words it)
+        elif isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Is) and \
+                isinstance(t.left, ast.Name) and const_value(t.comparators[0]) is None and \
+                isinstance(t.comparators[0], ast.Constant) and f.default_value(m, t.left) is None:
+            return f"{ast.unparse(t.left)} is not None"
+    return None
+
+
+def number(node: ast.AST | None) -> int | float | None:
+    try:
+        v = ast.literal_eval(node) if node is not None else None
+    except ValueError:
+        return None
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
