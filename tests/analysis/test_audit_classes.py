@@ -2633,8 +2633,9 @@ def test_a_helpers_unswitched_collective_names_the_scripts_call(tmp_path):
     """VAR's SmoothedValue.synchronize_between_processes barriers and all-reduces, reached from the script's
     `me.synchronize_between_processes()` through MetricLogger's loop over its meters (objects the audit cannot
     type): the finding, in the helper, names the script's call, where the switch could go instead."""
-    helper = ("import torch.distributed as tdist\nclass SmoothedValue:\n    def synchronize_between_processes(self):\n"
-              "        tdist.barrier()\nclass MetricLogger:\n    def __init__(self):\n        self.meters = {}\n"
+    helper = ("from collections import defaultdict\nimport torch.distributed as tdist\nclass SmoothedValue:\n    def synchronize_between_processes(self):\n"
+              "        tdist.barrier()\nclass MetricLogger:\n    def __init__(self):\n"
+              "        self.meters = defaultdict(SmoothedValue)\n"
               "    def synchronize_between_processes(self):\n        for meter in self.meters.values():\n"
               "            meter.synchronize_between_processes()\n")
     script = ("import os, torch, torch.distributed as dist\n"
@@ -2644,7 +2645,7 @@ def test_a_helpers_unswitched_collective_names_the_scripts_call(tmp_path):
               "for x in loader:\n    model(x).sum().backward()\nme.synchronize_between_processes()\n")
     root = _project(tmp_path, {"utils/__init__.py": "", "utils/misc.py": helper, "train.py": script})
     found = [f for f in audit.audit_paths([root]) if f.rule == "collective-outside-switch"]
-    assert [(Path(f.path).name, f.line) for f in found] == [("misc.py", 4)], found
+    assert [(Path(f.path).name, f.line) for f in found] == [("misc.py", 5)], found
     assert [(Path(p).name, line) for p, line in found[0].related] == [("train.py", 12)], found
 
 

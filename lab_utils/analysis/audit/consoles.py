@@ -269,7 +269,10 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS]
     if not logs:  # `logger.push(metrics)`, whose class prints in a method push calls
         logs = [(mm, x) for mm, x in f.p.calls_in(f.p.reach(found[0], meth)) if callee(x) in LOG_CALLS]
-    return logs
+    # (a print into the object's own file is no console line: YouReID's Logger.write prints to the console on
+    # rank '0' only, and into each rank's log_<rank>.txt)
+    return [(mm, x) for mm, x in logs if not (callee(x) == "print" and kw(x, "file") is not None
+                                              and dotted(kw(x, "file")) not in ("sys.stdout", "sys.stderr"))]
 
 
 def _helper_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
@@ -343,3 +346,18 @@ def _opened_file(m: Module, w: ast.Call) -> ast.Call | None:
                         dotted(item.optional_vars) == held.id:
                     return item.context_expr
     return None
+
+
+def bar_on_every_rank(m: Module, c: ast.Call) -> bool:
+    """`pbar = tqdm(enumerate(train_loader))` with no `disable=`, then `pbar.set_description(f"Loss {...}")`
+    (PointNeXt): every rank draws its own bar with its own loss."""
+    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("set_description", "set_postfix")):
+        return False
+    name, scope = dotted(c.func.value), m.enclosing(c) or m.tree
+    made = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and any(
+        dotted(t) == name for t in a.targets)]
+    # `with tqdm(total=len(loader)) as pbar:` (RawNeXt's trainer)
+    made += [i.context_expr for w in ast.walk(scope) if isinstance(w, ast.With) for i in w.items
+             if i.optional_vars is not None and dotted(i.optional_vars) == name]
+    return bool(made) and all(isinstance(v, ast.Call) and callee(v) == "tqdm" and kw(v, "disable") is None
+                              for v in made)

@@ -51,10 +51,11 @@ class Facts(DefaultOptions):
         self.ddp_wrapped = self._ddp_wrapped_names()
         # print reaches the console on rank 0 alone: builtins.print replaced (setup_for_distributed), or the other
         # ranks' stdout sent to /dev/null (`if dist.get_rank() != 0: sys.stdout = open(os.devnull, "w")`)
-        self.stdout_silenced = any(
-            isinstance(a, ast.Assign) and any(dotted(t) == "sys.stdout" for t in a.targets) and
+        self.stdout_silenced, self.stderr_silenced = (any(
+            isinstance(a, ast.Assign) and any(dotted(t) == stream for t in a.targets) and
             (self.g.kind(m, a) == "not0" or rank0_writer(project, m, a.value))
-            for m in project.modules.values() for a in m.nodes)
+            for m in project.modules.values() for a in m.nodes) for stream in ("sys.stdout", "sys.stderr"))
+        # (a progress bar writes to stderr: the Music Translation Network sends the other ranks' to files)
         self.print_override = self.stdout_silenced or any(
             isinstance(a, ast.Assign) and any(dotted(t) in ("builtins.print", "__builtin__.print") for t in a.targets)
             for m in project.modules.values() for a in m.nodes)
@@ -172,6 +173,8 @@ class Facts(DefaultOptions):
         if d in OTHER_SEEDS:
             return "other"
         name = callee(c)
+        if re.match(r"(get|shared|random|make|new|gen)", name) and not isinstance(m.parent.get(id(c)), ast.Expr):
+            return None  # a seed asked for, not set (detectron2's `seed = comm.shared_random_seed()`, fast-reid)
         if SEED_HELPER.search(name) and "." not in d.replace("self.", "") and not self.p.resolve(m, c):
             return "torch"  # an unseen helper named like a seeder (init_seeds, fix_random_seeds)
         if SEED_HELPER.search(name) and isinstance(c.func, ast.Attribute) and root(c.func.value) in m.imports \
@@ -185,19 +188,22 @@ class Facts(DefaultOptions):
                     return "torch"
         return None
 
+    def collective_helper(self, m: Module, c: ast.Call) -> bool:
+        """A project helper that reduces (a barrier or a broadcast averages nothing)."""
+        if _function_apply(c):  # `AllReduce.apply(loss)`: an autograd Function whose forward all-reduces (I-JEPA)
+            name = c.func.value.id
+            held = m if name in m.classes else self.p.module_for(m, name) if name in m.imports else None
+            cls = name if held is m else (m.imports[name][1] or name) if held is not None else ""
+            fwd = held.functions.get(f"{cls}.forward") if held is not None else None
+            return fwd is not None and any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce")
+                                           for n in ast.walk(fwd))
+        return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING and not layer_call(
+            mm.nodes, cc), depth=3) for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
+
     def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
         """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
-        def collective_helper(c):  # a helper that reduces (a barrier or a broadcast averages nothing)
-            if _function_apply(c):  # `AllReduce.apply(loss)`: an autograd Function whose forward all-reduces (I-JEPA)
-                name = c.func.value.id
-                held = m if name in m.classes else self.p.module_for(m, name) if name in m.imports else None
-                cls = name if held is m else (m.imports[name][1] or name) if held is not None else ""
-                fwd = held.functions.get(f"{cls}.forward") if held is not None else None
-                return fwd is not None and any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce")
-                                               for n in ast.walk(fwd))
-            return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING and not layer_call(
-                mm.nodes, cc), depth=3)
-                       for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
+        def collective_helper(c):
+            return self.collective_helper(m, c)
         red: set[str] = set()
         for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
             if callee(c) in ("all_reduce", "reduce", "all_gather") and c.args:

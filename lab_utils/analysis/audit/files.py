@@ -1,11 +1,15 @@
 """The project's files on disk that are not Python: launch scripts and YAML or JSON configs, found under the audited
 folder (hidden folders, virtual environments and caches skipped). The port, BatchNorm and default-option rules read
-them; nothing here imports another module of the audit."""
+them, and the scalars they hold; nothing here imports another module of the audit."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
+
+UNKNOWN = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()  # a config value's "cannot tell"
 
 SKIPPED_DIRS = {"node_modules", "__pycache__", "venv", "site-packages"}
 
@@ -25,3 +29,26 @@ def project_files(root: Path, suffix: str, limit: int = 200) -> list[Path]:
 def shell_scripts(root: Path) -> list[Path]:
     """The project's shell scripts: `train.sh`, and `pt_run_*.bash` (RoboFlamingo's launch scripts)."""
     return [*project_files(root, ".sh"), *project_files(root, ".bash")]
+
+
+def yaml_scalar(text: str):
+    """The value a YAML scalar's text holds: a boolean, a number, None, a plain word; else UNKNOWN."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "~"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text if re.fullmatch(r"[A-Za-z_][\w.\-/]*", text) else UNKNOWN
+
+
+def json_scalar(text: str):
+    """The value a JSON scalar's text holds (`0`, `null`, `"x"`), or the text itself when it is not one."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -1,6 +1,7 @@
 """Gathers over ranks that the rules follow: where an autograd Function (a hand-written all_gather with its own
 backward) is applied, and which models compute their loss over every rank's gathered features, so that every rank's
-loss is the global batch's."""
+loss is the global batch's; and which gathered tensors can carry a gradient at all (a fresh tensor, a detached
+one, a gather under no_grad or only ever handed such), which chapter 05's gather rule asks before it reports."""
 
 from __future__ import annotations
 
@@ -84,3 +85,56 @@ def gathering_loss_models(f: Facts) -> list[str]:
         f.cache["gathering_models"] = out
     return f.cache["gathering_models"]
 
+
+FRESH = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
+         "empty_like", "full_like", "from_numpy", "ByteTensor", "LongTensor", "IntTensor", "FloatTensor", "Tensor"}
+
+
+# methods that move or reshape a tensor and keep whether it carries a gradient
+RESHAPES = {"to", "cuda", "unsqueeze", "view", "reshape", "float", "long", "double", "int", "contiguous", "flatten"}
+
+
+def grad_free(scope: ast.AST, x: ast.AST, seen: frozenset = frozenset()) -> bool:
+    """The gathered tensor cannot carry a gradient: built by a tensor constructor (`torch.tensor([t.numel()])`,
+    the sizes gathered before an all_gather of pickled objects), directly or through every assignment of its
+    name in the scope."""
+    if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr in RESHAPES:
+        return grad_free(scope, x.func.value, seen)  # `torch.tensor(metric).unsqueeze(0).to(device)` (VAN)
+    if isinstance(x, ast.Call):
+        return callee(x) in FRESH and not any(k.arg == "requires_grad" for k in x.keywords)
+    if not isinstance(x, ast.Name) or x.id in seen:  # (`x = x.to(device)` names itself: not known free)
+        return False
+    values = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+              and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]
+    return bool(values) and all(grad_free(scope, v, seen | {x.id}) for v in values)
+
+
+def no_grad_at(m: Module, node: ast.AST) -> bool:
+    """`node` sits in a `with torch.no_grad():` block or a function decorated with no_grad."""
+    n = m.parent.get(id(node))
+    while n is not None:
+        if isinstance(n, ast.With) and any("no_grad" in dotted(i.context_expr) for i in n.items) or isinstance(
+                n, (ast.FunctionDef, ast.AsyncFunctionDef)) and any("no_grad" in dotted(d) for d in n.decorator_list):
+            return True
+        n = m.parent.get(id(n))
+    return False
+
+
+def called_only_without_grad(f: Facts, m: Module, fn: ast.AST) -> bool:
+    """Every project call of `fn` sits under no_grad, or hands its result only to code under no_grad (AVID's
+    memory bank: `video_emb_gathered = _gather_from_all(video_emb)`, read only in `with torch.no_grad():`): what
+    it gathers carries no gradient by design."""
+    def result_without_grad(cm: Module, c: ast.AST) -> bool:
+        bound = cm.parent.get(id(c))
+        if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
+            return False
+        name, scope = bound.targets[0].id, cm.enclosing(c) or cm.tree
+        reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+        return bool(reads) and all(no_grad_at(cm, r) for r in reads)
+    def handed_without_grad(cm: Module, c: ast.Call) -> bool:
+        # (`dist.gather_concat(z.detach()...)`, `gather_concat(torch.tensor(v))`: TarFlow's metrics and prior)
+        x = c.args[0] if c.args else None
+        return x is not None and ("detach" in ast.unparse(x) or grad_free(cm.enclosing(c) or cm.tree, x))
+    sites = f.p.callers(m, fn)
+    return bool(sites) and all(no_grad_at(cm, c) or result_without_grad(cm, c) or handed_without_grad(cm, c)
+                               or f.off_by_default(cm, c) for cm, c in sites)

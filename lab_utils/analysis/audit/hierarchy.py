@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 
+from .files import project_files
 from .project import Module, Project
 from .syntax import callee, dotted
 
@@ -50,8 +51,45 @@ def never_called(p: Project, m: Module, node: ast.AST) -> bool:
     fn = m.enclosing(node)
     while fn is not None and m.enclosing(fn) is not None:  # (a closure: the function around it decides)
         fn = m.enclosing(fn)
-    return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not m.class_of(fn) and \
+    cls = m.parent.get(id(fn)) if fn is not None else None
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and isinstance(cls, ast.ClassDef):
+        # a method of a module-level class nothing here names: not built, not subclassed, not registered (ECAPA-TDNN's
+        # single-GPU ECAPAModel beside the ECAPAModelDDP its DDP script builds, imported by name but never called)
+        return m.parent.get(id(cls)) is m.tree and plain_function(cls) and _picked_by_name(p, m) and \
+            never_named(p, m, cls) and not _named_in_text(p, cls.name)
+    return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
         plain_function(fn) and not p.callers(m, fn) and _imported_here(p, m) and never_named(p, m, fn)
+
+
+def _picked_by_name(p: Project, m: Module) -> bool:
+    """Some module imports `m`, and every importer picks names from it (`from ECAPAModel import ECAPAModel,
+    ECAPAModelDDP`): a class none of them names is not used. A module imported whole or by a star (MiniGPT-4's
+    `import minigpt4.tasks as tasks`, whose registry builds a task class by its config's name) may be."""
+    importers = [o for o in p.modules.values() if o is not m and m.rel in p.imports_of(o)]
+    for o in importers:
+        for mod, level in o.stars:  # (the star's module itself, or a module of the package it names)
+            if any(m.path.resolve() == c.resolve() or m.path.resolve().parent == (
+                    c.parent if c.name == "__init__.py" else c.with_suffix("")).resolve()
+                   for c in p._candidates(o, mod, None, level)):
+                return False
+        if any((attr is None or attr == m.path.stem) and p.module_for(o, local) is m
+               for local, (_, attr, _) in o.imports.items()):  # (`import mod`, `from utils import misc`)
+            return False
+    return bool(importers)
+
+
+def _named_in_text(p: Project, name: str) -> bool:
+    """A string of the project's code, or one of its YAML/JSON configs, holds `name`: a class a config picks by name
+    (`_target_: models.Net`, `getattr(models, cfg.arch)` with arch 'Net') is built though no code names it."""
+    texts = p.__dict__.get("_texts")
+    if texts is None:  # (the project's strings and configs, read once per audit)
+        texts = [n.value for mm in p.modules.values() for n in mm.nodes
+                 if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        if p.on_disk:
+            texts += [path.read_text(encoding="utf-8", errors="replace")
+                      for suffix in (".yaml", ".yml", ".json") for path in project_files(p.root, suffix)]
+        texts = p.__dict__["_texts"] = "\n".join(texts)
+    return name in texts
 
 
 def _imported_here(p: Project, m: Module) -> bool:
@@ -68,7 +106,8 @@ def never_named(p: Project, m: Module, fn: ast.AST) -> bool:
     if any(isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inside and dotted(n).split(".")[-1] == name
            for n in m.nodes):
         return False
-    return not any(attr in (name, None) and p.module_for(mm, local) is m and _uses(p, mm, name)
+    # (imported under another name, `from exp.exp_sup import Exp_All_Task as Exp_All_Task_SUP` (UniTS): the alias)
+    return not any(attr in (name, None) and p.module_for(mm, local) is m and _uses(p, mm, local if attr else name)
                    for mm in p.modules.values() if mm is not m for local, (_, attr, _) in mm.imports.items())
 
 

@@ -49,7 +49,7 @@ def returned_reduced(f: Facts, m: Module, scope: ast.AST, name: str, depth: int 
     for a in binds:
         targets = f.p.resolve(m, a.value, exact=True) if isinstance(a.value, ast.Call) else []
         if targets:
-            if not all(_returns_reduced(f, tm, tf) for tm, tf in targets):
+            if not all(returns_reduced(f, tm, tf) for tm, tf in targets):
                 return False
             found = True
             continue
@@ -78,7 +78,19 @@ def backwarded(scope: ast.AST) -> set[str]:
     return out - {""}
 
 
-def _returns_reduced(f: Facts, m: Module, fn: ast.AST) -> bool:
+def loss_terms(scope: ast.AST, losses: set[str]) -> set[str]:
+    """The terms a backwarded loss is summed from, each computed by a criterion (AdaBins' `l_dense =
+    criterion_ueff(...)`, `l_chamfer = criterion_bins(...)`, `loss = l_dense + args.w_chamfer * l_chamfer`): each is
+    a loss of the micro-batch, whatever it is called."""
+    made = {t.id for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+            and re.search(r"crit|loss|objective", dotted(a.value.func), re.I) for t in a.targets
+            if isinstance(t, ast.Name)}
+    return {n.id for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
+            and any(dotted(t) in losses for t in a.targets)
+            for n in ast.walk(a.value) if isinstance(n, ast.Name) and n.id in made}
+
+
+def returns_reduced(f: Facts, m: Module, fn: ast.AST) -> bool:
     """Every return of `fn` reads only names reduced over ranks before it: a collective on them, or a reducing
     method (`meters.sync()`) called on them."""
     rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
@@ -472,6 +484,8 @@ def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     When update() reduces only in one branch, the meter must be built with a keyword set True."""
     out = set()
     for a in ast.walk(scope):
+        if isinstance(a, ast.Assign) and len(a.targets) == 1 and _read_reduced(f, m, a.value):
+            out.add(dotted(a.targets[0]))  # `metrics_dict = {'lr': lr, **metrics.compute(dist)}` (TarFlow)
         if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.value, ast.Call)):
             continue
         name = dotted(a.targets[0])
@@ -486,3 +500,18 @@ def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
                                             for k in a.value.keywords)):
             out.add(name)
     return out
+
+
+def _read_reduced(f: Facts, m: Module, v: ast.AST) -> bool:
+    """`v` is, or unpacks, what a meter's method returns when that method gathers or reduces over ranks (TarFlow's
+    Metrics.compute, which averages `dist.gather_concat(...)` of each rank's mean)."""
+    parts = [v] + ([x for x in v.values] if isinstance(v, ast.Dict) else [])
+    for c in parts:
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)):
+            continue
+        found = f.any_class(m, dotted(c.func.value))
+        meth = found[0].functions.get(f"{found[1].name}.{c.func.attr}") if found else None
+        if meth is not None and any(re.search(r"gather|reduce", callee(x)) for x in ast.walk(meth)
+                                    if isinstance(x, ast.Call)):
+            return True
+    return False

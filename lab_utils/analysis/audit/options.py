@@ -5,10 +5,9 @@ a run with that option on would have (`if args.sync_bn:`, `if self.is_hpo:`)."""
 from __future__ import annotations
 
 import ast
-import json
 import re
 
-from .files import project_files, shell_scripts
+from .files import UNKNOWN, json_scalar, project_files, shell_scripts, yaml_scalar
 from .project import Module
 from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root
 
@@ -16,7 +15,6 @@ CONFIGISH = re.compile(r"^(cfg|config|conf|opt|hparams)$", re.I)
 # options that name a file the user may give (a checkpoint to resume or start from): unset unless given
 OPTIONAL_PATH = re.compile(r"^(resume|resume_from|load|load_from|load_path|checkpoint|ckpt|init_from|pretrained|"
                            r"weights|finetune)$")
-UNKNOWN = type("Unknown", (), {"__repr__": lambda self: "UNKNOWN"})()  # default_value's "cannot tell"
 
 
 def _one(values: list):
@@ -70,7 +68,9 @@ class DefaultOptions:
             out = {}
             for mm in self.p.modules.values():
                 for a in mm.calls:
-                    opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
+                    # (`-load_model`: a long option written with one dash, RawNeXt's parser)
+                    opt = next((const_str(x) for x in a.args if const_str(x) and re.match(
+                        r"--|-[A-Za-z][\w-]+$", const_str(x))), None)
                     default = kw(a, "default")
                     store_true = const_str(kw(a, "action")) == "store_true" and not (
                         isinstance(default, ast.Constant) and default.value is True)
@@ -80,7 +80,7 @@ class DefaultOptions:
                     zero_int = isinstance(default, ast.Constant) and type(default.value) is int and \
                         default.value == 0 and dotted(kw(a, "type")) == "int"
                     if callee(a) == "add_argument" and opt and (store_true or false_default or zero_int):
-                        out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
+                        out[(const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")] = opt.lstrip("-")
             # on in the run judged: the distributed switch itself (P5's `--distributed`, which the DDP run passes),
             # and a flag the project's launch scripts pass (`--distributed --multiGPU` in its pretrain_*.sh)
             passed = self._passed_in_launch_scripts()
@@ -92,8 +92,9 @@ class DefaultOptions:
         """Every `--flag` a shell script of the project passes (as argparse's attribute, `-` read as `_`)."""
         if not self.p.on_disk:
             return set()
-        return {flag.replace("-", "_") for path in shell_scripts(self.p.root) for flag in re.findall(
-            r"(?<![\w-])--([A-Za-z][\w-]*)", path.read_text(encoding="utf-8", errors="replace"))}
+        return {flag.replace("-", "_") for path in shell_scripts(self.p.root) for line in path.read_text(
+            encoding="utf-8", errors="replace").splitlines() if not line.lstrip().startswith("#")
+            for flag in re.findall(r"(?<![\w-])--?([A-Za-z][\w-]+)", line)}  # (not a commented-out command)
 
     def _cached(self, kind: str, key: str, compute):
         """compute(key), kept per audit: the flag tests ask about the same settings for every branch they read."""
@@ -115,6 +116,10 @@ class DefaultOptions:
         flags = self.store_true_flags()
         child, n = node, m.parent.get(id(node))
         while n is not None and not isinstance(n, ast.Module):
+            if isinstance(n, ast.If) and any(child is b for b in n.orelse) and isinstance(n.test, ast.UnaryOp) and \
+                    isinstance(n.test.op, ast.Not) and isinstance(n.test.operand, ast.Attribute) and \
+                    n.test.operand.attr in flags:
+                return flags[n.test.operand.attr], n  # the else of `if not args.load_model:` (RawNeXt's resume)
             # (`torch.load(...) if args.use_clip else None`: the arm of a conditional expression too, DebiasPL)
             if isinstance(n, (ast.If, ast.IfExp)) and any(child is b for b in (
                     n.body if isinstance(n.body, list) else [n.body])):
@@ -210,11 +215,13 @@ class DefaultOptions:
             out = {}
             for mm in self.p.modules.values():
                 for a in mm.calls:
-                    opt = next((const_str(x) for x in a.args if const_str(x) and const_str(x).startswith("--")), None)
+                    # (`-load_model`: a long option written with one dash, RawNeXt's parser)
+                    opt = next((const_str(x) for x in a.args if const_str(x) and re.match(
+                        r"--|-[A-Za-z][\w-]+$", const_str(x))), None)
                     default = kw(a, "default")
                     if callee(a) == "add_argument" and opt and isinstance(default, ast.Constant) and \
                             default.value == "":
-                        out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
+                        out[(const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")] = opt.lstrip("-")
                     # ... or a resume path left None, written or not (`--resume default=None`, VoCo), that no
                     # launch script, config or assignment sets: a first training run starts fresh (a pretrained
                     # weights path, by contrast, is what the README's command usually passes)
@@ -222,7 +229,7 @@ class DefaultOptions:
                             default, ast.Constant) and default.value is None) and kw(a, "action") is None and \
                             const_value(kw(a, "required")) in (None, False) and kw(a, "nargs") is None and \
                             re.search(r"resume|restart|reload", opt, re.I):
-                        out[(const_str(kw(a, "dest")) or opt[2:]).replace("-", "_")] = opt[2:]
+                        out[(const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")] = opt.lstrip("-")
             passed = self._passed_in_launch_scripts()
             assigned = {t.attr for mm in self.p.modules.values() for n in mm.nodes if isinstance(n, ast.Assign)
                         for t in n.targets if isinstance(t, ast.Attribute)}
@@ -380,6 +387,11 @@ class DefaultOptions:
                     and any(dotted(t) == dotted(v.value) for t in a.targets) and kw(a.value, v.attr) is not None]
             if made:  # `accelerator = Accelerator(gradient_accumulation_steps=1)`: what the object was built with
                 return _one([self.default_value(m, x, depth) for x in made])
+            prop = [r.value for fn in m.functions.values() if getattr(fn, "name", "") == v.attr and any(
+                dotted(d) == "property" for d in fn.decorator_list) for r in ast.walk(fn)
+                if isinstance(r, ast.Return) and r.value is not None]
+            if prop and dotted(v.value) == "self" and depth:  # a property: what it returns (MiniGPT-4's runner,
+                return _one([self.default_value(m, x, depth - 1) for x in prop])  # `int(run_cfg.get(key, 1))`)
             options = [c for mm in self.p.modules.values() for c in mm.calls if callee(c) == "add_argument" and any(
                 (const_str(a) or "").lstrip("-").replace("-", "_") == v.attr for a in c.args)]
             if not options:
@@ -558,12 +570,12 @@ class DefaultOptions:
         given = {value.strip("'\"") for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)
                  for value in line.findall(path.read_text(encoding="utf-8", errors="replace"))} - {str(default)}
         if given:  # the one value every YAML that sets the key gives (VQ-Diffusion's `adjust_lr: none`), typed
-            return _yaml_scalar(given.pop()) if len(given) == 1 else UNKNOWN
+            return yaml_scalar(given.pop()) if len(given) == 1 else UNKNOWN
         # ... and the JSON configs (gtn_applications' `config.get("seed", None)` with `"seed": 0` in tds2d.json)
         pair = re.compile(rf'"{re.escape(key)}"\s*:\s*([^,\s}}\]]+)')
         for path in project_files(self.p.root, ".json"):
             text = path.read_text(encoding="utf-8", errors="replace") if path.stat().st_size < 1_000_000 else ""
-            if any(_json_scalar(value) != default for value in pair.findall(text)):
+            if any(json_scalar(value) != default for value in pair.findall(text)):
                 return UNKNOWN
         return default
 
@@ -575,26 +587,3 @@ def _configish(x: ast.AST) -> bool:
             return True
         x = x.value
     return isinstance(x, ast.Name) and bool(re.search(r"(^|_)(cfg|config|conf|opt|hparams)$", x.id, re.I))
-
-
-def _yaml_scalar(text: str):
-    """The value a YAML scalar's text holds: a boolean, a number, None, a plain word; else UNKNOWN."""
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("null", "~"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text if re.fullmatch(r"[A-Za-z_][\w.\-/]*", text) else UNKNOWN
-
-
-def _json_scalar(text: str):
-    """The value a JSON scalar's text holds (`0`, `null`, `"x"`), or the text itself when it is not one."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text

@@ -161,9 +161,8 @@ class Project:
         self._resolve_cache: dict[tuple[str, int, bool], list] = {}  # every module's taint is known now
 
     def _expand_stars(self):
-        """`from utils import *` (CasMVSNet's train.py): each public function, class and import of the project
-        module it names becomes an import of that name, as `from utils import reduce_scalar_outputs` would. Two
-        rounds, for a package whose __init__.py star-imports its modules."""
+        """`from utils import *` (CasMVSNet's train.py): each public function, class and import of the module it
+        names becomes an import of that name. Two rounds, for a package whose __init__.py star-imports its modules."""
         for _ in range(2):
             for m in self.modules.values():
                 for mod, level in m.stars:
@@ -171,9 +170,14 @@ class Project:
                     target = self._module_for(m, "*")
                     del m.imports["*"]
                     if target is None:
-                        continue
-                    names = [n for n in [*target.functions, *target.classes, *target.imports]
-                             if "." not in n and not n.startswith("_")]
+                        # (a package whose __init__.py these copies lack, MVSTER's models/: what its modules define)
+                        names = [n for d in {_real(c.parent if c.name == "__init__.py" else c.with_suffix(""))
+                                             for c in self._candidates(m, mod, None, level)}
+                                 for mm in self.modules.values() if _real(mm.path).parent == d
+                                 for n in [*mm.functions, *mm.classes] if "." not in n and not n.startswith("_")]
+                    else:
+                        names = [n for n in [*target.functions, *target.classes, *target.imports]
+                                 if "." not in n and not n.startswith("_")]
                     for name in names:
                         if name not in m.functions and name not in m.classes and name not in m.imports:
                             m.imports[name] = (mod, name, level)

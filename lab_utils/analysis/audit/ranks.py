@@ -325,6 +325,8 @@ class Guards:
                 return None
             if isinstance(right, (ast.Name, ast.Attribute)) and MAIN_RANK.search(dotted(right).split(".")[-1]):
                 right = ast.Constant(0)  # `dist.get_rank() != self.main_gpu` (IDDM): the main process's rank
+            if isinstance(right, ast.Constant) and right.value == "0":
+                right = ast.Constant(0)  # `self.rank == '0'`, the RANK variable's text (YouReID's Logger)
             if not (isinstance(right, ast.Constant) and isinstance(right.value, (int, float))):
                 return None
             v = right.value

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .hierarchy import never_called, replaced_where_built
-from .scripts import demo_block, off_the_default_path, shadowed, unchosen
+from .scripts import demo_block, off_the_default_path, one_process_only, shadowed, unchosen
 
 SEVERITIES = ("defect", "check-by-hand")
 
@@ -106,11 +106,13 @@ def run_rules(facts, modules) -> list[Finding]:
                 assert isinstance(message, str) and severity in SEVERITIES, (r.id, message, severity)
                 if demo_block(facts, where, node) or shadowed(where, node) or unchosen(facts, where, node) or \
                         off_the_default_path(facts, where, node) or replaced_where_built(
-                            facts.p, where, where.enclosing(node)) or never_called(facts.p, where, node):
+                            facts.p, where, where.enclosing(node)) or never_called(facts.p, where, node) or (
+                            r.id != "collective-outside-switch" and one_process_only(facts, where, node)):
                     continue  # a library's own demo under its main guard, a function the module defines again
                     # later, a class the default settings never pick, a function called only in arms they
                     # skip, a base class's method every subclass the project builds replaces, or a function
-                    # nothing calls: the default DDP run never executes it
+                    # nothing calls, or one called only on the one-process path: the default DDP run never
+                    # executes it
                 line = getattr(node, "lineno", 0) or 1
                 found.setdefault((str(where.path), line, r.id),
                                  Finding(line, r.id, message, severity, str(where.path), related))

@@ -13,7 +13,7 @@ from .facts import Facts
 from .files import project_files, shell_scripts
 from .options import UNKNOWN
 from .project import Module
-from .switches import is_switch_test
+from .switches import is_switch_test, one_process_arm
 from .syntax import EVAL_WORD, callee, const_str, dotted, kw
 
 
@@ -178,6 +178,20 @@ def off_the_default_path(f: Facts, m: Module, node: ast.AST, depth: int = 2) -> 
         cache[key] = bool(sites) and not _handed_on(f, fn) and all(
             arm_off(f, cm, s) or depth > 0 and off_the_default_path(f, cm, s, depth - 1) for cm, s in sites)
     return cache[key]
+
+
+def one_process_only(f: Facts, m: Module, node: ast.AST, depth: int = 2) -> bool:
+    """`node` lies in a function that every project call runs only on the one-process path (MatterSim's `if
+    is_distributed: self.save_model_ddp(...) else: self.save_model(...)`, handed is_distributed=True by the DDP
+    script): the DDP run never executes it."""
+    fn = m.enclosing(node)
+    while fn is not None and m.enclosing(fn) is not None:
+        fn = m.enclosing(fn)
+    if fn is None:
+        return False
+    sites = f.p.callers(m, fn)
+    return bool(sites) and not _handed_on(f, fn) and all(
+        one_process_arm(cm, s) or depth > 0 and one_process_only(f, cm, s, depth - 1) for cm, s in sites)
 
 
 def _handed_on(f: Facts, fn: ast.AST) -> bool:

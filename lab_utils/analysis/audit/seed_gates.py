@@ -64,7 +64,41 @@ def failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
                 if not holds:
                     return ast.unparse(t)
         child, n = n, m.parent.get(id(n))
-    return _returned_before(f, m, node)
+    return _returned_before(f, m, node) or _drawn_fresh(f, m, node)
+
+
+FRESH_SOURCES = re.compile(r"getpid|urandom|time|now|randint|random|randbits|uuid")
+
+
+def _drawn_fresh(f: Facts, m: Module, node: ast.AST) -> str | None:
+    """`if seed is None: seed = os.getpid() + int(datetime.now()...) + ...` before the seed call, in a helper every
+    caller leaves at None (fast-reid's `seed_all_rng()`): the run seeds with a number no other run repeats, which is
+    no seed at all for rank 0's init."""
+    fn = m.enclosing(node)
+    for s in getattr(fn, "body", []):
+        if s.lineno >= node.lineno:
+            break
+        t = s.test if isinstance(s, ast.If) else None
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Is) and isinstance(
+                t.left, ast.Name) and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None \
+                and _left_at_none(f, m, fn, t.left.id) and any(
+                    isinstance(a, ast.Assign) and any(dotted(x) == t.left.id for x in a.targets) and any(
+                        isinstance(c, ast.Call) and FRESH_SOURCES.search(callee(c)) for c in ast.walk(a.value))
+                    for a in s.body):
+            return f"{t.left.id} given (else it is drawn from the clock)"
+    return None
+
+
+def _left_at_none(f: Facts, m: Module, fn: ast.AST, name: str) -> bool:
+    """`name` is a parameter of `fn` that defaults to None and that no project call passes (`seed_all_rng()`)."""
+    args = fn.args.args
+    defaults = dict(zip([a.arg for a in args][len(args) - len(fn.args.defaults):], fn.args.defaults, strict=True))
+    if not (isinstance(defaults.get(name), ast.Constant) and defaults[name].value is None):
+        return False
+    position = [a.arg for a in args if a.arg not in ("self", "cls")].index(name)
+    sites = f.p.callers(m, fn)
+    return bool(sites) and not any(len(c.args) > position or any(k.arg in (name, None) for k in c.keywords)
+                                   for _, c in sites)
 
 
 def _returned_before(f: Facts, m: Module, node: ast.AST) -> str | None:

@@ -48,6 +48,10 @@ def taint_parameters(project):
             for c in m.calls:
                 ranked = [i for i, a in enumerate(c.args) if involves_rank(a, m.rank_tainted)]
                 kws = {k.arg for k in c.keywords if k.arg and involves_rank(k.value, m.rank_tainted)}
+                # `ECAPAModelDDP(**vars(args))` after `args.gpu_id = rank`: the keyword gpu_id gets the rank
+                kws |= {t.split(".")[-1] for k in c.keywords if k.arg is None and isinstance(k.value, ast.Call)
+                        and callee(k.value) == "vars" and len(k.value.args) == 1
+                        for t in m.rank_tainted if t.startswith(dotted(k.value.args[0]) + ".")}
                 if not ranked and not kws:
                     continue
                 for tm, tf in project.resolve(m, c, exact=True):

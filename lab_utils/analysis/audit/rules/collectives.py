@@ -240,10 +240,12 @@ def _self_forward_in_method(f: Facts, m: Module, c: ast.Call):
     """(wrapped name, its call, module) when a rank-0-only call runs a method of the same object whose body calls
     the wrapped `self.model(...)` in an arm the call's constant arguments reach (DifFace: `self.feed_data(data,
     phase='val')` in rank 0's validation, and feed_data runs `self.model(data['lq'])` for phase 'val')."""
-    if not (isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self"):
+    if not isinstance(c.func, ast.Attribute):
         return None
     for tm, tf in f.p.resolve(m, c, exact=True):
-        if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        # (or another object's method: ECAPA-TDNN's `s.eval_network(...)` under `if rank == 0:` in the script)
+        if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)) or dotted(c.func.value) != "self" and not (
+                tm.class_of(tf) and tm is not m):
             continue
         held = f.ddp_wrapped.get(tm.rel, {})
         params = [x.arg for x in tf.args.args][1:]

@@ -7,7 +7,7 @@ import ast
 import re
 
 from ..facts import Facts
-from ..gathers import applications
+from ..gathers import applications, called_only_without_grad, grad_free
 from ..growth import a_count, grows, never_read, world_holding
 from ..hierarchy import never_named, replaced_where_built
 from ..project import Module
@@ -91,29 +91,6 @@ def _uses_in_similarity(fn: ast.AST) -> bool:
 
 
 # calls that make a new leaf tensor: what they return has no autograd history, so gathering it loses nothing
-FRESH = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
-         "empty_like", "full_like", "from_numpy", "ByteTensor", "LongTensor", "IntTensor", "FloatTensor", "Tensor"}
-
-
-# methods that move or reshape a tensor and keep whether it carries a gradient
-RESHAPES = {"to", "cuda", "unsqueeze", "view", "reshape", "float", "long", "double", "int", "contiguous", "flatten"}
-
-
-def _grad_free(scope: ast.AST, x: ast.AST, seen: frozenset = frozenset()) -> bool:
-    """The gathered tensor cannot carry a gradient: built by a tensor constructor (`torch.tensor([t.numel()])`,
-    the sizes gathered before an all_gather of pickled objects), directly or through every assignment of its
-    name in the scope."""
-    if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr in RESHAPES:
-        return _grad_free(scope, x.func.value, seen)  # `torch.tensor(metric).unsqueeze(0).to(device)` (VAN)
-    if isinstance(x, ast.Call):
-        return callee(x) in FRESH and not any(k.arg == "requires_grad" for k in x.keywords)
-    if not isinstance(x, ast.Name) or x.id in seen:  # (`x = x.to(device)` names itself: not known free)
-        return False
-    values = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
-              and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]
-    return bool(values) and all(_grad_free(scope, v, seen | {x.id}) for v in values)
-
-
 def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     """The gathered features enter a loss: the function (or its class) is a loss, or it or a caller multiplies
     them into similarities (`a @ all_b.T`, einsum) — in-batch negatives across ranks."""
@@ -160,32 +137,6 @@ def _uncalled(f: Facts, m: Module, fn: ast.AST, depth: int = 2) -> bool:
         f, cm, g, depth - 1) for cm, c in sites)
 
 
-def _no_grad_at(m: Module, node: ast.AST) -> bool:
-    """`node` sits in a `with torch.no_grad():` block or a function decorated with no_grad."""
-    n = m.parent.get(id(node))
-    while n is not None:
-        if isinstance(n, ast.With) and any("no_grad" in dotted(i.context_expr) for i in n.items) or isinstance(
-                n, (ast.FunctionDef, ast.AsyncFunctionDef)) and any("no_grad" in dotted(d) for d in n.decorator_list):
-            return True
-        n = m.parent.get(id(n))
-    return False
-
-
-def _called_only_without_grad(f: Facts, m: Module, fn: ast.AST) -> bool:
-    """Every project call of `fn` sits under no_grad, or hands its result only to code under no_grad (AVID's
-    memory bank: `video_emb_gathered = _gather_from_all(video_emb)`, read only in `with torch.no_grad():`): what
-    it gathers carries no gradient by design."""
-    def result_without_grad(cm: Module, c: ast.AST) -> bool:
-        bound = cm.parent.get(id(c))
-        if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
-            return False
-        name, scope = bound.targets[0].id, cm.enclosing(c) or cm.tree
-        reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
-        return bool(reads) and all(_no_grad_at(cm, r) for r in reads)
-    sites = f.p.callers(m, fn)
-    return bool(sites) and all(_no_grad_at(cm, c) or result_without_grad(cm, c) for cm, c in sites)
-
-
 def _callers_never_step(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     """A gather helper that the project calls only from code that never runs backward or an optimizer step
     (an evaluation gathering features for a kNN/SVM probe): its result feeds no gradient, so the missing autograd
@@ -230,7 +181,7 @@ def _gather_hits(f: Facts, m: Module):
         fn = m.enclosing(c)
         scope = fn or m.tree
         lst, x = dotted(c.args[0]), c.args[1]
-        if fn is not None and not m.class_of(fn) and (_uncalled(f, m, fn) or _called_only_without_grad(f, m, fn)):
+        if fn is not None and (not m.class_of(fn) and _uncalled(f, m, fn) or called_only_without_grad(f, m, fn)):
             continue  # a helper nobody here calls (Text4Vis's gather_features, for a script not copied) is its
             # callers' to judge; one called only under no_grad (AVID's memory-bank update) feeds no gradient
         own = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == lst and
@@ -252,7 +203,7 @@ def _gather_hits(f: Facts, m: Module):
             continue
         if isinstance(fn, ast.FunctionDef) and any("no_grad" in dotted(d) for d in fn.decorator_list):
             continue
-        if _grad_free(scope, x):
+        if grad_free(scope, x):
             continue
         owner = m.classes.get(m.class_of(fn) or "") if fn is not None else None
         backward = next((d for d in owner.body if isinstance(d, ast.FunctionDef) and d.name == "backward"),
@@ -263,6 +214,8 @@ def _gather_hits(f: Facts, m: Module):
                 continue  # its backward sums every rank's gradient for this rank's features (VICReg's)
             if _applied_only_without_backward(f, owner.name):
                 continue  # applied only where nothing runs backward (DLRM gathers its evaluation outputs)
+            if (sites := applications(f, owner.name)) and all(f.off_by_default(cm, x) for cm, x in sites):
+                continue  # applied only under an option off by default (RawNeXt's `if args.use_metric_l:`)
             yield Hit(c, (f"{owner.name}.backward hands back only this rank's slice of the incoming gradients, with "
                           "no all_reduce: the gradient other ranks' losses send to this rank's features is dropped, "
                           "so at 2 ranks the step is about 1/world_size of the single run's — all_reduce the stacked "
@@ -455,11 +408,38 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
             f._passed_in_launch_scripts()
         if passed:  # the scripts' value decides (LEAD passes --gradient_accumulation_steps 1)
             return all(script_value(f, a) == "1" for a in passed)
+        # (`self.config['runner'].get('gradient_accumulate_steps')`, the key set to 1 in every YAML: s3prl)
+        keys = {const_str(v.args[0]) if isinstance(v, ast.Call) and v.args else const_str(v.slice) for v in fed
+                if isinstance(v, ast.Call) and callee(v) == "get" or isinstance(v, ast.Subscript)}
         return involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and _option_defaults_to_one(f, x.attr) \
-            or f.default_value(m, x) == 1
+            or f.default_value(m, x) == 1 or any(k and ACCUMISH.search(k) and f._yaml_value(k) == 1 for k in keys) \
+            or isinstance(x, ast.Name) and _parameter_one(f, m, m.enclosing(x), x.id)
     # ... or compares a counter with it (Pointcept: `self._counter >= self.cfg.gradient_accumulation_steps`)
     return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and one(b.right)
                or isinstance(b, ast.Compare) and any(one(x) for x in b.comparators) for b in ast.walk(node))
+
+
+def _parameter_one(f: Facts, m: Module, fn: ast.AST | None, name: str, depth: int = 3) -> bool:
+    """`name` is a parameter of `fn` that defaults to 1, and every call seen leaves it out, passes a parameter of
+    its own that is so, or a value that is 1 by default (MiniGPT-4's `_train_inner_loop(..., accum_grad_iters=1)`,
+    handed train_epoch's `accum_grad_iters=1`, which the runner, through a task its registry builds, hands
+    `self.accum_grad_iters`)."""
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth == 0:
+        return False
+    args = fn.args.args
+    default = dict(zip([a.arg for a in args][len(args) - len(fn.args.defaults):], fn.args.defaults,
+                       strict=True)).get(name)
+    if not (isinstance(default, ast.Constant) and default.value == 1):
+        return False
+    position = [a.arg for a in args if a.arg not in ("self", "cls")].index(name)
+    for cm, c in f.p.callers(m, fn):
+        given = kw(c, name) or (c.args[position] if len(c.args) > position else None)
+        if given is None and any(k.arg is None for k in c.keywords):
+            return False  # (`**config`: the key may be in it)
+        if given is not None and not (isinstance(given, ast.Name) and _parameter_one(
+                f, cm, cm.enclosing(c), given.id, depth - 1) or f.default_value(cm, given) == 1):
+            return False
+    return True
 
 
 def _option_defaults_to_one(f: Facts, attr: str) -> bool:

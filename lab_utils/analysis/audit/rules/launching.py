@@ -9,7 +9,7 @@ import json
 import re
 
 from ..facts import Facts
-from ..files import project_files
+from ..files import project_files, shell_scripts
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import one_process_arm
@@ -188,15 +188,55 @@ def _option_port(f: Facts, v: ast.AST):
     a constant port number (voxceleb_trainer's '8888')."""
     if isinstance(v, ast.Call) and callee(v) in ("str", "int") and len(v.args) == 1:
         v = v.args[0]
-    if not isinstance(v, ast.Attribute) or v.attr in f._passed_in_launch_scripts():
-        return None  # (the project's launch script passes the port: OpenUnReID's dist_train.sh, `--tcp-port ${PORT}`)
+    if not isinstance(v, ast.Attribute):
+        return None
     defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
                 if callee(c) == "add_argument" and any(
                     (const_str(a) or "").lstrip("-").replace("-", "_") == v.attr for a in c.args)]
+    # absl's `flags.DEFINE_string("master_port", "12355", ...)` (conditional-flow-matching's CIFAR script)
+    defaults += [c.args[1] if len(c.args) > 1 else kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
+                 if callee(c) in ("DEFINE_string", "DEFINE_integer") and c.args and const_str(c.args[0]) == v.attr]
     ports = {str(d.value) for d in defaults if isinstance(d, ast.Constant) and str(d.value).isdigit()}
     # (one option, or the same default in each script that defines it: ExpansionNet's train.py and test.py)
-    return ports.pop() if defaults and len(ports) == 1 and all(isinstance(d, ast.Constant) for d in defaults) \
+    port = ports.pop() if defaults and len(ports) == 1 and all(isinstance(d, ast.Constant) for d in defaults) \
         else None
+    if v.attr in f._passed_in_launch_scripts():
+        # the project's launch script passes the port: a variable (OpenUnReID's dist_train.sh, `--tcp-port ${PORT}`)
+        # leaves it open, and so does a number there over an open default (a value the user edits in one place,
+        # Depth-Anything-V2's `--port 20596`); the code's fixed default written again (ECAPA's 54323) stays fixed
+        return _launch_script_port(f, v.attr) if port is not None else None
+    return port
+
+
+def _launch_script_port(f: Facts, attr: str) -> str | None:
+    """The one number every launch script of the project passes as `--attr` (`--master_port 54323`); None when a
+    script passes a variable or two scripts pass different numbers."""
+    flag = re.compile(r"(?<![\w-])--" + re.escape(attr).replace("_", "[_-]") + r"(?:[= ]+)(\S+)")
+    values = {v.strip("'\"") for path in shell_scripts(f.p.root) for v in flag.findall(
+        path.read_text(encoding="utf-8", errors="replace"))}
+    return values.pop() if len(values) == 1 and re.fullmatch(r"\d{2,5}", *values) else None
+
+
+def _parameter_port(f: Facts, m: Module, v: ast.AST):
+    """(port, call sites) when `v` is a parameter (`def ddp_setup(rank, world_size, master_port)`) that every
+    project call fills with an option fixed to one port (`ddp_setup(rank, world_size, args.master_port)`, --master_port
+    defaulting to '54323': ECAPA-TDNN); None otherwise."""
+    if isinstance(v, ast.Call) and callee(v) in ("str", "int") and len(v.args) == 1:
+        v = v.args[0]
+    fn = m.enclosing(v)
+    if not isinstance(v, ast.Name) or not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    names = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
+    if v.id not in names or any(isinstance(x, ast.Assign) and v.id in {dotted(t) for t in x.targets}
+                                for x in ast.walk(fn)):
+        return None
+    position, ports = names.index(v.id), set()
+    sites = f.p.callers(m, fn)
+    for _, c in sites:
+        passed = c.args[position] if len(c.args) > position and not any(
+            isinstance(a, ast.Starred) for a in c.args[:position + 1]) else kw(c, v.id)
+        ports.add(_option_port(f, passed) if passed is not None else None)
+    return (ports.pop(), tuple(sites[:2])) if sites and len(ports) == 1 and None not in ports else None
 
 
 def _default_text(f: Facts, m: Module, v: ast.AST) -> str | None:
@@ -293,6 +333,10 @@ def hard_coded_master_port(f: Facts, m: Module):
         elif sets_port and (default := _option_port(f, a.value)) is not None:
             yield a, (f"MASTER_PORT set from an option whose default is the fixed port {default!r}, overriding the "
                       f"environment: every run that keeps the default uses it: {advice}"), "check-by-hand"
+        elif sets_port and (found := _parameter_port(f, m, a.value)) is not None:
+            yield Hit(a, (f"MASTER_PORT set from {ast.unparse(a.value)}, which every caller fills with an option fixed "
+                          f"to the port {found[0]!r}, overriding the environment: {advice}"), "check-by-hand",
+                      related=found[1])
         elif any(dotted(t) in urls - reported for t in a.targets) and _fixed_port(a.value):
             # args.dist_url = 'tcp://localhost:58472' ... init_method=args.dist_url; one finding per variable,
             # however many branches fix it

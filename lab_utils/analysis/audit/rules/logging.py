@@ -8,6 +8,7 @@ import ast
 import re
 
 from ..consoles import (
+    bar_on_every_rank,
     info_on_rank0_only,
     meter_print_calls,
     meter_prints,
@@ -29,6 +30,7 @@ from ..losses import (
     loaded_from_a_checkpoint,
     looped_losses,
     loss_carriers,
+    loss_terms,
     origins,
     packed_losses,
     reducing_meters,
@@ -37,9 +39,10 @@ from ..losses import (
     whole_set_meters,
 )
 from ..project import Module
+from ..rank0_values import own_walk, rank0_own
 from ..registry import Hit, rule
 from ..switches import one_process_arm
-from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, branches, callee, const_str, dotted, kw, root
+from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, root
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
 NONFINITE = {"isfinite", "isnan", "isinf"}
@@ -143,80 +146,6 @@ def _loss_out_of_range(t: ast.AST) -> bool:
         isinstance(x, ast.Constant) and isinstance(x.value, (int, float)) for x in (t.left, t.comparators[0]))
 
 
-CONSTISH = {"np", "numpy", "math", "float", "inf", "torch"}
-
-
-def _sharded(f: Facts, m: Module, call: ast.Call) -> bool:
-    """Whether a call is handed this rank's shard: a batch of an enclosing loop, or a loader built with a
-    DistributedSampler (`DataLoader(ds, sampler=sampler)` with `sampler = DistributedSampler(ds)`)."""
-    names = {root(n) for a in [*call.args, *[k.value for k in call.keywords]] for n in ast.walk(a)
-             if isinstance(n, (ast.Name, ast.Attribute))}
-    n = m.parent.get(id(call))
-    while n is not None:
-        if isinstance(n, ast.For) and names & {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)} and \
-                not (isinstance(n.iter, ast.Call) and callee(n.iter) == "range"):  # (a step count is no batch)
-            return True
-        n = m.parent.get(id(n))
-    classes = f.sampler_classes()
-    samplers = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) for t in a.targets
-                if any(isinstance(v, ast.Call) and callee(v) in classes for v in branches(a.value))}
-    for a in m.nodes:
-        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and assigned_roots(a) & names:
-            s = kw(a.value, "sampler") or kw(a.value, "batch_sampler")
-            if s is not None and any(isinstance(v, ast.Call) and callee(v) in classes or dotted(v) in samplers
-                                     for v in branches(s)):
-                return True
-    return False
-
-
-def _rank0_own(f: Facts, m: Module, scope: ast.AST) -> set[str]:
-    """Values rank 0 computes by itself, not a share of a global batch: what a project function called under the
-    rank-0 guard returns (`val_loss = evaluate(model, val_loader)`, rank 0 alone over a whole, unsharded set) and
-    copies of it (`min_loss = val_loss`). Rank 0's number there is the single run's; a call handed this rank's
-    batch or a DistributedSampler's loader stays local."""
-    cache = f.cache.setdefault("rank0_own", {})
-    if (m.rel, id(scope)) in cache:
-        return cache[(m.rel, id(scope))]
-
-    def source(v, own):
-        return isinstance(v, ast.Call) and f.g.kind(m, v) == "rank0" and bool(f.p.resolve(m, v)) and \
-            not _sharded(f, m, v) or isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in own or \
-            _made_only_from(v, own)
-    assigns = [a for a in _own_walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign))]
-    # `losses.append(step(valid_dataset, model.module, ...))` under rank 0's guard (DOT's validation)
-    appends = [a for a in _own_walk(scope) if isinstance(a, ast.Call) and callee(a) == "append" and a.args
-               and isinstance(a.func, ast.Attribute)]
-    own: set[str] = set()
-    for _ in range(3):
-        own |= {t for a in assigns if isinstance(a, ast.Assign) and source(a.value, own) for t in assigned_roots(a)}
-        own |= {dotted(a.func.value) for a in appends if source(a.args[0], own)}
-    for a in assigns:  # a name also fed from elsewhere (not a starting constant like np.inf) is not rank 0's own
-        if isinstance(a, ast.AugAssign) or not source(a.value, own) and any(
-                isinstance(n, ast.Name) and n.id not in CONSTISH for n in ast.walk(a.value)):
-            own -= assigned_roots(a) if isinstance(a, ast.Assign) else {root(a.target)}
-    cache[(m.rel, id(scope))] = own
-    return own
-
-
-def _made_only_from(v: ast.AST, own: set[str]) -> bool:
-    """A library call over rank 0's own values alone (`torch.stack(losses).mean()`)."""
-    if not isinstance(v, ast.Call):
-        return False
-    reads = {n.id for n in ast.walk(v) if isinstance(n, ast.Name)} - CONSTISH
-    return bool(reads) and reads <= own
-
-
-def _own_walk(scope: ast.AST):
-    """The nodes of a scope without the bodies of the functions and classes defined in it: a helper's local
-    `losses = torch.zeros(n)` is another variable than the script's `losses = estimate_loss()`."""
-    todo = [scope]
-    while todo:
-        n = todo.pop()
-        yield n
-        todo += [c for c in ast.iter_child_nodes(n)
-                 if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
-
-
 def _fed_at(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | None:
     """Where the loss goes into a meter that prints it elsewhere: `metric_logger.log_every(loader, ...)` in the
     loop header prints what `metric_logger.update(loss=loss_value)` fed it in the body; that line is the one to
@@ -262,7 +191,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
         scope = m.enclosing(c) or m.tree
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)} | (
-            names & backwarded(scope))
+            names & backwarded(scope)) | (names & loss_terms(scope, backwarded(scope)))
         held = instance_carriers(m, scope)
         key = (id(scope), frozenset(held))  # (one function's logs share its carriers: DLRM has 89 logs)
         carriers = carried.get(key)
@@ -277,7 +206,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         # ... with what is read off it (`meters.sync()`, then `meters.avg_loss`: gtn_applications)
         lossy -= synced | {n.attr for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)
                            and root(n) in synced - {""}}
-        lossy -= _rank0_own(f, m, scope)
+        lossy -= rank0_own(f, m, scope)
         lossy -= global_model_losses(f, m, scope) | whole_set_meters(m, scope) | reducing_meters(f, m, scope)
         if every_loss_over_gathered_labels(m, scope):
             continue  # MagFace: the model-parallel loss covers every rank's labels; its meters hold the global one
@@ -293,14 +222,14 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         red = f.reduced_names(m, scope) | (f.reduced_names(m, outer) if outer not in (None, scope) else set())
         red0 = set(red)
         while True:  # a name reduced only through another that is not reduced here is not either
-            now = {r for r in red if not _not_reduced_at(m, scope, c, r, red, red0)}
+            now = {r for r in red if not _not_reduced_at(f, m, scope, c, r, red, red0)}
             if now == red:
                 break
             red = now
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
         kind = f.g.effective(m, c)
-        inner = meter_print_calls(f, m, c) if kind is None and name not in LOG_CALLS else None
+        inner = meter_print_calls(f, m, c) if kind is None else None
         if inner and all(f.g.effective(mm, x) == "rank0" for mm, x in inner):
             kind = "rank0"  # `logger.log_training(it, stats)` whose method returns unless self.rank == 0 (WaveGrad)
         out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
@@ -319,7 +248,7 @@ def _unseen_print_helper(f: Facts, m: Module, c: ast.Call) -> bool:
         and root(c.func.value) in m.imports)
 
 
-def _not_reduced_at(m: Module, scope: ast.AST, c: ast.Call, name: str, red: set[str], red0: set[str]) -> bool:
+def _not_reduced_at(f: Facts, m: Module, scope: ast.AST, c: ast.Call, name: str, red: set[str], red0: set[str]) -> bool:
     """`name` does not hold an average over ranks where the log `c` reads it, though reduced_names (flow-
     insensitive) says it does somewhere. The write that reaches `c` decides: the nearest one before it, or, with
     none before it, one later in a loop around `c` (the next iteration's). 3D-ResNets: the epoch average of the
@@ -334,7 +263,7 @@ def _not_reduced_at(m: Module, scope: ast.AST, c: ast.Call, name: str, red: set[
             loops.append(n)
         n = m.parent.get(id(n))
     writes = []  # (statement, reduces)
-    for a in _own_walk(scope):  # (a method defined here has its own `loss`)
+    for a in own_walk(scope):  # (a method defined here has its own `loss`)
         if isinstance(a, (ast.Assign, ast.AugAssign)):
             targets, value = (a.targets if isinstance(a, ast.Assign) else [a.target]), a.value
         elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in ("update", "append") \
@@ -350,6 +279,8 @@ def _not_reduced_at(m: Module, scope: ast.AST, c: ast.Call, name: str, red: set[
             partial = isinstance(a, ast.Assign) and not any(isinstance(e, ast.Name) and e.id == name for t in targets
                                                             for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
             called = any(isinstance(x, ast.Call) and REDUCEISH.search(callee(x)) for x in ast.walk(value))
+            # ... or a project helper that reduces (MACE's take_step_lbfgs, in the LBFGS arm only)
+            called |= isinstance(value, ast.Call) and f.collective_helper(m, value)
             if (isinstance(a, (ast.AugAssign, ast.Call)) or partial or name in reads) and not (
                     (reads - {name}) & red0 or called):
                 continue  # `loss /= world_size`, `avg = avg.item() / world_size`, `text += '\n'`, `stats['epoch'] =
@@ -412,7 +343,28 @@ def rank0_local_loss(f: Facts, m: Module):
         else:
             first = merged[source]
             merged[source] = (first[0]._replace(related=(*first[0].related, (m, hit.node))), first[1], first[2])
-    yield from (hit for hit, _, _ in merged)
+    for hit, scope, lossy in merged:
+        if not _logged_where_computed(f, m, scope, lossy):
+            yield hit._replace(related=(*hit.related, *_logged_by_callers(f, m, scope)))
+
+
+def _logged_by_callers(f: Facts, m: Module, fn: ast.AST) -> tuple:
+    """The callers' rank-0 logs of what `fn` returns (voxceleb_trainer's score file line of train_network's loss):
+    the same defect, named as related places."""
+    return tuple((cm, h.node) for cm, c in (f.p.callers(m, fn) if fn is not None else []) if cm is not m
+                 for h, s, lossy in _rank0_local_loss_hits(f, cm) if s is cm.enclosing(c)
+                 and _returned_into(f, cm, s, lossy, fn))[:2]
+
+
+def _logged_where_computed(f: Facts, m: Module, scope: ast.AST, lossy: set) -> bool:
+    """The logged loss is what a function of another module returns, and that function logs it on rank 0 itself
+    (ECAPA-TDNN's train_network prints its running loss and returns it for main's score file): one defect, found
+    where the loss is computed."""
+    called = {(tm.rel, id(tf)): (tm, tf) for a in ast.walk(scope or m.tree)
+              if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+              for tm, tf in f.p.resolve(m, a.value) if tm is not m}
+    return any(_returned_into(f, m, scope, lossy, tf) and any(
+        other is tf for _, other, _ in _rank0_local_loss_hits(f, tm)) for tm, tf in called.values())
 
 
 def _outermost(m: Module, c: ast.AST):
@@ -437,18 +389,6 @@ def _returned_into(f: Facts, m: Module, scope: ast.AST, lossy: frozenset, fn: as
     # ... or read off it (`epoch_result = train_epoch(...)`, then `epoch_result.loss`: PFNs)
     read = {n.attr for n in ast.walk(scope or m.tree) if isinstance(n, ast.Attribute) and root(n) in got - {""}}
     return bool({g for g in got if g} & lossy or {g.split(".")[-1] for g in got if g} & lossy or read & lossy)
-
-
-def _bar_on_every_rank(m: Module, c: ast.Call) -> bool:
-    """`pbar = tqdm(enumerate(train_loader))` with no `disable=`, then `pbar.set_description(f"Loss {...}")`
-    (PointNeXt): every rank draws its own bar with its own loss."""
-    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("set_description", "set_postfix")):
-        return False
-    name, scope = dotted(c.func.value), m.enclosing(c) or m.tree
-    made = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and any(
-        dotted(t) == name for t in a.targets)]
-    return bool(made) and all(isinstance(v, ast.Call) and callee(v) == "tqdm" and kw(v, "disable") is None
-                              for v in made)
 
 
 def _rank0_local_loss_hits(f: Facts, m: Module):
@@ -590,7 +530,7 @@ def _every_rank_hits(f: Facts, m: Module):
             continue
         if kind is None and ((callee(c) == "print" or meter_prints(f, m, c) == "print") and not f.print_override
                              or root_logger_on_every_rank(f, m, c)
-                             or _bar_on_every_rank(m, c)):
+                             or bar_on_every_rank(m, c) and not f.stderr_silenced):
             yield Hit(c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
                           f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global "
                           "batch's loss — all_reduce it, then log on rank 0")), lossy

@@ -79,8 +79,12 @@ def _sampler_context(f: Facts, m: Module):
     """(samplers built here whose epoch order matters, set_epoch calls of the scripts that run with m), or None
     when there is nothing to judge: no sampler, or a loader library audited without any script."""
     made = [c for c in _made(f, m) if _order_matters(m, c) and not _advances_itself(f, callee(c))
-            and not _epochless(f, m, c) and not arm_off(f, m, c)]  # (OpenOCR's `elif` after `if 'sampler' in
-    # config[mode]:`, which its YAML takes)
+            and not _epochless(f, m, c) and not arm_off(f, m, c)  # (OpenOCR's `elif` after `if 'sampler' in
+            # config[mode]:`, which its YAML takes)
+            # ... nor one built anew each epoch with the epoch in its seed (MatterSim's `seed=seed + idx * 131 +
+            # epoch`): its order moves on without set_epoch
+            and not any(re.search(r"epoch", dotted(n), re.I) for n in ast.walk(kw(c, "seed") or ast.Constant(0))
+                        if isinstance(n, (ast.Name, ast.Attribute)))]
     if not made or not any(mm.entry for mm in f.p.modules.values()):
         return None
     # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's. When no

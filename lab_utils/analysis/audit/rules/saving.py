@@ -79,13 +79,18 @@ def _strips_prefix(f: Facts) -> bool:
 def save_without_module(f: Facts, m: Module):
     wrapped = f.ddp_wrapped.get(m.rel, {})
     data_parallel = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(
-        a.value, ast.Call) and callee(a.value) == "DataParallel" for t in a.targets}
+        a.value, ast.Call) and callee(a.value) == "DataParallel" and not one_process_arm(m, a)
+        and not _arm_beside_the_wrap(m, a) for t in a.targets}
+    # (a DataParallel in the else of `if args.distributed:`, PixelFormer's, is not what the DDP run saves)
     if not wrapped or _strips_prefix(f):
         return
     for c in m.calls:
         if callee(c) != "state_dict" or not isinstance(c.func, ast.Attribute):
             continue
         owner = dotted(c.func.value)
+        up = m.parent.get(id(c))
+        if isinstance(up, ast.Attribute) and up.attr in ("items", "keys", "values"):
+            continue  # read, not saved: `for _, p in model.state_dict().items(): dist.broadcast(p, 0)` (RQ-VAE)
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
                 and not (_loaded_into_wrapped(m, owner, wrapped[owner]) and ((m.rel, owner) not in f.inherited
@@ -94,6 +99,48 @@ def save_without_module(f: Facts, m: Module):
             yield c, (f"{owner}.state_dict() where {owner} holds the DDP wrapper (line {wrapped[owner]}): every "
                       "key gets a 'module.' prefix and the checkpoint does not load into the plain model (the single "
                       f"run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
+    for c, owner, hm, inner in _helper_saves(f, m, wrapped):
+        if owner not in data_parallel and f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(
+                m, c, owner) and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
+            yield Hit(c, (f"{callee(c)}(...) is handed {owner}, the DDP wrapper (line {wrapped[owner]}), and saves its "
+                          f"state_dict() ({hm.rel}:{inner.lineno}): every key gets a 'module.' prefix and the "
+                          "checkpoint does not load into the plain model (the single run, or a 1-GPU resume) — hand it "
+                          f"{owner}.module"), related=((hm, inner),))
+
+
+def _arm_beside_the_wrap(m: Module, a: ast.AST) -> bool:
+    """`a` sits in the else (or an elif) of an `if` whose first arm wraps the model in DDP (AdaBins' `if
+    args.distributed: ... DDP(model) elif args.gpu is None: DataParallel(model)`): the DDP run takes the other arm."""
+    child, n = a, m.parent.get(id(a))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and any(child is s for s in n.orelse) and any(
+                isinstance(x, ast.Call) and callee(x) in ("DistributedDataParallel", "DDP")
+                for s in n.body for x in ast.walk(s)):
+            return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _helper_saves(f: Facts, m: Module, wrapped: dict):
+    """(call, wrapped name, helper's module, its state_dict call) where a project helper is handed the wrapper and
+    torch.saves the parameter's state_dict() (AdaBins' `model_io.save_checkpoint(model, optimizer, ...)`)."""
+    for c in m.calls:
+        names = [(i, dotted(a)) for i, a in enumerate(c.args) if isinstance(a, (ast.Name, ast.Attribute))]
+        names = [(i, n) for i, n in names if n in wrapped and c.lineno > wrapped[n]]
+        if not names or callee(c) in ("save", "state_dict"):
+            continue
+        for hm, fn in f.p.resolve(m, c, exact=True):
+            params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
+            for i, owner in names:
+                inner = next((x for x in ast.walk(fn) if isinstance(x, ast.Call) and callee(x) == "state_dict"
+                              and i < len(params) and dotted(x.func) == f"{params[i]}.state_dict" and any(
+                                  callee(y) == "save" and x in ast.walk(y) for y in ast.walk(fn)
+                                  if isinstance(y, ast.Call))), None)
+                unwraps = any(isinstance(a, ast.Assign) and any(dotted(t) == params[i] for t in a.targets) and
+                              "module" in ast.unparse(a.value) for a in ast.walk(fn))  # (`model = model.module`)
+                if inner is not None and not unwraps:
+                    yield c, owner, hm, inner
+                    break
 
 
 def _loaded_into_a_state_dict(m: Module, c: ast.Call) -> bool:

@@ -102,8 +102,15 @@ def no_seed(f: Facts, m: Module):
         yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
-                  related=tuple(wraps) + ((_test_of(*at, failed),) if at else ()))  # (and the seed the
-        # default run skips: the test that skips it)
+                  related=tuple(wraps) + ((_test_of(*at, failed),) if at else ()) + _calls_of(f, at))  # (and
+        # the seed the default run skips: the test that skips it, and the call of the helper it sits in)
+
+
+def _calls_of(f: Facts, at) -> tuple:
+    """The project's first call of the helper around a seed the default run skips (fast-reid's `seed_all_rng()`),
+    where the user passes the seed."""
+    fn = at[0].enclosing(at[1]) if at else None
+    return tuple(f.p.callers(at[0], fn)[:1]) if fn is not None else ()
 
 
 def _before_a_spawn(m: Module, c: ast.AST) -> bool:
