@@ -2633,7 +2633,8 @@ def test_a_helpers_unswitched_collective_names_the_scripts_call(tmp_path):
     """VAR's SmoothedValue.synchronize_between_processes barriers and all-reduces, reached from the script's
     `me.synchronize_between_processes()` through MetricLogger's loop over its meters (objects the audit cannot
     type): the finding, in the helper, names the script's call, where the switch could go instead."""
-    helper = ("from collections import defaultdict\nimport torch.distributed as tdist\nclass SmoothedValue:\n    def synchronize_between_processes(self):\n"
+    helper = ("from collections import defaultdict\nimport torch.distributed as tdist\nclass SmoothedValue:\n"
+              "    def synchronize_between_processes(self):\n"
               "        tdist.barrier()\nclass MetricLogger:\n    def __init__(self):\n"
               "        self.meters = defaultdict(SmoothedValue)\n"
               "    def synchronize_between_processes(self):\n        for meter in self.meters.values():\n"

@@ -181,7 +181,8 @@ def test_a_sampler_built_each_epoch_with_the_epoch_in_its_seed(tmp_path):
 UTILS = ("import torch\nclass Distributed:\n    def gather_concat(self, x):\n"
          "        xs = [torch.empty_like(x) for _ in range(2)]\n        torch.distributed.all_gather(xs, x)\n"
          "        return torch.cat(xs)\nclass Metrics:\n    def __init__(self):\n        self.metrics = {}\n"
-         "    def update(self, d):\n        for k, v in d.items():\n            self.metrics.setdefault(k, []).append(v)\n"
+         "    def update(self, d):\n        for k, v in d.items():\n"
+         "            self.metrics.setdefault(k, []).append(v)\n"
          "    def compute(self, dist):\n        out = {}\n        for k, v in self.metrics.items():\n"
          "            v = sum(v) / len(v)\n            out[k] = dist.gather_concat(torch.tensor(v).view(1)).mean()\n"
          "        return out\n")
@@ -195,7 +196,8 @@ def test_a_gather_method_handed_detached_tensors_and_a_meter_that_gathers(tmp_pa
     train = (SEEDED + "import utils\ndist2 = utils.Distributed()\nmodel = DDP(Net())\nmetrics = utils.Metrics()\n"
              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in loader:\n    z = model(x)\n"
              "    prior = dist2.gather_concat({arg})\n    loss = (z * prior.mean()).mean()\n    loss.backward()\n"
-             "    opt.step()\n    metrics.update({{'loss': loss}})\nmetrics_dict = {{'lr': 0.1, **metrics.compute(dist2)}}\n"
+             "    opt.step()\n    metrics.update({{'loss': loss}})\n"
+             "metrics_dict = {{'lr': 0.1, **metrics.compute(dist2)}}\n"
              "if rank == 0:\n    print(metrics_dict)\n")
     quiet = _project(tmp_path / "q", {"utils.py": UTILS, "train.py": train.format(arg="z.detach().square()")})
     loud = _project(tmp_path / "l", {"utils.py": UTILS, "train.py": train.format(arg="z")})

@@ -190,7 +190,10 @@ def every_loss_over_gathered_labels(m: Module, scope: ast.AST) -> bool:
 # which names in a logging scope carry a loss value: packed into records, returned by helpers, fed to meters
 
 def text_of(v: ast.AST) -> bool:
-    """A string built from values: an f-string, `'...'.format(...)`, `'...' % (...)`."""
+    """A string built from values: an f-string, `'...'.format(...)`, `'...' % (...)`; or a list of them (EDM's
+    status line, `fields += [f"loss {loss.mean().item():<9.3f}"]`, printed as `' '.join(fields)`)."""
+    if isinstance(v, (ast.List, ast.Tuple)) and v.elts:
+        return all(map(text_of, v.elts))
     return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and \
         v.func.attr in ("format", "join") and isinstance(v.func.value, ast.Constant) or isinstance(v, ast.BinOp) and \
         isinstance(v.op, ast.Mod) and isinstance(v.left, ast.Constant) and isinstance(v.left.value, str)

@@ -315,9 +315,12 @@ class Guards:
                 op = {ast.Gt: ast.Lt(), ast.Lt: ast.Gt(), ast.GtE: ast.LtE(), ast.LtE: ast.GtE()}.get(type(op), op)
             if not involves_rank(left, m.rank_tainted):
                 return None
-            if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod) and isinstance(left.left, ast.Attribute) \
-                    and not RANKISH.search(left.left.attr):
-                return None  # `logger.iters % hps.save_iters == 0` (Jukebox): a step count, not the rank
+            if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod) and (isinstance(
+                    left.left, ast.Attribute) and not RANKISH.search(left.left.attr) or isinstance(left.left, ast.Name)
+                    and re.search(r"step|iter|batch|epoch|count", left.left.id) and not RANKISH.search(left.left.id)
+                    and re.search(r"freq|interval|every|period", dotted(left.right))):
+                return None  # `logger.iters % hps.save_iters == 0` (Jukebox), `batch_num % args.save_freq` (ml-mdm,
+                # whose batch_num the rank-tainted data partition reaches): a step count, not the rank
             if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Set, ast.Tuple, ast.List)):
                 has0 = any(isinstance(e, ast.Constant) and e.value == 0 for e in right.elts)
                 if has0:

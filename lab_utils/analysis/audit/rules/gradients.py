@@ -375,12 +375,42 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
                     isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(k.value))
                     for k in n.keywords):
                 out.append(n)
+    out += _inner_micro_batch_loops(m, loops)
     if not out and any(isinstance(c, ast.Call) and callee(c) == "backward" for c in m.calls):
         # the count used by name in a module that runs backward (`loss / accum_steps`); a string formatted with
         # it (`"%d" % args.accum_iter`) is no arithmetic
         out = [n for n in m.nodes if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
                and involves(n.right, ACCUMISH) and not isinstance(n.left, (ast.Constant, ast.JoinedStr))]
     return sorted(out, key=lambda n: n.lineno)
+
+
+def _inner_micro_batch_loops(m: Module, loops: list) -> list[ast.AST]:
+    """An inner loop that runs backward on every pass and never steps, inside an outer loop that steps once after it
+    (I2SB: `for _ in range(n_inner_loop): ... loss.backward()`, then `optimizer.step()` per iteration): the inner
+    loop's passes are micro-batches accumulated into one step. Its `for` line."""
+    out = []
+    for outer in (x for x in loops if isinstance(x, (ast.For, ast.While))):
+        for inner in outer.body:
+            if not isinstance(inner, ast.For) or not any(
+                    isinstance(c, ast.Call) and callee(c) == "backward" for c in ast.walk(inner)) or any(
+                    _steps(c) for c in ast.walk(inner)):
+                continue
+            after = [c for s in outer.body if s.lineno > inner.lineno for c in ast.walk(s)]
+            if any(_steps(c) and not _scheduler_step(m, c) for c in after) and _draws_data(inner) and not any(
+                    isinstance(w, ast.With) and any("sync" in dotted(i.context_expr.func if isinstance(
+                        i.context_expr, ast.Call) else i.context_expr) for i in w.items) for w in ast.walk(inner)):
+                out.append(inner)  # (EDM's `with misc.ddp_sync(ddp, last_round):` is its own no_sync)
+    return out
+
+
+def _draws_data(loop: ast.For) -> bool:
+    """Each pass takes new data: `next(it)`, a batch-loading call (`self.sample_batch(...)`), or a slice the loop
+    variable picks (`all_inds[j::accum]`, VoiceCraft). AttentiveNAS's loop over subnets trains each on the same
+    batch: no micro-batches."""
+    var = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    return any(isinstance(c, ast.Call) and (callee(c) == "next" or re.search(r"batch|load|fetch", callee(c)))
+               for c in ast.walk(loop)) or any(isinstance(x, ast.Subscript) and any(
+                   isinstance(n, ast.Name) and n.id in var for n in ast.walk(x.slice)) for x in ast.walk(loop))
 
 
 def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
@@ -481,8 +511,9 @@ def accumulation_without_no_sync(f: Facts, m: Module):
     steps = [s for s in _accumulation_steps(m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)
              and not _under_count_above_one(f, m, s) and not replaced_where_built(f.p, m, m.enclosing(s))]
     if steps:
+        text = ast.unparse(steps[0]).splitlines()[0][:60]
         yield steps[0], (f"gradients accumulate over micro-batches (line {steps[0].lineno}: "
-                         f"`{ast.unparse(steps[0])[:60]}`), but no micro-batch runs under model.no_sync(): at two "
+                         f"`{text}`), but no micro-batch runs under model.no_sync(): at two "
                          "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one rank "
                          "has none) — run all but the last micro-batch inside `with model.no_sync():`")
 

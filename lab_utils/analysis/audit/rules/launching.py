@@ -320,8 +320,12 @@ def hard_coded_master_port(f: Facts, m: Module):
                       f"{port} is a fixed port on this host: {advice}"), "check-by-hand"
             continue
         sets_port = any(isinstance(t, ast.Subscript) and const_str(t.slice) == "MASTER_PORT" for t in a.targets)
-        if sets_port and const_str(a.value) is not None:
-            yield a, f"MASTER_PORT fixed to {a.value.value!r}: {advice}", "check-by-hand"
+        # (`str(12345)`, Segmenter's init_process: a constant all the same)
+        fixed = a.value.args[0] if isinstance(a.value, ast.Call) and callee(a.value) == "str" and len(
+            a.value.args) == 1 and isinstance(a.value.args[0], ast.Constant) else a.value
+        if sets_port and (const_str(fixed) is not None or isinstance(fixed, ast.Constant) and isinstance(
+                fixed.value, int)):
+            yield a, f"MASTER_PORT fixed to {str(fixed.value)!r}: {advice}", "check-by-hand"
         elif sets_port and (default := _default_kept(f, m, a.value)) is not None:
             yield a, (f"MASTER_PORT set from a parameter whose default {default!r} no caller replaces: the port is "
                       f"fixed: {advice}"), "check-by-hand"

@@ -155,6 +155,13 @@ def _loaded_into_a_state_dict(m: Module, c: ast.Call) -> bool:
         for n in ast.walk(scope)) and not _saves_cpu_tensors(m)
 
 
+def _synced_from_rank0(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`model.load_state_dict(torch.load(sync_path))` on every rank but 0 (Segmenter's sync_model, after rank 0
+    saved its CUDA weights there): whatever the file is called, it holds rank 0's GPU tensors."""
+    up = m.parent.get(id(c))
+    return isinstance(up, ast.Call) and callee(up) == "load_state_dict" and f.g.effective(m, c) == "not0"
+
+
 def _saves_cpu_tensors(m: Module) -> bool:
     """The module writes its checkpoints as CPU tensors (`state_dict[k] = param.cpu()` then torch.save, KAIR's
     save_network): loading them back maps nothing to the GPU that saved them."""
@@ -179,7 +186,8 @@ def load_without_map_location(f: Facts, m: Module):
         loads = dotted(c.func) in ("torch.load", "th.load") or _unseen_torch_load(f, m, c)
         if loads and len(c.args) < 2 and (re.search(
                 r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|\.pth?\b", ast.unparse(c), re.I)
-                or _loaded_into_a_state_dict(m, c) or _option_names_a_torch_file(f, c)) and \
+                or _loaded_into_a_state_dict(m, c) or _option_names_a_torch_file(f, c)
+                or _synced_from_rank0(f, m, c)) and \
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
                 not f.off_in_default_run(m, c) and not one_process_arm(m, c) and not _unlaunched_arm(m, c) and \

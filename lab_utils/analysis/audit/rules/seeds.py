@@ -98,12 +98,24 @@ def no_seed(f: Facts, m: Module):
         helpers = [(mm, c) for mm, c in entry[0] if mm is m and f.seed_kind(mm, c) == "torch"
                    and f.p.resolve(mm, c) and helper_gated(f, mm, c)]
         # (the seeding helper's own call rather than `main(args)` around it)
-        wraps = wraps[:1] + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1]
+        wraps = wraps[:1] + _built_at(wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1]
         yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
                   related=tuple(wraps) + ((_test_of(*at, failed),) if at else ()) + _calls_of(f, at))  # (and
         # the seed the default run skips: the test that skips it, and the call of the helper it sits in)
+
+
+def _built_at(wraps: list) -> list:
+    """Where the model the first wrap gets is built (StableTTS's `model = StableTTS(...).to(rank)` before `model =
+    DDP(model, ...)`): the unseeded init happens there, and the seed goes before it."""
+    if not wraps or not wraps[0][1].args or not isinstance(wraps[0][1].args[0], ast.Name):
+        return []
+    mm, c = wraps[0]
+    name, scope = c.args[0].id, mm.enclosing(c) or mm.tree
+    built = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(
+        a.value, ast.Call) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)]
+    return [(mm, max(built, key=lambda a: a.lineno))] if built else []
 
 
 def _calls_of(f: Facts, at) -> tuple:
