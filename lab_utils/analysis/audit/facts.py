@@ -16,7 +16,6 @@ from .switches import dead_branch, switched
 from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
-    DDP_NAMES,
     EVAL_WORD,
     LOSSISH,
     OTHER_SEEDS,
@@ -32,6 +31,7 @@ from .syntax import (
     layer_call,
     root,
 )
+from .wrappers import is_ddp_call, wrapped_names
 
 UNSEEN_SAVER = re.compile(r"save_(model|checkpoint|ckpt|network|weights|state)")
 
@@ -48,7 +48,8 @@ class Facts(DefaultOptions):
         self.p = project
         self.g = Guards(project)
         self.cache: dict = {}
-        self.ddp_wrapped = self._ddp_wrapped_names()
+        # names holding the DDP wrapper per module; (module, name) pairs whose module never saw the wrap line
+        self.ddp_wrapped, self.inherited = wrapped_names(self)
         # print reaches the console on rank 0 alone: builtins.print replaced (setup_for_distributed), or the other
         # ranks' stdout sent to /dev/null (`if dist.get_rank() != 0: sys.stdout = open(os.devnull, "w")`)
         self.stdout_silenced, self.stderr_silenced = (any(
@@ -61,93 +62,12 @@ class Facts(DefaultOptions):
             for m in project.modules.values() for a in m.nodes)
 
     # --- shared facts
-    def _ddp_wrapped_names(self) -> dict[str, dict[str, int]]:
-        """Per module: names assigned a DDP wrap (any import alias, or a project function returning one)."""
-        wrappers = {f.name for m in self.p.modules.values() for f in m.functions.values()
-                    if any(isinstance(r, ast.Return) and isinstance(r.value, ast.Call) and self.is_ddp_call(m, r.value)
-                           for r in ast.walk(f))}
-        out = {}
-        for m in self.p.modules.values():
-            names = {}
-            for a in m.nodes:
-                v = a.value if isinstance(a, ast.Assign) else None
-                if isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(v.orelse, ast.Call) and \
-                        self.is_ddp_call(m, v.body) and self.is_ddp_call(m, v.orelse):
-                    v = v.body  # `DDP(s, broadcast_buffers=False) if 'swin' in arch else DDP(s)` (FewTURE)
-                while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
-                        "to", "cuda", "train", "eval") and isinstance(v.func.value, ast.Call):
-                    v = v.func.value  # DDP(model, ...).to(device)
-                if isinstance(v, ast.Call) and (self.is_ddp_call(m, v) or callee(v) in wrappers):
-                    for t in a.targets:
-                        names[dotted(t)] = a.lineno
-            out[m.rel] = self._aliases_of_wrapped(m, names)
-        self._inherit_wrapped(out)
-        return out
+    is_ddp_call = staticmethod(is_ddp_call)
 
-    def _inherit_wrapped(self, out: dict[str, dict[str, int]]) -> None:
-        """`self.model = DDP(self.model)` in a subclass's __init__ (P5's Trainer) holds the wrapper in the methods
-        its base classes define too (TrainerBase.save's `self.model.state_dict()`), unless a base sets that
-        attribute itself. Kept in `self.inherited` as (module, name): such a base never saw the wrap line."""
-        self.inherited: set[tuple[str, str]] = set()
-        for m in self.p.modules.values():
-            for name in [n for n in out.get(m.rel, {}) if n.startswith("self.")]:
-                at = next((a for a in m.nodes if isinstance(a, ast.Assign) and out[m.rel][name] == a.lineno), None)
-                fn = m.enclosing(at) if at is not None else None
-                todo = self.p.bases_of(m, m.class_of(fn)) if fn is not None and m.class_of(fn) else []
-                seen = set()
-                while todo:
-                    bm, base = todo.pop()
-                    if (bm.rel, base) in seen:
-                        continue
-                    seen.add((bm.rel, base))
-                    sets_it = any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)
-                                  and bm.class_of(bm.enclosing(a) or bm.tree) == base for a in bm.nodes)
-                    if not sets_it and bm is not m:
-                        out.setdefault(bm.rel, {}).setdefault(name, 0)
-                        self.inherited.add((bm.rel, name))
-                    todo += self.p.bases_of(bm, base)
-
-    def _aliases_of_wrapped(self, m: Module, names: dict[str, int]) -> dict[str, int]:
-        """Names that hold the wrapper too: a copy (`self.model = model`), or one arm of a choice
-        (`save_model = self.ema.ema if use_ema else self.model`: the wrapper whenever the switch is off). An arm
-        that unwraps (`model.module if ... else model`) makes no alias."""
-        def held(v):
-            return isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in names
-        for _ in range(3):  # a copy of a copy
-            for a in m.nodes:
-                if not isinstance(a, ast.Assign) or isinstance(a.targets[0], ast.Tuple):
-                    continue
-                v = a.value
-                arms = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
-                if isinstance(v, ast.IfExp) and self.default_value(m, v.test) in (True, False):
-                    # the arm the default run takes (YOLOX: `self.ema_model.ema if self.use_model_ema else
-                    # self.model`, use_model_ema = exp.ema = True)
-                    arms = [v.body if self.default_value(m, v.test) else v.orelse]
-                unwraps = any(dotted(x).endswith(".module") or isinstance(x, ast.Call) and any(
-                    held(y) for y in ast.walk(x)) for x in arms)
-                if any(held(x) and names[dotted(x)] < a.lineno or held(x) and dotted(x).startswith("self.")
-                       for x in arms) and not unwraps:
-                    for t in a.targets:
-                        names.setdefault(dotted(t), a.lineno)
-        return names
-
-    @staticmethod
-    def is_ddp_call(m: Module, c: ast.Call) -> bool:
-        name = callee(c)
-        if name in DDP_NAMES:
-            return True
-        imp = m.imports.get(name)
-        if imp and imp[1] and "DistributedDataParallel" in imp[1]:
-            return True
-        # ... or a name the module binds to the class (TPVFormer's `ddp_model_module =
-        # torch.nn.parallel.DistributedDataParallel`, then `ddp_model_module(model.cuda(), ...)`)
-        aliases = m.__dict__.get("_ddp_aliases")
-        if aliases is None:
-            aliases = m.__dict__["_ddp_aliases"] = {
-                dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(
-                    a.value, (ast.Attribute, ast.Name)) and "DistributedDataParallel" in dotted(a.value).split(".")[-1]
-                for t in a.targets}
-        return isinstance(c.func, ast.Name) and name in aliases
+    def wrap_site(self, m: Module, name: str) -> str:
+        """Where `name` got the wrapper, for a message: 'line N', or 'file:N' of the wrap (or of the constructor call
+        that handed it over) when that happened in another file."""
+        return self.inherited.get((m.rel, name)) or f"line {self.ddp_wrapped[m.rel][name]}"
 
     def seed_kind(self, m: Module, c: ast.Call, direct: bool = False) -> str | None:
         """'torch' (seeds torch's CPU RNG: the model init), 'cuda', 'other' (random/numpy), or None; `direct`:

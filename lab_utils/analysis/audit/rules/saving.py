@@ -53,6 +53,9 @@ def _branch_on_wrapper(m: Module, c: ast.AST) -> bool:
                 isinstance(x, ast.Call) and callee(x) == "isinstance" for x in ast.walk(n.test)) or any(
                 isinstance(x, ast.Attribute) and x.attr == "module" for s in body for x in ast.walk(s))):
             return True  # (or the other arm unwraps: InSPyReNet's `if args.device_num > 1: model.module...`)
+        if isinstance(n, ast.Try) and any(child is h for h in n.handlers) and any(
+                isinstance(x, ast.Attribute) and x.attr == "module" for s in n.body for x in ast.walk(s)):
+            return True  # `try: model.module.state_dict() except: model.state_dict()` (MotionDiffuse's save)
         child, n = n, m.parent.get(id(n))
     return False
 
@@ -96,14 +99,14 @@ def save_without_module(f: Facts, m: Module):
                 and not (_loaded_into_wrapped(m, owner, wrapped[owner]) and ((m.rel, owner) not in f.inherited
                                                                               or _subclass_loads(f, m, owner))) \
                 and not _branch_on_wrapper(m, c):
-            yield c, (f"{owner}.state_dict() where {owner} holds the DDP wrapper (line {wrapped[owner]}): every "
+            yield c, (f"{owner}.state_dict() where {owner} holds the DDP wrapper ({f.wrap_site(m, owner)}): every "
                       "key gets a 'module.' prefix and the checkpoint does not load into the plain model (the single "
                       f"run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
     for c, owner, hm, inner in _helper_saves(f, m, wrapped):
         if owner not in data_parallel and f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(
                 m, c, owner) and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
-            yield Hit(c, (f"{callee(c)}(...) is handed {owner}, the DDP wrapper (line {wrapped[owner]}), and saves its "
-                          f"state_dict() ({hm.rel}:{inner.lineno}): every key gets a 'module.' prefix and the "
+            yield Hit(c, (f"{callee(c)}(...) is handed {owner}, the DDP wrapper ({f.wrap_site(m, owner)}), and saves "
+                          f"its state_dict() ({hm.rel}:{inner.lineno}): every key gets a 'module.' prefix and the "
                           "checkpoint does not load into the plain model (the single run, or a 1-GPU resume) — hand it "
                           f"{owner}.module"), related=((hm, inner),))
 

@@ -1,0 +1,147 @@
+"""Which names hold the DDP-wrapped model, per module: a name assigned a DDP wrap (any import alias of the class,
+or a project function that returns one), its copies, the attribute a subclass's wrap sets as its base classes see
+it, and the attribute an object keeps of a wrapper handed to its constructor in another file
+(`checkpointer = Checkpointer(cfg, model)` after `model = DDP(model)`: Checkpointer.save's `self.model`)."""
+
+from __future__ import annotations
+
+import ast
+
+from .project import Module
+from .syntax import DDP_NAMES, callee, dotted
+
+
+def is_ddp_call(m: Module, c: ast.Call) -> bool:
+    name = callee(c)
+    if name in DDP_NAMES:
+        return True
+    imp = m.imports.get(name)
+    if imp and imp[1] and "DistributedDataParallel" in imp[1]:
+        return True
+    # ... or a name the module binds to the class (TPVFormer's `ddp_model_module =
+    # torch.nn.parallel.DistributedDataParallel`, then `ddp_model_module(model.cuda(), ...)`)
+    aliases = m.__dict__.get("_ddp_aliases")
+    if aliases is None:
+        aliases = m.__dict__["_ddp_aliases"] = {
+            dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(
+                a.value, (ast.Attribute, ast.Name)) and "DistributedDataParallel" in dotted(a.value).split(".")[-1]
+            for t in a.targets}
+    return isinstance(c.func, ast.Name) and name in aliases
+
+
+def wrapped_names(f) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], str]]:
+    """({module: {name: line of the wrap}}, {(module, name) whose module never saw the wrap (line 0 in the first):
+    'file:line' of the wrap or of the call that handed the wrapper over}).
+    `f` is the project's Facts (its default_value decides which arm of a choice the default run takes)."""
+    p = f.p
+    wrappers = {fn.name for m in p.modules.values() for fn in m.functions.values()
+                if any(isinstance(r, ast.Return) and isinstance(r.value, ast.Call) and is_ddp_call(m, r.value)
+                       for r in ast.walk(fn))}
+    out = {}
+    for m in p.modules.values():
+        names = {}
+        for a in m.nodes:
+            v = a.value if isinstance(a, ast.Assign) else None
+            if isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(v.orelse, ast.Call) and \
+                    is_ddp_call(m, v.body) and is_ddp_call(m, v.orelse):
+                v = v.body  # `DDP(s, broadcast_buffers=False) if 'swin' in arch else DDP(s)` (FewTURE)
+            while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
+                    "to", "cuda", "train", "eval") and isinstance(v.func.value, ast.Call):
+                v = v.func.value  # DDP(model, ...).to(device)
+            if isinstance(v, ast.Call) and (is_ddp_call(m, v) or callee(v) in wrappers):
+                for t in a.targets:
+                    names[dotted(t)] = a.lineno
+        out[m.rel] = _aliases(f, m, names)
+    inherited: dict[tuple[str, str], str] = {}
+    _inherit(p, out, inherited)
+    _handed_to_constructors(f, out, inherited)
+    return out, inherited
+
+
+def _inherit(p, out: dict[str, dict[str, int]], inherited: dict[tuple[str, str], str]) -> None:
+    """`self.model = DDP(self.model)` in a subclass's __init__ (P5's Trainer) holds the wrapper in the methods
+    its base classes define too (TrainerBase.save's `self.model.state_dict()`), unless a base sets that
+    attribute itself."""
+    for m in p.modules.values():
+        for name in [n for n in out.get(m.rel, {}) if n.startswith("self.")]:
+            at = next((a for a in m.nodes if isinstance(a, ast.Assign) and out[m.rel][name] == a.lineno), None)
+            fn = m.enclosing(at) if at is not None else None
+            todo = p.bases_of(m, m.class_of(fn)) if fn is not None and m.class_of(fn) else []
+            seen = set()
+            while todo:
+                bm, base = todo.pop()
+                if (bm.rel, base) in seen:
+                    continue
+                seen.add((bm.rel, base))
+                sets_it = any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)
+                              and bm.class_of(bm.enclosing(a) or bm.tree) == base for a in bm.nodes)
+                if not sets_it and bm is not m:
+                    out.setdefault(bm.rel, {}).setdefault(name, 0)
+                    inherited.setdefault((bm.rel, name), f"{m.rel}:{out[m.rel][name]}")
+                todo += p.bases_of(bm, base)
+
+
+def _handed_to_constructors(f, out: dict[str, dict[str, int]], inherited: dict[tuple[str, str], str]) -> None:
+    """A wrapped name handed to a project class's constructor after the wrap (FCOS's `DetectronCheckpointer(cfg,
+    model, ...)`, WaffleIron's `TrainingManager(model, ...)`): the attribute its __init__ keeps the parameter in
+    (`self.model = model`) holds the wrapper in every method of that class, also through `super().__init__(cfg,
+    model)` into a base class. A constructor in the wrap's own module is left to `_aliases`."""
+    p = f.p
+    for m in p.modules.values():
+        held = out.get(m.rel, {})
+        for c in m.calls:
+            args = {i: dotted(a) for i, a in enumerate(c.args) if isinstance(a, (ast.Name, ast.Attribute))}
+            kws = {k.arg: dotted(k.value) for k in c.keywords
+                   if k.arg and isinstance(k.value, (ast.Name, ast.Attribute))}
+            if not any(n in held and held[n] < c.lineno for n in [*args.values(), *kws.values()]):
+                continue
+            for hm, init in p.resolve(m, c, exact=True):
+                if hm is m or init.name != "__init__":
+                    continue
+                params = [a.arg for a in init.args.args][1:]  # (self)
+                handed = {params[i] for i, n in args.items() if i < len(params) and n in held and held[n] < c.lineno}
+                handed |= {k for k, n in kws.items() if k in params and n in held and held[n] < c.lineno}
+                for _ in range(3):  # ... and on through `super().__init__(cfg, model)`
+                    handed -= {t.id for a in ast.walk(init) if isinstance(a, ast.Assign) and "module" in ast.unparse(
+                        a.value) for t in a.targets if isinstance(t, ast.Name)}  # `model = model.module` (fast-reid)
+                    for a in ast.walk(init):
+                        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and a.value.id in handed:
+                            for t in a.targets:
+                                if dotted(t).startswith("self.") and dotted(t) not in out.setdefault(hm.rel, {}):
+                                    out[hm.rel][dotted(t)] = 0
+                                    inherited[(hm.rel, dotted(t))] = f"{m.rel}:{c.lineno}"
+                    up = next(((x, y) for x in ast.walk(init) if isinstance(x, ast.Call) and callee(x) == "__init__"
+                               and isinstance(x.func.value, ast.Call) and callee(x.func.value) == "super"
+                               for y in p.resolve(hm, x, exact=True)), None)
+                    if up is None:
+                        break
+                    sup, (hm, init) = up[0], up[1]
+                    base = [a.arg for a in init.args.args][1:]
+                    handed = {base[i] for i, x in enumerate(sup.args) if isinstance(x, ast.Name) and x.id in handed
+                              and i < len(base)} | {k.arg for k in sup.keywords if isinstance(k.value, ast.Name)
+                                                    and k.value.id in handed and k.arg in base}
+
+
+def _aliases(f, m: Module, names: dict[str, int]) -> dict[str, int]:
+    """Names that hold the wrapper too: a copy (`self.model = model`), or one arm of a choice
+    (`save_model = self.ema.ema if use_ema else self.model`: the wrapper whenever the switch is off). An arm
+    that unwraps (`model.module if ... else model`) makes no alias."""
+    def held(v):
+        return isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in names
+    for _ in range(3):  # a copy of a copy
+        for a in m.nodes:
+            if not isinstance(a, ast.Assign) or isinstance(a.targets[0], ast.Tuple):
+                continue
+            v = a.value
+            arms = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
+            if isinstance(v, ast.IfExp) and f.default_value(m, v.test) in (True, False):
+                # the arm the default run takes (YOLOX: `self.ema_model.ema if self.use_model_ema else
+                # self.model`, use_model_ema = exp.ema = True)
+                arms = [v.body if f.default_value(m, v.test) else v.orelse]
+            unwraps = any(dotted(x).endswith(".module") or isinstance(x, ast.Call) and any(
+                held(y) for y in ast.walk(x)) for x in arms)
+            if any(held(x) and names[dotted(x)] < a.lineno or held(x) and dotted(x).startswith("self.")
+                   for x in arms) and not unwraps:
+                for t in a.targets:
+                    names.setdefault(dotted(t), a.lineno)
+    return names
