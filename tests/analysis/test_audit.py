@@ -57,11 +57,6 @@ CASES = [
      "def init_seeds(seed=0):\n    torch.manual_seed(seed)\nRANK = int(os.getenv('RANK', -1))\ninit_seeds(1 + RANK)\n",
      "def init_seeds(seed=0):\n    torch.manual_seed(seed)\nRANK = int(os.getenv('RANK', -1))\n"
      "init_seeds(1 + max(RANK, 0))\n"),
-    ("seed-before-spawn",
-     "import torch.multiprocessing as mp\ndef worker(r):\n    torch.cuda.manual_seed(0)\n    model = build()\n"
-     "if __name__ == '__main__':\n    mp.spawn(worker, nprocs=2)\n",
-     "import torch.multiprocessing as mp\ndef worker(r):\n    torch.manual_seed(0)\n    model = build()\n"
-     "if __name__ == '__main__':\n    mp.spawn(worker, nprocs=2)\n"),
     ("peek-iterator", "b = next(iter(loader))\n", "b = loader.batch_size\nk, v = next(iter(d.items()))\n"),
     ("sum-loss-unscaled", "loss = F.cross_entropy(y, t, reduction='sum')\n",
      "loss = F.cross_entropy(y, t, reduction='sum') * world_size\n"),
@@ -124,6 +119,13 @@ IMPORTS_ONLY = DDP_HEAD.replace('dist.init_process_group("gloo")\n', "")
 # (rule, bad, good, head): a rule whose fixture needs its own head (no seed, a process group set up under a switch)
 HEADED_CASES = [
     ("no-seed", "model = DDP(build())\n", "torch.manual_seed(0)\nmodel = DDP(build())\n", DDP_HEAD),
+    # (the parent's seed in the main guard: a top-level one re-runs in every spawned worker, which re-imports the
+    # script as __mp_main__)
+    ("seed-before-spawn",
+     "import torch.multiprocessing as mp\ndef worker(r):\n    torch.cuda.manual_seed(0)\n    model = DDP(build())\n"
+     "if __name__ == '__main__':\n    torch.manual_seed(0)\n    mp.spawn(worker, nprocs=2)\n",
+     "import torch.multiprocessing as mp\ndef worker(r):\n    torch.manual_seed(0)\n    model = DDP(build())\n"
+     "if __name__ == '__main__':\n    torch.manual_seed(0)\n    mp.spawn(worker, nprocs=2)\n", DDP_HEAD),
     ("collective-outside-switch",
      "if args.distributed:\n    dist.init_process_group('nccl')\nmodel = build()\ndist.barrier()\n",
      "if args.distributed:\n    dist.init_process_group('nccl')\nmodel = build()\nif args.distributed:\n"

@@ -266,13 +266,74 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     meth = found[0].functions.get(f"{found[1].name}.{method}") if found else None
     if meth is None:
         return _helper_print_calls(f, m, c) if found is None else []
-    logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS]
-    if not logs:  # `logger.push(metrics)`, whose class prints in a method push calls
-        logs = [(mm, x) for mm, x in f.p.calls_in(f.p.reach(found[0], meth)) if callee(x) in LOG_CALLS]
+    logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS
+            and not _arm_for_a_missing_part(f, found[0], found[1].name, meth, x)]
+    if not {callee(x) for _, x in logs} - {"add_scalar", "add_scalars", "log_metrics"}:
+        # `logger.push(metrics)`, whose class prints in a method push calls; or a ProgressMeter.display whose own
+        # calls write TensorBoard only and whose console line goes through its logger's add_line (DepthContrast)
+        logs += [(mm, x) for mm, x in f.p.calls_in(f.p.reach(found[0], meth)) if callee(x) in LOG_CALLS
+                 and (mm, x) not in logs and not (mm is found[0] and meth in _ancestors(mm, x))]
+        logs += _held_printer_calls(f, found[0], found[1].name, meth)
     # (a print into the object's own file is no console line: YouReID's Logger.write prints to the console on
     # rank '0' only, and into each rank's log_<rank>.txt)
     return [(mm, x) for mm, x in logs if not (callee(x) == "print" and kw(x, "file") is not None
                                               and dotted(kw(x, "file")) not in ("sys.stdout", "sys.stderr"))]
+
+
+def _ancestors(m: Module, x: ast.AST) -> list:
+    out, n = [], m.parent.get(id(x))
+    while n is not None:
+        out.append(n)
+        n = m.parent.get(id(n))
+    return out
+
+
+def _arm_for_a_missing_part(f: Facts, m: Module, cls: str, meth: ast.AST, x: ast.AST) -> bool:
+    """`x` sits in the arm of `if self.logger is None:` (DepthContrast's ProgressMeter.display prints only
+    without a logger, else hands the line to it), and every construction of the class in the project hands that
+    __init__ parameter a value: the arm never runs."""
+    init = m.functions.get(f"{cls}.__init__")
+    child, n = x, m.parent.get(id(x))
+    while init is not None and n is not None and n is not meth:
+        t = n.test if isinstance(n, ast.If) else None
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Is, ast.IsNot)) and \
+                isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None and \
+                dotted(t.left).startswith("self.") and (child in n.body) == isinstance(t.ops[0], ast.Is):
+            attr = dotted(t.left)
+            pairs = [(tt, v) for a in ast.walk(init) if isinstance(a, ast.Assign) for tt in a.targets
+                     for tt, v in (zip(tt.elts, a.value.elts, strict=False) if isinstance(tt, ast.Tuple) and
+                                   isinstance(a.value, ast.Tuple) else [(tt, a.value)])]  # (`self.a, self.b = a, b`)
+            param = next((v.id for tt, v in pairs if isinstance(v, ast.Name) and dotted(tt) == attr), None)
+            names = [a.arg for a in init.args.args][1:]
+            calls = f.p.callers(m, init)
+            if param in names and calls and all(_hands(c, param, names.index(param)) for _, c in calls):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _held_printer_calls(f: Facts, m: Module, cls: str, meth: ast.AST) -> list:
+    """The log calls of a print method of an object the class holds (`self.logger.add_line(line)` in DepthContrast's
+    ProgressMeter.display, where `self.logger` is whatever the caller handed in): a method of that name that only
+    one project class defines, and that prints what it is handed (`def add_line(self, content): if self.rank ==
+    0: print(content)`)."""
+    out = []
+    for x in ast.walk(meth):
+        if not (isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and dotted(x.func.value).startswith(
+                "self.") and dotted(x.func.value).count(".") == 1) or f.p.resolve(m, x) or \
+                _arm_for_a_missing_part(f, m, cls, meth, x):
+            continue
+        homes = [(mm, fn) for mm in f.p.modules.values() for name, fn in mm.functions.items()
+                 if name.endswith("." + x.func.attr) and mm.class_of(fn)]
+        if len(homes) == 1 and not any(isinstance(y, (ast.For, ast.While)) for y in ast.walk(homes[0][1])):
+            out += [(homes[0][0], y) for y in ast.walk(homes[0][1])  # (its file writes are no console line)
+                    if isinstance(y, ast.Call) and callee(y) in LOG_CALLS - {"write"}]
+    return out
+
+
+def _hands(c: ast.Call, param: str, i: int) -> bool:
+    v = kw(c, param) if kw(c, param) is not None else c.args[i] if i < len(c.args) else None
+    return v is not None and not (isinstance(v, ast.Constant) and v.value is None)
 
 
 def _helper_print_calls(f: Facts, m: Module, c: ast.Call) -> list:

@@ -43,6 +43,19 @@ def _to_file(c: ast.Call) -> bool:
                                         or isinstance(target, ast.Call) and callee(target) == "BytesIO"))
 
 
+def _returns_own_slice(fn: ast.AST) -> bool:
+    """The helper gathers, then hands back only its rank's rows (MoCo's _batch_unshuffle_ddp: `x_gather =
+    concat_all_gather(x)` ... `return x_gather[idx_this]`; _batch_shuffle_ddp also returns its index): no value
+    averaged over ranks."""
+    rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+    gathered = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                and "gather" in callee(a.value) for t in a.targets}
+    parts = [e for r in rets for e in (r.elts if isinstance(r, ast.Tuple) else [r])]  # (`return x[idx], idx`)
+    return bool(gathered) and bool(parts) and all(
+        isinstance(e, ast.Subscript) and dotted(e.value) in gathered or not any(
+            isinstance(n, (ast.Name, ast.Attribute)) and dotted(n) in gathered for n in ast.walk(e)) for e in parts)
+
+
 class Facts(DefaultOptions):
     def __init__(self, project: Project):
         self.p = project
@@ -118,7 +131,8 @@ class Facts(DefaultOptions):
             return fwd is not None and any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce")
                                            for n in ast.walk(fwd))
         return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING and not layer_call(
-            mm.nodes, cc), depth=3) for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
+            mm.nodes, cc), depth=3) and not _returns_own_slice(tf)
+            for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
 
     def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
         """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""

@@ -52,6 +52,10 @@ def never_called(p: Project, m: Module, node: ast.AST) -> bool:
     while fn is not None and m.enclosing(fn) is not None:  # (a closure: the function around it decides)
         fn = m.enclosing(fn)
     cls = m.parent.get(id(fn)) if fn is not None else None
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and isinstance(cls, ast.ClassDef) and \
+            fn.name.startswith("_") and not fn.name.startswith("__") and plain_function(fn) and \
+            fn.name not in _leaf_names(p) and not _named_in_text(p, fn.name):
+        return True  # a private method nothing names (MVSFormer's _resume_checkpoint, its one call commented out)
     if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and isinstance(cls, ast.ClassDef):
         # a method of a module-level class nothing here names: not built, not subclassed, not registered (ECAPA-TDNN's
         # single-GPU ECAPAModel beside the ECAPAModelDDP its DDP script builds, imported by name but never called)
@@ -76,6 +80,15 @@ def _picked_by_name(p: Project, m: Module) -> bool:
                for local, (_, attr, _) in o.imports.items()):  # (`import mod`, `from utils import misc`)
             return False
     return bool(importers)
+
+
+def _leaf_names(p: Project) -> set[str]:
+    """Every name and attribute leaf the project's code reads or writes (once per audit)."""
+    names = p.__dict__.get("_leaf_names")
+    if names is None:
+        names = p.__dict__["_leaf_names"] = {dotted(n).split(".")[-1] for mm in p.modules.values() for n in mm.nodes
+                                             if isinstance(n, (ast.Name, ast.Attribute))}
+    return names
 
 
 def _named_in_text(p: Project, name: str) -> bool:

@@ -6,9 +6,10 @@ defect is made where the sampler is built and happens where its loader is iterat
 from __future__ import annotations
 
 import ast
+import re
 
 from .project import Module
-from .syntax import callee, dotted
+from .syntax import callee, dotted, kw
 
 
 def _names(targets) -> set[str]:
@@ -67,3 +68,44 @@ def one_epoch_run(f) -> bool:
                 counts.append(bounds[-1] - (bounds[0] if len(bounds) == 2 else 0)
                               if all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) else None)
     return bool(counts) and all(c == 1 for c in counts)
+
+
+def rebuilt_after(m: Module, c: ast.Call) -> bool:
+    """`c` (`s.set_epoch(epoch)`) sits in a loop whose body later binds `s` to a new object, with no set_epoch on it
+    after that: the call reaches the sampler of the iteration before, never the one the loader gets."""
+    if not isinstance(c.func, ast.Attribute):
+        return False
+    name, loop = dotted(c.func.value), m.parent.get(id(c))
+    while loop is not None and not isinstance(loop, (ast.For, ast.While, ast.FunctionDef, ast.Module)):
+        loop = m.parent.get(id(loop))
+    if not isinstance(loop, (ast.For, ast.While)):
+        return False
+    binds = [a.lineno for a in ast.walk(loop) if isinstance(a, ast.Assign) and a.lineno > c.lineno
+             and isinstance(a.value, ast.Call) and any(dotted(t) == name for t in a.targets)]
+    return bool(binds) and not any(isinstance(x, ast.Call) and callee(x) == "set_epoch" and isinstance(
+        x.func, ast.Attribute) and dotted(x.func.value) == name and x.lineno > min(binds) for x in ast.walk(loop))
+
+
+def set_once(p, m: Module, c: ast.Call) -> bool:
+    """`c` (`sampler.set_epoch(x)`) runs once per build of the loader, not per epoch: it sits in no loop of its
+    function, its epoch is not something the function is handed (a parameter, `self.epoch`), and no call of the
+    function sits in a loop (SEMamba's create_dataloader:
+    `sampler.set_epoch(cfg['training_cfg']['training_epochs'])`)."""
+    fn = m.enclosing(c)
+    arg = c.args[0] if c.args else kw(c, "epoch")
+    if fn is None or arg is None or _in_a_loop(m, c, fn) or m.enclosing(c, (ast.Lambda,)) is not None:
+        return False  # (a lambda an event runs each epoch: ConvAI's `lambda engine: sampler.set_epoch(...)`)
+    params = {a.arg for a in fn.args.args}
+    if any(isinstance(x, ast.Name) and x.id in params and not re.search(r"cfg|conf|args|opt", x.id)
+           for x in ast.walk(arg)) or dotted(arg).startswith("self."):
+        return False  # (a config handed in is not the epoch: `cfg['training_cfg']['training_epochs']`)
+    return not any(_in_a_loop(cm, call, cm.enclosing(call)) for cm, call in p.callers(m, fn))
+
+
+def _in_a_loop(m: Module, node: ast.AST, fn: ast.AST | None) -> bool:
+    n = m.parent.get(id(node))
+    while n is not None and n is not fn and not isinstance(n, ast.Module):
+        if isinstance(n, (ast.For, ast.While, ast.comprehension)):
+            return True
+        n = m.parent.get(id(n))
+    return False

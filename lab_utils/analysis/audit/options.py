@@ -158,6 +158,11 @@ class DefaultOptions:
                     unset = self._config_key_unset(m, t)
                     if unset:
                         return unset, n
+                    if isinstance(t, ast.Call) and callee(t) == "get" and isinstance(t.func, ast.Attribute) and len(
+                            t.args) == 2 and _configish(t.func.value) and isinstance(t.args[1], ast.Constant) \
+                            and t.args[1].value in (False, None) and self._yaml_default(
+                                const_str(t.args[0]) or "", t.args[1].value) in (False, None):
+                        return ast.unparse(t), n  # `cfg['training_cfg'].get('use_pretrainedD', False)`, no YAML sets it
                     if isinstance(t, ast.Attribute) and OPTIONAL_PATH.match(t.attr) and self._never_defined(t.attr):
                         return f"{dotted(t)} (a path option these files never define)", n
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -218,11 +218,8 @@ class Project:
 
     def _candidates(self, m: Module, mod: str, attr: str | None, level: int) -> list[Path]:
         parts = mod.split(".") if mod else []
-        if level:
-            base = m.path.parent
-            for _ in range(level - 1):
-                base = base.parent
-            bases = [base]
+        if level:  # `from .. import x`: the folder `level` steps up
+            bases = [m.path.parents[min(level, len(m.path.parents)) - 1]]
         else:  # absolute: from the importing file's folder up to the root (scripts add the root to sys.path)
             bases, b = [], _real(m.path.parent)
             root = _real(self.root)
@@ -458,8 +455,11 @@ class Project:
             while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
                     "to", "cuda", "train", "eval", "float", "half") and isinstance(v.func.value, ast.Call):
                 v = v.func.value
-            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and isinstance(v.func.value, ast.Name):
-                target = self.module_for(m, v.func.value.id)  # misc.MetricLogger(...) with `import util.misc`
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute):
+                b = v.func.value  # misc.MetricLogger(...) with `import util.misc`; utils.logger.ProgressMeter(...)
+                sub = isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name) and b.value.id in m.imports
+                target = (self.module_for(m, b.id) if isinstance(b, ast.Name)
+                          else self._submodule(m, b.value.id, b.attr) if sub else None)
                 if target is not None and v.func.attr in target.classes:
                     return target, target.classes[v.func.attr]
                 continue

@@ -423,10 +423,25 @@ class Guards:
             exited = self._after_early_exit(m, n.body, child)
             if exited:
                 return exited
+            if n.decorator_list and self._rank0_decorated(m, n):
+                return "rank0"
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                 dotted(node.func.value) in getattr(self, "objects", {}).get(m.rel, ()):
             return "rank0"  # writer.add_scalar(...) on the writer only rank 0 holds
         return None
+
+    def _rank0_decorated(self, m: Module, fn: ast.AST) -> bool:
+        """`@master_only` / `@main_process` / `@rank_zero_only`, or a project decorator whose wrapper calls the
+        function only on rank 0 (SALMONN's `def main_process(func): ... if rank == 0: return func(*args)`)."""
+        for d in fn.decorator_list:
+            if RANK0_NAME.search(dotted(d.func if isinstance(d, ast.Call) else d).split(".")[-1]):
+                return True
+            for dm, dfn in self.p.resolve(m, ast.Call(func=d, args=[], keywords=[])):
+                first = dfn.args.args[0].arg if dfn.args.args else None
+                if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == first and
+                       self.kind(dm, c) == "rank0" for c in ast.walk(dfn)):
+                    return True
+        return False
 
     def _after_early_exit(self, m: Module, body: list, child: ast.AST) -> str | None:
         """`if rank != 0: return` (or continue) earlier in the same block: the rest is rank 0's alone ('rank0');

@@ -1,5 +1,5 @@
-"""Chapters 05 and 06: gradients (a sum loss, a gather without autograd, accumulation), and a learning rate that
-grows with the GPU count. The rendezvous port (chapter 09) is in launching.py."""
+"""Chapters 05 and 01: gradients (a sum loss, a gather without autograd), and a learning rate that grows with the
+GPU count. Accumulation (chapter 06) is in accumulation.py, the rendezvous port (chapter 09) in launching.py."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import re
 from ..facts import Facts
 from ..gathers import applications, called_only_without_grad, grad_free
 from ..growth import a_count, grows, never_read, world_holding
-from ..hierarchy import never_named, replaced_where_built
+from ..hierarchy import never_named
 from ..project import Module
 from ..registry import Hit, rule
-from ..scripts import off_the_default_path, script_value
+from ..scripts import off_the_default_path
 from ..syntax import (
-    ACCUMISH,
-    BATCHISH,
     WORLDISH,
     callee,
     const_str,
@@ -295,252 +293,6 @@ def _gathered_as_objects(f: Facts, m: Module):
                       "torch.distributed.nn.functional.all_gather")
 
 
-def _steps(c: ast.AST) -> bool:
-    """An optimizer step however it is spelt: `optimizer.step()`, `scaler.step(opt)`, a custom `optimizer_step(...)`,
-    a loss-scaler helper told when to update (`loss_scaler(loss, opt, update_grad=...)`)."""
-    return isinstance(c, ast.Call) and (callee(c) == "step" or callee(c).endswith("optimizer_step")
-                                        or any(k.arg == "update_grad" for k in c.keywords)
-                                        or callee(c).endswith("_step") and any(  # UniTabE's bp_step(optimizer)
-                                            "optim" in dotted(a).lower() for a in c.args))
-
-
-def _stepped(c: ast.Call) -> str:
-    """What a step call steps: `optim_g` for `optim_g.step()` or `scaler.step(optim_g)`; '' when it cannot tell."""
-    if callee(c) == "step" and isinstance(c.func, ast.Attribute) and re.search(r"scaler", dotted(c.func.value), re.I):
-        return dotted(c.args[0]) if c.args else ""
-    return dotted(c.func.value) if isinstance(c.func, ast.Attribute) else ""
-
-
-SCHEDULER = re.compile(r"[Ss]chedul|LR|Warmup")  # StepLR, OneCycleLR, PolynomialLRWarmup, CosineScheduler
-
-
-def _scheduler_step(m: Module, c: ast.Call) -> bool:
-    """`lr_scheduler.step()`: a learning-rate schedule advancing, no optimizer step (no parameter moves, so it
-    says nothing about where gradients stop accumulating). The receiver is named like one, or built by a
-    scheduler class (`sched = PolynomialLRWarmup(optimizer=opt, ...)`, `torch.optim.lr_scheduler.StepLR`)."""
-    if not (isinstance(c.func, ast.Attribute) and c.func.attr == "step"):
-        return False
-    owner = dotted(c.func.value)
-    if owner and re.search(r"sched", owner.split(".")[-1], re.I):
-        return True
-    return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and owner in {dotted(t) for t in a.targets}
-               and ("lr_scheduler" in dotted(a.value.func) or SCHEDULER.search(callee(a.value)))
-               for a in m.nodes)
-
-
-def _backward_each_iteration(loop: ast.AST) -> bool:
-    # (or a backward helper handed the loss: UniTabE's `self.backward_loss(loss)`)
-    return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower() or re.match(
-        r"backward_", callee(c)) and any("loss" in dotted(a).lower() for a in c.args)) for c in ast.walk(loop))
-
-
-def _counts_micro_batches(test: ast.AST) -> bool:
-    """A step gate that counts micro-batches, however it is written: `(i + 1) % accum == 0`, or YOLOv5's
-    `ni - last_opt_step >= accumulate` (a comparison against the accumulation count)."""
-    return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(test)) or any(
-        isinstance(c, ast.Compare) and any(involves(x, ACCUMISH) for x in (c.left, *c.comparators))
-        and not any(isinstance(o, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for o in c.ops)
-        and not all(isinstance(x, ast.Constant) for x in c.comparators)  # (`if n_accum > 0:`, a flush of the rest)
-        for c in ast.walk(test))
-
-
-def _accumulation_steps(m: Module) -> list[ast.AST]:
-    """Where a loop steps the optimizer only every N-th backward: `if (i + 1) % accum == 0: opt.step()`, a
-    loss-scaler helper given `update_grad=(i + 1) % accum == 0`, whatever the counter is called; or the
-    accumulation count used by name (`loss / accum_steps`)."""
-    out = []
-    loops = [n for n in m.nodes if isinstance(n, (ast.For, ast.While))]
-    # ... or a step function an engine calls once per micro-batch (ignite's `def update(engine, batch)`, gated by
-    # `engine.state.iteration % accum`), with no loop of its own around the backward
-    loops += [fn for fn in m.functions.values() if not any(isinstance(x, (ast.For, ast.While)) and any(
-        isinstance(b, ast.Call) and callee(b) == "backward" for b in ast.walk(x)) for x in ast.walk(fn))]
-    for loop in loops:
-        if not _backward_each_iteration(loop):
-            continue
-        gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and _counts_micro_batches(n.test)
-                 and any(_steps(c) and not _scheduler_step(m, c) for s in n.body for c in ast.walk(s))]
-        # (a flush of the micro-batches left at the epoch's end, `if n_accumulate_bp > 0: step`, is gated too)
-        flushes = [n for n in ast.walk(loop) if isinstance(n, ast.If) and involves(n.test, ACCUMISH)]
-        inside = {id(c) for g in [*gated, *flushes] for s in g.body for c in ast.walk(s)}
-        free = {_stepped(c) for c in ast.walk(loop) if _steps(c) and id(c) not in inside and not any(
-            k.arg == "update_grad" for k in c.keywords) and not _scheduler_step(m, c)}
-        # every step of the loop is gated: it accumulates; or one optimizer's steps are, while another (a GAN's
-        # discriminator, so-vits-svc's optim_d) steps every micro-batch
-        held = [g for g in gated if any(_steps(c) and not _scheduler_step(m, c) and _stepped(c) not in free and (
-            not free or re.search(r"optim|opt\b", _stepped(c), re.I)) for s in g.body for c in ast.walk(s))]
-        if held and (not free or "" not in free):
-            out.append(held[0].test)
-        for n in ast.walk(loop):
-            if isinstance(n, ast.Call) and any(k.arg == "update_grad" and any(
-                    isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(k.value))
-                    for k in n.keywords):
-                out.append(n)
-    out += _inner_micro_batch_loops(m, loops)
-    if not out and any(isinstance(c, ast.Call) and callee(c) == "backward" for c in m.calls):
-        # the count used by name in a module that runs backward (`loss / accum_steps`); a string formatted with
-        # it (`"%d" % args.accum_iter`) is no arithmetic
-        out = [n for n in m.nodes if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
-               and involves(n.right, ACCUMISH) and not isinstance(n.left, (ast.Constant, ast.JoinedStr))]
-    return sorted(out, key=lambda n: n.lineno)
-
-
-def _inner_micro_batch_loops(m: Module, loops: list) -> list[ast.AST]:
-    """An inner loop that runs backward on every pass and never steps, inside an outer loop that steps once after it
-    (I2SB: `for _ in range(n_inner_loop): ... loss.backward()`, then `optimizer.step()` per iteration): the inner
-    loop's passes are micro-batches accumulated into one step. Its `for` line."""
-    out = []
-    for outer in (x for x in loops if isinstance(x, (ast.For, ast.While))):
-        for inner in outer.body:
-            if not isinstance(inner, ast.For) or not any(
-                    isinstance(c, ast.Call) and callee(c) == "backward" for c in ast.walk(inner)) or any(
-                    _steps(c) for c in ast.walk(inner)):
-                continue
-            after = [c for s in outer.body if s.lineno > inner.lineno for c in ast.walk(s)]
-            if any(_steps(c) and not _scheduler_step(m, c) for c in after) and _draws_data(inner) and not any(
-                    isinstance(w, ast.With) and any("sync" in dotted(i.context_expr.func if isinstance(
-                        i.context_expr, ast.Call) else i.context_expr) for i in w.items) for w in ast.walk(inner)):
-                out.append(inner)  # (EDM's `with misc.ddp_sync(ddp, last_round):` is its own no_sync)
-    return out
-
-
-def _draws_data(loop: ast.For) -> bool:
-    """Each pass takes new data: `next(it)`, a batch-loading call (`self.sample_batch(...)`), or a slice the loop
-    variable picks (`all_inds[j::accum]`, VoiceCraft). AttentiveNAS's loop over subnets trains each on the same
-    batch: no micro-batches."""
-    var = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-    return any(isinstance(c, ast.Call) and (callee(c) == "next" or re.search(r"batch|load|fetch", callee(c)))
-               for c in ast.walk(loop)) or any(isinstance(x, ast.Subscript) and any(
-                   isinstance(n, ast.Name) and n.id in var for n in ast.walk(x.slice)) for x in ast.walk(loop))
-
-
-def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
-    """`node` sits under `if args.gradient_accumulation_steps > 1:` (or `!= 1`, `>= 2`) and the option defaults
-    to 1 (VL-T5): the default run steps every micro-batch."""
-    n = m.parent.get(id(node))
-    while n is not None and not isinstance(n, ast.Module):
-        t = n.test if isinstance(n, ast.If) else None
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, ast.Attribute) and \
-                involves(t.left, ACCUMISH) and isinstance(t.comparators[0], ast.Constant) and (
-                isinstance(t.ops[0], (ast.Gt, ast.NotEq)) and t.comparators[0].value == 1 or
-                isinstance(t.ops[0], ast.GtE) and t.comparators[0].value == 2):
-            if _option_defaults_to_one(f, t.left.attr) or f.default_value(m, t.left) in (0, 1):
-                return True  # (GroupViT's `accumulation_steps: 0` in its default YAML)
-        n = m.parent.get(id(n))
-    # the step gate itself counts with such an option: `if (step + 1) % args.gradient_accumulation_steps == 0:`
-    # (CLIP4Clip) steps every micro-batch in the default run
-    # and so does a loss divided by it (`_lm_loss / args.grad_acc`, LoRA's gpt2_ft), or by a local
-    # or a parameter that holds it (AudioMAE's `accum_iter = args.accum_iter`, MSST's count from a YAML key set to 1)
-    def one(x):  # (whatever the count is called, a default of 1 steps every micro-batch: DynamicViT's
-        # update_freq, TadTR's iter_size; unless a launch script passes another: UniTS's `--acc_it 32`)
-        fed = [x] + [a.value for a in m.nodes if isinstance(a, ast.Assign) and isinstance(x, ast.Name) and any(
-            isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]  # (`acc_it = self.args.acc_it`)
-        passed = {a.attr for v in fed for a in ast.walk(v) if isinstance(a, ast.Attribute)} & \
-            f._passed_in_launch_scripts()
-        if passed:  # the scripts' value decides (LEAD passes --gradient_accumulation_steps 1)
-            return all(script_value(f, a) == "1" for a in passed)
-        # (`self.config['runner'].get('gradient_accumulate_steps')`, the key set to 1 in every YAML: s3prl)
-        keys = {const_str(v.args[0]) if isinstance(v, ast.Call) and v.args else const_str(v.slice) for v in fed
-                if isinstance(v, ast.Call) and callee(v) == "get" or isinstance(v, ast.Subscript)}
-        return involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and _option_defaults_to_one(f, x.attr) \
-            or f.default_value(m, x) == 1 or any(k and ACCUMISH.search(k) and f._yaml_value(k) == 1 for k in keys) \
-            or isinstance(x, ast.Name) and _parameter_one(f, m, m.enclosing(x), x.id)
-    # ... or compares a counter with it (Pointcept: `self._counter >= self.cfg.gradient_accumulation_steps`)
-    return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and one(b.right)
-               or isinstance(b, ast.Compare) and any(one(x) for x in b.comparators) for b in ast.walk(node))
-
-
-def _parameter_one(f: Facts, m: Module, fn: ast.AST | None, name: str, depth: int = 3) -> bool:
-    """`name` is a parameter of `fn` that defaults to 1, and every call seen leaves it out, passes a parameter of
-    its own that is so, or a value that is 1 by default (MiniGPT-4's `_train_inner_loop(..., accum_grad_iters=1)`,
-    handed train_epoch's `accum_grad_iters=1`, which the runner, through a task its registry builds, hands
-    `self.accum_grad_iters`)."""
-    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or depth == 0:
-        return False
-    args = fn.args.args
-    default = dict(zip([a.arg for a in args][len(args) - len(fn.args.defaults):], fn.args.defaults,
-                       strict=True)).get(name)
-    if not (isinstance(default, ast.Constant) and default.value == 1):
-        return False
-    position = [a.arg for a in args if a.arg not in ("self", "cls")].index(name)
-    for cm, c in f.p.callers(m, fn):
-        given = kw(c, name) or (c.args[position] if len(c.args) > position else None)
-        if given is None and any(k.arg is None for k in c.keywords):
-            return False  # (`**config`: the key may be in it)
-        if given is not None and not (isinstance(given, ast.Name) and _parameter_one(
-                f, cm, cm.enclosing(c), given.id, depth - 1) or f.default_value(cm, given) == 1):
-            return False
-    return True
-
-
-def _option_defaults_to_one(f: Facts, attr: str) -> bool:
-    """Every add_argument of --attr in the project defaults to 1."""
-    defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls
-                if callee(c) == "add_argument" and any(
-                    (const_str(a) or "").lstrip("-").replace("-", "_") == attr for a in c.args)]
-    defaults += f.config_defaults(attr)  # `gradient_accumulation_steps = 1` in a Python config file (Pointcept)
-    return bool(defaults) and all(isinstance(d, ast.Constant) and d.value == 1 for d in defaults)
-
-
-def _and_flag(f: Facts, m: Module, node: ast.AST) -> bool:
-    """`node` is one operand of `flag and ...` (inside the same expression) where flag is off unless given; or
-    node is the whole test, `flag and (j + 1) % accum == 0 or not flag` (DLRM: every micro-batch steps unless
-    the flag is given)."""
-    flags = f.store_true_flags()
-    if any(isinstance(n, ast.BoolOp) and isinstance(n.op, ast.And) and any(
-            isinstance(v, ast.Attribute) and v.attr in flags for v in n.values) and any(
-            isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(n)) for n in ast.walk(node)):
-        return True
-    n = m.parent.get(id(node))
-    while isinstance(n, (ast.BoolOp, ast.Compare, ast.BinOp, ast.UnaryOp)):
-        if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.And) and any(
-                isinstance(v, ast.Attribute) and v.attr in flags for v in n.values):
-            return True
-        n = m.parent.get(id(n))
-    return False
-
-
-@rule("accumulation-without-no-sync", "06_accumulation", "gradient accumulation under DDP without no_sync: every "
-      "micro-batch all-reduces, N-1 extra all-reduces a step")
-def accumulation_without_no_sync(f: Facts, m: Module):
-    if {"no_sync", "require_backward_grad_sync"} & f.all_names():
-        return
-    if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry):
-        return  # a library no audited script runs
-    # accumulation only under a flag that is off unless given (DLRM: `args.mlperf_logging and (j + 1) %
-    # args.mlperf_grad_accum_iter == 0`): the default run steps every micro-batch
-    steps = [s for s in _accumulation_steps(m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)
-             and not _under_count_above_one(f, m, s) and not replaced_where_built(f.p, m, m.enclosing(s))]
-    if steps:
-        text = ast.unparse(steps[0]).splitlines()[0][:60]
-        yield steps[0], (f"gradients accumulate over micro-batches (line {steps[0].lineno}: "
-                         f"`{text}`), but no micro-batch runs under model.no_sync(): at two "
-                         "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one rank "
-                         "has none) — run all but the last micro-batch inside `with model.no_sync():`")
-
-
-@rule("batch-and-accum-divided", "06_accumulation", "per-GPU batch and accumulation steps both divided by "
-      "world_size: the global batch shrinks by world_size")
-def batch_and_accum_divided(f: Facts, m: Module):
-    divided = {"batch": None, "accum": None}
-    for n in m.nodes:
-        target, value = None, None
-        if isinstance(n, ast.AugAssign) and isinstance(n.op, (ast.Div, ast.FloorDiv)):
-            target, value = dotted(n.target), n.value
-        elif isinstance(n, ast.Assign) and isinstance(n.value, ast.BinOp) and isinstance(
-                n.value.op, (ast.Div, ast.FloorDiv)):
-            target, value = dotted(n.targets[0]), n.value.right
-        if target and value is not None and involves(value, WORLDISH):
-            leaf = target.split(".")[-1]
-            if ACCUMISH.search(leaf):
-                divided["accum"] = n
-            elif BATCHISH.search(leaf):
-                divided["batch"] = n
-    if divided["batch"] is not None and divided["accum"] is not None:
-        yield divided["accum"], (f"both the per-GPU batch (line {divided['batch'].lineno}) and the accumulation "
-                                 "steps are divided by world_size: the global batch shrinks by world_size (article "
-                                 "§7.2's table) — divide one of them, and check global = micro x accum x world_size")
-
-
 LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)
 NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone", re.I)
 
@@ -585,8 +337,10 @@ def lr_grows_with_world_size(f: Facts, m: Module):
     for n, value, where in found:
         # at the line of the growing product when the statement spans lines (iBOT's cosine_scheduler(...) call)
         n = next((x for x in ast.walk(value) if isinstance(x, ast.BinOp) and grows(x, holding)), n)
-        yield n, (f"`{where[:90]}` grows the learning rate with the number of GPUs: the single run and the 2-rank "
-                  "run step with different lrs, so their losses part from the first step (linear scaling is a "
-                  "choice, not a port) — keep the lr and the global batch fixed when you check the port, and scale "
-                  "both deliberately afterwards")
+        fn = m.enclosing(n)  # a scaling helper (FSCIL's lr_scaler): where it is called builds the optimizer
+        callers = f.p.callers(m, fn)[:3] if fn is not None else []
+        yield Hit(n, (f"`{where[:90]}` grows the learning rate with the number of GPUs: the single run and the "
+                      "2-rank run step with different lrs, so their losses part from the first step (linear scaling "
+                      "is a choice, not a port) — keep the lr and the global batch fixed when you check the port, and "
+                      "scale both deliberately afterwards"), related=tuple(callers))
         return  # one finding: the lr is one value

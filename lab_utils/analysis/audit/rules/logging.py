@@ -230,7 +230,10 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             continue
         kind = f.g.effective(m, c)
         inner = meter_print_calls(f, m, c) if kind is None else None
-        if inner and all(f.g.effective(mm, x) == "rank0" for mm, x in inner):
+        # (its console lines decide: a TensorBoard writer handed in through helpers and parameters, DepthContrast's
+        # ProgressMeter tb_writter, is no console line, whichever ranks hold one)
+        console = [(mm, x) for mm, x in inner or [] if callee(x) not in ("add_scalar", "add_scalars")]
+        if console and all(f.g.effective(mm, x) == "rank0" for mm, x in console):
             kind = "rank0"  # `logger.log_training(it, stats)` whose method returns unless self.rank == 0 (WaveGrad)
         out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
     cache[m.rel] = out

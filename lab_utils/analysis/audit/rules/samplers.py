@@ -8,7 +8,7 @@ import re
 
 from ..evaluation import dedups_gathered_ids
 from ..facts import Facts
-from ..loaders import loader_places, one_epoch_run
+from ..loaders import loader_places, one_epoch_run, rebuilt_after, set_once
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import arm_off
@@ -131,7 +131,7 @@ def set_epoch_missing(f: Facts, m: Module):
     made, set_epochs = ctx
     if one_epoch_run(f):
         return  # (TorchSSL's `for epoch in range(args.epoch)`, `epoch: 1` in its config: no epoch boundary)
-    stale = [(mm, c) for mm, c in set_epochs if _rebuilt_after(mm, c)]
+    stale = [(mm, c) for mm, c in set_epochs if rebuilt_after(mm, c) or set_once(f.p, mm, c)]
     # (a dataset's own set_epoch, MeMOTR's `dataset_train.set_epoch(epoch)`, moves no sampler)
     set_epochs = [(mm, c) for mm, c in set_epochs if (mm, c) not in stale and not (
         isinstance(c.func, ast.Attribute) and re.search(r"dataset", dotted(c.func.value), re.I)
@@ -144,6 +144,10 @@ def set_epoch_missing(f: Facts, m: Module):
             what = (f"the set_epoch at {sm.rel}:{sc.lineno} goes to the sampler of the epoch before, which the loop "
                     "then replaces with a new one at epoch 0: every epoch repeats epoch 0's order — call set_epoch "
                     "on the sampler the loader gets, after building it")
+            if set_once(f.p, sm, sc):  # SEMamba's `sampler.set_epoch(cfg[...]['training_epochs'])` in its builder
+                what = (f"the set_epoch at {sm.rel}:{sc.lineno} runs once, where the loader is built, not at each "
+                        "epoch: every epoch repeats one order — call sampler.set_epoch(epoch) at the top of each "
+                        "epoch")
         site = entry = f.entry_site(m, made[0])
         builder = m.enclosing(made[0])
         calls = [c for _, c in f.p.callers(m, builder)] if builder is not None else []
@@ -170,7 +174,8 @@ def set_epoch_missing(f: Facts, m: Module):
                 "which no sampler reads)" if meant else ""
             # (and where its loader is iterated, epoch after epoch: IDDM's `tqdm(self.dataloader)` in a method the
             # base trainer's epoch loop calls, the HTR trainer's epoch loop)
-            places = [*(((entry[0], entry[1]),) if entry is not None else ()), *meant, *loader_places(f.p, m, made[0])]
+            places = [*(((entry[0], entry[1]),) if entry is not None else ()), *stale[:1], *meant,
+                      *loader_places(f.p, m, made[0])]
             yield Hit(made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project{told}: "
                       f"{what}", related=tuple(x for i, x in enumerate(places) if x not in places[:i]))
         return
@@ -190,22 +195,6 @@ def set_epoch_missing(f: Facts, m: Module):
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
-
-
-def _rebuilt_after(m: Module, c: ast.Call) -> bool:
-    """`c` (`s.set_epoch(epoch)`) sits in a loop whose body later binds `s` to a new object, with no set_epoch on it
-    after that: the call reaches the sampler of the iteration before, never the one the loader gets."""
-    if not isinstance(c.func, ast.Attribute):
-        return False
-    name, loop = dotted(c.func.value), m.parent.get(id(c))
-    while loop is not None and not isinstance(loop, (ast.For, ast.While, ast.FunctionDef, ast.Module)):
-        loop = m.parent.get(id(loop))
-    if not isinstance(loop, (ast.For, ast.While)):
-        return False
-    binds = [a.lineno for a in ast.walk(loop) if isinstance(a, ast.Assign) and a.lineno > c.lineno
-             and isinstance(a.value, ast.Call) and any(dotted(t) == name for t in a.targets)]
-    return bool(binds) and not any(isinstance(x, ast.Call) and callee(x) == "set_epoch" and isinstance(
-        x.func, ast.Attribute) and dotted(x.func.value) == name and x.lineno > min(binds) for x in ast.walk(loop))
 
 
 def _reaches(m: Module, fn: ast.AST, node: ast.AST, call: ast.Call) -> bool:

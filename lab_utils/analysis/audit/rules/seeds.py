@@ -175,13 +175,27 @@ def seed_before_spawn(f: Facts, m: Module):
         inside = {f.seed_kind(mm, cc) for mm, cc in f.p.calls_in(f.p.reach(tm, tf))} - {None}
         parent = m.enclosing(c) or m.tree
         before = [cc for cc in ast.walk(parent) if isinstance(cc, ast.Call) and f.seed_kind(m, cc) == "torch"
-                  and cc.lineno < c.lineno]
+                  and cc.lineno < c.lineno and not (_runs_on_import(m, cc) and not _runs_on_import(m, c))]
         if "torch" not in inside and before:
             yield Hit(c, f"{dotted(before[0].func)}(...) (line {before[0].lineno}) seeds "
                      f"the parent only: the processes mp.spawn starts run {tf.name}() in a fresh interpreter "
                      f"and {'only seed torch.cuda' if 'cuda' in inside else 'never seed torch'}, so the DDP "
                      "run's init (built on the CPU) is unseeded while the single run's is seeded — seed inside "
                      f"{tf.name}()")
+
+
+def _runs_on_import(m: Module, c: ast.AST) -> bool:
+    """A statement at the script's top level outside its `if __name__ == '__main__':` block (MVSFormer's
+    `torch.manual_seed(SEED)` under its imports): a spawned worker re-runs the main module as `__mp_main__`, so it
+    runs in every worker too (when the spawn itself is guarded, as it must be for the workers to start)."""
+    if m.enclosing(c) is not None:
+        return False
+    n = m.parent.get(id(c))
+    while n is not None and not isinstance(n, ast.Module):
+        if isinstance(n, ast.If) and "__name__" in ast.unparse(n.test):
+            return False
+        n = m.parent.get(id(n))
+    return True
 
 
 def _spawned_through(f: Facts, m: Module, c: ast.Call) -> ast.AST | None:
