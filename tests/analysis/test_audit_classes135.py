@@ -263,3 +263,32 @@ def test_a_forward_that_returns_logits_reduces_no_loss(tmp_path):
         found = _rules(audit.audit_paths([_project(tmp_path / str(expect), {
             "moco/__init__.py": "", "moco/builder.py": b, "train.py": t})]))
         assert ("rank0-local-loss" in found) == expect, (expect, found)
+
+
+def test_a_port_option_names_the_init_method_line(tmp_path):
+    """USB: `--dist-url` defaults to 'tcp://127.0.0.1:11111' and `dist.init_process_group(\\n backend=...,\\n
+    init_method=args.dist_url, ...)` spans lines: the finding names the init_method line too."""
+    train = ("import argparse, torch, torch.distributed as dist\nfrom torch.nn.parallel import "
+             "DistributedDataParallel as DDP\np = argparse.ArgumentParser()\n"
+             "p.add_argument('--dist-url', default='tcp://127.0.0.1:11111', type=str)\nargs = p.parse_args()\n"
+             "torch.manual_seed(0)\ndist.init_process_group(\n    backend='nccl',\n    init_method=args.dist_url,\n"
+             "    world_size=2, rank=0)\nmodel = DDP(Net())\n")
+    found = [f for f in audit.audit_paths([_project(tmp_path, {"train.py": train})])
+             if f.rule == "hard-coded-master-port"]
+    assert found and ("train.py", 9) in _places(found[0]), found
+
+
+def test_an_iterator_remade_after_set_epoch_when_it_runs_out(tmp_path):
+    """CoMatch: train() makes `it = iter(labeled_loader)` once, then `except StopIteration:
+    labeled_loader.sampler.set_epoch(...)`, `it = iter(labeled_loader)`: the new iterator draws the new order.
+    Without the re-made iterator, the set_epoch inside the loop reaches nothing."""
+    body = (SEEDED + "model = DDP(Net())\nsampler = DistributedSampler(ds)\nlabeled_loader = DataLoader(ds, "
+            "sampler=sampler)\ndef train(epoch):\n    sampler.set_epoch(epoch)\n"
+            "    it = iter(labeled_loader)\n    for i, u in enumerate(unlabeled):\n        try:\n"
+            "            x = next(it)\n        except StopIteration:\n"
+            "            labeled_loader.sampler.set_epoch(epoch * 100 + i)\n{remake}"
+            "            x = next(it)\n        model(x).mean().backward()\nfor epoch in range(3):\n    train(epoch)\n")
+    quiet = body.format(remake="            it = iter(labeled_loader)\n")
+    loud = body.format(remake="")
+    assert "set-epoch-late" not in _rules(audit.audit_paths([_project(tmp_path / "q", {"train.py": quiet})]))
+    assert "set-epoch-late" in _rules(audit.audit_paths([_project(tmp_path / "l", {"train.py": loud})]))

@@ -394,5 +394,7 @@ def hard_coded_master_port(f: Facts, m: Module):
             # uer/initialize.py), named with the option
             sites = [(mm, x) for mm in f.p.modules.values() for x in mm.calls if callee(x) == "init_process_group"
                      and _init_method(x) is not None and const_str(_init_method(x)) is None]
+            # (the init_method line itself, where the call spans lines: USB's `init_method=args.dist_url,`)
+            sites = [y for mm, x in sites for y in ((mm, x), (mm, _init_method(x)))]
             yield Hit(default, (f"the option's default {text!r} is a fixed port on this host, used by every run that "
-                                f"keeps it: {advice}"), "check-by-hand", related=tuple(sites[:2]))
+                                f"keeps it: {advice}"), "check-by-hand", related=tuple(sites[:4]))

@@ -319,7 +319,11 @@ def set_epoch_late(f: Facts, m: Module):
         nexts = any(isinstance(n, ast.Call) and callee(n) == "next" and n.args
                     and any(dotted(n.args[0]) == dotted(t) for s in iters for t in s.targets)
                     for n in ast.walk(fn))
-        if iters and nexts:
+        names = {dotted(t) for s in iters for t in s.targets}
+        remade = any(isinstance(s, ast.Assign) and isinstance(s.value, ast.Call) and callee(s.value) in (
+            "iter", "cycle") and s.lineno > c.lineno and any(dotted(t) in names for t in s.targets)
+            for s in ast.walk(fn))  # (CoMatch: `except StopIteration: set_epoch(...); it = iter(loader)`)
+        if iters and nexts and not remade:
             yield mm, c, (f"set_epoch inside the loop, but the loader's iterator is made once (line "
                           f"{iters[0].lineno}) and never re-made: the new epoch's order never reaches it, so epoch 1 "
                           "repeats epoch 0's order — re-make the iterator after set_epoch")
