@@ -19,7 +19,6 @@ from .syntax import (
     EVAL_WORD,
     LOSSISH,
     OTHER_SEEDS,
-    REDUCEISH,
     REDUCING,
     SEED_HELPER,
     SPAWNS,
@@ -29,6 +28,7 @@ from .syntax import (
     dotted,
     kw,
     layer_call,
+    rank_reducing_name,
     root,
 )
 from .wrappers import is_ddp_call, wrapped_names
@@ -169,7 +169,7 @@ class Facts(DefaultOptions):
                 elif isinstance(a, ast.For) and root(a.iter) in red and any(
                         isinstance(b, ast.Assign) and b.lineno < a.lineno and any(
                             isinstance(t, ast.Name) and t.id == root(a.iter) for t in b.targets)
-                        and isinstance(b.value, ast.Call) and REDUCEISH.search(callee(b.value)) for b in nodes):
+                        and isinstance(b.value, ast.Call) and rank_reducing_name(b.value) for b in nodes):
                     # `for name, item in loss_dict_reduced.items():` (SSD): the items of a record a reduction
                     # returned whole before the loop (not RADTTS's loss_outputs, whose items are replaced one by one
                     # in the loop, nor P5's results, reduced only after it)
@@ -188,7 +188,7 @@ class Facts(DefaultOptions):
                 if value is None:
                     continue
                 read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))}
-                hit = any(isinstance(n, ast.Call) and (REDUCEISH.search(callee(n)) and "batchnorm" not in
+                hit = any(isinstance(n, ast.Call) and (rank_reducing_name(n) and "batchnorm" not in
                                                        callee(n).lower() and not layer_call(m.nodes, n)
                                                        or collective_helper(n)
                                                        or self.forward_reduced(m, n))
@@ -213,7 +213,7 @@ class Facts(DefaultOptions):
                 if not isinstance(a, (ast.Assign, ast.AugAssign)) or a.value is None:
                     continue
                 calls = [n for n in ast.walk(a.value) if isinstance(n, ast.Call)]
-                if any(REDUCEISH.search(callee(n)) for n in calls):
+                if any(rank_reducing_name(n) for n in calls):
                     continue
                 if any(root(n.func) in models and not self.forward_reduced(m, n) for n in calls) or any(
                         root(n) in local for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
@@ -389,14 +389,35 @@ class Facts(DefaultOptions):
         if fn is None:
             loop = m.enclosing(node, (ast.For, ast.While))
             return loop is not None and any(isinstance(c, ast.Call) and any(
-                self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2) for tm, tf in self.p.resolve(m, c))
-                for c in ast.walk(loop))
+                self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2)
+                for tm, tf in self.p.resolve(m, c) or self.one_method(c)) for c in ast.walk(loop))
         if self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2) or self._hook_of_a_step_loop(m, fn, steps):
             return True
+        if any(isinstance(c, ast.Call) and not self.p.resolve(m, c) and any(  # (KAIR: model.optimize_parameters())
+                self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=1) for tm, tf in self.one_method(c))
+               for c in ast.walk(fn)):
+            return True  # (one_method: the project's one method of that name, the object untyped)
         # a closure the training loop defines and calls (MSN's `def log_stats(): logger.info(...)` next to its
         # `def train_step(): ... loss.backward()`): the loop around it is what trains
         outer = m.enclosing(fn)
         return isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.trains(m, fn)
+
+    def one_method(self, call: ast.Call) -> list[tuple[Module, ast.AST]]:
+        """`model.optimize_parameters(step)`, `logs = model.get_current_log()` on an object the audit cannot type
+        (a model from a factory these files lack, KAIR's and IR-SDE's define_Model/create_model): the project's one
+        method of that name, when one class alone defines it and the name is no library object's (`step`,
+        `update`, `item`: no underscore)."""
+        if not (isinstance(call.func, ast.Attribute) and "_" in call.func.attr.strip("_")):
+            return []
+        index = self.cache.get("methods_by_name")
+        if index is None:
+            index = self.cache["methods_by_name"] = {}
+            for mm in self.p.modules.values():
+                for k, fn in mm.functions.items():
+                    if "." in k and mm.class_of(fn):
+                        index.setdefault(k.rsplit(".", 1)[1], []).append((mm, fn))
+        found = [(mm, fn) for mm, fn in index.get(call.func.attr, []) if not _stub(fn)]  # (a base class's `pass`)
+        return found if len(found) == 1 else []
 
     def _hook_of_a_step_loop(self, m: Module, fn: ast.AST, steps) -> bool:
         """A hook that a training loop calls next to its step (`for self.iter in ...: self.train_one_iter();
@@ -506,6 +527,12 @@ class Facts(DefaultOptions):
         return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in dotted(
             cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2)
             for tm, tf in self.p.resolve(m, c))
+
+
+def _stub(fn: ast.AST) -> bool:
+    """A method with no body of its own: `pass`, `...`, a docstring, `raise NotImplementedError`."""
+    return all(isinstance(b, (ast.Pass, ast.Raise)) or isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+               for b in fn.body)
 
 
 def _enclosers(m: Module, node: ast.AST) -> list[ast.AST]:

@@ -10,14 +10,14 @@ from pathlib import Path
 from .files import shell_scripts
 from .registry import Finding
 
-# `--master_port 12345`, `--master-port=29500`, `MASTER_PORT=29500` (exported or inline); not `$PORT`, not
-# `${MASTER_PORT:-29500}` (a fallback the environment overrides)
-FIXED_PORT = re.compile(r"(--master[_-]port[= ]+|\bMASTER_PORT=)(\d{2,5})\b")
+# `--master_port 12345`, `--master-port=29500`, `MASTER_PORT=29500` or `export MASTER_PORT="8787"` (MT-DNN's,
+# exported or inline, quoted or not); not `$PORT`, not `${MASTER_PORT:-29500}` (a fallback the environment overrides)
+FIXED_PORT = re.compile(r"(--master[_-]port[= ]+|\bMASTER_PORT=)[\"']?(\d{2,5})\b")
 
 
 # `--master_port=${PORT}` or `--master_port $PORT`, and `PORT=9996` (a constant, no `${PORT:-...}` fallback)
 VARIABLE_PORT = re.compile(r"(--master[_-]port[= ]+)\$(?:\{(\w+)\}|(\w+))")
-PORT_VARIABLE = re.compile(r"^\s*(?:export\s+)?(\w+)=(\d{2,5})\s*(?:#.*)?$")
+PORT_VARIABLE = re.compile(r"^\s*(?:export\s+)?(\w+)=[\"']?(\d{2,5})[\"']?\s*(?:#.*)?$")
 # `PORT=${3:-29000}`: a fallback for the script's third argument, not for the environment: a command that passes
 # two arguments (STEERER's README: `sh train.sh CONFIG GPUS`) rendezvouses on the fixed port
 POSITIONAL_PORT = re.compile(r"^\s*(?:export\s+)?(\w+)=[\"']?\$\{\d:-(\d{2,5})\}[\"']?\s*(?:#.*)?$")
@@ -44,7 +44,8 @@ def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
                 hit = via
             if hit is None:
                 continue
-            text = f"`{hit.group(0).strip()}`" + (f" ({name}={fixed[name]} above)" if hit is via else "")
+            text = "`" + re.sub(r"[\"']", "", hit.group(0).strip()) + "`"  # (MT-DNN's quotes left out)
+            text += f" ({name}={fixed[name]} above)" if hit is via else ""
             found.append(Finding(i, "hard-coded-master-port", (
                 f"{text} in this launch script fixes the rendezvous port: a second job on this "
                 "host (or a stale one) collides on the port — torchrun --standalone, or "

@@ -11,7 +11,7 @@ import re
 from .facts import Facts
 from .gathers import global_model_losses
 from .project import Module
-from .syntax import LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, root
+from .syntax import LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, rank_reducing_name, root
 
 
 def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
@@ -229,19 +229,71 @@ def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set
     train(model, loader, opt)` whose body ends `return loss_accum / (step + 1)` with `loss_accum += loss.item()`
     and no reduction over ranks; the name says nothing, the function's return does."""
     out = set()
+    sources = _built_from(scope, names)
+    asked = set().union(*sources.values()) if sources else set()
     for a in ast.walk(scope):
-        if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and assigned_roots(a) & names):
+        if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and assigned_roots(a) & asked):
             continue
-        for tm, tf in f.p.resolve(m, a.value, exact=True):
+        for tm, tf in f.p.resolve(m, a.value, exact=True) or f.one_method(a.value):
             rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
-            holding = _holding_a_loss(tf)
+            holding = _holding_a_loss(tf) | _loss_attributes(tm, tf)
             lossy = [r for r in rets if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in holding
                                             for n in ast.walk(r)) and not any(
-                isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(r))]  # reduced on return
+                isinstance(n, ast.Call) and rank_reducing_name(n) for n in ast.walk(r))]  # reduced on return
             if lossy and len(lossy) == len(rets) and not f.reduced_names(tm, tf) & {
                     root(n) for r in rets for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))}:
-                out |= _positions_holding(a, rets, holding) & names
+                got = _positions_holding(a, rets, holding)
+                out |= {n for n in names if sources[n] & got}
     return out
+
+
+def _built_from(scope: ast.AST, names: set[str]) -> dict[str, set[str]]:
+    """Each name with the names its value is built from in `scope`, two steps back: `message += '{}: {:.4e}
+    '.format(k, v)` in `for k, v in logs.items():` (KAIR, IRN: the logged message is built from `logs`)."""
+    steps: dict[str, set[str]] = {}
+    for a in ast.walk(scope):
+        if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None:
+            targets, value = (a.targets if isinstance(a, ast.Assign) else [a.target]), a.value
+        elif isinstance(a, (ast.For, ast.comprehension)):
+            targets, value = [a.target], a.iter
+        else:
+            continue
+        read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))} - {""}
+        for t in targets:
+            for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                steps.setdefault(root(e), set()).update(read)
+    out = {}
+    for n in names:
+        seen = {n}
+        for _ in range(2):
+            seen |= {y for x in seen for y in steps.get(x, ())}
+        out[n] = seen
+    return out
+
+
+def _loss_attributes(tm: Module, tf: ast.AST) -> set[str]:
+    """The attributes of a method's class that some method fills with a loss, unless a reduction fills them
+    (`self.log_dict['l_pix'] = l_pix.item()` in optimize_parameters, returned by `get_current_log`; not BasicSR's
+    `self.log_dict = self.reduce_loss_dict(loss_dict)`): what a getter returns of them is this rank's own."""
+    cls = tm.class_of(tf)
+    if cls is None:
+        return set()
+    held, reduced = set(), set()
+    for k, fn in tm.functions.items():
+        if not k.startswith(cls + "."):
+            continue
+        backward = backwarded(fn)
+        terms = backward | loss_terms(fn, backward)  # (IRN's l_forw_fit, a term of the loss it backwards)
+        for a in ast.walk(fn):
+            if not isinstance(a, ast.Assign):
+                continue
+            names = {root(t) for t in a.targets if root(t).startswith("self.")}
+            if any(isinstance(n, ast.Call) and rank_reducing_name(n) for n in ast.walk(a.value)):
+                reduced |= names
+            elif any(isinstance(n, (ast.Name, ast.Attribute)) and (LOSSISH.search(root(n)) and not NOT_A_LOSS.search(
+                    root(n)) or root(n) in terms) for n in ast.walk(a.value)):
+                held |= names
+    return held - reduced
 
 
 def _positions_holding(a: ast.Assign, rets: list, holding: set[str]) -> set[str]:
@@ -445,7 +497,7 @@ def instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
             if isinstance(a, ast.Assign) and any(dotted(t).startswith("self.") for t in a.targets) and any(
                     isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held and root(n) not in red
                     for n in ast.walk(a.value)) and not any(
-                    isinstance(n, ast.Call) and REDUCEISH.search(callee(n)) for n in ast.walk(a.value)):
+                    isinstance(n, ast.Call) and rank_reducing_name(n) for n in ast.walk(a.value)):
                 out |= {dotted(t) for t in a.targets if dotted(t).startswith("self.")}
     return out
 

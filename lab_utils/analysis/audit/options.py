@@ -7,9 +7,10 @@ from __future__ import annotations
 import ast
 import re
 
-from .files import UNKNOWN, json_scalar, project_files, shell_scripts, yaml_scalar
+from .files import UNKNOWN, shell_scripts
 from .project import Module
 from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root
+from .yaml_configs import YamlConfigs
 
 CONFIGISH = re.compile(r"^(cfg|config|conf|opt|hparams)$", re.I)
 # options that name a file the user may give (a checkpoint to resume or start from): unset unless given
@@ -58,7 +59,7 @@ def option_text(flag: str) -> str:
     return f"`{flag}` (False in the project's config defaults)" if "." in flag else f"--{flag}"
 
 
-class DefaultOptions:
+class DefaultOptions(YamlConfigs):
     """Mixed into Facts: needs `self.p` (the Project) and `self.cache`."""
 
     def store_true_flags(self) -> dict[str, str]:
@@ -95,13 +96,6 @@ class DefaultOptions:
         return {flag.replace("-", "_") for path in shell_scripts(self.p.root) for line in path.read_text(
             encoding="utf-8", errors="replace").splitlines() if not line.lstrip().startswith("#")
             for flag in re.findall(r"(?<![\w-])--?([A-Za-z][\w-]+)", line)}  # (not a commented-out command)
-
-    def _cached(self, kind: str, key: str, compute):
-        """compute(key), kept per audit: the flag tests ask about the same settings for every branch they read."""
-        cache = self.cache.setdefault(kind, {})
-        if key not in cache:
-            cache[key] = compute(key)
-        return cache[key]
 
     def off_by_default(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
         """The flag `node` runs under when that flag is off in the default run: an enclosing `if args.sync_bn:`
@@ -203,15 +197,6 @@ class DefaultOptions:
         if not all(const_value(v) is False for v in defaults):
             return False
         return not self._yaml_turns_on(parts[-1])
-
-    def _yaml_turns_on(self, key: str):
-        return self._cached("_yaml_turns_on", key, self._yaml_turns_on_uncached)
-
-    def _yaml_turns_on_uncached(self, key: str) -> bool:
-        """Some YAML file of the project sets `key` on (HigherHRNet's `AUTO_RESUME: True` over a False default)."""
-        line = re.compile(rf"^\s*{re.escape(key)}\s*:\s*(true|True|yes|1)\b", re.M)
-        return self.p.on_disk and any(line.search(path.read_text(encoding="utf-8", errors="replace"))
-                                      for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
 
     def empty_options(self) -> dict[str, str]:
         """Command-line options whose default is the empty string (`--load-model`, default=""): a path or name
@@ -505,45 +490,17 @@ class DefaultOptions:
         field = self._field_default(attr)  # a settings dataclass field (`sync_bn: bool = False`)
         return _one(values + ([field] if field is not UNKNOWN else []))
 
-    def _yaml_names(self, key: str) -> bool:
-        """Some YAML file of the project sets `key` (to anything)."""
-        if not self.p.on_disk:
-            return False
-        line = re.compile(rf"^\s*{re.escape(key)}\s*:", re.M)
-        return any(line.search(path.read_text(encoding="utf-8", errors="replace"))
-                   for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
-
-    def yaml_files_naming(self, key: str, section: bool = False) -> bool | None:
-        """True when every YAML file of the project sets `key` (opens a `key:` section, with `section`), False
-        when none does, else None (or no YAML)."""
-        line = re.compile(rf"^\s*{re.escape(key)}\s*:" + (r"[ \t]*(#.*)?$" if section else ""), re.M)
-        named = {bool(line.search(path.read_text(encoding="utf-8", errors="replace")))
-                 for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)}
-        return named.pop() if len(named) == 1 else None
-
-    def _yaml_value(self, key: str):
-        return self._cached("_yaml_value", key, self._yaml_value_uncached)
-
-    def _yaml_value_uncached(self, key: str):
-        """The one number or boolean every YAML file of the project that names `key` gives it, else UNKNOWN."""
-        if not self.p.on_disk:
-            return UNKNOWN
-        line = re.compile(rf"^\s*{re.escape(key)}\s*:\s*([^\s#]+)", re.M)
-        raw = {v.strip("'\"") for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)
-               for v in line.findall(path.read_text(encoding="utf-8", errors="replace"))}
-        if len(raw) != 1:
-            return UNKNOWN
-        text = raw.pop()
-        return {"true": True, "false": False}.get(text.lower(), int(text) if text.lstrip("-").isdigit() else UNKNOWN)
-
     def _config_key_unset(self, m: Module, t: ast.AST) -> str | None:
         """`if ckpt_path is not None:` after `ckpt_path = self.config.get('resume_state')`, where every YAML file of
         the project that names the key leaves it null (AMT's `resume_state: null`): false in the default run. The
         key, or None."""
-        if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.IsNot, ast.NotEq))
-                and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None):
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.IsNot, ast.NotEq)) \
+                and isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None:
+            v = t.left
+        elif isinstance(t, (ast.Name, ast.Subscript, ast.Call)):
+            v = t  # read for its truth: `if config['model']['checkpoint']:` under MolMCL's empty `checkpoint:`
+        else:
             return None
-        v = t.left
         if isinstance(v, ast.Name):
             scope = m.enclosing(t) or m.tree
             bound = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
@@ -553,37 +510,10 @@ class DefaultOptions:
         if isinstance(v, ast.Call) and callee(v) == "get" and isinstance(v.func, ast.Attribute) and \
                 len(v.args) == 1 and not v.keywords and CONFIGISH.search(dotted(v.func.value).split(".")[-1]):
             key = const_str(v.args[0])
-        elif isinstance(v, ast.Subscript) and CONFIGISH.search(dotted(v.value).split(".")[-1]):
+        elif isinstance(v, ast.Subscript) and (CONFIGISH.search(dotted(v.value).split(".")[-1])
+                                               or _configish(v.value)):
             key = const_str(v.slice)
         return key if key and self._yaml_null(key) else None
-
-    def _yaml_null(self, key: str) -> bool:
-        """Every YAML file of the project that names `key` leaves it null (and one does)."""
-        if not self.p.on_disk:
-            return False
-        line = re.compile(rf"^\s*{re.escape(key)}\s*:[ \t]*([^\s#]*)", re.M)
-        raw = {v.strip("'\"") for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)
-               for v in line.findall(path.read_text(encoding="utf-8", errors="replace"))}
-        return bool(raw) and raw <= {"null", "~", "None", "none"}
-
-    def _yaml_default(self, key: str, default):
-        """`default` when no YAML file of the project sets `key` to anything else (`gradient_accumulation_steps: 1`
-        in every config, or the key absent); the one other value they all give it; else UNKNOWN."""
-        if default is UNKNOWN or not self.p.on_disk:
-            return UNKNOWN
-        line = re.compile(rf"^\s*{re.escape(key)}\s*:[ \t]*([^\s#]+)", re.M)
-        given = {value.strip("'\"") for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)
-                 for value in line.findall(path.read_text(encoding="utf-8", errors="replace"))} - {str(default)}
-        if given:  # the one value every YAML that sets the key gives (VQ-Diffusion's `adjust_lr: none`), typed
-            return yaml_scalar(given.pop()) if len(given) == 1 else UNKNOWN
-        # ... and the JSON configs (gtn_applications' `config.get("seed", None)` with `"seed": 0` in tds2d.json)
-        pair = re.compile(rf'"{re.escape(key)}"\s*:\s*([^,\s}}\]]+)')
-        for path in project_files(self.p.root, ".json"):
-            text = path.read_text(encoding="utf-8", errors="replace") if path.stat().st_size < 1_000_000 else ""
-            if any(json_scalar(value) != default for value in pair.findall(text)):
-                return UNKNOWN
-        return default
-
 
 def _configish(x: ast.AST) -> bool:
     """A config object however it is reached: `cfg`, `self.cfg['Global']`, `config['solver']`, `op_cfg`."""

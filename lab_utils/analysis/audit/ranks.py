@@ -453,7 +453,11 @@ class Guards:
                 return "rank0"
             if isinstance(s, ast.If) and s.body and isinstance(s.body[-1], (ast.Return, ast.Continue, ast.Break)):
                 k = self.classify(m, s.test)
-                if k in ("rank0", "not0"):
+                if k in ("rank0", "not0") and not (isinstance(s.test, ast.BoolOp) and isinstance(s.test.op, ast.And)
+                                                    and any(not self.classify(m, v) and not is_switch_test(v)
+                                                            for v in s.test.values)):
+                    # (`if args.eval_first and is_main_process(): ...; return`, ODLab's FCOS: past it every rank
+                    # goes on whenever the option is off; only a test of the rank alone splits the ranks)
                     return "rank0" if k == "not0" else "not0"
                 # `if args.rank != 0 or epoch % freq != 0: return` (VICRegL's checkpoint): past it, every operand
                 # of the `or` was false, the rank test too

@@ -87,6 +87,16 @@ def branches(v: ast.AST) -> list:
     return branches(v.body) + branches(v.orelse) if isinstance(v, ast.IfExp) else [v]
 
 
+def rank_reducing_name(c: ast.Call) -> bool:
+    """A call named like a reduction over ranks (`reduce_dict`, `all_gather_tensor`, `sync_meters`), but not one
+    that reduces a tensor over its own elements, which says so with a `reduction=` keyword or a 'mean'/'sum'
+    argument (mmseg's `weight_reduce_loss(loss, weight=None, reduction="mean")` in WeakTr's engine)."""
+    if not REDUCEISH.search(callee(c)):
+        return False
+    return not (any(k.arg == "reduction" for k in c.keywords) or any(
+        isinstance(a, ast.Constant) and a.value in ("mean", "sum", "none") for a in c.args))
+
+
 def kw(call: ast.Call, name: str):
     return next((k.value for k in call.keywords if k.arg == name), None)
 

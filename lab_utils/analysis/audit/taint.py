@@ -17,24 +17,44 @@ def module_taint(m, seed: frozenset = frozenset(), opaque: frozenset = frozenset
     `seed`: parameters that callers pass a rank (taint_parameters); `opaque`: ids of calls of
     project functions that are handed the rank but return no rank (untaint_opaque_calls)."""
     tainted: set[str] = set(seed)
-    assigns = [n for n in m.nodes if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
-    changed = True
-    while changed:
-        changed = False
-        for a in assigns:
-            if a.value is None or not involves_rank(a.value, tainted) or placement_only(a.value, tainted):
+    todo = _assignments(m)
+    while todo:
+        added = set()
+        for rankish, names, value, targets in todo:
+            if id(value) in opaque or not (rankish or names & tainted) or placement_only(value, tainted):
                 continue
-            if id(a.value) in opaque:
-                continue
-            if WORLDISH.search(dotted(a.value)) and not RANKISH.search(dotted(a.value)) or is_switch_value(a.value):
-                continue
-            for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
-                for name in ([dotted(e) for e in t.elts] if isinstance(t, ast.Tuple) else [dotted(t)]):
-                    if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1]) \
-                            and "device" not in name.lower() and name not in tainted:  # a placement, not a rank
-                        tainted.add(name)
-                        changed = True
+            for name in targets:
+                if name not in tainted:
+                    tainted.add(name)
+                    added.add(name)
+        # (only an assignment that reads a name just added can change its answer)
+        todo = [a for a in todo if a[1] & added] if added else []
     return tainted
+
+
+def _assignments(m) -> list[tuple[bool, set[str], ast.AST, list[str]]]:
+    """(involves a rank by itself, the names it reads, its value, the names it may taint) for each assignment of
+    the module that could pass a rank on; kept on the module, since taint_parameters re-taints it as it learns
+    more parameters (YOLOv7's modules were walked 48 times)."""
+    kept = m.__dict__.get("_taint_assignments")
+    if kept is not None:
+        return kept
+    kept = []
+    for a in m.nodes:
+        if not isinstance(a, (ast.Assign, ast.AnnAssign, ast.AugAssign)) or a.value is None:
+            continue
+        if WORLDISH.search(dotted(a.value)) and not RANKISH.search(dotted(a.value)) or is_switch_value(a.value):
+            continue
+        targets = [name for t in (a.targets if isinstance(a, ast.Assign) else [a.target])
+                   for name in ([dotted(e) for e in t.elts] if isinstance(t, ast.Tuple) else [dotted(t)])
+                   if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1])
+                   and "device" not in name.lower()]  # a placement, not a rank
+        if targets:
+            names = {dotted(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))
+                     and not WORLDISH.search(dotted(n).split(".")[-1])}  # (as is_rankish_node reads them)
+            kept.append((involves_rank(a.value), names, a.value, targets))
+    m.__dict__["_taint_assignments"] = kept
+    return kept
 
 
 def taint_parameters(project):

@@ -42,7 +42,7 @@ from ..project import Module
 from ..rank0_values import own_walk, rank0_own
 from ..registry import Hit, rule
 from ..switches import one_process_arm
-from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, root
+from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, rank_reducing_name, root
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
 NONFINITE = {"isfinite", "isnan", "isinf"}
@@ -154,6 +154,7 @@ def _fed_at(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | Non
         return None
     meter = root(c.func.value)
     scope = m.enclosing(c) or m.tree
+    feeds = []
     for x in sorted((x for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute)
                      and root(x.func.value) == meter and x is not c), key=lambda x: x.lineno):
         if meter_print_calls(f, m, x):
@@ -161,8 +162,10 @@ def _fed_at(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | Non
         fed = [*x.args, *[k.value for k in x.keywords]]
         if any(LOSSISH.search(k.arg or "") and not NOT_A_LOSS.search(k.arg or "") for k in x.keywords) or any(
                 isinstance(n, (ast.Name, ast.Attribute)) and root(n) in lossy for v in fed for n in ast.walk(v)):
-            return x
-    return None
+            feeds.append(x)
+    # the feed every step runs before one under an option (WeakTr's `logger.update(loss=loss.item())` at the end
+    # of the step, not the `mean_loss` fed only `if GradientClipping is not None:`)
+    return next((x for x in feeds if _on_the_path(m, scope, x, c)), feeds[0] if feeds else None)
 
 
 def _guard_block(m: Module, c: ast.AST) -> int:
@@ -178,7 +181,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     cache = f.cache.setdefault("loss_logs", {})
     if m.rel in cache:
         return cache[m.rel]
-    out, carried = [], {}
+    out, carried, per_scope = [], {}, {}
     for c in m.calls:
         name = callee(c)
         handed = _handed_to_a_writer(f, m, c)
@@ -190,8 +193,9 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         names = {root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
         scope = m.enclosing(c) or m.tree
+        sc = _scope_facts(f, m, scope, per_scope)
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)} | (
-            names & backwarded(scope)) | (names & loss_terms(scope, backwarded(scope)))
+            names & sc["backwarded"]) | (names & sc["terms"])
         held = instance_carriers(m, scope)
         key = (id(scope), frozenset(held))  # (one function's logs share its carriers: DLRM has 89 logs)
         carriers = carried.get(key)
@@ -201,14 +205,13 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy |= returned_losses(f, m, scope, names - lossy)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
-        synced = {root(x.func.value) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(
-            x.func, ast.Attribute) and REDUCEISH.search(x.func.attr) and x.lineno < c.lineno}  # synced before
+        synced = {r for line, r in sc["reduce_calls"] if line < c.lineno}  # synced before
         # ... with what is read off it (`meters.sync()`, then `meters.avg_loss`: gtn_applications)
         lossy -= synced | {n.attr for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)
                            and root(n) in synced - {""}}
-        lossy -= rank0_own(f, m, scope)
-        lossy -= global_model_losses(f, m, scope) | whole_set_meters(m, scope) | reducing_meters(f, m, scope)
-        if every_loss_over_gathered_labels(m, scope):
+        lossy -= sc["rank0_own"]
+        lossy -= sc["global"] | sc["whole_set"] | sc["reducing"]
+        if sc["over_gathered"]:
             continue  # MagFace: the model-parallel loss covers every rank's labels; its meters hold the global one
         lossy = {n for n in lossy if not handed_global(f, m, scope, n)
                  and not loaded_from_a_checkpoint(f, m, scope, c, n) and not returned_reduced(f, m, scope, n)}
@@ -238,6 +241,21 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
     cache[m.rel] = out
     return out
+
+
+def _scope_facts(f: Facts, m: Module, scope: ast.AST, per_scope: dict) -> dict:
+    """What loss_logs asks of a log's function that does not depend on the log: asked once per function (YOLOv7's
+    train() holds dozens of logs, and each question walks the whole function)."""
+    sc = per_scope.get(id(scope))
+    if sc is None:
+        bw = backwarded(scope)
+        sc = per_scope[id(scope)] = {
+            "backwarded": bw, "terms": loss_terms(scope, bw), "rank0_own": rank0_own(f, m, scope),
+            "global": global_model_losses(f, m, scope), "whole_set": whole_set_meters(m, scope),
+            "reducing": reducing_meters(f, m, scope), "over_gathered": every_loss_over_gathered_labels(m, scope),
+            "reduce_calls": [(x.lineno, root(x.func.value)) for x in ast.walk(scope) if isinstance(x, ast.Call)
+                             and isinstance(x.func, ast.Attribute) and REDUCEISH.search(x.func.attr)]}
+    return sc
 
 
 UNSEEN_PRINTER = re.compile(r"^(print|log)_(\w+_)?(message|msg|info|metrics?|stats?|progress|loss|losses)$")
@@ -281,7 +299,7 @@ def _not_reduced_at(f: Facts, m: Module, scope: ast.AST, c: ast.Call, name: str,
             reads = {root(x) for x in ast.walk(value) if isinstance(x, (ast.Name, ast.Attribute))}
             partial = isinstance(a, ast.Assign) and not any(isinstance(e, ast.Name) and e.id == name for t in targets
                                                             for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
-            called = any(isinstance(x, ast.Call) and REDUCEISH.search(callee(x)) for x in ast.walk(value))
+            called = any(isinstance(x, ast.Call) and rank_reducing_name(x) for x in ast.walk(value))
             # ... or a project helper that reduces (MACE's take_step_lbfgs, in the LBFGS arm only)
             called |= isinstance(value, ast.Call) and f.collective_helper(m, value)
             if (isinstance(a, (ast.AugAssign, ast.Call)) or partial or name in reads) and not (

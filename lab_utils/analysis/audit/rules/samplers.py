@@ -17,7 +17,6 @@ from ..syntax import (
     DIST_SWITCH,
     EVAL_WORD,
     EVALISH,
-    REDUCEISH,
     REDUCING,
     TRAIN_WORD,
     branches,
@@ -26,6 +25,7 @@ from ..syntax import (
     const_value,
     dotted,
     kw,
+    rank_reducing_name,
 )
 
 
@@ -379,7 +379,7 @@ def _collective_inside(f: Facts, mm: Module, call: ast.Call) -> tuple:
     second related place: where the duplicates are merged in."""
     for tm, tf in f.p.resolve(mm, call):
         for x in ast.walk(tf):
-            if isinstance(x, ast.Call) and (callee(x) in REDUCING or REDUCEISH.search(callee(x))
+            if isinstance(x, ast.Call) and (callee(x) in REDUCING or rank_reducing_name(x)
                                             and f.p.resolve(tm, x)):
                 return ((tm, x),)  # dist.all_gather(...), or a project helper named so (gather_tensors_from_all_gpus)
     return ()

@@ -126,24 +126,45 @@ def _arm_beside_the_wrap(m: Module, a: ast.AST) -> bool:
 
 def _helper_saves(f: Facts, m: Module, wrapped: dict):
     """(call, wrapped name, helper's module, its state_dict call) where a project helper is handed the wrapper and
-    torch.saves the parameter's state_dict() (AdaBins' `model_io.save_checkpoint(model, optimizer, ...)`)."""
+    torch.saves the parameter's state_dict() (AdaBins' `model_io.save_checkpoint(model, optimizer, ...)`), also
+    through the helper handing the parameter on (KPGT's `trainer.fit(model, ...)` -> `self.save_model(model)`)."""
     for c in m.calls:
         names = [(i, dotted(a)) for i, a in enumerate(c.args) if isinstance(a, (ast.Name, ast.Attribute))]
         names = [(i, n) for i, n in names if n in wrapped and c.lineno > wrapped[n]]
         if not names or callee(c) in ("save", "state_dict"):
             continue
-        for hm, fn in f.p.resolve(m, c, exact=True):
-            params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
-            for i, owner in names:
-                inner = next((x for x in ast.walk(fn) if isinstance(x, ast.Call) and callee(x) == "state_dict"
-                              and i < len(params) and dotted(x.func) == f"{params[i]}.state_dict" and any(
-                                  callee(y) == "save" and x in ast.walk(y) for y in ast.walk(fn)
-                                  if isinstance(y, ast.Call))), None)
-                unwraps = any(isinstance(a, ast.Assign) and any(dotted(t) == params[i] for t in a.targets) and
-                              "module" in ast.unparse(a.value) for a in ast.walk(fn))  # (`model = model.module`)
-                if inner is not None and not unwraps:
-                    yield c, owner, hm, inner
-                    break
+        for i, owner in names:
+            found = _saves_parameter(f, m, c, i, 3)
+            if found is not None:
+                yield c, owner, *found
+                break
+
+
+def _saves_parameter(f: Facts, m: Module, c: ast.Call, i: int, depth: int):
+    """(module, state_dict call) of the project function `c` calls that torch.saves its i-th argument's
+    state_dict(), itself or through a function it hands that parameter on to (`depth` calls deep)."""
+    for hm, fn in f.p.resolve(m, c, exact=True):
+        params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
+        if i >= len(params):
+            continue
+        param = params[i]
+        if any(isinstance(a, ast.Assign) and any(dotted(t) == param for t in a.targets) and
+               "module" in ast.unparse(a.value) for a in ast.walk(fn)):
+            continue  # (`model = model.module`)
+        inner = next((x for x in ast.walk(fn) if isinstance(x, ast.Call) and callee(x) == "state_dict"
+                      and dotted(x.func) == f"{param}.state_dict" and any(
+                          callee(y) == "save" and x in ast.walk(y) for y in ast.walk(fn)
+                          if isinstance(y, ast.Call))), None)
+        if inner is not None:
+            return hm, inner
+        if depth > 1:
+            for cc in ast.walk(fn):
+                if isinstance(cc, ast.Call) and callee(cc) not in ("save", "state_dict"):
+                    j = next((k for k, a in enumerate(cc.args) if isinstance(a, ast.Name) and a.id == param), None)
+                    found = _saves_parameter(f, hm, cc, j, depth - 1) if j is not None else None
+                    if found is not None:
+                        return found
+    return None
 
 
 def _loaded_into_a_state_dict(m: Module, c: ast.Call) -> bool:
