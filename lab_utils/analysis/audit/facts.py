@@ -130,9 +130,11 @@ class Facts(DefaultOptions):
             fwd = held.functions.get(f"{cls}.forward") if held is not None else None
             return fwd is not None and any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce")
                                            for n in ast.walk(fwd))
-        return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in REDUCING and not layer_call(
-            mm.nodes, cc), depth=3) and not _returns_own_slice(tf)
-            for tm, tf in self.p.resolve(m, c, exact=True))  # Meter(...) runs __init__ only
+        def reduces(mm, cc):
+            return (callee(cc) in REDUCING or _unseen_gather(self.p, mm, cc)) and not layer_call(mm.nodes, cc)
+        return any(self.p.function_does(tm, tf, reduces, depth=3) and not _returns_own_slice(tf)
+            for tm, tf in self.p.resolve(m, c, exact=True) or self.one_method(c))  # Meter(...) runs __init__ only
+        # (one_method: OpenSTL's `self.method.vali_one_epoch(...)`, which gathers every rank's results)
 
     def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
         """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
@@ -393,9 +395,9 @@ class Facts(DefaultOptions):
                 for tm, tf in self.p.resolve(m, c) or self.one_method(c)) for c in ast.walk(loop))
         if self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2) or self._hook_of_a_step_loop(m, fn, steps):
             return True
-        if any(isinstance(c, ast.Call) and not self.p.resolve(m, c) and any(  # (KAIR: model.optimize_parameters())
-                self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=1) for tm, tf in self.one_method(c))
-               for c in ast.walk(fn)):
+        if any(isinstance(c, ast.Call) and not self.p.resolve(m, c) and self.methods_named(c) and all(
+                self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=1) for tm, tf in self.methods_named(c))
+               for c in ast.walk(fn)):  # (KAIR's model.optimize_parameters(), R-ESM's loss_scale_and_backward())
             return True  # (one_method: the project's one method of that name, the object untyped)
         # a closure the training loop defines and calls (MSN's `def log_stats(): logger.info(...)` next to its
         # `def train_step(): ... loss.backward()`): the loop around it is what trains
@@ -407,6 +409,13 @@ class Facts(DefaultOptions):
         (a model from a factory these files lack, KAIR's and IR-SDE's define_Model/create_model): the project's one
         method of that name, when one class alone defines it and the name is no library object's (`step`,
         `update`, `item`: no underscore)."""
+        found = self.methods_named(call)
+        return found if len(found) == 1 else []
+
+    def methods_named(self, call: ast.Call) -> list[tuple[Module, ast.AST]]:
+        """Every project method (a stub aside: a base class's `pass`) named as the untyped call is, for one_method;
+        or for a question all of them answer alike (R-ESM's Scheduler and Scheduler_fsdp both backward in
+        `loss_scale_and_backward`)."""
         if not (isinstance(call.func, ast.Attribute) and "_" in call.func.attr.strip("_")):
             return []
         index = self.cache.get("methods_by_name")
@@ -416,8 +425,7 @@ class Facts(DefaultOptions):
                 for k, fn in mm.functions.items():
                     if "." in k and mm.class_of(fn):
                         index.setdefault(k.rsplit(".", 1)[1], []).append((mm, fn))
-        found = [(mm, fn) for mm, fn in index.get(call.func.attr, []) if not _stub(fn)]  # (a base class's `pass`)
-        return found if len(found) == 1 else []
+        return [(mm, fn) for mm, fn in index.get(call.func.attr, []) if not _stub(fn)]
 
     def _hook_of_a_step_loop(self, m: Module, fn: ast.AST, steps) -> bool:
         """A hook that a training loop calls next to its step (`for self.iter in ...: self.train_one_iter();
@@ -527,6 +535,13 @@ class Facts(DefaultOptions):
         return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in dotted(
             cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2)
             for tm, tf in self.p.resolve(m, c))
+
+
+def _unseen_gather(p, m: Module, c: ast.Call) -> bool:
+    """A helper the files lack, named for a gather or a reduction over ranks (OpenSTL's `gather_tensors_batch`),
+    not for a device sync (`torch.cuda.synchronize`) or an average (`np.average`)."""
+    return bool(re.search(r"gather|reduce", callee(c))) and rank_reducing_name(c) and not p.resolve(m, c) and \
+        dotted(c.func).split(".")[0] not in ("np", "numpy", "torch", "functools", "math")
 
 
 def _stub(fn: ast.AST) -> bool:

@@ -130,3 +130,24 @@ def _uses(p: Project, mm: Module, name: str) -> bool:
     return any(isinstance(n, (ast.Name, ast.Attribute)) and dotted(n).split(".")[-1] == name for n in mm.nodes) \
         or any(attr in (name, None) and p.module_for(o, local) is mm for o in p.modules.values()
                if o is not mm for local, (_, attr, _) in o.imports.items())
+
+
+def method_never_called(p: Project, m: Module, fn: ast.AST) -> bool:
+    """`fn` is a method no code of the project calls or hands on (`exp.inference()` nowhere, though
+    `self.args.inference` is read: OpenSTL's BaseExperiment.inference), nor names as a string (`getattr(obj,
+    'inference')`): the run never reaches its body. Dunder methods are called by Python itself."""
+    name = getattr(fn, "name", "")
+    if not m.class_of(fn) or name.startswith("__"):
+        return False
+    inside = {id(n) for n in ast.walk(fn)}
+    for mm in p.modules.values():
+        for n in mm.nodes:
+            if id(n) in inside:
+                continue
+            if isinstance(n, ast.Constant) and n.value == name:
+                return False
+            if isinstance(n, ast.Attribute) and n.attr == name and not isinstance(n.ctx, ast.Store) and (
+                    isinstance(mm.parent.get(id(n)), ast.Call) and mm.parent[id(n)].func is n
+                    or dotted(n.value).split(".")[-1] not in ("args", "opt", "cfg", "config", "hparams")):
+                return False  # (called, or handed on as `obj.inference`; not an option read off `args`)
+    return True

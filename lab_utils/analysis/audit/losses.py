@@ -47,9 +47,13 @@ def returned_reduced(f: Facts, m: Module, scope: ast.AST, name: str, depth: int 
         return False
     found = False
     for a in binds:
-        targets = f.p.resolve(m, a.value, exact=True) if isinstance(a.value, ast.Call) else []
+        targets = (f.p.resolve(m, a.value, exact=True) or f.one_method(a.value)) if isinstance(
+            a.value, ast.Call) else []
+        # (`num_updates, loss_mean, eta = self.method.train_one_epoch(...)`, OpenSTL: the returned tuple's slot)
+        slot = next((i for t in a.targets if isinstance(t, ast.Tuple) for i, e in enumerate(t.elts)
+                     if root(e) == name), None)
         if targets:
-            if not all(returns_reduced(f, tm, tf) for tm, tf in targets):
+            if not all(returns_reduced(f, tm, tf, slot) for tm, tf in targets):
                 return False
             found = True
             continue
@@ -90,10 +94,12 @@ def loss_terms(scope: ast.AST, losses: set[str]) -> set[str]:
             for n in ast.walk(a.value) if isinstance(n, ast.Name) and n.id in made}
 
 
-def returns_reduced(f: Facts, m: Module, fn: ast.AST) -> bool:
-    """Every return of `fn` reads only names reduced over ranks before it: a collective on them, or a reducing
-    method (`meters.sync()`) called on them."""
+def returns_reduced(f: Facts, m: Module, fn: ast.AST, slot: int | None = None) -> bool:
+    """Every return of `fn` (its tuple's `slot` when given) reads only names reduced over ranks before it: a
+    collective on them, or a reducing method (`meters.sync()`) called on them."""
     rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+    if slot is not None and rets and all(isinstance(r, ast.Tuple) and len(r.elts) > slot for r in rets):
+        rets = [r.elts[slot] for r in rets]
     synced = {root(c.func.value) for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(
         c.func, ast.Attribute) and REDUCEISH.search(c.func.attr)} | f.reduced_names(m, fn)
     reads = [{root(n) for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))} - {""} for r in rets]
@@ -236,15 +242,25 @@ def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set
             continue
         for tm, tf in f.p.resolve(m, a.value, exact=True) or f.one_method(a.value):
             rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
-            holding = _holding_a_loss(tf) | _loss_attributes(tm, tf)
+            # a getter (`def get_current_log(self): return self.log_dict`) returns what its class filled elsewhere;
+            # only then is a text built from what it returns (KAIR's message, key by key) followed back to it
+            getter = _getter(tf)
+            holding = _loss_attributes(tm, tf) if getter else _holding_a_loss(tf)
             lossy = [r for r in rets if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in holding
                                             for n in ast.walk(r)) and not any(
                 isinstance(n, ast.Call) and rank_reducing_name(n) for n in ast.walk(r))]  # reduced on return
             if lossy and len(lossy) == len(rets) and not f.reduced_names(tm, tf) & {
                     root(n) for r in rets for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))}:
                 got = _positions_holding(a, rets, holding)
-                out |= {n for n in names if sources[n] & got}
+                out |= {n for n in names if sources[n] & got} if getter else got & names
     return out
+
+
+def _getter(fn: ast.AST) -> bool:
+    """A method whose body only returns an attribute of its object (a docstring aside)."""
+    body = [b for b in getattr(fn, "body", []) if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+    return len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Attribute) and \
+        dotted(body[0].value.value) == "self"
 
 
 def _built_from(scope: ast.AST, names: set[str]) -> dict[str, set[str]]:

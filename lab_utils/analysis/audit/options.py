@@ -17,6 +17,10 @@ CONFIGISH = re.compile(r"^(cfg|config|conf|opt|hparams)$", re.I)
 OPTIONAL_PATH = re.compile(r"^(resume|resume_from|load|load_from|load_path|checkpoint|ckpt|init_from|pretrained|"
                            r"weights|finetune)$")
 
+# switches to a mode other than training (OpenSTL's `if self.args.test:`, its parser not among the files): a
+# training run leaves them off
+MODE_FLAG = re.compile(r"^(test|test_only|eval|eval_only|evaluate|inference|demo|dry_run)$")
+
 
 def _one(values: list):
     """The one value all of `values` agree on, else UNKNOWN (also when there are none)."""
@@ -81,7 +85,9 @@ class DefaultOptions(YamlConfigs):
                     zero_int = isinstance(default, ast.Constant) and type(default.value) is int and \
                         default.value == 0 and dotted(kw(a, "type")) == "int"
                     if callee(a) == "add_argument" and opt and (store_true or false_default or zero_int):
-                        out[(const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")] = opt.lstrip("-")
+                        key = (const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")
+                        if not (_reads_yaml(mm) and self._yaml_turns_on(key)):  # (timm's `-c config.yml` defaults:
+                            out[key] = opt.lstrip("-")  # HEQuant's `sync_bn: True` turns --sync-bn on)
             # on in the run judged: the distributed switch itself (P5's `--distributed`, which the DDP run passes),
             # and a flag the project's launch scripts pass (`--distributed --multiGPU` in its pretrain_*.sh)
             passed = self._passed_in_launch_scripts()
@@ -159,6 +165,8 @@ class DefaultOptions(YamlConfigs):
                         return ast.unparse(t), n  # `cfg['training_cfg'].get('use_pretrainedD', False)`, no YAML sets it
                     if isinstance(t, ast.Attribute) and OPTIONAL_PATH.match(t.attr) and self._never_defined(t.attr):
                         return f"{dotted(t)} (a path option these files never define)", n
+                    if isinstance(t, ast.Attribute) and MODE_FLAG.match(t.attr) and self._never_defined(t.attr):
+                        return f"{dotted(t)} (a mode switch these files never define)", n
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 break
             child, n = n, m.parent.get(id(n))
@@ -514,6 +522,11 @@ class DefaultOptions(YamlConfigs):
                                                or _configish(v.value)):
             key = const_str(v.slice)
         return key if key and self._yaml_null(key) else None
+
+def _reads_yaml(m: Module) -> bool:
+    """The module loads a YAML file (`yaml.safe_load(f)`, timm's config parser that sets the argparse defaults)."""
+    return any(callee(c) in ("safe_load", "load", "full_load") and dotted(c.func).startswith("yaml.") for c in m.calls)
+
 
 def _configish(x: ast.AST) -> bool:
     """A config object however it is reached: `cfg`, `self.cfg['Global']`, `config['solver']`, `op_cfg`."""

@@ -137,7 +137,8 @@ def switched(p: Project, m: Module, node: ast.AST, depth: int = 2) -> ast.AST | 
         return test
     fn = m.enclosing(node)
     sites = p.callers(m, fn) if fn is not None else []
-    tests = [switched(p, cm, c, depth - 1) for cm, c in sites]
+    # (a caller in the switch's one-process arm, WAFT's `else: main(0, 1, args, False)`, runs it undistributed)
+    tests = [None if one_process_arm(cm, c) else switched(p, cm, c, depth - 1) for cm, c in sites]
     return tests[0] if tests and all(t is not None for t in tests) else None
 
 

@@ -27,7 +27,9 @@ from ..syntax import (
 def _steps(c: ast.AST) -> bool:
     """An optimizer step however it is spelt: `optimizer.step()`, `scaler.step(opt)`, a custom `optimizer_step(...)`,
     a loss-scaler helper told when to update (`loss_scaler(loss, opt, update_grad=...)`)."""
+    # (... or a step that also moves the lr: `ScheduledOptim.step_and_update_lr()`, R-ESM's step_and_lr_schedule)
     return isinstance(c, ast.Call) and (callee(c) == "step" or callee(c).endswith("optimizer_step")
+                                        or callee(c).startswith("step_and_")
                                         or any(k.arg == "update_grad" for k in c.keywords)
                                         or callee(c).endswith("_step") and any(  # UniTabE's bp_step(optimizer)
                                             "optim" in dotted(a).lower() for a in c.args))
@@ -58,9 +60,10 @@ def _scheduler_step(m: Module, c: ast.Call) -> bool:
 
 
 def _backward_each_iteration(loop: ast.AST) -> bool:
-    # (or a backward helper handed the loss: UniTabE's `self.backward_loss(loss)`)
-    return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower() or re.match(
-        r"backward_", callee(c)) and any("loss" in dotted(a).lower() for a in c.args)) for c in ast.walk(loop))
+    # (or a backward helper handed the loss: UniTabE's `self.backward_loss(loss)`, R-ESM's
+    # `training_scheduler.loss_scale_and_backward(loss)`)
+    return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower() or re.search(
+        r"(^|_)backward(_|$)", callee(c)) and any("loss" in dotted(a).lower() for a in c.args)) for c in ast.walk(loop))
 
 
 def _counts_micro_batches(test: ast.AST) -> bool:

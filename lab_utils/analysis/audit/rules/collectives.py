@@ -45,8 +45,10 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
                 not _other_arm_unwraps(m, c, dotted(c.func)) and \
                 f.same_scope(m, c, dotted(c.func), wrapped[dotted(c.func)]) and \
                 _wrap_reaches(m, c, dotted(c.func), wrapped[dotted(c.func)]):
-            if _no_grad_run(f, m, c) and _buffer_free(f, m, dotted(c.func)):
-                continue  # no buffers to broadcast, no backward to prepare: the forward talks to no other rank
+            if _no_grad_run(f, m, c) and (_buffer_free(f, m, dotted(c.func)) or _no_buffer_broadcast(
+                    m, wrapped[dotted(c.func)])):
+                continue  # no buffers to broadcast (none, or broadcast_buffers=False: SOTA-Face-Recognition's
+                # evaluation), no backward to prepare: the forward talks to no other rank
             yield c, (f"{dotted(c.func)}(...) is the DDP-wrapped model, called by rank 0 alone: with "
                       "broadcast_buffers=True (the default) and a module that has buffers its forward broadcasts them "
                       "and waits for the other ranks (a hang), and with grad on the next backward does — call "
@@ -335,7 +337,7 @@ def collective_outside_switch(f: Facts, m: Module):
 
 def _outside_switch_hits(f: Facts, m: Module):
     inits = [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "init_process_group"]
-    if not inits or not all(_optional_group(mm, c) for mm, c in inits) or f.runs_only_distributed():
+    if not inits or not all(_optional_group(f, mm, c) for mm, c in inits) or f.runs_only_distributed():
         return  # the group exists in every run the script can make (or a run without it stops at the sampler)
     flags, told = _group_flags(f), set()
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
@@ -355,6 +357,9 @@ def _outside_switch_hits(f: Facts, m: Module):
             outer = m.enclosing(fn)
             sites = [(m, x) for x in ast.walk(outer) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
                      and x.func.id == fn.name] if outer is not None else []
+            # ... or hands it on as a hook (WaveGlow's `queue_callback(allreduce_params)` in
+            # apply_gradient_allreduce): it runs where the outer function's callers run it
+            sites = sites or (f.p.callers(m, outer) if outer is not None else [])
         if wrap and fn is not None and not sites:
             continue  # a wrap helper nothing here calls (SparK's unused parallelize()): its callers decide
         if fn is not None and not sites and m.enclosing(fn) is None and m.class_of(fn) is None and \
@@ -368,8 +373,9 @@ def _outside_switch_hits(f: Facts, m: Module):
         if fn is not None and fn in told:
             continue  # one finding per helper: its barrier and its all_reduce are one defect
         told.add(fn)
-        switch = ast.unparse(distributed_switch(*inits[0]))
-        where = f"line {inits[0][1].lineno}" if inits[0][0] is m else f"{inits[0][0].rel}:{inits[0][1].lineno}"
+        sm, sc = _group_set_up_at(f, *inits[0])
+        switch = ast.unparse(distributed_switch(sm, sc))
+        where = f"line {sc.lineno}" if sm is m else f"{sm.rel}:{sc.lineno}"
         # the helper's calls from the scripts (VAR's `me.synchronize_between_processes()` in train.py), where the
         # switch could go instead, as related places
         yield Hit(c, (f"{ast.unparse(c.func)}() runs whether or not `{switch}` set up the process group ({where}): "
@@ -429,11 +435,35 @@ def _group_checked_before(m: Module, fn: ast.AST, c: ast.Call) -> bool:
             any(y is c for y in ast.walk(up)) or always_returns(up.body)) for up in m.nodes) for n in checks))
 
 
-def _optional_group(m: Module, init: ast.Call) -> bool:
-    """The process group is set up only under a distributed switch; `if dist.is_initialized(): return` (or `if not
+def _optional_group(f: Facts, m: Module, init: ast.Call) -> bool:
+    """The process group is set up only under a distributed switch, there or around the call of the helper that
+    sets it up (WAFT's `if use_ddp: setup_ddp(rank, world_size)`); `if dist.is_initialized(): return` (or `if not
     dist.is_initialized(): init_process_group(...)`) only keeps a second set-up from running: the group exists."""
     test = distributed_switch(m, init)
-    return test is not None and not group_check(test) and not _always_true(test)
+    if test is None:
+        fn = m.enclosing(init)
+        return fn is not None and m.class_of(fn) is None and _unconditional_in(m, init, fn) and \
+            _called_under_switch(f, m, fn, depth=1)
+    return not group_check(test) and not _always_true(test)
+
+
+def _group_set_up_at(f: Facts, m: Module, init: ast.Call) -> tuple[Module, ast.Call]:
+    """Where the switch sets up the group: the init_process_group call itself, or the call of the helper around it
+    that sits under the switch (WAFT's `setup_ddp(rank, world_size)` under `if use_ddp:`)."""
+    if distributed_switch(m, init) is not None:
+        return m, init
+    fn = m.enclosing(init)
+    return next(((cm, cc) for cm, cc in f.p.callers(m, fn) if distributed_switch(cm, cc) is not None), (m, init))
+
+
+def _unconditional_in(m: Module, node: ast.AST, fn: ast.AST) -> bool:
+    """No branch around `node` inside `fn` (a set-up helper that always sets up when called)."""
+    n = m.parent.get(id(node))
+    while n is not None and n is not fn:
+        if isinstance(n, (ast.If, ast.Try, ast.IfExp)):
+            return False
+        n = m.parent.get(id(n))
+    return True
 
 
 def _always_true(test: ast.AST) -> bool:
@@ -449,6 +479,8 @@ def _called_under_switch(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> bo
     """A helper called under a distributed switch, directly or through helpers (`all_reduce` called by
     `all_gather_list`, which the loss calls only `if world_size > 1:`)."""
     for cm, cc in f.p.callers(m, fn) or _calls_by_method_name(f, m, fn):
+        if one_process_arm(cm, cc):
+            continue  # (the switch's other arm, WAFT's `else: main(0, 1, args, False)`: run without the group)
         if distributed_switch(cm, cc) is not None:
             return True
         outer = cm.enclosing(cc)

@@ -511,7 +511,16 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
              and (isinstance(a, ast.AugAssign) or any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
                  dotted(x).split(".")[-1] or "") for x in ast.walk(a.value)))]  # (+=: AOT-GAN adds each loss)
     if built:
-        return ((m, max(built, key=lambda a: a.lineno)),)
+        reads_loss = [a for a in built if any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
+            dotted(x).split(".")[-1] or "") for x in ast.walk(a.value))]  # (not the `+= f" [lr] ..."` after it)
+        text = max(reads_loss or built, key=lambda a: a.lineno)
+        # ... and the line that took the loss it reads off the tensor (landmark-attention's `train_loss =
+        # loss.detach().cpu().item()`, then `print_string = f"... loss={train_loss:.3f} ..."`)
+        read = {x.id for x in ast.walk(text.value) if isinstance(x, ast.Name) and LOSSISH.search(x.id)}
+        took = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < text.lineno and any(
+            isinstance(t, ast.Name) and t.id in read for t in a.targets) and any(
+            isinstance(x, ast.Call) and callee(x) == "item" for x in ast.walk(a.value))]
+        return ((m, text),) + (((m, max(took, key=lambda a: a.lineno)),) if took else ())
     # ... or a record filled key by key (NVIDIA's TinyBERT: `result['loss'] = mean_loss`, then each key logged):
     # the first key that takes a loss
     filled = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(

@@ -6,7 +6,7 @@ import ast
 import re
 
 from ..facts import Facts
-from ..hierarchy import never_named
+from ..hierarchy import method_never_called, never_named
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import LAUNCH_KEYS, is_switch_test, one_process_arm
@@ -47,6 +47,9 @@ def _branch_on_wrapper(m: Module, c: ast.AST) -> bool:
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
         in_else = child is n.orelse if isinstance(n, ast.IfExp) else isinstance(n, ast.If) and any(
             child is s for s in n.orelse)
+        if isinstance(n, ast.IfExp) and any(isinstance(x, ast.Attribute) and x.attr == "module" for x in ast.walk(
+                n.orelse if child is n.body else n.body)):
+            return True  # `model.state_dict() if not args.distributed else model.module.state_dict()` (MONAI)
         body = getattr(n, "body", [])
         body = body if isinstance(body, list) else [body]
         if in_else and (is_switch_test(n.test) or "module" in {const_str(x) for x in ast.walk(n.test)} or any(
@@ -87,10 +90,15 @@ def save_without_module(f: Facts, m: Module):
     # (a DataParallel in the else of `if args.distributed:`, PixelFormer's, is not what the DDP run saves)
     if not wrapped or _strips_prefix(f):
         return
+    wrapped = {k: v for k, v in wrapped.items() if not _wrapper_unwraps_state_dict(f, m, v)}
     for c in m.calls:
         if callee(c) != "state_dict" or not isinstance(c.func, ast.Attribute):
             continue
-        owner = dotted(c.func.value)
+        held = c.func.value
+        while isinstance(held, ast.Call) and isinstance(held.func, ast.Attribute) and held.func.attr in (
+                "eval", "train", "cpu", "cuda", "to", "float", "half"):
+            held = held.func.value  # `model.eval().state_dict()` (UTR-LM): the same module
+        owner = dotted(held)
         up = m.parent.get(id(c))
         if isinstance(up, ast.Attribute) and up.attr in ("items", "keys", "values"):
             continue  # read, not saved: `for _, p in model.state_dict().items(): dist.broadcast(p, 0)` (RQ-VAE)
@@ -103,12 +111,26 @@ def save_without_module(f: Facts, m: Module):
                       "key gets a 'module.' prefix and the checkpoint does not load into the plain model (the single "
                       f"run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
     for c, owner, hm, inner in _helper_saves(f, m, wrapped):
+        if f.off_in_default_run(m, c):
+            continue  # (IELT's `if config.write and epoch > 10 and config.train.checkpoint:`)
         if owner not in data_parallel and f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(
                 m, c, owner) and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
             yield Hit(c, (f"{callee(c)}(...) is handed {owner}, the DDP wrapper ({f.wrap_site(m, owner)}), and saves "
                           f"its state_dict() ({hm.rel}:{inner.lineno}): every key gets a 'module.' prefix and the "
                           "checkpoint does not load into the plain model (the single run, or a 1-GPU resume) — hand it "
-                          f"{owner}.module"), related=((hm, inner),))
+                          f"{owner}.module"), related=((hm, inner), *(
+                              (m, k.value) for k in c.keywords if k.arg and dotted(k.value) == owner)))
+
+
+def _wrapper_unwraps_state_dict(f: Facts, m: Module, line: int) -> bool:
+    """The wrap at `line` builds a project subclass of DistributedDataParallel whose state_dict() returns the
+    module's (filter_pruning_taylor's `class DDP(DistributedDataParallel): def state_dict(self, *a, **k): return
+    self.module.state_dict(*a, **k)`): its checkpoints carry no `module.` prefix."""
+    for a in m.nodes:
+        if isinstance(a, ast.Assign) and a.lineno == line and isinstance(a.value, ast.Call):
+            return any(getattr(fn, "name", "") == "state_dict" and "module" in ast.unparse(fn)
+                       for _, fn in f.p.resolve(m, a.value))
+    return False
 
 
 def _arm_beside_the_wrap(m: Module, a: ast.AST) -> bool:
@@ -130,6 +152,9 @@ def _helper_saves(f: Facts, m: Module, wrapped: dict):
     through the helper handing the parameter on (KPGT's `trainer.fit(model, ...)` -> `self.save_model(model)`)."""
     for c in m.calls:
         names = [(i, dotted(a)) for i, a in enumerate(c.args) if isinstance(a, (ast.Name, ast.Attribute))]
+        # ... or by keyword: R-ESM's `save_model(..., model=model, model_without_ddp=model, ...)`
+        names += [(k.arg, dotted(k.value)) for k in c.keywords
+                  if k.arg and isinstance(k.value, (ast.Name, ast.Attribute))]
         names = [(i, n) for i, n in names if n in wrapped and c.lineno > wrapped[n]]
         if not names or callee(c) in ("save", "state_dict"):
             continue
@@ -140,21 +165,26 @@ def _helper_saves(f: Facts, m: Module, wrapped: dict):
                 break
 
 
-def _saves_parameter(f: Facts, m: Module, c: ast.Call, i: int, depth: int):
-    """(module, state_dict call) of the project function `c` calls that torch.saves its i-th argument's
-    state_dict(), itself or through a function it hands that parameter on to (`depth` calls deep)."""
+def _saves_parameter(f: Facts, m: Module, c: ast.Call, i: int | str, depth: int):
+    """(module, state_dict call) of the project function `c` calls that torch.saves its argument `i` (a position
+    or a keyword)'s state_dict(), itself or through a function it hands that parameter on to (`depth` calls deep)."""
     for hm, fn in f.p.resolve(m, c, exact=True):
         params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
-        if i >= len(params):
+        if isinstance(i, int) and i >= len(params) or isinstance(i, str) and i not in params + [
+                a.arg for a in fn.args.kwonlyargs]:
             continue
-        param = params[i]
-        if any(isinstance(a, ast.Assign) and any(dotted(t) == param for t in a.targets) and
-               "module" in ast.unparse(a.value) for a in ast.walk(fn)):
-            continue  # (`model = model.module`)
+        param = params[i] if isinstance(i, int) else i
+        if any(isinstance(a, ast.Assign) and any(dotted(t) == param for t in a.targets) and (
+                "module" in ast.unparse(a.value) or isinstance(a.value, ast.Call) and any(
+                    isinstance(r, ast.Return) and r.value is not None and ".module" in ast.unparse(r.value)
+                    for _, g in f.p.resolve(hm, a.value) for r in ast.walk(g))) for a in ast.walk(fn)):
+            continue  # (`model = model.module`, or MeMOTR's `model = get_model(model)`, which returns its .module)
+        # its state_dict() in a torch.save, or in a function that saves one with a helper (MAE's save_model:
+        # `to_save = {'model': model_without_ddp.state_dict(), ...}`, then `save_on_master(to_save, path)`)
+        saves = any(isinstance(y, ast.Call) and "save" in callee(y) for y in ast.walk(fn))
         inner = next((x for x in ast.walk(fn) if isinstance(x, ast.Call) and callee(x) == "state_dict"
-                      and dotted(x.func) == f"{param}.state_dict" and any(
-                          callee(y) == "save" and x in ast.walk(y) for y in ast.walk(fn)
-                          if isinstance(y, ast.Call))), None)
+                      and dotted(x.func) == f"{param}.state_dict" and saves and not f.off_by_default(hm, x)
+                      and not _branch_on_wrapper(hm, x)), None)  # (glow-tts: `if hasattr(model, 'module')`)
         if inner is not None:
             return hm, inner
         if depth > 1:
@@ -216,7 +246,8 @@ def load_without_map_location(f: Facts, m: Module):
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
                 not f.off_in_default_run(m, c) and not one_process_arm(m, c) and not _unlaunched_arm(m, c) and \
                 not _into_a_grad_scaler(m, c) and \
-                f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c):
+                f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c) and not (
+                    m.enclosing(c) is not None and method_never_called(f.p, m, m.enclosing(c))):
             # (an option unset unless given; the arm of a run of one process (ADL-Stereo's else of `if
             # args.distributed:`, YouReID's of `if 'LOCAL_RANK' in os.environ:`); rank 0 alone loads onto its own
             # GPU; the launcher alone, after the workers)

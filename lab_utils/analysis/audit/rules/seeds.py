@@ -437,6 +437,9 @@ def seed_per_rank(f: Facts, m: Module):
             continue
         if f.seed_kind(m, c) == "other" and (id(m.enclosing(c)), ast.unparse(c.args[0])) in torch_seeded:
             continue
+        if _in_a_worker_init(f, m, c):
+            continue  # a DataLoader worker's seed, per rank by design (ProbFace's `num_workers * rank + worker_id +
+            # seed`): the model is built in the main process, whose seed this is not
         clock = _wall_clock(m, c)
         if clock is not None and f.seed_kind(m, c, direct=True) != "other":
             yield Hit(c, f"{ast.unparse(c)} seeds with the wall clock (line {clock.lineno}: `{ast.unparse(clock)}`): "
