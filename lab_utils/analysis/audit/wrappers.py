@@ -34,9 +34,7 @@ def wrapped_names(f) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], s
     'file:line' of the wrap or of the call that handed the wrapper over}).
     `f` is the project's Facts (its default_value decides which arm of a choice the default run takes)."""
     p = f.p
-    wrappers = {fn.name for m in p.modules.values() for fn in m.functions.values()
-                if any(isinstance(r, ast.Return) and isinstance(r.value, ast.Call) and is_ddp_call(m, r.value)
-                       for r in ast.walk(fn))}
+    wrappers = _wrapping_functions(p)
     out = {}
     for m in p.modules.values():
         names = {}
@@ -49,13 +47,41 @@ def wrapped_names(f) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], s
                     "to", "cuda", "train", "eval") and isinstance(v.func.value, ast.Call):
                 v = v.func.value  # DDP(model, ...).to(device)
             if isinstance(v, ast.Call) and (is_ddp_call(m, v) or callee(v) in wrappers):
+                slots = wrappers.get(callee(v)) if not is_ddp_call(m, v) else None
                 for t in a.targets:
-                    names[dotted(t)] = a.lineno
+                    if isinstance(t, (ast.Tuple, ast.List)) and slots is not None:
+                        # `modelG, modelD_img, modelD_3d = create_model(args)` (MoCoGAN-HD): the wrapped slots
+                        names.update({dotted(e): a.lineno for i, e in enumerate(t.elts) if i in slots})
+                    elif not isinstance(t, (ast.Tuple, ast.List)):
+                        names[dotted(t)] = a.lineno
         out[m.rel] = _aliases(f, m, names)
     inherited: dict[tuple[str, str], str] = {}
     _inherit(p, out, inherited)
     _handed_to_constructors(f, out, inherited)
     return out, inherited
+
+
+def _wrapping_functions(p) -> dict[str, set[int] | None]:
+    """Project functions that return the DDP wrapper: `return DDP(model)`, or a name they assign a wrap (`model =
+    DDP(model, ...)` in model_to_gpu's training arm, then `return model`), or a list or tuple of names made by such
+    functions (MoCoGAN-HD's create_model: `return [modelG, modelD_img, modelD_3d]`, each from model_to_gpu).
+    name -> the returned tuple's wrapped slots, or None for a single wrapper."""
+    found: dict[str, set[int] | None] = {}
+    for _ in range(2):  # (a function returning what a wrapping function returned)
+        for m in p.modules.values():
+            for fn in m.functions.values():
+                held = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                        and (is_ddp_call(m, a.value) or found.get(callee(a.value), 0) is None) for t in a.targets}
+                rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+                # (a tuple of wrappers wins over a single one: create_model's training arm returns the three)
+                slots = next(({i for i, e in enumerate(v.elts) if dotted(e) in held} for v in rets if isinstance(
+                    v, (ast.Tuple, ast.List)) and any(dotted(e) in held for e in v.elts)), None)
+                if slots is not None:
+                    found[fn.name] = slots
+                elif any(isinstance(v, ast.Call) and is_ddp_call(m, v) or isinstance(v, (ast.Name, ast.Attribute))
+                         and dotted(v) in held for v in rets):
+                    found[fn.name] = None
+    return found
 
 
 def _inherit(p, out: dict[str, dict[str, int]], inherited: dict[tuple[str, str], str]) -> None:

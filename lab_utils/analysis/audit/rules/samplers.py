@@ -129,7 +129,7 @@ def set_epoch_missing(f: Facts, m: Module):
     if ctx is None:
         return
     made, set_epochs = ctx
-    if one_epoch_run(f):
+    if one_epoch_run(f) or "DistSamplerSeedHook" in f.all_names():  # (mmcv's runner hook calls set_epoch: PYSKL)
         return  # (TorchSSL's `for epoch in range(args.epoch)`, `epoch: 1` in its config: no epoch boundary)
     stale = [(mm, c) for mm, c in set_epochs if rebuilt_after(mm, c) or set_once(f.p, mm, c)]
     # (a dataset's own set_epoch, MeMOTR's `dataset_train.set_epoch(epoch)`, moves no sampler)
@@ -537,6 +537,17 @@ def _extends_by_its_own_head(cd: ast.ClassDef) -> bool:
     return False
 
 
+def _trains_over(m: Module, c: ast.Call) -> bool:
+    """A loop over the sampler's loader runs backward (TiPNN's training sampler in train_and_validate)."""
+    up = m.parent.get(id(c))
+    held = {dotted(t) for t in getattr(up, "targets", [])}
+    loaders = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+        dotted(k.value) in held for k in a.value.keywords if k.arg == "sampler") for t in a.targets}
+    return bool(held and loaders) and any(isinstance(n, ast.For) and {dotted(x) for x in ast.walk(n.iter)} & loaders
+                                          and any(callee(b) == "backward" for b in ast.walk(n) if isinstance(
+                                              b, ast.Call)) for n in ast.walk(m.enclosing(c) or m.tree))
+
+
 @rule("eval-padding-duplicates", "08_checkpoints", "a padding DistributedSampler in evaluation plus a reduction over "
       "ranks: the padded duplicates are counted, so the metric is not the single run's")
 def eval_padding_duplicates(f: Facts, m: Module):
@@ -545,7 +556,7 @@ def eval_padding_duplicates(f: Facts, m: Module):
         if callee(c) not in f.sampler_classes() or not c.args or not _pads(f, callee(c)):
             continue
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
-        if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")):
+        if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")) or _trains_over(m, c):
             continue
         flag = f.off_by_default(m, c)
         if flag and not DIST_SWITCH.search(flag):  # (`--distributed` itself is how the DDP run is asked for)

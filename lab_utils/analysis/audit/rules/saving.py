@@ -68,7 +68,8 @@ def _strips_prefix(f: Facts) -> bool:
     `consume_prefix_in_state_dict_if_present`): a prefixed checkpoint loads into the plain model."""
     for mm in f.p.modules.values():
         for n in mm.nodes:
-            if isinstance(n, ast.Constant) and n.value in ("module.", "module") and isinstance(
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and (n.value in ("module", "module.") or (
+                    n.value.startswith("module.") and n.value.endswith("."))) and isinstance(
                     mm.parent.get(id(n)), ast.Call) and callee(mm.parent[id(n)]) in (
                     "replace", "startswith", "removeprefix", "lstrip", "sub"):
                 return True
@@ -128,8 +129,26 @@ def _wrapper_unwraps_state_dict(f: Facts, m: Module, line: int) -> bool:
     self.module.state_dict(*a, **k)`): its checkpoints carry no `module.` prefix."""
     for a in m.nodes:
         if isinstance(a, ast.Assign) and a.lineno == line and isinstance(a.value, ast.Call):
-            return any(getattr(fn, "name", "") == "state_dict" and "module" in ast.unparse(fn)
-                       for _, fn in f.p.resolve(m, a.value))
+            return _builds_unwrapping_state_dict(f, m, a.value, 2)
+    return False
+
+
+def _builds_unwrapping_state_dict(f: Facts, m: Module, call: ast.Call, depth: int) -> bool:
+    """The call builds an object whose state_dict() returns the module's, itself or in the function it runs
+    (SA-toolkit's `xtractor, device = self.init_cuda_model_distributed()`, which returns a WrappedTorchDDP whose
+    state_dict() is `self.module.module.state_dict()`)."""
+    targets = f.p.resolve(m, call)
+    if not targets:  # `utils.torch.WrappedTorchDDP(net)` through a package alias: the project's one class so named
+        f.p.methods(m, "", "__init__")  # (builds the class index)
+        homes = f.p._class_index.get(callee(call), [])
+        targets = f.p.methods(homes[0][0], callee(call), "state_dict") if len(homes) == 1 else []
+    for tm, fn in targets:
+        if getattr(fn, "name", "") == "state_dict" and "module" in ast.unparse(fn):
+            return True
+        if depth > 1 and not tm.class_of(fn) or depth > 1 and getattr(fn, "name", "") != "__init__":
+            if any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and _builds_unwrapping_state_dict(
+                    f, tm, a.value, depth - 1) for a in ast.walk(fn)):
+                return True
     return False
 
 
@@ -176,8 +195,7 @@ def _saves_parameter(f: Facts, m: Module, c: ast.Call, i: int | str, depth: int)
         param = params[i] if isinstance(i, int) else i
         if any(isinstance(a, ast.Assign) and any(dotted(t) == param for t in a.targets) and (
                 "module" in ast.unparse(a.value) or isinstance(a.value, ast.Call) and any(
-                    isinstance(r, ast.Return) and r.value is not None and ".module" in ast.unparse(r.value)
-                    for _, g in f.p.resolve(hm, a.value) for r in ast.walk(g))) for a in ast.walk(fn)):
+                    _returns_module(g) for _, g in f.p.resolve(hm, a.value))) for a in ast.walk(fn)):
             continue  # (`model = model.module`, or MeMOTR's `model = get_model(model)`, which returns its .module)
         # its state_dict() in a torch.save, or in a function that saves one with a helper (MAE's save_model:
         # `to_save = {'model': model_without_ddp.state_dict(), ...}`, then `save_on_master(to_save, path)`)
@@ -195,6 +213,15 @@ def _saves_parameter(f: Facts, m: Module, c: ast.Call, i: int | str, depth: int)
                     if found is not None:
                         return found
     return None
+
+
+def _returns_module(g: ast.AST) -> bool:
+    """The function hands back the wrapped module: `return model.module if ... else model`, or a name it sets to
+    `.module` first (KAIR's get_bare_model: `network = network.module`, then `return network`)."""
+    unwrapped = {dotted(t) for a in ast.walk(g) if isinstance(a, ast.Assign) and dotted(a.value).endswith(".module")
+                 for t in a.targets}
+    return any(isinstance(r, ast.Return) and r.value is not None and (
+        ".module" in ast.unparse(r.value) or dotted(r.value) in unwrapped) for r in ast.walk(g))
 
 
 def _loaded_into_a_state_dict(m: Module, c: ast.Call) -> bool:

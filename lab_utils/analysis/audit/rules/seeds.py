@@ -563,12 +563,26 @@ def peek_iterator(f: Facts, m: Module):
                   "generator=torch.Generator().manual_seed(...), or read loader.batch_size")
 
 
+def _parameter_given_no_rank(f: Facts, m: Module, c: ast.Call, seed: ast.AST) -> bool:
+    """`seed` is a parameter of the function around the sampler, and every caller hands it a value with no rank
+    (NWM's evaluate(..., seed) called with `args.global_seed`, though train() has a per-rank `seed` of its own:
+    the module-wide taint mixes the two)."""
+    fn = m.enclosing(c)
+    params = [a.arg for a in fn.args.args] if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    if not (isinstance(seed, ast.Name) and seed.id in params):
+        return False
+    i, sites = params.index(seed.id) - (params[0] in ("self", "cls")), f.p.callers(m, fn)
+    given = [(cm, a) for cm, s in sites for a in (s.args[i:i + 1] + [k.value for k in s.keywords if k.arg == seed.id])]
+    return bool(sites) and len(given) == len(sites) and not any(involves_rank(a, cm.rank_tainted) for cm, a in given)
+
+
 @rule("sampler-seed-per-rank", "03_samplers", "a DistributedSampler seeded per rank: each rank shuffles another "
       "permutation, so the shards overlap and some samples are never seen in the epoch")
 def sampler_seed_per_rank(f: Facts, m: Module):
     for c in m.calls:
         seed = kw(c, "seed")
-        if callee(c) in f.sampler_classes() and seed is not None and involves_rank(seed, m.rank_tainted):
+        if callee(c) in f.sampler_classes() and seed is not None and involves_rank(seed, m.rank_tainted) and \
+                not _parameter_given_no_rank(f, m, c, seed):
             yield c, (f"{callee(c)}(..., seed={ast.unparse(seed)}): the sampler cuts one permutation into world_size "
                       "shards, and that needs the same seed on every rank; a seed that differs per rank gives each "
                       "rank a slice of another permutation, so shards overlap and samples are lost — pass the "
