@@ -1,18 +1,10 @@
 """Issue 35: classes of mistakes fixed at the stop that labelled held-out batches 147-152: misses of earlier batches
 fixed before that round's first look, then the classes the first look showed, each quiet and loud."""
 
-from pathlib import Path
-
 from test_audit import DDP_HEAD, _project, rules
+from test_audit_classes135 import SEEDED, _places
 
 from lab_utils.analysis import audit
-
-SEEDED = DDP_HEAD + "torch.manual_seed(0)\n"
-
-
-def _places(finding) -> set[tuple[str, int]]:
-    return {(Path(p).name, line) for p, line in ((finding.path, finding.line), *finding.related)}
-
 
 TRAINER = ("import torch\n"
            "class Trainer:\n    def __init__(self, args):\n        self.args = args\n"

@@ -1,18 +1,10 @@
 """Issue 35: classes of round 153-158's first look (docs/measured/cpu2/audit_heldout_round153.txt), fixed after it,
 each quiet and loud."""
 
-from pathlib import Path
-
-from test_audit import DDP_HEAD, _project, rules
+from test_audit import _project, rules
+from test_audit_classes135 import SEEDED
 
 from lab_utils.analysis import audit
-
-SEEDED = DDP_HEAD + "torch.manual_seed(0)\n"
-
-
-def _places(finding) -> set[tuple[str, int]]:
-    return {(Path(p).name, line) for p, line in ((finding.path, finding.line), *finding.related)}
-
 
 MODELS = ("import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
           "def model_to_gpu(model, opt):\n    if opt.isTrain:\n        model.cuda(opt.gpu)\n"
