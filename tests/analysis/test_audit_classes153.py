@@ -47,3 +47,32 @@ def test_a_sampler_seed_parameter_every_caller_fills_without_the_rank():
             "def train(args):\n    seed = args.global_seed * world_size + rank\n    evaluate(model, data, {arg})\n")
     assert "sampler-seed-per-rank" not in rules(body.format(arg="args.global_seed"))
     assert "sampler-seed-per-rank" in rules(body.format(arg="seed"))
+
+
+CHECKPOINT = ("import torch\nclass Checkpointer:\n"
+              "    def __init__(self, model, optimizer=None, save_dir='', save_to_disk=None):\n"
+              "        self.model = model\n        self.save_dir = save_dir\n        self.save_to_disk = save_to_disk\n"
+              "    def save(self, name):\n        if not self.save_dir:\n            return\n"
+              "        if not self.save_to_disk:\n            return\n"
+              "        torch.save({'model': self.model.module.state_dict()}, name)\n"
+              "class DetectronCheckpointer(Checkpointer):\n"
+              "    def __init__(self, cfg, model, optimizer=None, save_dir='', save_to_disk=None):\n"
+              "        super(DetectronCheckpointer, self).__init__(model, optimizer, save_dir, save_to_disk)\n"
+              "        self.cfg = cfg\n")
+
+
+def test_a_rank0_flag_handed_through_a_subclass_constructor(tmp_path):
+    """maskrcnn-benchmark (Scene-Graph-Benchmark, PySGG, CAPN): `save_to_disk = get_rank() == 0`, handed to
+    DetectronCheckpointer, which hands it on through `super(DetectronCheckpointer, self).__init__(...)` to
+    Checkpointer, whose save() returns `if not self.save_to_disk:`: rank 0 alone writes. Read against the subclass's
+    own parameters, the flag landed on `save_dir` and the save looked like every rank's. Handing it `True` is loud."""
+    train = (SEEDED + "from checkpoint import DetectronCheckpointer\nmodel = DDP(Net())\n"
+             "save_to_disk = {flag}\n"
+             "checkpointer = DetectronCheckpointer(cfg, model, opt, 'out', save_to_disk)\n"
+             "for it in range(10):\n    checkpointer.save('model_{{:07d}}'.format(it))\n")
+    quiet = audit.audit_paths([_project(tmp_path / "q", {"train.py": train.format(flag="dist.get_rank() == 0"),
+                                                          "checkpoint.py": CHECKPOINT})])
+    assert "save-on-every-rank" not in [f.rule for f in quiet], [(f.rule, f.line) for f in quiet]
+    loud = audit.audit_paths([_project(tmp_path / "l", {"train.py": train.format(flag="True"),
+                                                         "checkpoint.py": CHECKPOINT})])
+    assert "save-on-every-rank" in [f.rule for f in loud], [(f.rule, f.line) for f in loud]

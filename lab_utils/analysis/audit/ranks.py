@@ -17,6 +17,7 @@ from .syntax import (
     involves,
     involves_rank,
 )
+from .taint import resolved_past_super
 
 
 class Guards:
@@ -90,6 +91,28 @@ class Guards:
                         if isinstance(name, str):
                             self.flags[tm.rel] |= {f"{name}.{n.split('.', 1)[1]}" for n in rooted
                                                    if n.split(".")[0] == root} - set(self.flag_kinds[tm.rel])
+        for _ in range(2):  # (through `super().__init__(..., save_to_disk, ...)` too)
+            self._hand_bare_flags()
+
+    def _hand_bare_flags(self):
+        """A flag handed as it is to a project function or class (maskrcnn-benchmark's `save_to_disk = get_rank()
+        == 0`, then `DetectronCheckpointer(cfg, model, ..., save_to_disk)`): the parameter, and the attribute its
+        body copies it into (`self.save_to_disk = save_to_disk`, then `if not self.save_to_disk: return` in save),
+        hold the flag, not a rank number."""
+        for m in self.p.modules.values():
+            bare = {n for n in self.flags[m.rel] if "." not in n}
+            for c in m.calls if bare else []:
+                passed = [*enumerate(c.args), *((k.arg, k.value) for k in c.keywords)]
+                handed = [(slot, a.id) for slot, a in passed if isinstance(a, ast.Name) and a.id in bare]
+                for tm, tf in resolved_past_super(self.p, m, c) if handed else []:
+                    params = [x.arg for x in tf.args.args]
+                    params = params[1:] if params and params[0] in ("self", "cls") and tm.class_of(tf) else params
+                    names = {params[slot] if isinstance(slot, int) and slot < len(params) else slot
+                             for slot, _ in handed} & set(params)
+                    copies = {dotted(t) for a in ast.walk(tf) if isinstance(a, ast.Assign) and isinstance(
+                        a.value, ast.Name) and a.value.id in names for t in a.targets}
+                    # (over the taint's reading: a rank *test*'s answer, not the rank number it seemed)
+                    self.flags[tm.rel] |= names | copies
 
     def _switched_off_elsewhere(self, m: Module, kinds: dict[str, str]) -> dict[str, str]:
         """`self.verbose = True`, then `if self.args.gpu != 0: self.verbose = False` (VL-T5): a flag true on rank

@@ -74,7 +74,7 @@ def taint_parameters(project):
                         for t in m.rank_tainted if t.startswith(dotted(k.value.args[0]) + ".")}
                 if not ranked and not kws:
                     continue
-                for tm, tf in project.resolve(m, c, exact=True):
+                for tm, tf in resolved_past_super(project, m, c):
                     params = [a.arg for a in tf.args.args]
                     if params and params[0] in ("self", "cls") and tm.class_of(tf):
                         params = params[1:]
@@ -86,6 +86,19 @@ def taint_parameters(project):
         if not changed:
             break
     untaint_opaque_calls(project, seeds)
+
+
+def resolved_past_super(project, m, c: ast.Call) -> list:
+    """project.resolve(exact=True), less the calling class's own method for `super(Cls, self).__init__(...)`
+    (maskrcnn-benchmark's DetectronCheckpointer hands its arguments to Checkpointer.__init__, not to itself: read
+    against its own parameters, `save_to_disk` lands on `save_dir`)."""
+    found = project.resolve(m, c, exact=True)
+    if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Call)
+            and callee(c.func.value) == "super"):
+        return found
+    fn = m.enclosing(c)
+    own = m.class_of(fn) if fn is not None else None
+    return [(tm, tf) for tm, tf in found if not (tm is m and tm.class_of(tf) == own)]
 
 
 def untaint_opaque_calls(project, seeds: dict[str, set[str]]):
