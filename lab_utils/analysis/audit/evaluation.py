@@ -47,9 +47,61 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
                     _unseen_gather(facts, mm, n) or
                     any(facts.p.function_does(tm, tf, reduces_or_gathers, 2)
                         for tm, tf in facts.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)
-                    and not _helper_scatters(facts, mm, n)
+                    and not _helper_scatters(facts, mm, n) and not _reduces_unseen_result(facts, mm, f, n)
                     and not any(_drops_the_padding(tf) for _, tf in facts.p.resolve(mm, n))]
     return sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
+
+
+def _reduces_unseen_result(facts, m: Module, fn: ast.AST, c: ast.Call) -> bool:
+    """What the collective brings together is only what an evaluation function the audit cannot read returned
+    (`dataset_result = inference(cfg, model, loader, ...)` from a package file the project's copy lacks, appended to
+    a list, then `all_gather(torch.tensor(values))`, maskrcnn-benchmark's scene-graph trainers): that function
+    computes the metric, and whether it counts the padded duplicates is decided inside it (maskrcnn-benchmark's
+    gathers the predictions keyed by image id, mmdet's multi_gpu_test cuts them to len(dataset)), so this reduction
+    is not evidence that they are counted. The values are followed through assignments, `.append(...)` and loops."""
+    if callee(c) not in REDUCING:
+        return False  # a project helper that reduces is judged by its own code
+    leaves: list[bool] = []  # one per origin: True for an unseen evaluation's result
+    seen: set[str] = set()
+    todo = [x for a in c.args for x in _names_in(a, m)]
+    while todo and len(seen) < 40:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        found = False
+        for n in (x for x in ast.walk(fn) if getattr(x, "lineno", c.lineno) < c.lineno):  # what came before it
+            if isinstance(n, ast.Assign) and any(isinstance(x, ast.Name) and x.id == name for t in n.targets
+                                                 for x in ast.walk(t)):
+                value = n.value
+            elif isinstance(n, ast.For) and any(isinstance(x, ast.Name) and x.id == name for x in ast.walk(n.target)):
+                value = n.iter
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in (
+                    "append", "extend") and dotted(n.func.value) == name and n.args:
+                value = n.args[0]
+            else:
+                continue
+            found = True
+            if isinstance(value, ast.Call) and any(EVAL_WORD.fullmatch(w) for w in callee(value).split("_")) and (
+                    dotted(value.func).split(".")[0] in m.imports):  # (imported: not the builtin eval())
+                leaves.append(not facts.p.resolve(m, value))
+            elif isinstance(value, ast.Call) and facts.p.resolve(m, value):
+                leaves.append(False)  # a project function's result: judged by its own code
+            else:
+                todo += _names_in(value, m)
+        if not found:
+            leaves.append(False)  # a parameter or a global: whatever it holds is not known here
+    return bool(leaves) and all(leaves)
+
+
+def _names_in(node: ast.AST, m: Module) -> list[str]:
+    """The variables an expression reads: not the functions it calls (`float`) nor the modules it calls into
+    (`torch` of torch.tensor)."""
+    called = {id(x.func) for x in ast.walk(node) if isinstance(x, ast.Call)}
+    bound = {x.id for g in ast.walk(node) if isinstance(g, ast.comprehension) for x in ast.walk(g.target)
+             if isinstance(x, ast.Name)}  # `t` of `[t.view(-1) for t in gathered]`
+    return [x.id for x in ast.walk(node) if isinstance(x, ast.Name) and id(x) not in called
+            and x.id not in m.imports and x.id not in bound]
 
 
 def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:

@@ -338,7 +338,7 @@ class Facts(DefaultOptions):
     def _handed(self, m: Module, c: ast.Call, a: ast.AST) -> list[tuple[Module, ast.AST]]:
         """The project functions a function value handed to `c` names: `main_worker`, `self.ddp_run` (a method of
         the class around `c`)."""
-        if isinstance(a, ast.Attribute) and dotted(a.value) == "self":
+        if isinstance(a, ast.Attribute) and dotted(a.value) in ("self", "cls"):  # (`mp.spawn(cls._exec_wrapper)`)
             fn = m.enclosing(c)
             cls = m.class_of(fn) if fn is not None else None
             return self.p.methods(m, cls, a.attr) if cls else []

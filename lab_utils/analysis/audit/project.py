@@ -11,14 +11,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .entries import demote_self_tests
-from .syntax import (
-    ENTRY_CALLS,
-    callee,
-    dotted,
-)
+from .syntax import ENTRY_CALLS, callee, dotted, mentions_ddp
 from .taint import module_taint, taint_parameters
-
-DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap
 
 
 @lru_cache(maxsize=1 << 16)
@@ -152,7 +146,7 @@ class Project:
         self._expand_stars()
         # every module is loaded: module_for's answer for (module, name) can no longer change
         self._module_for_cache: dict[tuple[str, str], Module | None] = {}
-        self.ddp = any(self.mentions_ddp(m) for m in self.modules.values())
+        self.ddp = any(mentions_ddp(m) for m in self.modules.values())
         demote_self_tests(self)
         self._reach_cache: dict[tuple[str, str], set] = {}
         self._instance_cache: dict[tuple[str, str], tuple[Module, ast.ClassDef] | None] = {}
@@ -188,7 +182,7 @@ class Project:
         project = cls.__new__(cls)
         project.root, project.modules = Path("."), {module.rel: module}
         project.on_disk = False
-        project.ddp = cls.mentions_ddp(module)
+        project.ddp = mentions_ddp(module)
         project._reach_cache, project._imports_cache, project._instance_cache = {}, {}, {}
         project._folders = []  # no folder on disk to look for source roots in
         project._taint_parameters()
@@ -354,16 +348,6 @@ class Project:
             rels |= self.imports_of(u)
         return [self.modules[r] for r in sorted(rels)]
 
-    @staticmethod
-    def mentions_ddp(m: Module) -> bool:
-        """DDP, the process group, or FSDP (torch's fully_shard, FSDP1's wrapper): a distributed project."""
-        for _mod, attr, _ in m.imports.values():
-            if attr and ("DistributedDataParallel" in attr or attr in DISTRIBUTED_SETUP):
-                return True
-        names = {dotted(n).split(".")[-1] for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))}
-        return bool(({"DistributedDataParallel"} | DISTRIBUTED_SETUP) & names) or \
-            any(callee(c) == "DDP" for c in m.calls)
-
     # --- calls between functions
     def resolve(self, m: Module, call: ast.Call, exact: bool = False) -> list[tuple[Module, ast.AST]]:
         """The project functions a call may run: local defs, imported defs, `module.f`, `self.f`, `Class(...)`
@@ -391,6 +375,8 @@ class Project:
         if isinstance(f, ast.Name):
             if f.id in m.functions or f.id in m.classes:
                 in_module(m, f.id)
+            elif f.id == "cls" and (own := self.own_class(m, call)):  # `trainer = cls(gpu=gpu)` in a classmethod:
+                out.extend(self.methods(m, own, "__init__"))  # its __init__ (the methods called later resolve)
             elif f.id in m.imports:
                 target = self.module_for(m, f.id)
                 if target is not None:
@@ -399,8 +385,8 @@ class Project:
                 out.extend(self.methods(found[0], found[1].name, "__call__"))
         elif isinstance(f, ast.Attribute):
             base = f.value
-            if isinstance(base, ast.Name) and base.id == "self" or isinstance(base, ast.Call) and callee(
-                    base) == "super":
+            if isinstance(base, ast.Name) and base.id in ("self", "cls") or isinstance(base, ast.Call) and callee(
+                    base) == "super":  # (`cls.exec(0)` in a classmethod: ffcv-imagenet's launch_from_args)
                 fn = m.enclosing(call)  # self.f(), or super().__init__(...): a base class's (GeoTransformer's)
                 cls = m.class_of(fn) if fn is not None else None
                 for bm, b in ([(m, cls)] if isinstance(base, ast.Name) else self.bases_of(m, cls)) if cls else []:
@@ -434,6 +420,11 @@ class Project:
                     out.extend(self.methods(found[0], found[1].name, f.attr))
         return out
 
+    @staticmethod
+    def own_class(m: Module, node: ast.AST) -> str | None:
+        fn = m.enclosing(node)
+        return m.class_of(fn) if fn is not None else None
+
     def instance_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
         """The project class whose instance a name holds: `model = Trainer(**args)`, `meter =
         misc.MetricLogger()` (through `.to()`/`.cuda()`); the first assignment that builds one. Cached."""
@@ -465,8 +456,8 @@ class Project:
                 continue
             if not isinstance(v, ast.Call) or not isinstance(v.func, ast.Name):
                 continue
-            if v.func.id in m.classes:
-                return m, m.classes[v.func.id]
+            if v.func.id in m.classes or v.func.id == "cls" and self.own_class(m, a):
+                return m, m.classes[v.func.id if v.func.id in m.classes else self.own_class(m, a)]
             target = self.module_for(m, v.func.id)
             cls = m.imports.get(v.func.id, ("", None, 0))[1] or v.func.id
             if target is not None and cls in target.classes:

@@ -9,14 +9,7 @@ import re
 
 from .project import Module, Project
 from .switches import conjuncts, is_switch_test, set_by_launch, unlaunched
-from .syntax import (
-    RANK0_NAME,
-    RANKISH,
-    callee,
-    dotted,
-    involves,
-    involves_rank,
-)
+from .syntax import RANK0_NAME, RANKISH, callee, dotted, involves, involves_rank, is_switch_value
 from .taint import resolved_past_super
 
 
@@ -315,8 +308,8 @@ class Guards:
                 return "rank0"  # `'RANK' not in os.environ or int(os.environ['RANK']) == 0` (YouReID): a launch
             negated = [_negated(v) for v in t.values if _negated(v) is not None  # sets RANK
                        and not involves_rank(v, m.rank_tainted)]
-            if "rank0" in kinds and negated and all(set_by_launch(m, v) or self._own_launch_switch(v)
-                                                    for v in negated):
+            if "rank0" in kinds and negated and all(set_by_launch(m, v) or self._own_launch_switch(v) or
+                                                    self._param_given_switch(m, v) for v in negated):
                 # `not is_distributed or rank == 0` with `is_distributed = num_gpus > 1` (from WORLD_SIZE): true
                 # in every launched run, so rank 0 alone passes; only a launcher option (`not
                 # args.multiprocessing_distributed or ...`, off under torchrun) leaks
@@ -402,22 +395,28 @@ class Guards:
     def _param_given_rank0(self, m: Module, t: ast.Name) -> bool:
         """`t` is a parameter every project caller hands a rank-0 test (`train_network(loader, verbose=(args.gpu
         == 0))`, voxceleb_trainer): inside, it is true on rank 0 alone."""
+        return self._param_given(m, t, lambda cm, g: self.classify(cm, g, shallow=True) == "rank0")
+
+    def _param_given_switch(self, m: Module, t: ast.AST) -> bool:
+        """`t` is a parameter every caller hands a distributed switch the launch sets (`train_one_epoch(...,
+        distributed=(args.local_rank != -1))`, OpenDCVC): `not distributed or rank == 0` is rank 0's guard."""
+        return isinstance(t, ast.Name) and self._param_given(
+            m, t, lambda cm, g: set_by_launch(cm, g) or is_switch_value(g))
+
+    def _param_given(self, m: Module, t: ast.Name, holds) -> bool:
         fn = m.enclosing(t)
-        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return False
-        names = [a.arg for a in fn.args.args]
+        names = [a.arg for a in fn.args.args] if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
         if t.id not in names:
             return False
         cache = self.__dict__.setdefault("_param_cache", {})
-        key = (m.rel, id(fn), t.id)
+        key = (m.rel, id(fn), t.id, holds.__code__)
         if key not in cache:
             cache[key] = False  # (a recursive question answers no)
             i = names.index(t.id) - (1 if names[0] in ("self", "cls") else 0)
             sites = self.p.callers(m, fn)
             given = [(cm, next((k.value for k in c.keywords if k.arg == t.id),
                                c.args[i] if 0 <= i < len(c.args) else None)) for cm, c in sites]
-            cache[key] = bool(sites) and all(g is not None and self.classify(cm, g, shallow=True) == "rank0"
-                                             for cm, g in given)
+            cache[key] = bool(sites) and all(g is not None and holds(cm, g) for cm, g in given)
         return cache[key]
 
     def kind(self, m: Module, node: ast.AST) -> str | None:

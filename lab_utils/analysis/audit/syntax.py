@@ -246,3 +246,16 @@ def always_returns(body: list) -> bool:
     if isinstance(last, (ast.Return, ast.Raise)):
         return True
     return isinstance(last, ast.If) and always_returns(last.body) and always_returns(last.orelse)
+
+
+DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap
+
+
+def mentions_ddp(m) -> bool:
+    """DDP, the process group, or FSDP (torch's fully_shard, FSDP1's wrapper) in a module: a distributed project."""
+    for _mod, attr, _ in m.imports.values():
+        if attr and ("DistributedDataParallel" in attr or attr in DISTRIBUTED_SETUP):
+            return True
+    names = {dotted(n).split(".")[-1] for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))}
+    return bool(({"DistributedDataParallel"} | DISTRIBUTED_SETUP) & names) or \
+        any(callee(c) == "DDP" for c in m.calls)

@@ -66,8 +66,11 @@ def taint_parameters(project):
         changed = False
         for m in project.modules.values():
             for c in m.calls:
-                ranked = [i for i, a in enumerate(c.args) if involves_rank(a, m.rank_tainted)]
-                kws = {k.arg for k in c.keywords if k.arg and involves_rank(k.value, m.rank_tainted)}
+                # (`distributed=(args.local_rank != -1)`, OpenDCVC: a switch, true on every rank of a DDP run)
+                ranked = [i for i, a in enumerate(c.args) if involves_rank(a, m.rank_tainted)
+                          and not is_switch_value(a)]
+                kws = {k.arg for k in c.keywords if k.arg and involves_rank(k.value, m.rank_tainted)
+                       and not is_switch_value(k.value)}
                 # `ECAPAModelDDP(**vars(args))` after `args.gpu_id = rank`: the keyword gpu_id gets the rank
                 kws |= {t.split(".")[-1] for k in c.keywords if k.arg is None and isinstance(k.value, ast.Call)
                         and callee(k.value) == "vars" and len(k.value.args) == 1

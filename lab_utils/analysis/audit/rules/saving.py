@@ -10,7 +10,7 @@ from ..hierarchy import method_never_called, never_named
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import LAUNCH_KEYS, is_switch_test, one_process_arm
-from ..syntax import callee, const_str, dotted, involves_rank, kw
+from ..syntax import callee, const_str, dotted, involves_rank, kw, mentions_ddp
 
 
 def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> bool:
@@ -261,7 +261,7 @@ def _unseen_torch_load(f: Facts, m: Module, c: ast.Call) -> bool:
 @rule("load-without-map-location", "08_checkpoints", "torch.load of a checkpoint without map_location in rank "
       "code: every rank maps the tensors to the GPU that saved them, so all ranks fill GPU 0")
 def load_without_map_location(f: Facts, m: Module):
-    if not (f.p.mentions_ddp(m) or m.rank_tainted):
+    if not (mentions_ddp(m) or m.rank_tainted):
         return
     for c in m.calls:
         loads = dotted(c.func) in ("torch.load", "th.load") or _unseen_torch_load(f, m, c)
@@ -356,7 +356,7 @@ def _saves_on_every_rank(f: Facts, m: Module):
         if fn is not None and not sites and (not m.entry or never_named(f.p, m, fn)):
             continue  # a library function nobody in the audited files calls: its callers decide (or dead code:
             # Text4Vis's utils.py keeps the epoch_saving its train.py redefines and calls)
-        if not any(f.p.mentions_ddp(r) for r in f.p.related(m)) or _launches_the_ranks(m):
+        if not any(mentions_ddp(r) for r in f.p.related(m)) or _launches_the_ranks(m):
             continue  # a tool no distributed script runs or imports (a checkpoint converter), or the parent that
             # starts the ranks with a shell command (UniTabE's train_mgpu.py): one process
         if f.off_in_default_run(m, c):
