@@ -112,7 +112,7 @@ def _bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
     for mm, fn in f.p.nodes(keys):
         defaults = fn.args.defaults + [d for d in fn.args.kw_defaults if d is not None]
         for n in ast.walk(fn):
-            if isinstance(n, ast.Call) and is_batchnorm(mm, n):
+            if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)):
                 return mm, n
             if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
                 continue
@@ -124,6 +124,19 @@ def _bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
 
 
 BN_CLASS = re.compile(r"BatchNorm[123]d")
+
+
+def _torchvision_bn_model(m: Module, c: ast.Call) -> bool:
+    """A torchvision model of a BatchNorm family built in project code (`self.imgnet = resnet18(pretrained=True)`
+    with `from torchvision.models import resnet18`, EZ-VSL's two backbones; `models.resnet50()`): not VGG, ViT,
+    Swin or ConvNeXt (NO_BN_ARCH), and not a model class (`ResNet(...)`, whose norm layer is an argument)."""
+    if isinstance(c.func, ast.Name):
+        imp = m.imports.get(c.func.id)
+        name = imp[1] if imp and imp[1] else ""
+        lib = imp is not None and imp[0].startswith("torchvision.models") and "detection" not in imp[0]  # (Frozen)
+    else:
+        name, lib = (c.func.attr, _vision_lib(m, c.func.value)) if isinstance(c.func, ast.Attribute) else ("", False)
+    return lib and name[:1].islower() and not NO_BN_ARCH.match(name) and not name.startswith("get_")
 
 
 def _dynamic_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):

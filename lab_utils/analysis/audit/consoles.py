@@ -34,8 +34,31 @@ def rank0_loggers(f: Facts, m: Module) -> set[str]:
         # `setup_logger(file_name, distributed_rank=self.rank)`, which adds the console sink on rank 0 alone)
         out |= {local for local, (mod, _, _) in m.imports.items() if mod.split(".")[0] == "loguru"
                 and _unseen_setup_given_the_rank(f)}
+        out |= {local for local, (mod, attr, _) in m.imports.items() if mod == "wandb" and not attr
+                and _wandb_on_rank0_only(f)}
         cache[m.rel] = out
     return cache[m.rel]
+
+
+def _wandb_on_rank0_only(f: Facts) -> bool:
+    """Every `wandb.init(...)` of the project switches the run off but on rank 0 (RoMa's `wandb_mode = "online" if
+    wandb_log and rank == 0 else "disabled"`, then `wandb.init(..., mode=wandb_mode)`): every rank calls wandb.log,
+    and what reaches the dashboard is rank 0's. (An init under a rank-0 guard says nothing of the logs: the other
+    ranks must skip wandb.log by a guard of their own, which the logging rules read where it stands.)"""
+    if "wandb_rank0" not in f.cache:
+        inits = [(mm, c) for mm in f.p.modules.values() for c in mm.calls if dotted(c.func) == "wandb.init"]
+        f.cache["wandb_rank0"] = bool(inits) and all(_mode_off_rank0(f, mm, c) for mm, c in inits)
+    return f.cache["wandb_rank0"]
+
+
+def _mode_off_rank0(f: Facts, m: Module, c: ast.Call) -> bool:
+    mode = kw(c, "mode")
+    if isinstance(mode, ast.Name):  # the mode chosen a line before
+        mode = next((a.value for a in ast.walk(m.enclosing(c) or m.tree) if isinstance(a, ast.Assign)
+                     and any(dotted(t) == mode.id for t in a.targets)), None)
+    return isinstance(mode, ast.IfExp) and const_str(mode.orelse) in ("disabled", "offline") and any(
+        f.g.classify(m, t) == "rank0" for t in ([mode.test, *mode.test.values] if isinstance(mode.test, ast.BoolOp)
+                                               else [mode.test]))
 
 
 def _unseen_setup_handed_the_rank(f: Facts, m: Module, c: ast.Call) -> bool:
@@ -266,7 +289,7 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     meth = found[0].functions.get(f"{found[1].name}.{method}") if found else None
     if meth is None:
         return _helper_print_calls(f, m, c) if found is None else []
-    logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS
+    logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and _logs(meth, x)
             and not _arm_for_a_missing_part(f, found[0], found[1].name, meth, x)]
     if not {callee(x) for _, x in logs} - {"add_scalar", "add_scalars", "log_metrics"}:
         # `logger.push(metrics)`, whose class prints in a method push calls; or a ProgressMeter.display whose own
@@ -278,6 +301,20 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     # rank '0' only, and into each rank's log_<rank>.txt)
     return [(mm, x) for mm, x in logs if not (callee(x) == "print" and kw(x, "file") is not None
                                               and dotted(kw(x, "file")) not in ("sys.stdout", "sys.stderr"))]
+
+
+def _logs(fn: ast.AST, x: ast.Call) -> bool:
+    """A log call, or a call of a local name bound to one (`print_func = print` ... `print_func(log_msg.format(...))`
+    in an ALBEF-style MetricLogger.log_every, eP-ALM)."""
+    if callee(x) in LOG_CALLS:
+        return True
+    bound = [dotted(a.value).split(".")[-1] for a in ast.walk(fn) if isinstance(x.func, ast.Name) and isinstance(
+        a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == x.func.id for t in a.targets)
+             and isinstance(a.value, (ast.Name, ast.Attribute))]
+    if bound and all(b in LOG_CALLS for b in bound):
+        x.log_alias = bound[0]  # what log_name() reports for it: a print is a console line
+        return True
+    return False
 
 
 def _ancestors(m: Module, x: ast.AST) -> list:
@@ -370,7 +407,8 @@ def log_name(c: ast.Call) -> str:
     if callee(c) == "print" and kw(c, "file") is not None and dotted(kw(c, "file")) not in ("sys.stdout",
                                                                                          "sys.stderr"):
         return "write"
-    return "print" if dotted(c.func) in ("sys.stdout.write", "sys.stderr.write") else callee(c)
+    return "print" if dotted(c.func) in ("sys.stdout.write", "sys.stderr.write") else getattr(
+        c, "log_alias", callee(c))  # (`print_func = print`: set by _logs)
 
 
 def shared_file_write(f: Facts, m: Module, c: ast.Call) -> tuple[Module, ast.Call] | None:

@@ -1,7 +1,8 @@
 """Where a sampler's loader goes: the names the loader built on a sampler is kept under (`self.train_loader =
 DataLoader(..., sampler=self.train_sampler)`, or `self.dataloader = get_dataset(...)` for a builder that returns
 it), and the places the training code then iterates it in an epoch loop. The sampler rules name those places: the
-defect is made where the sampler is built and happens where its loader is iterated, epoch after epoch."""
+defect is made where the sampler is built and happens where its loader is iterated, epoch after epoch. Also:
+whether a loader is gone over once in the whole run, and which builder calls never take the sampler's arm."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ def _mentions(node: ast.AST, names: set[str]) -> bool:
                for x in ast.walk(node))
 
 
-def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST]]:
-    """(the call that hands the loader to the training code, when a builder returns it; the first place an epoch
-    loop iterates the loader; that epoch loop), as far as they are found."""
+def _loader_names(p, m: Module, sampler: ast.Call) -> tuple[set[str], list]:
+    """(the names the loaders built on `sampler` are held under, here or by the callers of a builder that returns
+    one; those callers' calls)."""
     held = _held_as(m, sampler) or {"sampler"}
     loaders = [c for c in m.calls if callee(c).endswith("DataLoader") and any(
         k.arg == "sampler" and (k.value is sampler or _mentions(k.value, held)) for k in c.keywords)]
@@ -42,6 +43,13 @@ def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST
             for cm, call in p.callers(m, fn):
                 names |= _held_as(cm, call)
                 handed.append((cm, call))
+    return names, handed
+
+
+def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST]]:
+    """(the call that hands the loader to the training code, when a builder returns it; the first place an epoch
+    loop iterates the loader; that epoch loop), as far as they are found."""
+    names, handed = _loader_names(p, m, sampler)
     if not names:
         return handed[:1]
     for mm in p.modules.values():
@@ -108,4 +116,64 @@ def _in_a_loop(m: Module, node: ast.AST, fn: ast.AST | None) -> bool:
         if isinstance(n, (ast.For, ast.While, ast.comprehension)):
             return True
         n = m.parent.get(id(n))
+    return False
+
+
+def single_pass(p, m: Module, sampler: ast.Call) -> bool:
+    """The loaders on `sampler` are gone over once in the whole run: every loop over them (`for i, (src, tgt) in
+    enumerate(zip(src_loader, tgt_loader))`, FADA's iteration-based training) sits in no other loop, nor in a
+    function any caller (up to three up) calls from a loop; nothing makes an iterator of them by hand. One pass
+    is one epoch: no epoch boundary, so no order to repeat."""
+    names, _ = _loader_names(p, m, sampler)
+    if not names:
+        return False
+    sites = [(mm, x) for mm in p.modules.values() for x in mm.nodes if isinstance(x, ast.For) and _mentions(
+        x.iter, names) or isinstance(x, ast.Call) and callee(x) in ("iter", "cycle") and _mentions(x, names)]
+    return bool(sites) and all(isinstance(x, ast.For) and not _run_repeatedly(p, mm, x, 3) for mm, x in sites)
+
+
+def _run_repeatedly(p, m: Module, node: ast.AST, depth: int) -> bool:
+    n = m.parent.get(id(node))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, (ast.For, ast.While, ast.comprehension)):
+            return True
+        n = m.parent.get(id(n))
+    if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    callers = p.callers(m, n)
+    return not callers or depth == 0 or any(_run_repeatedly(p, cm, c, depth - 1) for cm, c in callers)
+
+
+def not_built_for(m: Module, c: ast.Call, call: ast.Call) -> bool:
+    """The helper builds the sampler `c` only under `if shuffle:` on a parameter that `call` leaves at its false
+    default or passes as a false constant (Demucs denoiser's `distrib.loader(dataset, batch_size=1)`: shuffle=False
+    takes the other arm, a strided Subset with no padding)."""
+    fn = m.enclosing(c)
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or callee(call) != fn.name or any(
+            k.arg is None for k in call.keywords) or any(isinstance(a, ast.Starred) for a in call.args):
+        return False
+    names = [a.arg for a in fn.args.args]
+    defaults = dict(zip(names[len(names) - len(fn.args.defaults):], fn.args.defaults, strict=True))
+    defaults |= {a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True) if d is not None}
+    positional = [n for n in names if n not in ("self", "cls")]
+    def given(name: str):
+        at = positional.index(name) if name in positional else len(call.args)
+        g = kw(call, name) or (call.args[at] if at < len(call.args) else defaults.get(name))
+        return g.value if isinstance(g, ast.Constant) else ...
+
+    def fails(t: ast.AST) -> bool:  # (eP-ALM's `if distributed and mode == 'train':`, called distributed=False)
+        if isinstance(t, ast.Name) and (t.id in names or t.id in defaults):  # (keyword-only: Demucs' shuffle)
+            return given(t.id) is not ... and not given(t.id)
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and \
+                isinstance(t.left, ast.Name) and (t.left.id in names or t.left.id in defaults) and isinstance(
+                    t.comparators[0], ast.Constant):
+            g = given(t.left.id)
+            return g is not ... and (g == t.comparators[0].value) != isinstance(t.ops[0], ast.Eq)
+        return False
+    child, n = c, m.parent.get(id(c))
+    while n is not None and n is not fn:
+        if isinstance(n, ast.If) and any(child is b for b in n.body) and any(fails(t) for t in (
+                n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test])):
+            return True
+        child, n = n, m.parent.get(id(n))
     return False

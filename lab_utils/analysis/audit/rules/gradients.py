@@ -66,7 +66,7 @@ def sum_loss_unscaled(f: Facts, m: Module):
         return  # the sum is scaled by the world size somewhere
     for c in m.calls:
         if any(k.arg == "reduction" and const_str(k.value) == "sum" for k in c.keywords) and \
-                not _divided_later(m, c) and not _in_a_function_nothing_uses(f, m, c):
+                not _divided_later(m, c) and not _in_a_function_nothing_uses(f, m, c) and not _kept_unread(f, m, c):
             yield c, ("reduction='sum' under DDP without a x world_size: DDP averages the gradients over ranks, so "
                       "each step is 1/world_size of the single run's (AdamW hides it in the loss; the grad norm "
                       "shows it) — multiply the loss by world_size, or divide the sum by the global count")
@@ -77,6 +77,20 @@ def _in_a_function_nothing_uses(f: Facts, m: Module, c: ast.Call) -> bool:
     fn = m.enclosing(c)
     return isinstance(fn, ast.FunctionDef) and m.class_of(fn) is None and not f.p.callers(m, fn) and \
         fn.name not in f.all_names()
+
+
+def _kept_unread(f: Facts, m: Module, c: ast.Call) -> bool:
+    """img2pose's `self.pose_loss = MSELoss(reduction="sum")` in its Config: the loss object is stored under a name
+    no line of the project reads again, so no loss it computes reaches a backward these files run."""
+    a = m.parent.get(id(c))
+    if not (callee(c)[:1].isupper() and isinstance(a, ast.Assign) and len(a.targets) == 1
+            and isinstance(a.targets[0], (ast.Name, ast.Attribute))):
+        return False  # (a loss module, MSELoss(...); not a loss value, F.cross_entropy(...), which backward reads)
+    name = dotted(a.targets[0]).split(".")[-1]
+    return bool(name) and not any(
+        isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.ctx, ast.Load)
+        or isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+        for mm in f.p.modules.values() for n in mm.nodes)
 
 
 LOSS_CODE = re.compile(r"loss|contrast|nce|clip|simclr|moco|criterion", re.I)
@@ -141,6 +155,32 @@ def _callers_never_step(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     has no consequence. A helper nobody calls here (a library's) stays open."""
     sites = f.p.callers(m, fn) if fn is not None else []
     return bool(sites) and not any(f.trains(cm, c) or _in_a_forward(f, cm, cm.enclosing(c), 3) for cm, c in sites)
+
+
+READ_OUT = {"cpu", "numpy", "tolist", "item", "detach", "batch_decode", "decode", "print", "info", "log"}
+
+
+def _read_out(m: Module, c: ast.Call) -> bool:
+    """What this call returns is only read out after it (DPO's `chosen_rewards = all_gather_if_needed(...)`, then
+    `metrics[...] = chosen_rewards.cpu().numpy().tolist()`; generated tokens handed to `tokenizer.batch_decode`):
+    every later use of the name it is bound to goes through .cpu()/.item()/.tolist()/.detach(), a decode or a log.
+    A gathered value read out feeds no loss, so the gradient it lacks is never missed."""
+    a = m.parent.get(id(c))
+    names = {t.id for t in getattr(a, "targets", []) if isinstance(t, ast.Name)} if isinstance(a, ast.Assign) else set()
+    scope = m.enclosing(c) or m.tree
+    uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+            and n.lineno > c.lineno]
+    if not names or not uses:
+        return False
+
+    def read(n: ast.AST) -> bool:
+        up = m.parent.get(id(n))
+        for _ in range(3):
+            if isinstance(up, ast.Call) and callee(up) in READ_OUT:
+                return True
+            up = m.parent.get(id(up))
+        return False
+    return all(read(n) for n in uses)
 
 
 def _in_a_forward(f: Facts, m: Module, fn: ast.AST | None, depth: int) -> bool:
@@ -234,7 +274,7 @@ def _gather_hits(f: Facts, m: Module):
                           "run's — torch.distributed.nn.functional.all_gather keeps it"),
                       related=tuple(_loss_callers(f, m, fn)))
         elif fn is not None and f.p.callers(m, fn) and not _callers_never_step(f, m, fn) and not all(
-                cc.args and _index_valued(cc.args[0]) for _, cc in f.p.callers(m, fn)):
+                cc.args and _index_valued(cc.args[0]) or _read_out(cm, cc) for cm, cc in f.p.callers(m, fn)):
             # (iBOT's concat_all_gather of argmax predictions and labels for an accuracy: no gradient to lose)
             # a helper nobody in these files calls (a utility module's gather of metrics) is judged by its callers
             yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "

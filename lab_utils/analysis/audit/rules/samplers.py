@@ -8,7 +8,7 @@ import re
 
 from ..evaluation import dedups_gathered_ids
 from ..facts import Facts
-from ..loaders import loader_places, one_epoch_run, rebuilt_after, set_once
+from ..loaders import loader_places, not_built_for, one_epoch_run, rebuilt_after, set_once, single_pass
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import arm_off
@@ -129,8 +129,8 @@ def set_epoch_missing(f: Facts, m: Module):
     if ctx is None:
         return
     made, set_epochs = ctx
-    if one_epoch_run(f) or "DistSamplerSeedHook" in f.all_names():  # (mmcv's runner hook calls set_epoch: PYSKL)
-        return  # (TorchSSL's `for epoch in range(args.epoch)`, `epoch: 1` in its config: no epoch boundary)
+    if one_epoch_run(f) or "DistSamplerSeedHook" in f.all_names() or all(single_pass(f.p, m, c) for c in made):
+        return  # (no epoch boundary: TorchSSL's `epoch: 1`, FADA's one pass; mmcv's hook sets the epoch: PYSKL)
     stale = [(mm, c) for mm, c in set_epochs if rebuilt_after(mm, c) or set_once(f.p, mm, c)]
     # (a dataset's own set_epoch, MeMOTR's `dataset_train.set_epoch(epoch)`, moves no sampler)
     set_epochs = [(mm, c) for mm, c in set_epochs if (mm, c) not in stale and not (
@@ -473,30 +473,6 @@ def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3, every: 
     return found if every else None
 
 
-def _not_built_for(m: Module, c: ast.Call, call: ast.Call) -> bool:
-    """The helper builds the sampler `c` only under `if shuffle:` on a parameter that `call` leaves at its false
-    default or passes as a false constant (Demucs denoiser's `distrib.loader(dataset, batch_size=1)`: shuffle=False
-    takes the other arm, a strided Subset with no padding)."""
-    fn = m.enclosing(c)
-    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or callee(call) != fn.name or any(
-            k.arg is None for k in call.keywords) or any(isinstance(a, ast.Starred) for a in call.args):
-        return False
-    names = [a.arg for a in fn.args.args]
-    defaults = dict(zip(names[len(names) - len(fn.args.defaults):], fn.args.defaults, strict=True))
-    defaults |= {a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True) if d is not None}
-    positional = [n for n in names if n not in ("self", "cls")]
-    child, n = c, m.parent.get(id(c))
-    while n is not None and n is not fn:
-        if isinstance(n, ast.If) and any(child is b for b in n.body) and isinstance(n.test, ast.Name) and \
-                n.test.id in defaults:
-            at = positional.index(n.test.id) if n.test.id in positional else len(call.args)
-            given = kw(call, n.test.id) or (call.args[at] if at < len(call.args) else defaults[n.test.id])
-            if isinstance(given, ast.Constant) and not given.value:
-                return True
-        child, n = n, m.parent.get(id(n))
-    return False
-
-
 def _pads(f: Facts, name: str) -> bool:
     """Whether a sampler class repeats samples to even the shards: torch's DistributedSampler does (without
     drop_last), and so does a project subclass that keeps its __iter__; a project class of its own pads only if
@@ -565,7 +541,7 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue
         sites = _evaluation_caller(f, m, c, every=True) if asked else []
         sites = [sites] if isinstance(sites, tuple) else sites or [asked]
-        if asked and all(_not_built_for(m, c, call) for _, call in sites):
+        if asked and all(not_built_for(m, c, call) for _, call in sites):
             continue  # every evaluation call takes the helper's arm without the sampler
         if asked and all(f.off_in_default_run(am, call) for am, call in sites):
             continue  # the evaluation split is asked for only under an option off by default (VICRegL's --evaluate)
