@@ -215,3 +215,17 @@ def test_a_builder_asked_without_its_distributed_arm_pads_nothing(tmp_path):
     loud = _project(tmp_path / "l", {"train.py": train.format(flag="True"), "data.py": data.format(test="True")})
     assert "eval-padding-duplicates" in _rules(audit.audit_paths([loud])), [
         (f.rule, f.line) for f in audit.audit_paths([loud])]
+
+
+def test_loads_of_one_function_are_one_finding_and_a_ranks_own_file_maps_home():
+    """CogKGE's trainer loads Model.pkl, Optimizer.pkl and Lr_Scheduler.pkl one after another without map_location:
+    one defect (one resume), one finding at the first load, naming the others. llm-baselines loads
+    `worker_{rank}.pt`, which that rank saved from its own GPU: its tensors map back to the rank's own device."""
+    loads = ("model = DDP(Net())\ndef resume(path):\n    model.load_state_dict(torch.load(path + '/model.pth'))\n"
+             "    opt.load_state_dict(torch.load(path + '/optimizer.pth'))\n"
+             "    sched.load_state_dict(torch.load(path + '/scheduler.pth'))\nresume(args.ckpt)\n")
+    found = [f for f in audit.audit_source(SEEDED + loads) if f.rule == "load-without-map-location"]
+    assert len(found) == 1 and len(found[0].related) == 2, [(f.line, f.related) for f in found]
+    own = "model = DDP(Net())\nstate = torch.load(f'ckpt/worker_{rank}.pt')\nmodel.load_state_dict(state)\n"
+    assert "load-without-map-location" not in rules(own)
+    assert "load-without-map-location" in rules(own.replace("worker_{rank}", "worker_0"))

@@ -263,7 +263,8 @@ def _unseen_torch_load(f: Facts, m: Module, c: ast.Call) -> bool:
 def load_without_map_location(f: Facts, m: Module):
     if not (mentions_ddp(m) or m.rank_tainted):
         return
-    for c in m.calls:
+    per_fn: dict[int, Hit] = {}  # one defect, one finding: a function's loads (CogKGE's model, optimizer and
+    for c in m.calls:  # scheduler files, one after another) are one finding at the first, naming the others
         loads = dotted(c.func) in ("torch.load", "th.load") or _unseen_torch_load(f, m, c)
         if loads and len(c.args) < 2 and (re.search(
                 r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|\.pth?\b", ast.unparse(c), re.I)
@@ -274,12 +275,20 @@ def load_without_map_location(f: Facts, m: Module):
                 not f.off_in_default_run(m, c) and not one_process_arm(m, c) and not _unlaunched_arm(m, c) and \
                 not _into_a_grad_scaler(m, c) and \
                 f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c) and not (
-                    m.enclosing(c) is not None and method_never_called(f.p, m, m.enclosing(c))):
+                    m.enclosing(c) is not None and method_never_called(f.p, m, m.enclosing(c))) and not (
+                    c.args and involves_rank(c.args[0], m.rank_tainted)):
             # (an option unset unless given; the arm of a run of one process (ADL-Stereo's else of `if
             # args.distributed:`, YouReID's of `if 'LOCAL_RANK' in os.environ:`); rank 0 alone loads onto its own
-            # GPU; the launcher alone, after the workers)
-            yield c, (f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device that saved "
-                      "them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's own device)")
+            # GPU; the launcher alone, after the workers; a file named by the rank, `worker_{rank}.pt`, which that
+            # rank saved from its own GPU: llm-baselines)
+            key = id(m.enclosing(c)) if m.enclosing(c) is not None else id(c)
+            if key in per_fn:
+                per_fn[key] = per_fn[key]._replace(related=(*per_fn[key].related, (m, c)))
+                continue
+            per_fn[key] = Hit(c, f"{ast.unparse(c)} has no map_location: every rank maps the tensors to the device "
+                              "that saved them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's "
+                              "own device)")
+    yield from per_fn.values()
 
 
 def _option_names_a_torch_file(f: Facts, c: ast.Call) -> bool:
