@@ -449,10 +449,11 @@ def _rank0_local_loss_logs(f: Facts, m: Module):
         at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
         yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
-                  related=tuple(meter_print_calls(f, m, c)[:2]) + _value_lines(m, fed, {
+                  related=((m, c), *meter_print_calls(f, m, c)[:2]) + _value_lines(m, fed, {
                       dotted(n) for n in ast.walk(fed) if LOSSISH.search(dotted(n))}) if fed is not None else
                   _value_lines(m, c, lossy) + _meter_feeds(f, c) + _handed_from(f, m, c, lossy)), \
-            m.enclosing(c), frozenset(lossy), where  # (fed: the meter's own print lines, where it shows the loss)
+            m.enclosing(c), frozenset(lossy), where  # (fed: the call that prints it, as the message says, and the
+        # meter's own print lines, where it shows the loss)
 
 
 def _handed_from(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> tuple:
