@@ -116,17 +116,22 @@ def _cmd_audit(args) -> int:
     project: imports between them (and inside their folder) are followed."""
     from lab_utils.analysis import audit
 
+    skipped: list[str] = []
     try:
-        findings = audit.audit_paths(args.scripts)
+        findings = audit.audit_paths(args.scripts, skipped)
     except audit.AuditError as e:
         print(f"ddp-lab audit: error: {e}", file=sys.stderr)
         return 2
+    for reason in skipped:  # (a file in the folder that does not parse: the rest is audited, this one is not)
+        print(f"ddp-lab audit: warning: not audited: {reason}", file=sys.stderr)
     if args.json:
         print(audit.to_json(findings))
     elif args.sarif:
         print(audit.to_sarif(findings))
     else:
         print(audit.format_findings(findings, args.scripts[0] if len(args.scripts) == 1 else None))
+        if skipped:  # the summary line says so too: "no findings" is about the files that were read
+            print(f"{len(skipped)} file(s) not audited (not Python): see the warnings")
     return 1 if findings else 0
 
 

@@ -2564,7 +2564,7 @@ def test_a_layer_named_reduce_averages_nothing_over_ranks(tmp_path):
              "        return self.reduce(c1)\n    def forward(self, x):\n        out = self._decode(x)\n"
              "        return out\n")
     root = _project(tmp_path, {"deeplab.py": model})
-    files, top = _expand([root])
+    files, top, _ = _expand([root])
     facts = Facts(Project(files, top))
     m = next(iter(facts.p.modules.values()))
     assert "out" not in facts.reduced_names(m, m.functions["DeepLab.forward"])

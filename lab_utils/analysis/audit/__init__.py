@@ -53,8 +53,9 @@ __all__ = ["AuditError", "CHAPTERS", "Finding", "REGISTRY", "RULES", "RULE_INFO"
            "audit_paths", "audit_source", "format_findings", "to_json", "to_sarif"]
 
 
-def _expand(paths) -> tuple[list[Path], Path]:
+def _expand(paths) -> tuple[list[Path], Path, frozenset[Path]]:
     files: list[Path] = []
+    named: set[Path] = set()
     for p in map(Path, paths):
         if not p.exists():
             raise AuditError(f"{p}: no such file")
@@ -62,6 +63,7 @@ def _expand(paths) -> tuple[list[Path], Path]:
             files += sorted(q for q in p.rglob("*.py") if ".venv" not in q.parts and "__pycache__" not in q.parts)
         elif p.is_file():
             files.append(p)
+            named.add(p)
         else:
             raise AuditError(f"{p}: not a file")
     if not files:
@@ -71,13 +73,19 @@ def _expand(paths) -> tuple[list[Path], Path]:
     for d in dirs[1:]:
         while root not in (d, *d.parents):
             root = root.parent
-    return files, root
+    return files, root, frozenset(named)
 
 
-def audit_paths(paths) -> list[Finding]:
-    """Audit files and folders as one project: imports between them (and into the folder) are followed."""
-    files, root = _expand(paths)
-    project = Project(files, root)
+def audit_paths(paths, skipped: list[str] | None = None) -> list[Finding]:
+    """Audit files and folders as one project: imports between them (and into the folder) are followed. A file the
+    user named that is not Python raises AuditError; one found in a folder or through an import is left out and
+    its reason appended to `skipped` (the CLI prints them), so one broken file does not stop the project's audit."""
+    files, root, named = _expand(paths)
+    project = Project(files, root, named)
+    if skipped is not None:
+        skipped += project.skipped
+    if not project.modules:
+        raise AuditError(f"{', '.join(map(str, paths))}: no file that parses as Python ({project.skipped[0]})")
     given = {str(f) for f in files}
     # (a second entry point the project's launch scripts never run, beside one they do, is not the documented run)
     aside = unlaunched_lines(project, shell_scripts(project.root) if project.on_disk else [])

@@ -166,6 +166,14 @@ def _drops_the_padding(fn: ast.AST) -> bool:
     drops them from what it gathered (CBIM's validation_ddp pops `padding_size` results): nothing counted twice."""
     lengths = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                and callee(a.value) == "len" for t in a.targets}  # dataset_len = len(dataloader.dataset)
+    # ... or cuts what it gathered back to the set's size (BSQ-ViT's `np.vstack(reorg)[:cfg.fid.num_samples]`,
+    # mmdet's `ordered_results[:size]` with size = len(dataset)): the padded tail is dropped
+    if any(isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and n.slice.lower is None and
+           n.slice.upper is not None and (isinstance(n.slice.upper, ast.Call) and callee(n.slice.upper) == "len" or
+                                          dotted(n.slice.upper) in lengths or re.search(
+                                              r"num_samples|n_samples|num_examples|dataset_size|dataset_len",
+                                              dotted(n.slice.upper))) for n in ast.walk(fn)):
+        return True
     return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and any(
         isinstance(x, ast.Call) and callee(x) == "len" or isinstance(x, ast.Name) and x.id in lengths
         for x in ast.walk(n.left)) and any(

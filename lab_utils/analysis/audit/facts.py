@@ -12,7 +12,7 @@ from .evaluation import eval_loop_reduces
 from .options import DefaultOptions
 from .project import Module, Project
 from .ranks import Guards, rank0_writer
-from .switches import dead_branch, switched
+from .switches import dead_branch, is_switch_test, switched
 from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
@@ -296,7 +296,8 @@ class Facts(DefaultOptions):
                 switched(self.p, mm, c) is not None for mm, c in inits) and any(
                 callee(c) == "DistributedSampler" and len(c.args) < 2 and kw(c, "num_replicas") is None
                 and mm.entry and switched(self.p, mm, c) is None and not isinstance(mm.parent.get(id(c)), ast.IfExp)
-                and self.off_by_default(mm, c) is None for mm in self.p.modules.values() for c in mm.calls)
+                and self.off_by_default(mm, c) is None for mm in self.p.modules.values() for c in mm.calls) or any(
+                _refuses_one_process(s) for mm in self.p.modules.values() if mm.entry for s in mm.nodes)
         return self.cache["only_distributed"]
 
     def eval_loop_reduces(self) -> list[tuple[Module, ast.Call]]:
@@ -562,3 +563,10 @@ def _enclosers(m: Module, node: ast.AST) -> list[ast.AST]:
 def _function_apply(c: ast.Call) -> bool:
     """`Name.apply(x)`: how an autograd.Function runs its forward."""
     return isinstance(c.func, ast.Attribute) and c.func.attr == "apply" and isinstance(c.func.value, ast.Name)
+
+
+def _refuses_one_process(s: ast.AST) -> bool:
+    """`if args.multiprocessing_distributed: mp.spawn(...) else: raise NotImplementedError('Currently only DDP
+    training')` (Re-IQA's main): the distributed switch's other arm only raises, so no single-process run exists."""
+    return isinstance(s, ast.If) and is_switch_test(s.test) and any(
+        len(arm) == 1 and isinstance(arm[0], ast.Raise) for arm in (s.body, s.orelse))

@@ -30,6 +30,16 @@ def replaced_where_built(p: Project, m: Module, fn: ast.AST) -> bool:
                                   and not _calls_super(d, fn.name) for d in cd.body) for _, cd in subs)
 
 
+def off_the_run(p: Project, m: Module, node: ast.AST) -> bool:
+    """`node` sits in a method every subclass the project builds replaces, or in a function or class nothing
+    names: the run never executes it."""
+    cache = p.__dict__.setdefault("_off_the_run", {})  # (asked for every caller of every guarded call: once per
+    key = (m.rel, id(m.enclosing(node)))  # function, which decides the answer)
+    if key not in cache:
+        cache[key] = replaced_where_built(p, m, m.enclosing(node)) or never_called(p, m, node)
+    return cache[key]
+
+
 def _calls_super(d: ast.AST, name: str) -> bool:
     return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == name
                and isinstance(c.func.value, ast.Call) and callee(c.func.value) == "super" for c in ast.walk(d))
@@ -96,8 +106,11 @@ def _named_in_text(p: Project, name: str) -> bool:
     (`_target_: models.Net`, `getattr(models, cfg.arch)` with arch 'Net') is built though no code names it."""
     texts = p.__dict__.get("_texts")
     if texts is None:  # (the project's strings and configs, read once per audit)
+        listed = {id(x) for mm in p.modules.values() for a in mm.nodes if isinstance(a, (ast.Assign, ast.AugAssign))
+                  and "__all__" in {dotted(t) for t in getattr(a, "targets", [getattr(a, "target", None)])}
+                  for x in ast.walk(a.value)}  # (`__all__ = ["Trainer", "DartsTrainer"]` exports, builds nothing)
         texts = [n.value for mm in p.modules.values() for n in mm.nodes
-                 if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+                 if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in listed]
         if p.on_disk:
             texts += [path.read_text(encoding="utf-8", errors="replace")
                       for suffix in (".yaml", ".yml", ".json") for path in project_files(p.root, suffix)]

@@ -11,8 +11,9 @@ from .files import shell_scripts
 from .registry import Finding
 
 # `--master_port 12345`, `--master-port=29500`, `MASTER_PORT=29500` or `export MASTER_PORT="8787"` (MT-DNN's,
-# exported or inline, quoted or not); not `$PORT`, not `${MASTER_PORT:-29500}` (a fallback the environment overrides)
-FIXED_PORT = re.compile(r"(--master[_-]port[= ]+|\bMASTER_PORT=)[\"']?(\d{2,5})\b")
+# exported or inline, quoted or not; DiffCardGCN's bash array `"--master_port" "7500"`); not `$PORT`, not
+# `${MASTER_PORT:-29500}` (a fallback the environment overrides)
+FIXED_PORT = re.compile(r"(--master[_-]port[\"']?[= ]+|\bMASTER_PORT=)[\"']?(\d{2,5})\b")
 
 
 # `--master_port=${PORT}` or `--master_port $PORT`, and `PORT=9996` (a constant, no `${PORT:-...}` fallback)

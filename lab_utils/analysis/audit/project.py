@@ -17,8 +17,7 @@ from .taint import module_taint, taint_parameters
 
 @lru_cache(maxsize=1 << 16)
 def _real(p: Path) -> Path:
-    """p.resolve(), remembered: import resolution asks for the same few paths ~10^5 times in a big project
-    (two thirds of YOLOv5's 76-s audit went to realpath before this)."""
+    """p.resolve(), remembered: imports ask for the same few paths ~10^5 times (2/3 of YOLOv5's 76-s audit)."""
     return p.resolve()
 
 class AuditError(ValueError):
@@ -130,19 +129,23 @@ class Module:
 class Project:
     """The audited files plus the modules their imports reach inside the root folder."""
 
-    def __init__(self, paths: list[Path], root: Path):
+    def __init__(self, paths: list[Path], root: Path, named: frozenset[Path] = frozenset()):
+        """A named file that is not Python is an AuditError; any other (in a folder, or imported: SPOS's
+        train_imagenet.py, missing a comma) is left out, its reason in `skipped`, and the rest audited."""
         self.root = root
         self.on_disk = True  # the folder holds the project's other files too (its JSON configs)
         self.modules: dict[str, Module] = {}
+        self.skipped: list[str] = []
         for p in paths:
-            self._load(p)
+            self._load_or_skip(p, p in named)
         queue = list(self.modules.values())
         while queue:  # follow imports that resolve inside root
             m = queue.pop()
             for mod, attr, level in [*m.imports.values(), *((mod, None, level) for mod, level in m.stars)]:
                 for target in self._candidates(m, mod, attr, level):
-                    if target.exists() and str(self._rel(target)) not in self.modules:
-                        queue.append(self._load(target))
+                    if target.exists() and str(self._rel(target)) not in self.modules and not any(
+                            s.startswith(f"{target}:") for s in self.skipped) and self._load_or_skip(target, False):
+                        queue.append(self.modules[self._rel(target)])
         self._expand_stars()
         # every module is loaded: module_for's answer for (module, name) can no longer change
         self._module_for_cache: dict[tuple[str, str], Module | None] = {}
@@ -155,8 +158,8 @@ class Project:
         self._resolve_cache: dict[tuple[str, int, bool], list] = {}  # every module's taint is known now
 
     def _expand_stars(self):
-        """`from utils import *` (CasMVSNet's train.py): each public function, class and import of the module it
-        names becomes an import of that name. Two rounds, for a package whose __init__.py star-imports its modules."""
+        """`from utils import *` (CasMVSNet): each public name of the module becomes an import (two rounds, for a
+        package whose __init__.py star-imports its modules)."""
         for _ in range(2):
             for m in self.modules.values():
                 for mod, level in m.stars:
@@ -197,6 +200,14 @@ class Project:
             return str(_real(p).relative_to(_real(self.root)))
         except ValueError:
             return str(p)
+
+    def _load_or_skip(self, p: Path, named: bool) -> Module | None:
+        try:
+            return self._load(p)
+        except AuditError as e:
+            if named:
+                raise
+            self.skipped.append(str(e))
 
     def _load(self, p: Path) -> Module:
         rel = self._rel(p)
@@ -296,10 +307,9 @@ class Project:
         return None
 
     def package_member(self, m: Module, local: str, name: str) -> Module | None:
-        """The module that defines `name` for `local.name(...)`: the imported module itself, the module its
-        package __init__.py re-exports the name from (`from timm import utils` ... `utils.reduce_tensor(...)`,
-        utils/__init__.py holding `from .distributed import *`), or, when the package's __init__.py is not in
-        the audited copy, the one module of that folder that defines the name."""
+        """The module that defines `name` for `local.name(...)`: the imported module, the module its package's
+        __init__.py re-exports it from (timm's `utils.reduce_tensor(...)`, `from .distributed import *`), or, with
+        no __init__.py in the copy, the one module of that folder that defines the name."""
         target = self.module_for(m, local)
         if target is not None and (name in target.functions or name in target.classes):
             return target
@@ -317,8 +327,7 @@ class Project:
         return defs[0] if len(defs) == 1 else target
 
     def _reexported(self, mod: Module, attr: str, depth: int = 2) -> Module:
-        """The module that defines `attr` when `mod` only re-exports it (`from .build import build_loader` in a
-        package's __init__.py); `mod` itself otherwise."""
+        """The module defining `attr` when `mod` only re-exports it (`from .build import build_loader`), else mod."""
         if depth and attr not in mod.functions and attr not in mod.classes and attr in mod.imports:
             target = self.module_for(mod, attr)
             if target is not None and target is not mod:

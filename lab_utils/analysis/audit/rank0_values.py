@@ -1,11 +1,12 @@
 """Which values rank 0 computes by itself, not as a share of a global batch: what a project function called under
 the rank-0 guard returns over a whole, unsharded set (`val_loss = evaluate(model, val_loader)`), and copies of it.
 Rank 0's number there is the single run's, so chapter 01's loss rules (rules/logging.py) take it out of the logged
-losses they judge."""
+losses they judge; so too a regulariser of the weights DDP keeps equal (of_the_weights_alone)."""
 
 from __future__ import annotations
 
 import ast
+import re
 
 from .facts import Facts
 from .losses import assigned_roots
@@ -84,3 +85,26 @@ def own_walk(scope: ast.AST):
         yield n
         todo += [c for c in ast.iter_child_nodes(n)
                  if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
+
+
+def of_the_weights_alone(f: Facts, m: Module, c: ast.Call, name: str) -> bool:
+    """Every binding of `name` in the function is a regulariser's call handed only the model, its weights and
+    options (AtomNAS's `loss_l2 = optim.cal_l2_loss(model, FLAGS.weight_decay, ...)`): a function of the weights
+    DDP keeps equal, the same number on every rank, so rank 0's is the global one."""
+    binds = [a.value for a in ast.walk(m.enclosing(c) or m.tree) if isinstance(a, ast.Assign) and any(
+        dotted(t) == name for t in a.targets)]
+    model = set(f.ddp_wrapped.get(m.rel, {})) | {"model", "self.model", "net", "self.net"}
+
+    def of_model(x):
+        return dotted(x) in model or isinstance(x, ast.Call) and x.args and all(dotted(y) in model for y in x.args)
+    return bool(binds) and all(isinstance(v, ast.Call) and REGULARISER.search(callee(v)) and any(
+        of_model(x) for x in v.args) and all(
+        isinstance(x, ast.Constant) or of_model(x) or isinstance(x, ast.Attribute) and root(x) in OPTION_ROOTS
+        or isinstance(x, ast.Name) and not BATCHISH.search(x.id)  # (a schedule's scalar: AtomNAS's `rho`)
+        for x in [*v.args, *(k.value for k in v.keywords)]) for v in binds)
+
+
+OPTION_ROOTS = {"FLAGS", "args", "cfg", "config", "opt", "opts", "hparams"}
+# what a function of the weights alone is called (not `train_one_epoch(model)`, which returns a batch loss)
+REGULARISER = re.compile(r"l1|l2|regulari|decay|penalt|sparsit|orthogonal", re.I)
+BATCHISH = re.compile(r"input|target|image|img|label|batch|data|output|logit|pred|feat|emb|loss|^[xyzqk]\d*$", re.I)

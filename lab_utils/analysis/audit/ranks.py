@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
+from .hierarchy import off_the_run
 from .project import Module, Project
 from .switches import conjuncts, is_switch_test, set_by_launch, unlaunched
 from .syntax import RANK0_NAME, RANKISH, callee, dotted, involves, involves_rank, is_switch_value
@@ -513,6 +514,10 @@ class Guards:
         if not sites:
             return None
         kinds = {self.effective(cm, c, depth - 1) for cm, c in sites}
+        if kinds != {"rank0"} and len(sites) > 1:  # callers the run never reaches do not count: a base class's
+            # method every subclass it builds replaces, a class nothing names (XNAS's Trainer.saving, called
+            # unguarded by the base train_epoch that BigNASTrainer replaces, and by DartsTrainer)
+            kinds = {self.effective(cm, c, depth - 1) for cm, c in sites if not off_the_run(self.p, cm, c)} or kinds
         if kinds == {"rank0"}:
             return "rank0"
         if "leaky" in kinds and kinds <= {"rank0", "leaky"}:
@@ -520,8 +525,9 @@ class Guards:
         return None
 
 
-# the name of the main process's rank compared with the rank (`main_gpu`, `master_rank`, `main_process_rank`)
-MAIN_RANK = re.compile(r"^(main|master|root)_(gpu|rank|process|process_rank|device)$", re.I)
+# the name of the main process's rank compared with the rank (`main_gpu`, `master_rank`, `main_process_rank`;
+# DiffCardGCN's `reduce_rank`, the rank its reductions go to and its logs print from)
+MAIN_RANK = re.compile(r"^(main|master|root|reduce|leader)_(gpu|rank|process|process_rank|device)$", re.I)
 
 
 def _exits(block: list) -> bool:

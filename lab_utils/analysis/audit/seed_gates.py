@@ -1,7 +1,7 @@
 """Which seeds the default run skips: a seed under a test the setting's default fails (`if args.seed > 0:` with
 --seed -1, `if exp.seed is not None:`), behind an early return the default takes (torchdistill's set_seed, `if not
-isinstance(seed, int): return`), or inside a helper every call of which is so gated. Chapter 02's rules ask it before
-they count a seed."""
+isinstance(seed, int): return`), or inside a helper every call of which is so gated; and what a rank-holding name is
+in the single run (single_run_value). Chapter 02's rules ask it before they count a seed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 from .facts import Facts
 from .options import UNKNOWN
 from .project import Module
-from .syntax import callee, const_value, dotted
+from .syntax import callee, const_str, const_value, dotted, involves_rank, kw
 
 
 def gated(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> bool:
@@ -131,3 +131,53 @@ def number(node: ast.AST | None) -> int | float | None:
     except ValueError:
         return None
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def single_run_value(m: Module, name: str, at: ast.AST | None = None, depth: int = 0) -> float | None:
+    """The value a rank-holding name has in the single (non-distributed) run: the constant the script's own
+    one-process call hands the function around `at` for it (CLIP-EBC's `run(0, 1, args)` beside
+    `mp.spawn(run, ...)`, whose `local_rank` parameter is not the `--local_rank` option), its non-rank assignment,
+    the environment default (`os.environ.get("RANK", -1)`), the argparse default, else 0."""
+    fn = m.enclosing(at) if at is not None else None
+    params = [a.arg for a in fn.args.args] if isinstance(fn, ast.FunctionDef) else []
+    if name in params:
+        for c in m.calls:
+            i = params.index(name)
+            if isinstance(c.func, ast.Name) and c.func.id == fn.name and i < len(c.args) and isinstance(
+                    c.args[i], ast.Constant) and isinstance(c.args[i].value, int):
+                return c.args[i].value
+    if depth > 4:
+        return 0
+    consts, sources = [], []
+    for a in m.nodes:
+        if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets):
+            if not involves_rank(a.value, m.rank_tainted):
+                if isinstance(a.value, ast.Constant) and isinstance(a.value.value, (int, float)):
+                    consts.append(a.value.value)
+            else:
+                sources.append(a.value)
+    if consts:
+        return consts[0]
+    for v in sources:
+        for n in ast.walk(v):
+            if isinstance(n, ast.Call) and callee(n) in ("get", "getenv") and len(n.args) == 2 and \
+                    const_str(n.args[0]) in ("RANK", "LOCAL_RANK"):
+                d = n.args[1]
+                d = d.value if isinstance(d, ast.Constant) else ast.literal_eval(d) if isinstance(
+                    d, ast.UnaryOp) else None
+                try:
+                    return float(d)
+                except (TypeError, ValueError):
+                    return 0
+        if isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) != name:
+            return single_run_value(m, dotted(v), None, depth + 1)
+    leaf = name.split(".")[-1]
+    for c in m.calls:
+        if callee(c) == "add_argument" and any(const_str(a) in (f"--{leaf}", f"--{leaf.replace('_', '-')}")
+                                                for a in c.args):
+            d = kw(c, "default")
+            if isinstance(d, ast.UnaryOp) and isinstance(d.operand, ast.Constant):
+                return -d.operand.value
+            if isinstance(d, ast.Constant) and isinstance(d.value, (int, float)):
+                return d.value
+    return 0

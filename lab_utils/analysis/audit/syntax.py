@@ -9,7 +9,8 @@ import re
 # a rank value's name; `per_rank`, `negative_all_rank` (BLIP's flag: negatives from every rank) name no rank
 RANKISH = re.compile(r"(^|(?<!per)(?<!all)(?<!each)(?<!every)(?<!cross)_)rank$|^rank|local_rank|master_process"
                      r"|is_main|is_master|main_process|is_rank_zero|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d")
-WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus|get_world_size|num_processes|nprocs|WORLD_SIZE")
+WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus?|NUM_GPUS|get_world_size|num_processes|nprocs"
+                      r"|WORLD_SIZE")  # (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS configs)
 RANK0_NAME = re.compile(r"master|is_main|main_process|rank_zero|is_rank0|is_primary|rank0$")
 BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
 ACCUMISH = re.compile(r"accum|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc
@@ -261,3 +262,18 @@ def mentions_ddp(m) -> bool:
     names = {dotted(n).split(".")[-1] for n in m.nodes if isinstance(n, (ast.Name, ast.Attribute))}
     return bool(({"DistributedDataParallel"} | DISTRIBUTED_SETUP) & names) or \
         any(callee(c) == "DDP" for c in m.calls)
+
+
+def local_def(m, call: ast.Call) -> ast.AST | None:
+    """The function a call names by a bare name when a function around the call defines it (`def
+    compute_accuracy(model, loader):` inside main's rank-0 block, then `compute_accuracy(model, val_loader)`):
+    the nearest such def, which shadows any module-level one of that name."""
+    fn = m.enclosing(call)
+    while fn is not None:
+        defs = [d for d in ast.walk(fn) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d is not fn
+                and d.name == call.func.id and m.enclosing(d) is fn]
+        if defs:
+            return defs[0]
+        fn = m.enclosing(fn)
+    return None
+

@@ -11,7 +11,19 @@ from ..hierarchy import never_named, plain_function
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import distributed_switch, group_check, one_process_arm, switched
-from ..syntax import DIST_SWITCH, WORLDISH, always_returns, callee, const_str, const_value, dotted, involves, kw, root
+from ..syntax import (
+    DIST_SWITCH,
+    WORLDISH,
+    always_returns,
+    callee,
+    const_str,
+    const_value,
+    dotted,
+    involves,
+    kw,
+    local_def,
+    root,
+)
 
 
 @rule("collective-under-rank0", "00_preflight", "a collective only rank 0 (or only the others) reaches: the "
@@ -184,7 +196,8 @@ def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, in
                               not _wrap_reaches(m, c, name, wrapped[name]) or
                               _no_buffer_broadcast(m, wrapped[name]) or _only_in_a_dead_arm(f, m, name, wrapped[name])):
             continue
-        for tm, tf in f.p.resolve(m, c, exact=True):
+        local = local_def(m, c) if isinstance(c.func, ast.Name) else None  # (SkinDDP's compute_accuracy, defined
+        for tm, tf in f.p.resolve(m, c, exact=True) or ([(m, local)] if local else []):  # in main's rank-0 block)
             if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             params = [x.arg for x in tf.args.args]

@@ -94,6 +94,7 @@ def _kept_unread(f: Facts, m: Module, c: ast.Call) -> bool:
 
 
 LOSS_CODE = re.compile(r"loss|contrast|nce|clip|simclr|moco|criterion", re.I)
+LOOP_CODE = re.compile(r"train|runner|engine|solver|learner", re.I)
 MATMUL = {"matmul", "mm", "bmm", "einsum", "cosine_similarity"}
 
 
@@ -113,7 +114,9 @@ def _in_a_loss(f: Facts, m: Module, fn: ast.AST | None) -> bool:
         if g is None:
             continue
         owner = mm.class_of(g) or ""
-        if LOSS_CODE.search(g.name) or LOSS_CODE.search(owner) or _uses_in_similarity(g):
+        # (a name says loss only when it is not a training loop's: Re-IQA's ContrastTrainer._train_moco gathers the
+        # momentum encoder's no-grad keys and the input images for shuffle-BN, in no loss)
+        if any(LOSS_CODE.search(x) and not LOOP_CODE.search(x) for x in (g.name, owner)) or _uses_in_similarity(g):
             return True
     return False
 
@@ -370,7 +373,9 @@ def lr_grows_with_world_size(f: Facts, m: Module):
             found.append((kw(n, "lr"), kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))  # (at the scaling line)
     # the scaling itself (`lr = base_lr * bs * get_world_size() / 512`) before a copy of a name it writes later
     # (`base_lr = args.lr` read before DyTox's loop assigns the scaled lr back to args.lr)
-    found.sort(key=lambda x: not any(isinstance(b, ast.BinOp) for b in ast.walk(x[1])))
+    # ... and the one that names the count itself (XNAS's `init_lr = cfg.OPTIM.BASE_LR * cfg.NUM_GPUS`) before one
+    # that grows only through a name holding it (its warm-up helper's `new_lr = ... * (init_lr - warmup_lr)`)
+    found.sort(key=lambda x: (not any(isinstance(b, ast.BinOp) for b in ast.walk(x[1])), not involves(x[1], WORLDISH)))
     # (the arm the default run takes: PixPro's `if args.optimizer == 'sgd': ... elif ... 'lars':` with the launch
     # script's --optimizer lars; the registry would drop a finding in the other arm, not pick the next)
     found = [x for x in found if not off_the_default_path(f, m, x[0])] or found

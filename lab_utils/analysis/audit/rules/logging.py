@@ -39,7 +39,7 @@ from ..losses import (
     whole_set_meters,
 )
 from ..project import Module
-from ..rank0_values import own_walk, rank0_own
+from ..rank0_values import of_the_weights_alone, own_walk, rank0_own
 from ..registry import Hit, rule
 from ..switches import one_process_arm
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, rank_reducing_name, root
@@ -430,6 +430,8 @@ def _rank0_local_loss_logs(f: Facts, m: Module):
     per_block = set()
     # in source order, so a guarded block's finding is its first log of the loss
     for c, lossy, kind in sorted(loss_logs(f, m), key=lambda log: (log[0].lineno, log[0].col_offset)):
+        if all(of_the_weights_alone(f, m, c, name) for name in lossy):
+            continue
         forced = kw(c, "force")
         prints = callee(c) == "print" or meter_prints(f, m, c) == "print"
         console0 = kind is None and isinstance(c.func, ast.Attribute) and (
@@ -451,7 +453,8 @@ def _rank0_local_loss_logs(f: Facts, m: Module):
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
                   related=((m, c), *meter_print_calls(f, m, c)[:2]) + _value_lines(m, fed, {
                       dotted(n) for n in ast.walk(fed) if LOSSISH.search(dotted(n))}) if fed is not None else
-                  _value_lines(m, c, lossy) + _meter_feeds(f, c) + _handed_from(f, m, c, lossy)), \
+                  _value_lines(m, c, lossy) + _meter_feeds(f, c) + _updates_of(m, c, lossy) + _handed_from(
+                      f, m, c, lossy)), \
             m.enclosing(c), frozenset(lossy), where  # (fed: the call that prints it, as the message says, and the
         # meter's own print lines, where it shows the loss)
 
@@ -486,6 +489,14 @@ def _meter_feeds(f: Facts, c: ast.Call) -> tuple:
              and u.func.attr == "update" and dotted(u.func.value) == held and u.args
              and isinstance(u.args[0], ast.Name)]
     return tuple(sorted(feeds, key=lambda x: not x[0].entry)[:3])  # the script's own subclass first
+
+
+def _updates_of(m: Module, c: ast.Call, lossy) -> tuple:
+    """`loss_meter.update(update_loss.item(), bsz)` earlier in the function that prints `loss_meter` (Re-IQA's
+    contrast trainer): where this rank's own loss goes into the meter, as a related place."""
+    ups = [u for u in ast.walk(m.enclosing(c) or m.tree) if isinstance(u, ast.Call) and isinstance(
+        u.func, ast.Attribute) and u.func.attr == "update" and dotted(u.func.value) in lossy and u.lineno < c.lineno]
+    return ((m, min(ups, key=lambda u: u.lineno)),) if ups else ()
 
 
 def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:

@@ -42,7 +42,8 @@ def _label(m: Module, c: ast.Call) -> str:
     assigned = m.parent.get(id(c))
     while isinstance(assigned, ast.IfExp):
         assigned = m.parent.get(id(assigned))
-    return (dotted(c.args[0]) if c.args else "") + " " + (
+    data = c.args[0] if c.args else kw(c, "dataset")  # (`DistributedSampler(dataset=val_dataset)`, CXR-CLIP)
+    return (dotted(data) if data is not None else "") + " " + (
         " ".join(dotted(t) for t in assigned.targets) if isinstance(assigned, ast.Assign) else "")
 
 
@@ -85,8 +86,11 @@ def _sampler_context(f: Facts, m: Module):
             # epoch`): its order moves on without set_epoch
             and not any(re.search(r"epoch", dotted(n), re.I) for n in ast.walk(kw(c, "seed") or ast.Constant(0))
                         if isinstance(n, (ast.Name, ast.Attribute)))]
-    if not made or not any(mm.entry for mm in f.p.modules.values()):
-        return None
+    if not made or not any(mm.entry for mm in f.p.modules.values()) or any(
+            isinstance(a, (ast.Assign, ast.AugAssign)) and dotted(getattr(a, "target", None) or a.targets[0]).endswith(
+                "sampler.epoch") for mm in f.p.modules.values() for a in mm.nodes):
+        return None  # (BSQ-ViT's InfiniteDataLoader: `self.data_loader.sampler.epoch += 1` at each pass, set_epoch's
+        # own assignment)
     # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's. When no
     # audited script imports this module (the builder between them is not in these files: `build_dataloader` from
     # a data_builder module that is absent), any script's set_epoch may be this sampler's.
@@ -529,7 +533,7 @@ def _trains_over(m: Module, c: ast.Call) -> bool:
 def eval_padding_duplicates(f: Facts, m: Module):
     told: dict[int, list] = {}  # helper function -> its samplers already reported (one defect per helper)
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
-        if callee(c) not in f.sampler_classes() or not c.args or not _pads(f, callee(c)):
+        if callee(c) not in f.sampler_classes() or not (c.args or kw(c, "dataset")) or not _pads(f, callee(c)):
             continue
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
         if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")) or _trains_over(m, c):
@@ -572,5 +576,6 @@ def eval_padding_duplicates(f: Facts, m: Module):
                 others = told.setdefault(id(m.enclosing(c)), []) if asked and m.enclosing(c) is not None else []
                 others += [(m, x) for x in m.calls if x is not c and callee(x) == callee(c)
                            and m.enclosing(x) is m.enclosing(c)] if asked else []
-                yield Hit(c, f"{callee(c)}({ast.unparse(c.args[0])}) {what}", "check-by-hand",
+                yield Hit(c, f"{callee(c)}({ast.unparse(c.args[0] if c.args else kw(c, 'dataset'))}) {what}",
+                          "check-by-hand",
                           related=(*others, *reduced))

@@ -92,6 +92,20 @@ def save_without_module(f: Facts, m: Module):
     if not wrapped or _strips_prefix(f):
         return
     wrapped = {k: v for k, v in wrapped.items() if not _wrapper_unwraps_state_dict(f, m, v)}
+    yield from _one_per_function(m, _direct_saves(f, m, wrapped, data_parallel))
+    for c, owner, hm, inner in _helper_saves(f, m, wrapped):
+        if f.off_in_default_run(m, c):
+            continue  # (IELT's `if config.write and epoch > 10 and config.train.checkpoint:`)
+        if owner not in data_parallel and f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(
+                m, c, owner) and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
+            yield Hit(c, (f"{callee(c)}(...) is handed {owner}, the DDP wrapper ({f.wrap_site(m, owner)}), and saves "
+                          f"its state_dict() ({hm.rel}:{inner.lineno}): every key gets a 'module.' prefix and the "
+                          "checkpoint does not load into the plain model (the single run, or a 1-GPU resume) — hand it "
+                          f"{owner}.module"), related=((hm, inner), *(
+                              (m, k.value) for k in c.keywords if k.arg and dotted(k.value) == owner)))
+
+
+def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
     for c in m.calls:
         if callee(c) != "state_dict" or not isinstance(c.func, ast.Attribute):
             continue
@@ -105,22 +119,25 @@ def save_without_module(f: Facts, m: Module):
             continue  # read, not saved: `for _, p in model.state_dict().items(): dist.broadcast(p, 0)` (RQ-VAE)
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
-                and not (_loaded_into_wrapped(m, owner, wrapped[owner]) and ((m.rel, owner) not in f.inherited
-                                                                              or _subclass_loads(f, m, owner))) \
+                and not (_loaded_into_wrapped(m, owner, wrapped[owner]) and (
+                    (m.rel, owner) not in f.inherited or _subclass_loads(f, m, owner))) \
                 and not _branch_on_wrapper(m, c):
-            yield c, (f"{owner}.state_dict() where {owner} holds the DDP wrapper ({f.wrap_site(m, owner)}): every "
-                      "key gets a 'module.' prefix and the checkpoint does not load into the plain model (the single "
-                      f"run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
-    for c, owner, hm, inner in _helper_saves(f, m, wrapped):
-        if f.off_in_default_run(m, c):
-            continue  # (IELT's `if config.write and epoch > 10 and config.train.checkpoint:`)
-        if owner not in data_parallel and f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(
-                m, c, owner) and not _loaded_into_wrapped(m, owner, wrapped[owner]) and not _branch_on_wrapper(m, c):
-            yield Hit(c, (f"{callee(c)}(...) is handed {owner}, the DDP wrapper ({f.wrap_site(m, owner)}), and saves "
-                          f"its state_dict() ({hm.rel}:{inner.lineno}): every key gets a 'module.' prefix and the "
-                          "checkpoint does not load into the plain model (the single run, or a 1-GPU resume) — hand it "
-                          f"{owner}.module"), related=((hm, inner), *(
-                              (m, k.value) for k in c.keywords if k.arg and dotted(k.value) == owner)))
+            yield c, owner, (f"{owner}.state_dict() where {owner} holds the DDP wrapper ({f.wrap_site(m, owner)}): "
+                             "every key gets a 'module.' prefix and the checkpoint does not load into the plain model "
+                             f"(the single run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
+
+
+def _one_per_function(m: Module, hits):
+    """One defect, one finding: the wrapper's state_dict() saved twice in one function (DiffCardGCN's epoch_N.bin
+    and best_epoch.bin) is one fix, found at the first, naming the other."""
+    first: dict = {}
+    for c, owner, message in hits:
+        key = (id(m.enclosing(c)), owner)
+        if key in first:
+            first[key] = first[key]._replace(related=(*first[key].related, (m, c)))
+        else:
+            first[key] = Hit(c, message)
+    yield from first.values()
 
 
 def _wrapper_unwraps_state_dict(f: Facts, m: Module, line: int) -> bool:

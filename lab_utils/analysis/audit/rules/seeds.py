@@ -13,7 +13,7 @@ from ..options import option_text
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
-from ..seed_gates import failed_by_default, gated, helper_gated
+from ..seed_gates import failed_by_default, gated, helper_gated, single_run_value
 from ..switches import is_switch_test
 from ..syntax import (
     ITERABLE_NOT_LOADER,
@@ -22,7 +22,6 @@ from ..syntax import (
     SPAWNS,
     WORLDISH,
     callee,
-    const_str,
     const_value,
     dotted,
     involves_rank,
@@ -98,7 +97,7 @@ def no_seed(f: Facts, m: Module):
         helpers = [(mm, c) for mm, c in entry[0] if mm is m and f.seed_kind(mm, c) == "torch"
                    and f.p.resolve(mm, c) and helper_gated(f, mm, c)]
         # (the seeding helper's own call rather than `main(args)` around it)
-        wraps = wraps[:1] + _built_at(wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1]
+        wraps = wraps[:1] + _built_at(f, wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1]
         yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
@@ -106,16 +105,26 @@ def no_seed(f: Facts, m: Module):
         # the seed the default run skips: the test that skips it, and the call of the helper it sits in)
 
 
-def _built_at(wraps: list) -> list:
+def _built_at(f: Facts, wraps: list) -> list:
     """Where the model the first wrap gets is built (StableTTS's `model = StableTTS(...).to(rank)` before `model =
-    DDP(model, ...)`): the unseeded init happens there, and the seed goes before it."""
+    DDP(model, ...)`; through the caller when the wrap's function is handed it, Re-IQA's `model, model_ema =
+    build_model(args)` then `trainer.wrap_up(model, ...)`): the unseeded init happens there, the seed goes before."""
     if not wraps or not wraps[0][1].args or not isinstance(wraps[0][1].args[0], ast.Name):
         return []
-    mm, c = wraps[0]
-    name, scope = c.args[0].id, mm.enclosing(c) or mm.tree
-    built = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(
-        a.value, ast.Call) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)]
-    return [(mm, max(built, key=lambda a: a.lineno))] if built else []
+    (mm, c), name = wraps[0], wraps[0][1].args[0].id
+    for _ in range(2):
+        scope = mm.enclosing(c) or mm.tree
+        built = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(
+            a.value, ast.Call) and name in {t.id for x in a.targets for t in ast.walk(x) if isinstance(t, ast.Name)}
+            and name not in {dotted(x) for x in a.value.args}]  # (not `model = amp.initialize(model, ...)`)
+        params = [a.arg for a in scope.args.args] if isinstance(scope, ast.FunctionDef) else []
+        if built or name not in params or not f.p.callers(mm, scope):
+            return [(mm, max(built, key=lambda a: a.lineno))] if built else []
+        (mm, c), i = f.p.callers(mm, scope)[0], params.index(name) - (params[0] in ("self", "cls"))
+        if not (0 <= i < len(c.args) and isinstance(c.args[i], ast.Name)):
+            return []
+        name = c.args[i].id
+    return []
 
 
 def _calls_of(f: Facts, at) -> tuple:
@@ -209,45 +218,6 @@ def _spawned_through(f: Facts, m: Module, c: ast.Call) -> ast.AST | None:
                 return c.args[params.index(s.args[0].id)]
     return None
 
-
-def _single_value(m: Module, name: str, depth: int = 0) -> float | None:
-    """The value a rank-holding name has in the single (non-distributed) run: its non-rank assignment, the
-    environment default (`os.environ.get("RANK", -1)`), the argparse default, else 0."""
-    if depth > 4:
-        return 0
-    consts, sources = [], []
-    for a in m.nodes:
-        if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets):
-            if not involves_rank(a.value, m.rank_tainted):
-                if isinstance(a.value, ast.Constant) and isinstance(a.value.value, (int, float)):
-                    consts.append(a.value.value)
-            else:
-                sources.append(a.value)
-    if consts:
-        return consts[0]
-    for v in sources:
-        for n in ast.walk(v):
-            if isinstance(n, ast.Call) and callee(n) in ("get", "getenv") and len(n.args) == 2 and \
-                    const_str(n.args[0]) in ("RANK", "LOCAL_RANK"):
-                d = n.args[1]
-                d = d.value if isinstance(d, ast.Constant) else ast.literal_eval(d) if isinstance(
-                    d, ast.UnaryOp) else None
-                try:
-                    return float(d)
-                except (TypeError, ValueError):
-                    return 0
-        if isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) != name:
-            return _single_value(m, dotted(v), depth + 1)
-    leaf = name.split(".")[-1]
-    for c in m.calls:
-        if callee(c) == "add_argument" and any(const_str(a) in (f"--{leaf}", f"--{leaf.replace('_', '-')}")
-                                                for a in c.args):
-            d = kw(c, "default")
-            if isinstance(d, ast.UnaryOp) and isinstance(d.operand, ast.Constant):
-                return -d.operand.value
-            if isinstance(d, ast.Constant) and isinstance(d.value, (int, float)):
-                return d.value
-    return 0
 
 def _seed_value(m: Module, expr: ast.AST, rank_value, world: int = 2) -> float | None:
     """The seed an expression gives with every rank-holding name set by rank_value(name), the world size set to
@@ -455,12 +425,12 @@ def seed_per_rank(f: Facts, m: Module):
         if not involves_rank(arg, m.rank_tainted, skip_conditional=True) or _handed_in(m, c, arg):
             continue
         at0 = _seed_value(m, arg, lambda name: 0)
-        single = _seed_value(m, arg, lambda name: _single_value(m, name) or 0, world=1)
+        single = _seed_value(m, arg, lambda name, c=c: single_run_value(m, name, c) or 0, world=1)
         arm = _distributed_arm(f, m, c)
         if arm is not None:  # `if local_rank != -1: init_seeds(base + local_rank) else: init_seeds(base)` (OSTrack)
             other = _other_arm_seed(f, m, c, arm)
-            single = None if other is None else _seed_value(m, other, lambda name: _single_value(m, name) or 0,
-                                                            world=1)
+            single = None if other is None else _seed_value(
+                m, other, lambda name, c=c: single_run_value(m, name, c) or 0, world=1)
         if at0 is not None and single is not None and at0 != single:
             if at0 == _seed_value(m, arg, lambda name: 0, world=1):
                 yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)} = "
@@ -476,13 +446,18 @@ def seed_per_rank(f: Facts, m: Module):
         fn = m.enclosing(c) or m.tree
         wrap = min((a.lineno for a in ast.walk(fn) if isinstance(a, ast.Call) and f.is_ddp_call(m, a)),
                    default=None)
+        wrapped = {dotted(a.args[0]) for a in ast.walk(fn) if isinstance(a, ast.Call) and f.is_ddp_call(m, a)
+                   and a.args}
         copies = [a for a in ast.walk(fn) if isinstance(a, ast.Call) and a.lineno > c.lineno and
                   (wrap is None or a.lineno < wrap) and (callee(a) in ("deepcopy", "ModelEMA", "ModelEmaV2",
                                                                          "ExponentialMovingAverage", "EMA")
                                                          or "ema" in callee(a).lower())
                   and not _after_a_wrapped_pass(f, m, a) and not f.off_by_default(m, a)
-                  and not (a.args and re.search(r"optim", dotted(a.args[0]), re.I))]  # (an EMA that wraps the
-        # optimizer keeps its averages from the synchronised steps: DDGAN's EMA(optimizerG))
+                  and not (a.args and re.search(r"optim", dotted(a.args[0]), re.I))  # (an EMA that wraps the
+                  # optimizer keeps its averages from the synchronised steps: DDGAN's EMA(optimizerG))
+                  and not (callee(a) == "deepcopy" and a.args and not (dotted(a.args[0]) in wrapped or re.search(
+                      r"model|net|encoder|generator|student|teacher", dotted(a.args[0]), re.I)))]
+        # (a deepcopy of what is no model, 4M's `deepcopy(MODALITY_TRANSFORMS_DIVAE)`, copies no init)
         if wrap is not None and copies and not _read_by_rank0_only(f, m, fn, copies[0]) and \
                 not _resynced_after(m, fn, copies[0], wrap):
             yield Hit(copies[0], f"{ast.unparse(copies[0])} copies each rank's own init "
