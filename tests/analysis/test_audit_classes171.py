@@ -283,3 +283,22 @@ def test_a_deepcopy_of_what_is_no_model_copies_no_init():
             "torch.manual_seed(42 + rank)\nmodel = Net()\ncopied = deepcopy({what})\nmodel = DDP(model)\n")
     assert "seed-per-rank" not in [f.rule for f in audit.audit_source(body.format(what="MODALITY_TRANSFORMS"))]
     assert "seed-per-rank" in [f.rule for f in audit.audit_source(body.format(what="model"))]
+
+
+def test_a_meter_built_from_a_package_whose_init_the_copy_lacks(tmp_path):
+    """4M: `import fourm.utils as utils`, then `metric_logger = utils.MetricLogger(...)`, whose log_every prints
+    rank 0's lines (builtins.print silenced elsewhere); fourm/utils/__init__.py, which re-exports MetricLogger from
+    logger.py, is not in the copy. The one module of that folder defining the class is the meter's class."""
+    logger = ("class MetricLogger:\n    def __init__(self):\n        self.meters = {}\n"
+              "    def update(self, **kw):\n        self.meters.update(kw)\n"
+              "    def log_every(self, iterable, freq):\n        for i, x in enumerate(iterable):\n"
+              "            yield x\n            if i % freq == 0:\n                print(self.meters)\n")
+    dist_utils = ("import builtins\ndef setup_for_distributed(is_master):\n    builtin_print = builtins.print\n"
+                  "    def print(*args, **kwargs):\n        if is_master:\n            builtin_print(*args, **kwargs)\n"
+                  "    builtins.print = print\n")
+    train = (SEEDED + "import pkg.utils as utils\nfrom pkg.utils.dist import setup_for_distributed\n"
+             "setup_for_distributed(rank == 0)\nmodel = DDP(Net())\nmetric_logger = utils.MetricLogger()\n"
+             "for x, y in metric_logger.log_every(loader, 10):\n    loss = criterion(model(x), y)\n"
+             "    loss.backward()\n    opt.step()\n    metric_logger.update(loss=loss.item())\n")
+    root = _project(tmp_path, {"train.py": train, "pkg/utils/logger.py": logger, "pkg/utils/dist.py": dist_utils})
+    assert "rank0-local-loss" in [f.rule for f in audit.audit_paths([root])]

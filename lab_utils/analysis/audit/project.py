@@ -458,8 +458,8 @@ class Project:
             if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute):
                 b = v.func.value  # misc.MetricLogger(...) with `import util.misc`; utils.logger.ProgressMeter(...)
                 sub = isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name) and b.value.id in m.imports
-                target = (self.module_for(m, b.id) if isinstance(b, ast.Name)
-                          else self._submodule(m, b.value.id, b.attr) if sub else None)
+                target = (self.package_member(m, b.id, v.func.attr) if isinstance(b, ast.Name) and b.id in m.imports
+                          else self._submodule(m, b.value.id, b.attr) if sub else None)  # (4M: no utils/__init__.py)
                 if target is not None and v.func.attr in target.classes:
                     return target, target.classes[v.func.attr]
                 continue
