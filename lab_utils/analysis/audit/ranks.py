@@ -513,11 +513,12 @@ class Guards:
         sites = self.p.callers(m, fn)
         if not sites:
             return None
-        kinds = {self.effective(cm, c, depth - 1) for cm, c in sites}
+        each = [(cm, c, self.effective(cm, c, depth - 1)) for cm, c in sites]  # (once each: asked again below,
+        kinds = {k for _, _, k in each}  # the recursion would double at every level)
         if kinds != {"rank0"} and len(sites) > 1:  # callers the run never reaches do not count: a base class's
             # method every subclass it builds replaces, a class nothing names (XNAS's Trainer.saving, called
             # unguarded by the base train_epoch that BigNASTrainer replaces, and by DartsTrainer)
-            kinds = {self.effective(cm, c, depth - 1) for cm, c in sites if not off_the_run(self.p, cm, c)} or kinds
+            kinds = {k for cm, c, k in each if not off_the_run(self.p, cm, c)} or kinds
         if kinds == {"rank0"}:
             return "rank0"
         if "leaky" in kinds and kinds <= {"rank0", "leaky"}:
