@@ -423,10 +423,11 @@ def test_a_project_is_judged_across_files(tmp_path):
     found = {(Path(f.path).name, f.rule, f.line) for f in audit.audit_paths([root])}
     assert ("train.py", "no-seed", 7) in found and ("train.py", "save-on-every-rank", 15) in found, found
     (root / "train.py").write_text(unguarded.replace("loader.sampler.set_epoch(epoch)", "pass"))
-    # one finding: in the script whose epoch loop never calls set_epoch, naming the helper's sampler
+    # one finding: in the script whose epoch loop never calls set_epoch, naming the helper's sampler and the
+    # loop that iterates its loader
     found = audit.audit_paths([root])
     assert [(Path(f.path).name, f.line, [(Path(p).name, n) for p, n in f.related]) for f in found
-            if f.rule == "set-epoch-missing"] == [("train.py", 10, [("data.py", 4)])]
+            if f.rule == "set-epoch-missing"] == [("train.py", 10, [("data.py", 4), ("train.py", 13)])]
 
 
 def test_a_rank_handed_to_a_class_guards_like_the_rank():

@@ -285,7 +285,8 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
         holder, method = c.func.id, "__call__"
     else:
         return None
-    found = f.any_class(m, holder)
+    found = f.any_class(m, holder) or (f.p.parameter_instance(m, c, holder) if "." not in holder and isinstance(
+        c.func, ast.Attribute) else None)  # (a method of what a parameter receives: VAC_CSLR's recoder.print_log)
     meth = found[0].functions.get(f"{found[1].name}.{method}") if found else None
     if meth is None:
         return _helper_print_calls(f, m, c) if found is None else []

@@ -109,6 +109,14 @@ def grad_free(scope: ast.AST, x: ast.AST, seen: frozenset = frozenset()) -> bool
     return bool(values) and all(grad_free(scope, v, seen | {x.id}) for v in values)
 
 
+def assigned_without_grad(m: Module, scope: ast.AST, x: ast.AST) -> bool:
+    """Every assignment of the gathered name is made under no_grad or from a fresh tensor (GALIP's CLIP score:
+    `clip_cos = torch.FloatTensor([0.0])`, then `clip_cos = clip_cos + clip_sim` in a `with torch.no_grad():`)."""
+    assigns = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(x, ast.Name)
+               and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]
+    return bool(assigns) and all(no_grad_at(m, a) or grad_free(scope, a.value) for a in assigns)
+
+
 def no_grad_at(m: Module, node: ast.AST) -> bool:
     """`node` sits in a `with torch.no_grad():` block or a function decorated with no_grad."""
     n = m.parent.get(id(node))

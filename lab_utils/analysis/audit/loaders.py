@@ -37,11 +37,15 @@ def _loader_names(p, m: Module, sampler: ast.Call) -> tuple[set[str], list]:
     for c in loaders:
         names |= _held_as(m, c)
         fn = m.enclosing(c)
-        returned = fn is not None and any(isinstance(r, ast.Return) and r.value is not None and (
-            r.value is c or _mentions(r.value, _held_as(m, c))) for r in ast.walk(fn))
-        if returned:  # `return DataLoader(...)` / `return loader`: the callers keep it under their own names
+        rets = [r.value for r in ast.walk(fn or m.tree) if fn is not None and isinstance(r, ast.Return)
+                and r.value is not None and (r.value is c or _mentions(r.value, _held_as(m, c)))]
+        if rets:  # `return DataLoader(...)` / `return loader`: the callers keep it under their own names
+            at = next((i for i, e in enumerate(rets[0].elts) if e is c or _mentions(e, _held_as(m, c))),
+                      None) if isinstance(rets[0], ast.Tuple) else None
             for cm, call in p.callers(m, fn):
-                names |= _held_as(cm, call)
+                a = cm.parent.get(id(call))  # `train_loader, _ = compile_data(...)` (BEVCar): the loader's slot
+                names |= _names([a.targets[0].elts[at]]) if at is not None and isinstance(a, ast.Assign) and \
+                    isinstance(a.targets[0], ast.Tuple) and len(a.targets[0].elts) > at else _held_as(cm, call)
                 handed.append((cm, call))
     return names, handed
 
@@ -177,3 +181,26 @@ def not_built_for(m: Module, c: ast.Call, call: ast.Call) -> bool:
             return True
         child, n = n, m.parent.get(id(n))
     return False
+
+
+def loop_over_own_loader(m: Module, c: ast.Call) -> ast.For | None:
+    """The `for` around a set_epoch call that iterates the very loader whose sampler it sets (OTAvatar's `for it,
+    data in enumerate(train_dataset): train_dataset.sampler.set_epoch(epoch)`, MX-Font's `for batch in
+    cyclize(loader): ... loader.sampler.set_epoch(epoch)`): the loop made the loader's iterator, which drew the
+    epoch's indices, before its body runs."""
+    receiver = dotted(c.func.value) if isinstance(c.func, ast.Attribute) else ""
+    if not receiver:
+        return None
+    if receiver.endswith(".sampler") and receiver != "self.sampler":  # (`self.sampler` names a sampler: AMT)
+        loaders = {receiver[: -len(".sampler")]}
+    else:  # a sampler name: the loaders this module builds from it
+        loaders = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                   and callee(a.value) == "DataLoader" and dotted(kw(a.value, "sampler") or ast.Constant(0)) == receiver
+                   for t in a.targets}
+    loaders.discard("")
+    loop = m.enclosing(c, (ast.For, ast.FunctionDef, ast.AsyncFunctionDef))
+    while isinstance(loop, ast.For):
+        if loaders & {dotted(n) for n in ast.walk(loop.iter) if isinstance(n, (ast.Name, ast.Attribute))}:
+            return loop
+        loop = m.enclosing(loop, (ast.For, ast.FunctionDef, ast.AsyncFunctionDef))
+    return None

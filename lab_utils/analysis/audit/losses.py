@@ -11,7 +11,7 @@ import re
 from .facts import Facts
 from .gathers import global_model_losses
 from .project import Module
-from .syntax import LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, rank_reducing_name, root
+from .syntax import LOSSISH, NOT_A_LOSS, REDUCEISH, a_loss_value, callee, const_str, dotted, rank_reducing_name, root
 
 
 def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
@@ -21,20 +21,26 @@ def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
     params = [a.arg for a in scope.args.args]
-    if name not in params:  # a text built from such parameters (`msg = "Loss %.4f" % loss.avg`)
-        built = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
-                 and name in {dotted(t) for t in a.targets}]
+    if name not in params:  # a text built from such parameters (`msg = "Loss %.4f" % loss.avg`), also through a
+        # meter this function feeds one (HaGRID's `self.loss_averager.update(loss)`, `log_str += f"{...value}"`)
+        built = [a.value for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and name in {
+            dotted(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}]
+        fed = {dotted(c.func.value): root(c.args[0]) for c in ast.walk(scope) if isinstance(c, ast.Call) and isinstance(
+            c.func, ast.Attribute) and c.func.attr in ("update", "append") and c.args}
         reads = {root(n) for v in built for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
-        lossy = {r for r in reads if r in params and LOSSISH.search(r)}
+        lossy = {r for r in reads | {fed[r] for r in reads if r in fed} if r in params and LOSSISH.search(r)}
         return bool(built) and bool(lossy) and all(handed_global(f, m, scope, r) for r in lossy)
     i = params.index(name) - (1 if params[0] in ("self", "cls") else 0)
     sites = f.p.callers(m, scope)
+    defaults, handed = len(scope.args.defaults), 0
     for cm, c in sites:
         given = next((k.value for k in c.keywords if k.arg == name), c.args[i] if 0 <= i < len(c.args) else None)
-        cs = cm.enclosing(c) or cm.tree
+        if given is None and params.index(name) >= len(params) - defaults:
+            continue  # not handed: the default (HaGRID's evaluation calls, `loss: float = None`)
+        cs, handed = cm.enclosing(c) or cm.tree, handed + 1
         if given is None or root(given) not in global_model_losses(f, cm, cs) | f.reduced_names(cm, cs):
             return False
-    return bool(sites)
+    return handed > 0
 
 
 def returned_reduced(f: Facts, m: Module, scope: ast.AST, name: str, depth: int = 2) -> bool:
@@ -77,6 +83,8 @@ def backwarded(scope: ast.AST) -> set[str]:
             held = held.args[0]
         elif isinstance(held, ast.Name) and c.args and held.id not in ("torch",):
             held = c.args[0]  # accelerator.backward(loss)
+        if isinstance(held, ast.Subscript) and LOSSISH.search(const_str(held.slice) or ""):
+            held = held.value  # `output['total_loss'].backward()` (slr_handshape): the record that holds the loss
         if isinstance(held, (ast.Name, ast.Attribute)) and not NOT_A_LOSS.search(dotted(held)):
             out.add(root(held))
     return out - {""}
@@ -376,6 +384,9 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                 if isinstance(t, ast.Name):
                     binds.setdefault(t.id, []).append(a)
     out |= _fed_records(scope, out)
+    out |= {a.target.id for a in ast.walk(scope) if isinstance(a, ast.AugAssign) and isinstance(a.target, ast.Name)
+            and isinstance(a.op, ast.Add) and a_loss_value(a.value)}
+    # ... and a running sum of it, whatever its name (`total += loss.item()`, printed as `total / len(loader)`)
     # a record filled by key: `scalars_to_log['level_0/loss'] = rgb_loss.item()` (NeRF++), logged key by key
     for a in ast.walk(scope):
         if isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(

@@ -1,130 +1,23 @@
-"""The project the audit reads: every parsed file (`Module`: its tree, parent links, functions, imports, the names
-that hold a rank) and the files its imports reach inside the audited folder (`Project`: calls resolved to project
-functions, helpers and methods followed, callers, reachability)."""
+"""The project the audit reads: every parsed file (a `Module`, module.py) and the files its imports reach inside the
+audited folder (`Project`: calls resolved to project functions, helpers and methods followed, instances of project
+classes, callers, reachability)."""
 
 from __future__ import annotations
 
 import ast
-import re
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
 from .entries import demote_self_tests
-from .syntax import ENTRY_CALLS, callee, dotted, mentions_ddp
-from .taint import module_taint, taint_parameters
+from .module import AuditError, Module
+from .syntax import callee, dotted, mentions_ddp
+from .taint import taint_parameters
 
 
 @lru_cache(maxsize=1 << 16)
 def _real(p: Path) -> Path:
     """p.resolve(), remembered: imports ask for the same few paths ~10^5 times (2/3 of YOLOv5's 76-s audit)."""
     return p.resolve()
-
-class AuditError(ValueError):
-    """A path cannot be audited (missing, not Python); the message names it."""
-
-
-class Module:
-    """One parsed file: its tree, parent links, functions, imports, and the names that hold a rank."""
-
-    def __init__(self, path: Path, rel: str, source: str):
-        try:
-            with warnings.catch_warnings():  # the audited file's own `'\d'` escapes are not the user's audit news
-                warnings.simplefilter("ignore", (SyntaxWarning, DeprecationWarning))
-                self.tree = ast.parse(source, filename=str(path))
-        except SyntaxError as e:
-            raise AuditError(f"{path}:{e.lineno}: not Python ({e.msg})") from None
-        # Every node, in ast.walk's order, listed once: the rules walk whole modules thousands of times (before
-        # this list, the corpus test spent 80% of its time in ast.walk), and a parsed tree never changes.
-        self.nodes: list[ast.AST] = list(ast.walk(self.tree))
-        self.path, self.rel = path, rel
-        self.parent: dict[int, ast.AST] = {}
-        for n in self.nodes:
-            for c in ast.iter_child_nodes(n):
-                self.parent[id(c)] = n
-        self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
-        self.functions: dict[str, ast.AST] = {}          # 'f' and 'Class.method'
-        self.classes: dict[str, ast.ClassDef] = {}
-        for n in self.tree.body:
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self.functions[n.name] = n
-            elif isinstance(n, ast.ClassDef):
-                self.classes[n.name] = n
-                for m in n.body:
-                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        self.functions[f"{n.name}.{m.name}"] = m
-        self.imports: dict[str, tuple[str, str | None, int]] = {}   # local name -> (module, attr, level)
-        self.stars: list[tuple[str, int]] = []                       # `from mod import *`: (module, level)
-        for n in self.nodes:
-            if isinstance(n, ast.Import):
-                for a in n.names:
-                    self.imports.setdefault(a.asname or a.name.split(".")[0], (
-                        a.name if a.asname else a.name.split(".")[0], None, 0))
-            elif isinstance(n, ast.ImportFrom):
-                for a in n.names:
-                    if a.name == "*":  # `from utils import *`: Project._expand_stars names what it brings
-                        self.stars.append((n.module or "", n.level))
-                    else:  # the first of two imports of one name (if/elif arms: MaskGIT's trainers) stays
-                        self.imports.setdefault(a.asname or a.name, (n.module or "", a.name, n.level))
-        self.entry = self._is_entry()
-        self.rank_tainted = self._taint()
-
-    def _is_entry(self) -> bool:
-        """A script: an `if __name__ == "__main__":` block that does something, or module-level code that sets
-        up the process group, wraps, launches or trains (a helper's `logging.basicConfig(...)` is no script)."""
-        for n in self.tree.body:
-            if isinstance(n, ast.If) and "__name__" in {dotted(m) for m in ast.walk(n.test)}:
-                if not all(isinstance(b, ast.Pass) for b in n.body):
-                    return True
-            elif isinstance(n, (ast.For, ast.While)):
-                return True
-            elif not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
-                                    ast.ImportFrom)) and any(
-                    isinstance(c, ast.Call) and (callee(c) in ENTRY_CALLS or "DistributedDataParallel" in (
-                        self.imports.get(callee(c), ("", "", 0))[1] or "")) for c in ast.walk(n)):
-                return True
-        # a console-script entry (`def main(): fire.Fire(train_from_folder)`, named in setup.py) whose module
-        # spawns the ranks: the launcher's module is the script, though no `__main__` block says so
-        # ... unless what the workers run is a function handed in (VQ-VAE-2's distributed/launch.py: `launch(fn,
-        # ...)` spawns a worker that ends in `fn(*args)`): a generic launcher, the script is its caller
-        return any(callee(c) == "spawn" and re.search(r"(^|\.)(mp|multiprocessing)$", dotted(c.func.value))
-                   and not self._runs_a_parameter(c)
-                   for c in ast.walk(self.tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute))
-
-    def _runs_a_parameter(self, spawn: ast.Call) -> bool:
-        # (a spawn inside `def launch_job(cfg, init_method, func)` handing `func` on: TimeSformer's misc.py)
-        outer = next((d for d in self.tree.body if isinstance(d, ast.FunctionDef) and d.lineno <= spawn.lineno <=
-                      (d.end_lineno or d.lineno)), None)
-        handed = {a.arg for a in outer.args.args if re.fullmatch(r"(\w+_)?(func|fn|function|job)", a.arg)} \
-            if outer is not None else set()
-        if any(isinstance(x, ast.Name) and x.id in handed for k in spawn.keywords if k.arg == "args"
-               for x in ast.walk(k.value)):
-            return True
-        target = self.tree.body and next((d for d in self.tree.body if isinstance(d, ast.FunctionDef) and spawn.args
-                                          and isinstance(spawn.args[0], ast.Name) and d.name == spawn.args[0].id), None)
-        if target is None:
-            return False
-        params = {a.arg for a in target.args.args}
-        return any(isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id in params
-                   for x in ast.walk(target))
-
-    def _taint(self, seed: frozenset = frozenset(), opaque: frozenset = frozenset()) -> set[str]:
-        return module_taint(self, seed, opaque)
-
-    def enclosing(self, node: ast.AST, kinds=(ast.FunctionDef, ast.AsyncFunctionDef)):
-        n = self.parent.get(id(node))
-        while n is not None and not isinstance(n, kinds):
-            n = self.parent.get(id(n))
-        return n
-
-    def class_of(self, fn: ast.AST) -> str | None:
-        p = self.parent.get(id(fn))
-        return p.name if isinstance(p, ast.ClassDef) else None
-
-    def has_main_guard(self) -> ast.If | None:
-        return next((n for n in self.tree.body if isinstance(n, ast.If)
-                     and "__name__" in {dotted(m) for m in ast.walk(n.test)}), None)
-
 
 class Project:
     """The audited files plus the modules their imports reach inside the root folder."""
@@ -425,9 +318,36 @@ class Project:
                         in_module(sub, f.attr)
             elif isinstance(base, ast.Name) or isinstance(base, ast.Attribute) and dotted(base).startswith("self."):
                 found = self.instance_class(m, dotted(base))  # `model = Trainer(...)` ... `model.save(n)`
+                if found is None and isinstance(base, ast.Name):
+                    found = self.parameter_instance(m, call, base.id)
                 if found is not None:
                     out.extend(self.methods(found[0], found[1].name, f.attr))
         return out
+
+    def parameter_instance(self, m: Module, node: ast.AST, name: str) -> tuple[Module, ast.ClassDef] | None:
+        """The project class whose instance a parameter receives from every call of its function, found by the
+        function's name (VAC_CSLR's `seq_train(loader, ..., recoder)`, handed `self.recoder = utils.Recorder(...)`
+        by main.py): `recoder.print_log(...)` runs Recorder's method. Cached per function and parameter."""
+        fn = m.enclosing(node)
+        params = [a.arg for a in fn.args.args] if fn is not None else []
+        if name not in params or m.class_of(fn) is not None:
+            return None
+        key = (m.rel, fn.name, name)
+        cache = self.__dict__.setdefault("_parameter_cache", {})
+        if key not in cache:
+            cache[key] = None
+            i, found = params.index(name), set()
+            for cm in self.modules.values():
+                for c in cm.calls:
+                    if callee(c) != fn.name:
+                        continue
+                    arg = next((k.value for k in c.keywords if k.arg == name), c.args[i] if i < len(c.args) else None)
+                    got = self.instance_class(cm, dotted(arg)) if isinstance(arg, (ast.Name, ast.Attribute)) else None
+                    found.add((got[0].rel, got[1].name) if got is not None else None)
+                    cache[key] = got if len(found) == 1 and got is not None else cache[key]
+            if len(found) != 1:
+                cache[key] = None
+        return cache[key]
 
     @staticmethod
     def own_class(m: Module, node: ast.AST) -> str | None:
@@ -449,9 +369,12 @@ class Project:
 
     def _instance_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
         for a in m.nodes:
-            if not (isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets)):
+            if isinstance(a, ast.withitem) and a.optional_vars is not None and dotted(a.optional_vars) == name:
+                v = a.context_expr  # `with Logger(log_dir) as logger:` (DaGAN; __enter__ hands back the instance)
+            elif isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets):
+                v = a.value
+            else:
                 continue
-            v = a.value
             while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
                     "to", "cuda", "train", "eval", "float", "half") and isinstance(v.func.value, ast.Call):
                 v = v.func.value

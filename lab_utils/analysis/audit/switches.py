@@ -32,8 +32,29 @@ def unlaunched(test: ast.AST) -> bool:
         re.fullmatch(r"(local_|global_)?rank", const_str(test.operand.args[1]) or "") is not None or \
         isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is) and \
         isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None and \
-        re.fullmatch(r"(local_|global_)?rank", dotted(test.left).split(".")[-1]) is not None  # (`self.rank is
-    # None`: WaffleIron's trainer outside a launch)
+        re.fullmatch(r"(local_|global_)?rank", dotted(test.left).split(".")[-1]) is not None or \
+        _one_process(test)  # (`self.rank is None`: WaffleIron's trainer outside a launch)
+
+
+def _one_process(test: ast.AST) -> bool:
+    """`os.environ['WORLD_SIZE'] == '1'`, `world_size == 1`, `dist.get_world_size() < 2`: true only in a run of
+    one process, whose one rank is rank 0 (slr_handshape's `is_main_process`: `'WORLD_SIZE' not in os.environ or
+    os.environ['WORLD_SIZE'] == '1' or os.environ['LOCAL_RANK'] == '0'`)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    left, op, right = test.left, test.ops[0], test.comparators[0]
+    if isinstance(left, ast.Constant):
+        left, right = right, left
+        op = {ast.Lt: ast.Gt(), ast.LtE: ast.GtE()}.get(type(op), op)
+    if isinstance(left, ast.Call) and callee(left) == "int" and left.args:
+        left = left.args[0]
+    named = const_str(left.slice) if isinstance(left, ast.Subscript) else callee(left) if isinstance(
+        left, ast.Call) else dotted(left).split(".")[-1]
+    if not re.fullmatch(r"(WORLD_SIZE|world_size|get_world_size|num_processes|nprocs)", named or ""):
+        return False
+    value = right.value if isinstance(right, ast.Constant) else None
+    return isinstance(op, ast.Eq) and value in (1, "1") or isinstance(op, ast.Lt) and value == 2 or isinstance(
+        op, ast.LtE) and value == 1
 
 
 def conjuncts(test: ast.AST) -> set[str]:
@@ -61,9 +82,11 @@ GROUP_CHECKS = re.compile(r"^(is_initialized|is_available|initialized|is_dist_av
 
 def group_check(test: ast.AST) -> bool:
     """The test asks torch.distributed whether the group exists (`dist.is_initialized()`, a helper's
-    `is_available()`); not `torch.cuda.is_available()`."""
-    return any(isinstance(n, ast.Call) and GROUP_CHECKS.match(callee(n)) and not re.search(
-        r"cuda|mps|xpu|backends", dotted(n.func)) for n in ast.walk(test))
+    `is_available()`), or how many ranks a group holds (Grendel-GS's `utils.DEFAULT_GROUP.size() > 1`); not
+    `torch.cuda.is_available()`."""
+    return any(isinstance(n, ast.Call) and (GROUP_CHECKS.match(callee(n)) and not re.search(
+        r"cuda|mps|xpu|backends", dotted(n.func)) or callee(n) == "size" and isinstance(n.func, ast.Attribute)
+        and re.search(r"group$", dotted(n.func.value), re.I)) for n in ast.walk(test))
 
 
 def is_switch_test(test: ast.AST) -> bool:

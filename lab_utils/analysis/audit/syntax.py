@@ -47,9 +47,11 @@ ITERABLE_NOT_LOADER = {"items", "values", "keys", "parameters", "named_parameter
 LOADERISH = re.compile(r"loader|train_data|val_data|test_data|^data$|^dl$|dataloader|_dl$|batches", re.I)
 NOT_A_LOSS = re.compile(r"loss_?scal|loss_?fn|loss_?func|loss_?type|criterion|loss_?weight|loss_?cfg|loss_?config|"
                         r"loss_?lambda|loss_?coef|^(use|with|enable|apply|add)_\w*loss|"
-                        r"loss_?(every|freq|interval|period|names?|keys?)$", re.I)
+                        r"loss_?(every|freq|interval|period|names?|keys?)$|"
+                        r"gloss_?(dict|vocab|ids?|idx|list|map|seqs?|tokens?|len|lgt|labels?)|glosses", re.I)
 # (`use_aux_loss`: a switch that turns a loss term on, nanoMoE's, printed with the model's settings; img2pose's
-# `tensorboard_loss_every` and `loss_name`: how often, and under which key, not a loss value)
+# `tensorboard_loss_every` and `loss_name`: how often, and under which key, not a loss value; sign language's
+# `gloss_dict`, the glosses' vocabulary, VAC_CSLR's)
 
 
 def dotted(node: ast.AST) -> str:
@@ -136,8 +138,18 @@ def involves_rank(node: ast.AST, tainted: set[str] = frozenset(), skip_condition
 
 
 def involves(node: ast.AST, pattern: re.Pattern) -> bool:
+    """A name in `node` matches `pattern`, or a launcher variable it reads does (`int(os.environ.get('WORLD_SIZE',
+    1)) > 1`)."""
     return any(isinstance(n, (ast.Name, ast.Attribute)) and pattern.search(dotted(n).split(".")[-1] or "")
-               for n in ast.walk(node))
+               or pattern.search(_environ_key(n) or "") for n in ast.walk(node))
+
+
+def _environ_key(n: ast.AST) -> str | None:
+    if isinstance(n, ast.Subscript) and dotted(n.value).endswith("environ"):
+        return const_str(n.slice)
+    if isinstance(n, ast.Call) and n.args and re.search(r"environ\.get$|getenv$", dotted(n.func)):
+        return const_str(n.args[0])
+    return None
 
 
 
@@ -277,3 +289,13 @@ def local_def(m, call: ast.Call) -> ast.AST | None:
         fn = m.enclosing(fn)
     return None
 
+
+def a_loss_value(v: ast.AST) -> bool:
+    """`loss.item()`, `float(loss)`, `loss.detach().mean()`: a loss's number; not a text built from it (`msg +=
+    print_train_result(loss_info)`) nor a metric a loss module computes (`mean_lpips += self.lpips_loss(x, y)`)."""
+    calls = [x for x in ast.walk(v) if isinstance(x, ast.Call)]
+    if isinstance(v, ast.JoinedStr) or any(callee(x) not in ("item", "float", "detach", "cpu", "mean", "sum", "numpy",
+                                                             "tolist") for x in calls):
+        return False
+    return any(LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(v)
+               if isinstance(n, (ast.Name, ast.Attribute)))

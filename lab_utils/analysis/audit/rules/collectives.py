@@ -348,6 +348,19 @@ def collective_outside_switch(f: Facts, m: Module):
         yield first[1]
 
 
+def _alias_calls(m: Module, fn: ast.AST) -> list:
+    """The calls of a name a function is assigned to (`sync_func = sync_gradients_sparsely` in one arm of an
+    if chain), in the function that assigns it: where the function runs."""
+    out = []
+    for a in m.nodes:
+        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and a.value.id == fn.name and len(
+                a.targets) == 1 and isinstance(a.targets[0], ast.Name):
+            scope = m.enclosing(a) or m.tree
+            out += [(m, x) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
+                    and x.func.id == a.targets[0].id]
+    return out
+
+
 def _outside_switch_hits(f: Facts, m: Module):
     inits = [(mm, c) for mm in f.p.related(m) for c in mm.calls if callee(c) == "init_process_group"]
     if not inits or not all(_optional_group(f, mm, c) for mm, c in inits) or f.runs_only_distributed():
@@ -373,6 +386,8 @@ def _outside_switch_hits(f: Facts, m: Module):
             # ... or hands it on as a hook (WaveGlow's `queue_callback(allreduce_params)` in
             # apply_gradient_allreduce): it runs where the outer function's callers run it
             sites = sites or (f.p.callers(m, outer) if outer is not None else [])
+        if fn is not None and not sites:  # picked into a name, called through it (Grendel-GS's `sync_func =
+            sites = _alias_calls(m, fn)  # sync_gradients_sparsely`, then `sync_func(self, group)` under the switch)
         if wrap and fn is not None and not sites:
             continue  # a wrap helper nothing here calls (SparK's unused parallelize()): its callers decide
         if fn is not None and not sites and m.enclosing(fn) is None and m.class_of(fn) is None and \
@@ -491,7 +506,10 @@ def _always_true(test: ast.AST) -> bool:
 def _called_under_switch(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> bool:
     """A helper called under a distributed switch, directly or through helpers (`all_reduce` called by
     `all_gather_list`, which the loss calls only `if world_size > 1:`)."""
-    for cm, cc in f.p.callers(m, fn) or _calls_by_method_name(f, m, fn):
+    outer = m.enclosing(fn)  # a closure runs where its outer body calls it
+    local = [(m, x) for x in ast.walk(outer) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
+             and x.func.id == fn.name] if outer is not None else []
+    for cm, cc in f.p.callers(m, fn) or _calls_by_method_name(f, m, fn) or _alias_calls(m, fn) or local:
         if one_process_arm(cm, cc):
             continue  # (the switch's other arm, WAFT's `else: main(0, 1, args, False)`: run without the group)
         if distributed_switch(cm, cc) is not None:

@@ -7,7 +7,7 @@ import ast
 import re
 
 from ..facts import Facts
-from ..gathers import applications, called_only_without_grad, grad_free
+from ..gathers import applications, assigned_without_grad, called_only_without_grad, grad_free
 from ..growth import a_count, grows, never_read, world_holding
 from ..hierarchy import never_named
 from ..project import Module
@@ -244,7 +244,7 @@ def _gather_hits(f: Facts, m: Module):
             continue
         if isinstance(fn, ast.FunctionDef) and any("no_grad" in dotted(d) for d in fn.decorator_list):
             continue
-        if grad_free(scope, x):
+        if grad_free(scope, x) or assigned_without_grad(m, scope, x):
             continue
         owner = m.classes.get(m.class_of(fn) or "") if fn is not None else None
         backward = next((d for d in owner.body if isinstance(d, ast.FunctionDef) and d.name == "backward"),

@@ -88,7 +88,11 @@ def _keyed_not_loss(values: list, name: str) -> bool:
     reads = [n for v in values for n in ast.walk(v) if isinstance(n, ast.Name) and n.id == name]
     keys = [const_str(n.slice) for v in values for n in ast.walk(v) if isinstance(n, ast.Subscript)
             and isinstance(n.value, ast.Name) and n.value.id == name]
-    return bool(reads) and len(keys) == len(reads) and all(k and not LOSSISH.search(k) for k in keys)
+    # ... unless the record is itself named a loss (RALF's `train_loss_dict["G/total"]`): there a key is a setting
+    # only when it says so
+    return bool(reads) and len(keys) == len(reads) and all(k and not LOSSISH.search(k) and (
+        not LOSSISH.search(name) or re.search(r"lr|learning|accum|grad|epoch|step|iter|time|acc|top|scale|norm|"
+                                              r"batch|num|count|size", k, re.I)) for k in keys)
 
 
 def _handed_to_a_writer(f: Facts, m: Module, c: ast.Call) -> bool:
@@ -311,7 +315,11 @@ def _not_reduced_at(f: Facts, m: Module, scope: ast.AST, c: ast.Call, name: str,
     if not any(reduced0 for _, _, reduced0 in writes):
         return False
     writes = [(w, reduces) for w, reduces, _ in writes]
-    before = [w for w in writes if w[0].lineno < c.lineno]
+    inside = [{id(x) for x in ast.walk(lp)} for lp in loops]
+    before = [w for w in writes if w[0].lineno < c.lineno and not (
+        isinstance(w[0], ast.Assign) and isinstance(w[0].value, ast.Constant) and any(
+            id(w[0]) not in ids and any(id(x) in ids and x.lineno > c.lineno for x, _ in writes) for ids in inside))]
+    # (`ema_loss = 0` before the loop whose later write, reduced, is what the next iteration's log reads: Grendel-GS)
     definite = [w for w in before if _on_the_path(m, scope, w[0], c)]
     last = max(definite, key=lambda w: w[0].lineno) if definite else None
     # a write in a branch `c` is not in may or may not have run (msst's `if ddp:` arm reduces, its `else:` does not)

@@ -8,7 +8,15 @@ import re
 
 from ..evaluation import dedups_gathered_ids
 from ..facts import Facts
-from ..loaders import loader_places, not_built_for, one_epoch_run, rebuilt_after, set_once, single_pass
+from ..loaders import (
+    loader_places,
+    loop_over_own_loader,
+    not_built_for,
+    one_epoch_run,
+    rebuilt_after,
+    set_once,
+    single_pass,
+)
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import arm_off
@@ -167,7 +175,9 @@ def set_epoch_missing(f: Facts, m: Module):
             never = "" if stale else " whose set_epoch nothing in the project calls"
             yield Hit(site[1], f"{ast.unparse(site[1].func)}(...) makes a shuffling DistributedSampler "
                                f"({m.rel}:{made[0].lineno}){never}: {what}",
-                      module=site[0], related=((m, made[0]), *stale[:1]))
+                      module=site[0], related=((m, made[0]), *stale[:1], *[
+                          x for x in loader_places(f.p, m, made[0]) if x[1] is not site[1]][:1]))
+            # (and the first place its loader is iterated: BEVCar's `train_iterloader = iter(train_dataloader)`)
         else:  # (the script's call of the builder, whose epoch loop is around a train-one-epoch helper: MagFace)
             # an epoch handed to something that is not the sampler (Demucs denoiser's `data_loader.epoch = epoch`
             # in its epoch loop): the place the user meant to set it
@@ -306,6 +316,12 @@ def set_epoch_late(f: Facts, m: Module):
                           "set_epoch first, then iter(loader)")
             continue
         if mm.enclosing(c, (ast.For, ast.While)) is None:
+            continue
+        loop = loop_over_own_loader(mm, c)
+        if loop is not None:
+            yield mm, c, (f"set_epoch inside `for ... in {ast.unparse(loop.iter)}` (line {loop.lineno}): that "
+                          "loop's iterator, made before this call, already drew the epoch's order with the previous "
+                          "epoch, so epoch 1 repeats epoch 0's — call set_epoch before the loop over the loader")
             continue
         persistent = _persistent_loaders(f, mm)
         if persistent:

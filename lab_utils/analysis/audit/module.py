@@ -1,0 +1,119 @@
+"""One parsed file of the audited project (`Module`): its tree, parent links, functions, classes, imports, whether
+it is a script, and the names that hold a rank; and `AuditError`, for a path that cannot be audited. project.py
+ties the modules together."""
+
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from pathlib import Path
+
+from .syntax import ENTRY_CALLS, callee, dotted
+from .taint import module_taint
+
+
+class AuditError(ValueError):
+    """A path cannot be audited (missing, not Python); the message names it."""
+
+
+class Module:
+    """One parsed file: its tree, parent links, functions, imports, and the names that hold a rank."""
+
+    def __init__(self, path: Path, rel: str, source: str):
+        try:
+            with warnings.catch_warnings():  # the audited file's own `'\d'` escapes are not the user's audit news
+                warnings.simplefilter("ignore", (SyntaxWarning, DeprecationWarning))
+                self.tree = ast.parse(source, filename=str(path))
+        except SyntaxError as e:
+            raise AuditError(f"{path}:{e.lineno}: not Python ({e.msg})") from None
+        # Every node, in ast.walk's order, listed once: the rules walk whole modules thousands of times (before
+        # this list, the corpus test spent 80% of its time in ast.walk), and a parsed tree never changes.
+        self.nodes: list[ast.AST] = list(ast.walk(self.tree))
+        self.path, self.rel = path, rel
+        self.parent: dict[int, ast.AST] = {}
+        for n in self.nodes:
+            for c in ast.iter_child_nodes(n):
+                self.parent[id(c)] = n
+        self.calls = [n for n in self.nodes if isinstance(n, ast.Call)]
+        self.functions: dict[str, ast.AST] = {}          # 'f' and 'Class.method'
+        self.classes: dict[str, ast.ClassDef] = {}
+        for n in self.tree.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions[n.name] = n
+            elif isinstance(n, ast.ClassDef):
+                self.classes[n.name] = n
+                for m in n.body:
+                    if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.functions[f"{n.name}.{m.name}"] = m
+        self.imports: dict[str, tuple[str, str | None, int]] = {}   # local name -> (module, attr, level)
+        self.stars: list[tuple[str, int]] = []                       # `from mod import *`: (module, level)
+        for n in self.nodes:
+            if isinstance(n, ast.Import):
+                for a in n.names:
+                    self.imports.setdefault(a.asname or a.name.split(".")[0], (
+                        a.name if a.asname else a.name.split(".")[0], None, 0))
+            elif isinstance(n, ast.ImportFrom):
+                for a in n.names:
+                    if a.name == "*":  # `from utils import *`: Project._expand_stars names what it brings
+                        self.stars.append((n.module or "", n.level))
+                    else:  # the first of two imports of one name (if/elif arms: MaskGIT's trainers) stays
+                        self.imports.setdefault(a.asname or a.name, (n.module or "", a.name, n.level))
+        self.entry = self._is_entry()
+        self.rank_tainted = self._taint()
+
+    def _is_entry(self) -> bool:
+        """A script: an `if __name__ == "__main__":` block that does something, or module-level code that sets
+        up the process group, wraps, launches or trains (a helper's `logging.basicConfig(...)` is no script)."""
+        for n in self.tree.body:
+            if isinstance(n, ast.If) and "__name__" in {dotted(m) for m in ast.walk(n.test)}:
+                if not all(isinstance(b, ast.Pass) for b in n.body):
+                    return True
+            elif isinstance(n, (ast.For, ast.While)):
+                return True
+            elif not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
+                                    ast.ImportFrom)) and any(
+                    isinstance(c, ast.Call) and (callee(c) in ENTRY_CALLS or "DistributedDataParallel" in (
+                        self.imports.get(callee(c), ("", "", 0))[1] or "")) for c in ast.walk(n)):
+                return True
+        # a console-script entry (`def main(): fire.Fire(train_from_folder)`, named in setup.py) whose module
+        # spawns the ranks: the launcher's module is the script, though no `__main__` block says so
+        # ... unless what the workers run is a function handed in (VQ-VAE-2's distributed/launch.py: `launch(fn,
+        # ...)` spawns a worker that ends in `fn(*args)`): a generic launcher, the script is its caller
+        return any(callee(c) == "spawn" and re.search(r"(^|\.)(mp|multiprocessing)$", dotted(c.func.value))
+                   and not self._runs_a_parameter(c)
+                   for c in ast.walk(self.tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute))
+
+    def _runs_a_parameter(self, spawn: ast.Call) -> bool:
+        # (a spawn inside `def launch_job(cfg, init_method, func)` handing `func` on: TimeSformer's misc.py)
+        outer = next((d for d in self.tree.body if isinstance(d, ast.FunctionDef) and d.lineno <= spawn.lineno <=
+                      (d.end_lineno or d.lineno)), None)
+        handed = {a.arg for a in outer.args.args if re.fullmatch(r"(\w+_)?(func|fn|function|job)", a.arg)} \
+            if outer is not None else set()
+        if any(isinstance(x, ast.Name) and x.id in handed for k in spawn.keywords if k.arg == "args"
+               for x in ast.walk(k.value)):
+            return True
+        target = self.tree.body and next((d for d in self.tree.body if isinstance(d, ast.FunctionDef) and spawn.args
+                                          and isinstance(spawn.args[0], ast.Name) and d.name == spawn.args[0].id), None)
+        if target is None:
+            return False
+        params = {a.arg for a in target.args.args}
+        return any(isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id in params
+                   for x in ast.walk(target))
+
+    def _taint(self, seed: frozenset = frozenset(), opaque: frozenset = frozenset()) -> set[str]:
+        return module_taint(self, seed, opaque)
+
+    def enclosing(self, node: ast.AST, kinds=(ast.FunctionDef, ast.AsyncFunctionDef)):
+        n = self.parent.get(id(node))
+        while n is not None and not isinstance(n, kinds):
+            n = self.parent.get(id(n))
+        return n
+
+    def class_of(self, fn: ast.AST) -> str | None:
+        p = self.parent.get(id(fn))
+        return p.name if isinstance(p, ast.ClassDef) else None
+
+    def has_main_guard(self) -> ast.If | None:
+        return next((n for n in self.tree.body if isinstance(n, ast.If)
+                     and "__name__" in {dotted(m) for m in ast.walk(n.test)}), None)
