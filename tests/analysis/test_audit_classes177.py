@@ -236,3 +236,30 @@ def test_a_logger_bound_by_with_and_fed_the_reduced_loss(tmp_path):
     assert "rank0-local-loss" not in [r for r, _ in _rules(_project(tmp_path / "a", files))]
     local = {**files, "train.py": train.replace("            dist.reduce(loss, dst=0)\n", "")}
     assert "rank0-local-loss" in [r for r, _ in _rules(_project(tmp_path / "b", local))]
+
+
+LOSS_FILE = ("import numpy as np\nclass Logger:\n    def __init__(self, d):\n        self.loss_list = []\n"
+             "        self.log_file = open(d + '/log.txt', 'a')\n    def __enter__(self):\n        return self\n"
+             "    def __exit__(self, *a):\n        self.log_file.close()\n"
+             "    def log_iter(self, losses):\n        self.loss_list.append(list(losses.values()))\n"
+             "    def log_scores(self):\n        loss_mean = np.array(self.loss_list).mean(axis=0)\n"
+             "        loss_string = '; '.join('%.5f' % v for v in loss_mean)\n"
+             "        print(loss_string, file=self.log_file)\n        self.loss_list = []\n"
+             "    def log_epoch(self, epoch):\n        self.epoch = epoch\n        self.log_scores()\n")
+
+
+def test_a_method_the_loggers_hook_calls_on_itself_logs_the_fed_losses(tmp_path):
+    """DaGAN: the training loop feeds `logger.log_iter(losses=...)` and ends each epoch with `logger.log_epoch(...)`,
+    which calls `self.log_scores()`, whose print into the shared log.txt shows the fed losses: every rank appends
+    its own. Under `if rank == 0:` only rank 0 writes them (its own micro-batches' losses)."""
+    train = SEEDED + ("from logger import Logger\nmodel = DDP(Net())\nwith Logger('out') as logger:\n"
+                      "    for epoch in range(3):\n        for x in loader:\n            loss = model(x).mean()\n"
+                      "            loss.backward()\n            opt.step()\n"
+                      "            logger.log_iter({'l': loss.item()})\n        logger.log_epoch(epoch)\n")
+    found = audit.audit_paths([_project(tmp_path / "a", {"train.py": train, "logger.py": LOSS_FILE})])
+    assert [(f.rule, Path(f.path).name) for f in found if "loss" in f.rule] == [
+        ("every-rank-prints-loss", "logger.py")], found
+    guarded = train.replace("        logger.log_epoch(epoch)",
+                            "        if rank == 0:\n            logger.log_epoch(epoch)")
+    found = audit.audit_paths([_project(tmp_path / "b", {"train.py": guarded, "logger.py": LOSS_FILE})])
+    assert "every-rank-prints-loss" not in [f.rule for f in found], found

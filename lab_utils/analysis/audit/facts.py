@@ -450,6 +450,10 @@ class Facts(DefaultOptions):
                     # loop's backward follows is training)
                     cache[id(fn)] = True
                     break
+                if isinstance(loop, (ast.FunctionDef, ast.AsyncFunctionDef)) and cm.class_of(loop) and \
+                        cm.class_of(loop) == m.class_of(fn) and self._hook_of_a_step_loop(cm, loop, steps):
+                    cache[id(fn)] = True  # a method the hook calls on its own object (DaGAN's Logger.log_epoch,
+                    break  # next to the step, calling self.log_scores(), which prints the fed losses)
         return cache[id(fn)]
 
     @staticmethod
