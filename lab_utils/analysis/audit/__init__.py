@@ -34,6 +34,7 @@ Exit codes of the CLI verb: 0 no finding, 1 findings, 2 bad input (no such path,
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 from . import rules  # noqa: F401  (registers every rule)
@@ -44,6 +45,7 @@ from .launch_scripts import fixed_ports_in_launch_scripts
 from .project import AuditError, Module, Project
 from .registry import REGISTRY, SEVERITIES, Finding, Rule, run_rules
 from .report import format_findings, to_json, to_sarif
+from .syntax import callee, kw
 
 RULES = tuple(REGISTRY)
 RULE_INFO = {r.id: (r.chapter, r.summary) for r in REGISTRY.values()}
@@ -95,7 +97,12 @@ def audit_paths(paths, skipped: list[str] | None = None) -> list[Finding]:
     # `os.environ['MASTER_PORT'] = '28890'`): the script's --master_port is then not the port used
     overridden = any(f.rule == "hard-coded-master-port" and f.message.startswith("MASTER_PORT") for f in found)
     if project.ddp and any(Path(p).is_dir() for p in paths) and not overridden:
-        found += [f for p in paths if Path(p).is_dir() for f in fixed_ports_in_launch_scripts(Path(p))]
+        # (a `--dist-url tcp://...:1235` the script hands in is used where init_process_group reads its init_method
+        # from a variable: those calls are the finding's related places)
+        sites = tuple((str(mm.path), c.lineno) for mm in project.modules.values() for c in mm.calls
+                      if callee(c) == "init_process_group" and isinstance(
+                          kw(c, "init_method") or (c.args[1] if len(c.args) > 1 else None), (ast.Name, ast.Attribute)))
+        found += [f for p in paths if Path(p).is_dir() for f in fixed_ports_in_launch_scripts(Path(p), sites)]
     return sorted(found, key=lambda f: (f.path, f.line, f.rule))
 
 

@@ -26,6 +26,7 @@ from .syntax import (
     callee,
     const_str,
     dotted,
+    functools_reduce,
     kw,
     layer_call,
     rank_reducing_name,
@@ -131,7 +132,8 @@ class Facts(DefaultOptions):
             return fwd is not None and any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce")
                                            for n in ast.walk(fwd))
         def reduces(mm, cc):
-            return (callee(cc) in REDUCING or _unseen_gather(self.p, mm, cc)) and not layer_call(mm.nodes, cc)
+            return (callee(cc) in REDUCING or _unseen_gather(self.p, mm, cc)) and not layer_call(mm.nodes, cc) \
+                and not functools_reduce(mm, cc)
         return any(self.p.function_does(tm, tf, reduces, depth=3) and not _returns_own_slice(tf)
             for tm, tf in self.p.resolve(m, c, exact=True) or self.one_method(c))  # Meter(...) runs __init__ only
         # (one_method: OpenSTL's `self.method.vali_one_epoch(...)`, which gathers every rank's results)
@@ -142,7 +144,7 @@ class Facts(DefaultOptions):
             return self.collective_helper(m, c)
         red: set[str] = set()
         for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
-            if callee(c) in ("all_reduce", "reduce", "all_gather") and c.args:
+            if callee(c) in ("all_reduce", "reduce", "all_gather") and c.args and not functools_reduce(m, c):
                 red.add(root(c.args[0]))
                 # `for v in logs.values(): dist.reduce(v.div_(world_size), 0)` (VICRegL): each value in place
                 loop = next((x for x in ast.walk(scope) if isinstance(x, ast.For) and isinstance(x.target, ast.Name)
@@ -192,6 +194,7 @@ class Facts(DefaultOptions):
                 read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))}
                 hit = any(isinstance(n, ast.Call) and (rank_reducing_name(n) and "batchnorm" not in
                                                        callee(n).lower() and not layer_call(m.nodes, n)
+                                                       and not functools_reduce(m, n)
                                                        or collective_helper(n)
                                                        or self.forward_reduced(m, n))
                           for n in ast.walk(value)) or (read & red and not read & (local - red))
@@ -435,7 +438,7 @@ class Facts(DefaultOptions):
         cache = self.cache.setdefault("step_hooks", {})
         if id(fn) not in cache:
             cache[id(fn)] = False
-            if self._evaluates(m, fn):
+            if self.evaluates(m, fn):
                 return False  # the evaluation the epoch loop runs after training: its loss is no training loss
             for cm, call in self.p.callers(m, fn):
                 loop = cm.enclosing(call, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef))
@@ -443,7 +446,7 @@ class Facts(DefaultOptions):
                         self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2)
                         for tm, tf in self.p.resolve(cm, n)) for n in ast.walk(loop)) and not any(
                         isinstance(n, ast.Call) and n.lineno < call.lineno and any(
-                            self._evaluates(tm, tf) for tm, tf in self.p.resolve(cm, n)) and not any(
+                            self.evaluates(tm, tf) for tm, tf in self.p.resolve(cm, n)) and not any(
                             steps(x) and x.lineno > n.lineno for x in ast.walk(loop)) for n in ast.walk(loop)):
                     # (a hook after an evaluation that ends the loop's work, WeNet's log_per_epoch after
                     # executor.cv, may log what that evaluation returned; a forward named `inference` that the
@@ -457,7 +460,7 @@ class Facts(DefaultOptions):
         return cache[id(fn)]
 
     @staticmethod
-    def _evaluates(m: Module, fn: ast.AST) -> bool:
+    def evaluates(m: Module, fn: ast.AST) -> bool:
         """An evaluation: named so, or a loop under torch.no_grad()/inference_mode (WeNet's `cv`)."""
         return any(EVAL_WORD.fullmatch(w) for w in fn.name.split("_")) or any(
             "no_grad" in dotted(d) or "inference_mode" in dotted(d) for d in fn.decorator_list) or any(
@@ -499,6 +502,8 @@ class Facts(DefaultOptions):
         named = {callee(c), m.imports.get(callee(c), ("", None, 0))[1]}  # (`save_checkpoint as ..._impl`, icefall)
         return any(tf.name in named and re.search(r"save|checkpoint|serialize", tf.name.lower())
                    and not tf.name.lower().startswith("load")
+                   and not re.match(r"(get|build|make|create)_", tf.name.lower())  # a factory of a saver object
+                   # (T4C TLab's `saver = get_saver(...)`; its methods' saves are judged where they are called)
                    and self.p.function_does(tm, tf, lambda mm, cc: dotted(cc.func) in ("torch.save", "th.save")
                                             and _to_file(cc), 1)
                    for tm, tf in targets)

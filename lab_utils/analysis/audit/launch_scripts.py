@@ -14,6 +14,8 @@ from .registry import Finding
 # exported or inline, quoted or not; DiffCardGCN's bash array `"--master_port" "7500"`); not `$PORT`, not
 # `${MASTER_PORT:-29500}` (a fallback the environment overrides)
 FIXED_PORT = re.compile(r"(--master[_-]port[\"']?[= ]+|\bMASTER_PORT=)[\"']?(\d{2,5})\b")
+# ... or an address with its port handed to the script's init_method (`--dist-url "tcp://127.0.0.1:1235"`, GLNet)
+FIXED_URL = re.compile(r"(--(?:dist[_-]url|init[_-]method)[\"']?[= ]+)[\"']?tcp://[^:\s\"']+:(\d{2,5})\b")
 
 
 # `--master_port=${PORT}` or `--master_port $PORT`, and `PORT=9996` (a constant, no `${PORT:-...}` fallback)
@@ -24,9 +26,10 @@ PORT_VARIABLE = re.compile(r"^\s*(?:export\s+)?(\w+)=[\"']?(\d{2,5})[\"']?\s*(?:
 POSITIONAL_PORT = re.compile(r"^\s*(?:export\s+)?(\w+)=[\"']?\$\{\d:-(\d{2,5})\}[\"']?\s*(?:#.*)?$")
 
 
-def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
+def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Finding]:
     """A fixed rendezvous port in a shell script of the project: every run launched by that script, on a host
-    where another job (or a stale one) holds the port, fails to rendezvous."""
+    where another job (or a stale one) holds the port, fails to rendezvous. `url_sites`: (path, line) of the
+    init_process_group calls that take the address a `--dist-url` hands in, named as related places."""
     found = []
     for path in shell_scripts(root):
         try:
@@ -38,7 +41,7 @@ def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
                  if v is not None}
         for i, line in enumerate(lines, 1):
             code = line.split("#", 1)[0]
-            hit = FIXED_PORT.search(code)
+            hit = FIXED_PORT.search(code) or FIXED_URL.search(code)
             via = VARIABLE_PORT.search(code)
             name = via.group(2) or via.group(3) if via is not None else None
             if hit is None and name in fixed:
@@ -50,6 +53,7 @@ def fixed_ports_in_launch_scripts(root: Path) -> list[Finding]:
             found.append(Finding(i, "hard-coded-master-port", (
                 f"{text} in this launch script fixes the rendezvous port: a second job on this "
                 "host (or a stale one) collides on the port — torchrun --standalone, or "
-                "--master_port=${MASTER_PORT:-29500} so the environment can choose"), "check-by-hand", str(path)))
+                "--master_port=${MASTER_PORT:-29500} so the environment can choose"), "check-by-hand", str(path),
+                url_sites[:3] if hit.re is FIXED_URL else ()))
             break  # one finding per script: its port is one choice
     return found

@@ -2,15 +2,20 @@
 DataLoader(..., sampler=self.train_sampler)`, or `self.dataloader = get_dataset(...)` for a builder that returns
 it), and the places the training code then iterates it in an epoch loop. The sampler rules name those places: the
 defect is made where the sampler is built and happens where its loader is iterated, epoch after epoch. Also:
-whether a loader is gone over once in the whole run, and which builder calls never take the sampler's arm."""
+whether a loader is gone over once in the whole run, which builder calls never take the sampler's arm, and
+which project loaders make their iterator once (set_epoch comes too late for them)."""
 
 from __future__ import annotations
 
 import ast
 import re
+from typing import TYPE_CHECKING
 
 from .project import Module
 from .syntax import callee, dotted, kw
+
+if TYPE_CHECKING:
+    from .facts import Facts
 
 
 def _names(targets) -> set[str]:
@@ -204,3 +209,51 @@ def loop_over_own_loader(m: Module, c: ast.Call) -> ast.For | None:
             return loop
         loop = m.enclosing(loop, (ast.For, ast.FunctionDef, ast.AsyncFunctionDef))
     return None
+
+
+def persistent_loaders(f: Facts, m: Module) -> list[str]:
+    """Project DataLoader subclasses that make their iterator once, in __init__ (`self.iterator =
+    super().__iter__()`, YOLOv5's InfiniteDataLoader), and that the code running with `m` uses."""
+    out = []
+    related = f.p.related(m)
+    for mm in related:
+        for name, cls in mm.classes.items():
+            init = mm.functions.get(f"{name}.__init__")
+            if init is None or not any(dotted(b).endswith("DataLoader") for b in cls.bases) or not any(
+                    isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
+                        callee(a.value) == "iter" or callee(a.value) == "__iter__") for a in ast.walk(init)):
+                continue
+            # a loader class the default run never picks (`if use_multi_epochs_loader: loader_class = ...`,
+            # off unless --use-multi-epochs-loader) leaves the default run's order right
+            used = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                       and not f.off_by_default(u, n) for u in related for n in u.nodes)
+            if used:
+                out.append(name)
+    return out
+
+
+def late_for_persistent(name: str) -> str:
+    return (f"set_epoch here, but the loader is {name}, whose iterator is made once in its __init__ and never "
+            "re-made: its workers prefetch the next epoch's indices before this call, so the new epoch's order is "
+            "drawn with the old epoch (epoch 1 repeats epoch 0's) — set the epoch before the iterator draws it, or "
+            "re-make the iterator each epoch")
+
+
+def called_in_a_loop(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The function around `c` is called from inside a loop (an epoch hook: `for epoch in ...: self.before_epoch()`)."""
+    fn = m.enclosing(c)
+    return fn is not None and any(cm.enclosing(s, (ast.For, ast.While)) is not None for cm, s in f.p.callers(m, fn))
+
+
+def used_only_when_off(f: Facts, m: Module, sampler: ast.Call) -> bool:
+    """Every place the loader built on `sampler` is handed on or iterated runs only under an option off by default
+    (GLNet's test loader, evaluated under `if evaluation:`, --evaluation store_true): the default run never
+    evaluates with it."""
+    names, _ = _loader_names(f.p, m, sampler)
+    handed = [(mm, x) for mm in f.p.modules.values() for x in mm.calls if any(
+        isinstance(a, (ast.Name, ast.Attribute)) and dotted(a).split(".")[-1] in names
+        for a in [*x.args, *[k.value for k in x.keywords]])]
+    iterated = [(mm, x) for mm in f.p.modules.values() for x in mm.nodes
+                if isinstance(x, ast.For) and _mentions(x.iter, names)]
+    sites = handed + iterated
+    return bool(names and sites) and all(f.off_in_default_run(mm, x) for mm, x in sites)

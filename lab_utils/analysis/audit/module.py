@@ -110,6 +110,16 @@ class Module:
             n = self.parent.get(id(n))
         return n
 
+    def called_attributes(self) -> set[str]:
+        """The object's attributes the module calls (`self.compute_loss(pred, targets)`, and the leaf
+        `compute_loss`): functions, not values, wherever they are handed or shown (a loss function is no logged
+        loss). A bare name is judged in its own scope: a module's `def loss(x, crit)` is not run_epoch's `loss`."""
+        if not hasattr(self, "_called_attributes"):
+            called = {dotted(c.func) for c in self.calls if isinstance(c.func, ast.Attribute)
+                      and dotted(c.func).startswith("self.")}
+            self._called_attributes = called | {d.split(".")[-1] for d in called}
+        return self._called_attributes
+
     def class_of(self, fn: ast.AST) -> str | None:
         p = self.parent.get(id(fn))
         return p.name if isinstance(p, ast.ClassDef) else None

@@ -125,6 +125,8 @@ class DefaultOptions(YamlConfigs):
                     n.body if isinstance(n.body, list) else [n.body])):
                 for t in (n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And)
                           else [n.test]):
+                    if isinstance(t, (ast.Name, ast.Attribute)) and dotted(t) in self.g.flags.get(m.rel, ()):
+                        continue  # a rank-0 flag (`self.print`, False but on rank 0), no option
                     if isinstance(t, ast.Attribute) and t.attr in flags:
                         return flags[t.attr], n
                     if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.Is)) \
@@ -138,6 +140,9 @@ class DefaultOptions(YamlConfigs):
                             isinstance(t.left, ast.Name) and const_str(t.comparators[0]) == "" and \
                             self.default_value(m, t.left) == "":
                         return t.left.id, n  # `if head_resume != '':` with head_resume a config's empty path
+                    copied = _copied_option(m, n, t) if isinstance(t, ast.Name) else None
+                    if copied in flags:
+                        return flags[copied], n  # `evaluation = args.evaluation`, then `if evaluation:` (GLNet)
                     if isinstance(t, ast.Name) and depth:
                         off = self._parameter_off(m, n, t.id, depth) or (
                             not _bound_in(m.enclosing(n), t.id) and self._global_flag(m, t.id))
@@ -176,11 +181,16 @@ class DefaultOptions(YamlConfigs):
         """The values a Python config file of the project gives `key` at its top level (`sync_bn = False`,
         `gradient_accumulation_steps = 1` in Pointcept's configs/_base_/default_runtime.py), or to the config
         object it builds there (`config = edict()`, `config.resume = False`: SwinFace's configs/config_train.py)."""
+        yacs_final = self.p.on_disk and self.yaml_files_naming(key) is False
         return [a.value for mm in self.p.modules.values() if re.search(r"(^|/)configs?(/|_|\.)", mm.rel)
                 for a in mm.tree.body if isinstance(a, ast.Assign) and len(a.targets) == 1 and (
                     isinstance(a.targets[0], ast.Name) and a.targets[0].id == key
                     or isinstance(a.targets[0], ast.Attribute) and a.targets[0].attr == key
-                    and isinstance(a.targets[0].value, ast.Name) and CONFIGISH.search(a.targets[0].value.id))]
+                    and isinstance(a.targets[0].value, ast.Name) and (
+                        CONFIGISH.search(a.targets[0].value.id) or a.targets[0].value.id == "_C" and yacs_final))]
+        # (`_C.sync_bn = False`: a yacs defaults file, Efficient Teacher's configs/defaults.py, whose experiment
+        # YAMLs are there and none names the key; with no YAML at hand an experiment file may turn it on:
+        # HigherHRNet's AUTO_RESUME)
 
     def _config_default_off(self, t: ast.Attribute) -> bool:
         """`cfg.MODEL.SYNC_BN` where the project's config defaults set `_C.MODEL.SYNC_BN = False` (a yacs
@@ -279,6 +289,10 @@ class DefaultOptions(YamlConfigs):
             seen.add((cm.rel, name))
             init = cm.functions.get(f"{name}.__init__")
             todo += self.p.bases_of(cm, name)
+            if any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Attribute) and any(
+                    dotted(x) == f"self.{attr}" for x in a.targets) and self._config_default_off(a.value)
+                    for fn in cm.functions.values() if cm.class_of(fn) == name for a in ast.walk(fn)):
+                return True  # `self.sync_bn = cfg.sync_bn` in a setup method, the key False in the defaults
             if init is None:
                 continue
             set_from = {a.value.id for a in ast.walk(init) if isinstance(a, ast.Assign) and isinstance(
@@ -535,3 +549,14 @@ def _configish(x: ast.AST) -> bool:
             return True
         x = x.value
     return isinstance(x, ast.Name) and bool(re.search(r"(^|_)(cfg|config|conf|opt|hparams)$", x.id, re.I))
+
+
+def _copied_option(m: Module, at: ast.AST, t: ast.Name) -> str | None:
+    """The option a local name copies, when the function around `at` binds it once, from `args.<option>`."""
+    fn = m.enclosing(at)
+    binds = [a for a in ast.walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+        isinstance(x, ast.Name) and x.id == t.id for x in (a.targets if isinstance(a, ast.Assign) else [a.target]))
+             ] if fn is not None else []
+    v = binds[0].value if len(binds) == 1 and isinstance(binds[0], ast.Assign) else None
+    return v.attr if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id in (
+        "args", "opt", "opts", "config", "cfg") else None

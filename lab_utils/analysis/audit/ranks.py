@@ -10,7 +10,7 @@ import re
 from .hierarchy import off_the_run
 from .project import Module, Project
 from .switches import conjuncts, is_switch_test, set_by_launch, unlaunched
-from .syntax import RANK0_NAME, RANKISH, callee, dotted, involves, involves_rank, is_switch_value
+from .syntax import RANK0_NAME, RANKISH, callee, const_value, dotted, involves, involves_rank, is_switch_value
 from .taint import resolved_past_super
 
 
@@ -122,9 +122,14 @@ class Guards:
                 else:
                     consts.setdefault(name, []).append((None, "other"))
         # `if rank % ngpus == 0: opt.log = True` / `else: opt.log = False` (HybrIK) says the same
+        # ... and so does `self.print = False`, then `if rank == 0 ...: self.print = True` (ClearerVoice's Solver),
+        # unless rank 0 then hands it to the others (HaGRID's broadcast `self.stop`)
+        shared = {dotted(a) for c in m.calls if callee(c) in ("broadcast", "all_reduce") for a in c.args}
         return {name: "rank0" for name, sets in consts.items() if name not in kinds
                 and ((True, None) in sets or (True, "rank0") in sets) and (False, "not0") in sets
-                and all(s in ((True, None), (True, "rank0"), (False, "not0")) for s in sets)}
+                and all(s in ((True, None), (True, "rank0"), (False, "not0")) for s in sets)
+                or name not in kinds and (False, None) in sets and (True, "rank0") in sets
+                and all(s in ((False, None), (True, "rank0")) for s in sets) and name not in shared}
 
     def _arm(self, m: Module, a: ast.AST) -> str | None:
         """kind(), and 'not0' for the else arm of a rank-0 test (`if rank == 0: ... else: flag = False`)."""
@@ -294,6 +299,8 @@ class Guards:
 
     def classify(self, m: Module, t: ast.AST, shallow: bool = False) -> str | None:
         """'rank0' (the true branch is rank 0 only), 'not0' (it excludes rank 0), 'leaky', or None."""
+        if isinstance(t, ast.IfExp) and const_value(t.body) is True and const_value(t.orelse) is False:
+            return self.classify(m, t.test, shallow)  # `main_device = True if rank == 0 else False` (ADAPT)
         if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.IsNot, ast.Is)) and \
                 isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None and \
                 self.rank0_object(m, dotted(t.left)):

@@ -133,11 +133,13 @@ def number(node: ast.AST | None) -> int | float | None:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def single_run_value(m: Module, name: str, at: ast.AST | None = None, depth: int = 0) -> float | None:
+def single_run_value(m: Module, name: str, at: ast.AST | None = None, depth: int = 0, p=None) -> float | None:
     """The value a rank-holding name has in the single (non-distributed) run: the constant the script's own
     one-process call hands the function around `at` for it (CLIP-EBC's `run(0, 1, args)` beside
     `mp.spawn(run, ...)`, whose `local_rank` parameter is not the `--local_rank` option), its non-rank assignment,
-    the environment default (`os.environ.get("RANK", -1)`), the argparse default, else 0."""
+    the environment default (`os.environ.get("RANK", -1)`), the argparse default, else 0. With the project `p`, a
+    parameter is followed to what its callers hand it (Efficient Teacher's `set_env(..., RANK, ...)`, called from
+    `Trainer.__init__`, which train.py hands `RANK = int(os.getenv('RANK', -1))`)."""
     fn = m.enclosing(at) if at is not None else None
     params = [a.arg for a in fn.args.args] if isinstance(fn, ast.FunctionDef) else []
     if name in params:
@@ -146,6 +148,9 @@ def single_run_value(m: Module, name: str, at: ast.AST | None = None, depth: int
             if isinstance(c.func, ast.Name) and c.func.id == fn.name and i < len(c.args) and isinstance(
                     c.args[i], ast.Constant) and isinstance(c.args[i].value, int):
                 return c.args[i].value
+        handed = _handed_by_callers(m, fn, params, name, depth, p) if p is not None and depth < 4 else None
+        if handed is not None:
+            return handed
     if depth > 4:
         return 0
     consts, sources = [], []
@@ -170,7 +175,7 @@ def single_run_value(m: Module, name: str, at: ast.AST | None = None, depth: int
                 except (TypeError, ValueError):
                     return 0
         if isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) != name:
-            return single_run_value(m, dotted(v), None, depth + 1)
+            return single_run_value(m, dotted(v), None, depth + 1, p)
     leaf = name.split(".")[-1]
     for c in m.calls:
         if callee(c) == "add_argument" and any(const_str(a) in (f"--{leaf}", f"--{leaf.replace('_', '-')}")
@@ -181,3 +186,17 @@ def single_run_value(m: Module, name: str, at: ast.AST | None = None, depth: int
             if isinstance(d, ast.Constant) and isinstance(d.value, (int, float)):
                 return d.value
     return 0
+
+
+def _handed_by_callers(m: Module, fn: ast.FunctionDef, params: list, name: str, depth: int, p) -> float | None:
+    """What the project's calls of `fn` hand its parameter `name` in the single run (the first caller that says)."""
+    i = params.index(name) - (1 if params[:1] in (["self"], ["cls"]) else 0)
+    for cm, site in p.callers(m, fn):
+        given = kw(site, name)
+        if given is None and 0 <= i < len(site.args) and not any(isinstance(a, ast.Starred) for a in site.args[:i + 1]):
+            given = site.args[i]
+        if isinstance(given, ast.Constant) and isinstance(given.value, (int, float)):
+            return given.value
+        if isinstance(given, (ast.Name, ast.Attribute)):
+            return single_run_value(cm, dotted(given), site, depth + 1, p)
+    return None

@@ -199,9 +199,16 @@ def _arm_of_one_process(body: list) -> bool:
             pairs = zip(t.elts, a.value.elts, strict=False) if isinstance(t, ast.Tuple) and isinstance(
                 a.value, ast.Tuple) else [(t, a.value)]
             if any(re.search(r"world_size$", dotted(x)) and isinstance(v, ast.Constant) and v.value == 1
-                   for x, v in pairs):
+                   and not _set_again(body, a, dotted(x)) for x, v in pairs):
                 return True
     return False
+
+
+def _set_again(body: list, first: ast.Assign, name: str) -> bool:
+    """A later statement of the arm sets `name` again: ClearerVoice's `args.world_size = 1`, then `if 'WORLD_SIZE'
+    in os.environ: args.world_size = int(os.environ['WORLD_SIZE'])`: a default the launch overrides."""
+    return any(isinstance(a, ast.Assign) and a is not first and a.lineno > first.lineno and any(
+        dotted(t) == name for t in a.targets) for s in body for a in ast.walk(s))
 
 
 def dead_branch(m: Module, node: ast.AST) -> bool:

@@ -13,7 +13,7 @@ WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus?|NUM_GPUS|
                       r"|WORLD_SIZE")  # (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS configs)
 RANK0_NAME = re.compile(r"master|is_main|main_process|rank_zero|is_rank0|is_primary|rank0$")
 BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
-ACCUMISH = re.compile(r"accum|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc
+ACCUMISH = re.compile(r"accum|accu_|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc
 # a loss by name, or a GAN loss by DCGAN's convention (`errD = errD_real + errD_fake`, `errG`)
 LOSSISH = re.compile(r"(?i:loss)|\berr_?[DG](?:_\w*)?\b")
 EVALISH = re.compile(r"val|eval|test", re.I)
@@ -299,3 +299,9 @@ def a_loss_value(v: ast.AST) -> bool:
         return False
     return any(LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(v)
                if isinstance(n, (ast.Name, ast.Attribute)))
+
+
+def functools_reduce(m, c: ast.Call) -> bool:
+    """`reduce(lambda x, y: x + y, features)` in module `m`: functools' fold, no reduction over ranks (GLNet)."""
+    return callee(c) == "reduce" and (dotted(c.func) == "functools.reduce" or bool(c.args) and isinstance(
+        c.args[0], ast.Lambda) or isinstance(c.func, ast.Name) and m.imports.get("reduce", ("",))[0] == "functools")

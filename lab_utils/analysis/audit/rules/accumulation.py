@@ -94,6 +94,12 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
         # (a flush of the micro-batches left at the epoch's end, `if n_accumulate_bp > 0: step`, is gated too)
         flushes = [n for n in ast.walk(loop) if isinstance(n, ast.If) and involves(n.test, ACCUMISH)]
         inside = {id(c) for g in [*gated, *flushes] for s in g.body for c in ast.walk(s)}
+        # (the other arm of `if args.accu_grad: <gated steps> else: <a step each batch>`, ClearerVoice's: the
+        # run takes one arm, and the accumulating one is judged; not under `if ACCUMULATION_STEPS > 1:`, Swin's,
+        # whose default count of 1 takes the other arm)
+        inside |= {id(c) for n in ast.walk(loop) if isinstance(n, ast.If) and not isinstance(n.test, ast.Compare)
+                   and any(g is x for s in n.body for x in ast.walk(s) for g in gated)
+                   for s in n.orelse for c in ast.walk(s)}
         free = {_stepped(c) for c in ast.walk(loop) if _steps(c) and id(c) not in inside and not any(
             k.arg == "update_grad" for k in c.keywords) and not _scheduler_step(m, c)}
         # every step of the loop is gated: it accumulates; or one optimizer's steps are, while another (a GAN's

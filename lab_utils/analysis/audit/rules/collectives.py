@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 
+from ..exits import rank0_loop_exits
 from ..facts import Facts
 from ..hierarchy import never_named, plain_function
 from ..project import Module
@@ -42,6 +43,7 @@ def collective_under_rank0(f: Facts, m: Module):
         yield c, (f"{ast.unparse(c.func)}(...) runs on {who} (its guard, or an early return of the others): the "
                   "ranks that skip it never join, so the ones that call it wait forever (a hang) — move it outside "
                   "the rank branch")
+    yield from rank0_loop_exits(f, m)  # ... or a training loop rank 0 alone leaves (an early stop only it decides)
 
 
 @rule("ddp-forward-under-rank0", "08_checkpoints", "the DDP-wrapped model called by rank 0 alone: its buffer "

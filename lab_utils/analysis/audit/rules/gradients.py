@@ -169,6 +169,8 @@ def _read_out(m: Module, c: ast.Call) -> bool:
     every later use of the name it is bound to goes through .cpu()/.item()/.tolist()/.detach(), a decode or a log.
     A gathered value read out feeds no loss, so the gradient it lacks is never missed."""
     a = m.parent.get(id(c))
+    if _chained_read_out(m, c):
+        return True  # `self.gather_distributed_data(preds).cpu()` (Vesper's evaluation)
     names = {t.id for t in getattr(a, "targets", []) if isinstance(t, ast.Name)} if isinstance(a, ast.Assign) else set()
     scope = m.enclosing(c) or m.tree
     uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
@@ -184,6 +186,20 @@ def _read_out(m: Module, c: ast.Call) -> bool:
             up = m.parent.get(id(up))
         return False
     return all(read(n) for n in uses)
+
+
+def _chained_read_out(m: Module, c: ast.Call) -> bool:
+    """`c(...).cpu()`, `.numpy()`, `.tolist()`: the value leaves for a metric the moment it is made."""
+    up = m.parent.get(id(c))
+    return isinstance(up, ast.Attribute) and up.attr in READ_OUT and isinstance(m.parent.get(id(up)), ast.Call)
+
+
+def _concatenated_then_read_out(m: Module, scope: ast.AST, lst: str) -> bool:
+    """Every concatenation of the gathered list is read out on the spot (`torch.cat(gathered).cpu()`): the
+    gathered features go to a metric, not into a loss."""
+    cats = [n for n in ast.walk(scope) if isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args
+            and dotted(n.args[0]) == lst]
+    return bool(cats) and all(_chained_read_out(m, n) for n in cats)
 
 
 def _in_a_forward(f: Facts, m: Module, fn: ast.AST | None, depth: int) -> bool:
@@ -267,8 +283,8 @@ def _gather_hits(f: Facts, m: Module):
                            and dotted(n.args[0]) == lst for n in ast.walk(scope)) or any(
             isinstance(r, ast.Return) and r.value is not None and lst in {dotted(n) for n in ast.walk(r.value)}
             for r in ast.walk(scope))  # returned to a caller that concatenates it
-        if not used:
-            continue
+        if not used or _concatenated_then_read_out(m, scope, lst):
+            continue  # (Simple-CCReID's test-time concat_all_gather: `torch.cat(tensors_gather, dim=0).cpu()`)
         if _in_a_loss(f, m, fn):
             # one defect, one finding: at the gather (the fix), naming the losses that call the helper
             yield Hit(c, (f"{ast.unparse(c)} inside a loss returns tensors without a gradient: the gathered features "
@@ -379,6 +395,9 @@ def lr_grows_with_world_size(f: Facts, m: Module):
     # (the arm the default run takes: PixPro's `if args.optimizer == 'sgd': ... elif ... 'lars':` with the launch
     # script's --optimizer lars; the registry would drop a finding in the other arm, not pick the next)
     found = [x for x in found if not off_the_default_path(f, m, x[0])] or found
+    # a scaling helper nothing in the project calls (Vesper's scale_learning_rate, never used) scales nothing
+    found = [x for x in found if m.enclosing(x[0]) is None or m.class_of(m.enclosing(x[0]))
+             or not _uncalled(f, m, m.enclosing(x[0]))]  # (a method: its object may be built under an alias)
     for n, value, where in found:
         # at the line of the growing product when the statement spans lines (iBOT's cosine_scheduler(...) call)
         n = next((x for x in ast.walk(value) if isinstance(x, ast.BinOp) and grows(x, holding)), n)

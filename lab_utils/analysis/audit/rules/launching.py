@@ -360,8 +360,10 @@ def hard_coded_master_port(f: Facts, m: Module):
                  and const_str(_init_method(c)) is None for mm in f.p.modules.values() for c in mm.calls)
     for c in m.calls:
         url = _init_method(c) if callee(c) == "init_process_group" else None
-        if url is not None and const_str(url) and _fixed_port(url):
-            yield url, f"init_method={url.value!r} fixes the rendezvous port: {advice}", "check-by-hand"
+        if url is not None and (const_str(url) or isinstance(url, ast.JoinedStr)) and _fixed_port(url):
+            # (or the port written into an f-string, `f'tcp://{master_ip}:23461'`: Color2Embed)
+            shown = repr(url.value) if const_str(url) else ast.unparse(url)
+            yield url, f"init_method={shown} fixes the rendezvous port: {advice}", "check-by-hand"
         # an option whose default is a port on this very host (`--init_method default='tcp://localhost:9999'`),
         # in a project whose init_process_group takes its init_method from a variable: every single-host run that
         # keeps the default rendezvous there. A remote address as default must be replaced to run at all, so it

@@ -33,11 +33,11 @@ from ..losses import (
     loss_terms,
     origins,
     packed_losses,
-    reducing_meters,
     returned_losses,
     returned_reduced,
     whole_set_meters,
 )
+from ..meters import reducing_meters
 from ..project import Module
 from ..rank0_values import of_the_weights_alone, own_walk, rank0_own
 from ..registry import Hit, rule
@@ -220,9 +220,11 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy = {n for n in lossy if not handed_global(f, m, scope, n)
                  and not loaded_from_a_checkpoint(f, m, scope, c, n) and not returned_reduced(f, m, scope, n)}
         lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)}
+        lossy -= m.called_attributes()  # a loss function handed on (`val.run(..., compute_loss=self.compute_loss)`)
         own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
-        if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)) or \
+        if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)
+                             and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))) or \
                 _reports_an_abort(m, c) or f.off_by_default(m, c):
             continue  # (last: a log under an option unset unless given, DLRM's print of a loaded model's loss)
         outer = _outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
@@ -374,7 +376,9 @@ def rank0_local_loss(f: Facts, m: Module):
             merged[source] = (first[0]._replace(related=(*first[0].related, (m, hit.node))), first[1], first[2])
     for hit, scope, lossy in merged:
         if not _logged_where_computed(f, m, scope, lossy):
-            yield hit._replace(related=(*hit.related, *_logged_by_callers(f, m, scope)))
+            # (and where the scripts call a logging helper: BigColor's `if ... is_main_dev: make_log_scalar(...)`)
+            related = (*hit.related, *_logged_by_callers(f, m, scope))
+            yield hit._replace(related=(*related, *(s for s in f.p.script_calls(m, hit.node) if s not in related)))
 
 
 def _logged_by_callers(f: Facts, m: Module, fn: ast.AST) -> tuple:
@@ -580,8 +584,10 @@ def _every_rank_hits(f: Facts, m: Module):
                       related=((wm, w),) if w is not c else ()), lossy
             continue
         if kind is None and ((callee(c) == "print" or meter_prints(f, m, c) == "print") and not f.print_override
-                             or root_logger_on_every_rank(f, m, c)
+                             or root_logger_on_every_rank(f, m, c) and not info_on_rank0_only(f, m, c)
                              or bar_on_every_rank(m, c) and not f.stderr_silenced):
+            # (a child of a logger whose level is INFO on rank 0 alone, Simple-CCReID's 'reid.train' under
+            # get_logger's 'reid': rank 0's line, rank0-local-loss's to judge)
             yield Hit(c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
                           f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global "
                           "batch's loss — all_reduce it, then log on rank 0")), lossy

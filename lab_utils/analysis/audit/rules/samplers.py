@@ -9,13 +9,17 @@ import re
 from ..evaluation import dedups_gathered_ids
 from ..facts import Facts
 from ..loaders import (
+    called_in_a_loop,
+    late_for_persistent,
     loader_places,
     loop_over_own_loader,
     not_built_for,
     one_epoch_run,
+    persistent_loaders,
     rebuilt_after,
     set_once,
     single_pass,
+    used_only_when_off,
 )
 from ..project import Module
 from ..registry import Hit, rule
@@ -111,27 +115,6 @@ def _sampler_context(f: Facts, m: Module):
     loaded = [mm for mm in f.p.modules.values() if mm not in related and not mm.entry
               and not any(mm in f.p.related(e) for e in entries)]
     return made, [(mm, c) for mm in [*related, *loaded] for c in mm.calls if callee(c) == "set_epoch"]
-
-
-def _persistent_loaders(f: Facts, m: Module) -> list[str]:
-    """Project DataLoader subclasses that make their iterator once, in __init__ (`self.iterator =
-    super().__iter__()`, YOLOv5's InfiniteDataLoader), and that the code running with `m` uses."""
-    out = []
-    related = f.p.related(m)
-    for mm in related:
-        for name, cls in mm.classes.items():
-            init = mm.functions.get(f"{name}.__init__")
-            if init is None or not any(dotted(b).endswith("DataLoader") for b in cls.bases) or not any(
-                    isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
-                        callee(a.value) == "iter" or callee(a.value) == "__iter__") for a in ast.walk(init)):
-                continue
-            # a loader class the default run never picks (`if use_multi_epochs_loader: loader_class = ...`,
-            # off unless --use-multi-epochs-loader) leaves the default run's order right
-            used = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                       and not f.off_by_default(u, n) for u in related for n in u.nodes)
-            if used:
-                out.append(name)
-    return out
 
 
 @rule("set-epoch-missing", "03_samplers", "a shuffling DistributedSampler whose set_epoch is never called (or only "
@@ -316,6 +299,9 @@ def set_epoch_late(f: Facts, m: Module):
                           "set_epoch first, then iter(loader)")
             continue
         if mm.enclosing(c, (ast.For, ast.While)) is None:
+            persistent = persistent_loaders(f, mm) if called_in_a_loop(f, mm, c) else []
+            if persistent:  # (Efficient Teacher's before_epoch(), called each epoch from train()'s loop)
+                yield mm, c, late_for_persistent(persistent[0])
             continue
         loop = loop_over_own_loader(mm, c)
         if loop is not None:
@@ -323,12 +309,9 @@ def set_epoch_late(f: Facts, m: Module):
                           "loop's iterator, made before this call, already drew the epoch's order with the previous "
                           "epoch, so epoch 1 repeats epoch 0's — call set_epoch before the loop over the loader")
             continue
-        persistent = _persistent_loaders(f, mm)
+        persistent = persistent_loaders(f, mm)
         if persistent:
-            yield mm, c, (f"set_epoch here, but the loader is {persistent[0]}, whose iterator is made once in "
-                          "its __init__ and never re-made: its workers prefetch the next epoch's indices before "
-                          "this call, so the new epoch's order is drawn with the old epoch (epoch 1 repeats epoch "
-                          "0's) — set the epoch before the iterator draws it, or re-make the iterator each epoch")
+            yield mm, c, late_for_persistent(persistent[0])
             continue
         fn = mm.enclosing(c)
         if fn is None:
@@ -557,8 +540,8 @@ def eval_padding_duplicates(f: Facts, m: Module):
         flag = f.off_by_default(m, c)
         if flag and not DIST_SWITCH.search(flag):  # (`--distributed` itself is how the DDP run is asked for)
             continue  # `if args.dist_eval:` on a store_true option (DeiT, DyTox): the default run evaluates whole
-        if asked and _kept_for_training(m, c):
-            continue
+        if asked and _kept_for_training(m, c) or not asked and used_only_when_off(f, m, c):
+            continue  # (or its loader evaluated only under an option off by default: GLNet's --evaluation)
         sites = _evaluation_caller(f, m, c, every=True) if asked else []
         sites = [sites] if isinstance(sites, tuple) else sites or [asked]
         if asked and all(not_built_for(m, c, call) for _, call in sites):

@@ -14,9 +14,11 @@ from ..syntax import callee, const_str, dotted, involves_rank, kw, mentions_ddp
 
 
 def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> bool:
-    """`model.load_state_dict(ckpt["model"])` on the DDP-wrapped name after the wrap: the script resumes its own
-    wrapped checkpoint, so the module. prefix round-trips (a plain model never reads that file here)."""
-    return any(isinstance(c.func, ast.Attribute) and callee(c) == "load_state_dict"
+    """`model.load_state_dict(ckpt["model"])` on the DDP-wrapped name after the wrap, and the plain weights saved
+    apart for every other use (`torch.save(model.module.backbone.state_dict(), 'resnet50.pth')`, Barlow Twins,
+    VICReg): the checkpoint is the job's own resume file, its `module.` prefix round-trips. Without such an export
+    the wrapped checkpoint is all a 1-GPU run or an inference script gets (frame-transformer, ComMatch)."""
+    return _exports_unwrapped(m, owner) and any(isinstance(c.func, ast.Attribute) and callee(c) == "load_state_dict"
                and dotted(c.func.value) == owner and c.lineno > wrap_line for c in m.calls)
 
 
@@ -31,6 +33,13 @@ def _subclass_loads(f: Facts, m: Module, owner: str) -> bool:
         isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self" and c.func.attr in loaders
         and c.lineno > f.ddp_wrapped[mm.rel][owner] for c in mm.calls) for mm in f.p.modules.values())
     # (P5's `self.load_checkpoint(...)` in __init__ before the wrap loads into the plain model: no round trip)
+
+
+def _exports_unwrapped(m: Module, owner: str) -> bool:
+    return any(isinstance(c, ast.Call) and callee(c) == "state_dict" and isinstance(c.func, ast.Attribute)
+               and dotted(c.func.value).startswith(f"{owner}.module") and any(
+                   isinstance(s, ast.Call) and dotted(s.func) in ("torch.save", "th.save") and any(
+                       x is c for x in ast.walk(s)) for s in m.calls) for c in m.calls)
 
 
 def _unwrapped_between(m: Module, c: ast.AST, owner: str) -> bool:

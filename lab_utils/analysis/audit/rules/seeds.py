@@ -425,12 +425,12 @@ def seed_per_rank(f: Facts, m: Module):
         if not involves_rank(arg, m.rank_tainted, skip_conditional=True) or _handed_in(m, c, arg):
             continue
         at0 = _seed_value(m, arg, lambda name: 0)
-        single = _seed_value(m, arg, lambda name, c=c: single_run_value(m, name, c) or 0, world=1)
+        single = _seed_value(m, arg, lambda name, c=c: single_run_value(m, name, c, p=f.p) or 0, world=1)
         arm = _distributed_arm(f, m, c)
         if arm is not None:  # `if local_rank != -1: init_seeds(base + local_rank) else: init_seeds(base)` (OSTrack)
             other = _other_arm_seed(f, m, c, arm)
             single = None if other is None else _seed_value(
-                m, other, lambda name, c=c: single_run_value(m, name, c) or 0, world=1)
+                m, other, lambda name, c=c: single_run_value(m, name, c, p=f.p) or 0, world=1)
         if at0 is not None and single is not None and at0 != single:
             if at0 == _seed_value(m, arg, lambda name: 0, world=1):
                 yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)} = "

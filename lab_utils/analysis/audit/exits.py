@@ -1,0 +1,88 @@
+"""A training loop that rank 0 alone leaves: an early stop that only rank 0 decides (the stopping object called
+under rank 0's guard, the loop breaking on its flag). The other ranks go on into the next step, whose gradient
+all-reduce rank 0 never joins, and wait there forever (a hang the single run cannot have). Chapter 00's
+collective-under-rank0 asks it (rules/collectives.py)."""
+
+from __future__ import annotations
+
+import ast
+
+from .facts import Facts
+from .project import Module
+from .registry import Hit
+from .syntax import callee, dotted
+
+EXITS = ("sys.exit", "exit", "quit", "os._exit")
+
+
+def _steps(mm: Module, c: ast.Call) -> bool:
+    return callee(c) == "backward" or callee(c) == "step" and "optim" in dotted(c.func)
+
+
+def _trains(f: Facts, m: Module, loop: ast.AST) -> bool:
+    """The loop runs backward or an optimizer step, itself or through the project functions it calls."""
+    calls = [c for c in ast.walk(loop) if isinstance(c, ast.Call)]
+    return any(_steps(m, c) for c in calls) or any(
+        f.p.function_does(tm, tf, _steps, depth=2) for c in calls for tm, tf in f.p.resolve(m, c))
+
+
+def _leaves(m: Module, loop: ast.AST, x: ast.AST) -> bool:
+    """`x` ends the loop: a `break` of this very loop, or an exit of the process."""
+    if isinstance(x, ast.Break):
+        return m.enclosing(x, (ast.For, ast.While)) is loop
+    return isinstance(x, ast.Call) and dotted(x.func) in EXITS
+
+
+def _run_by(f: Facts, m: Module, loop: ast.AST) -> list[tuple[Module, ast.Call]]:
+    """The calls the loop makes, itself and in the project functions it calls (two levels down)."""
+    out, todo, seen = [], [(m, loop, 0)], set()
+    while todo:
+        mm, node, depth = todo.pop()
+        for c in (x for x in ast.walk(node) if isinstance(x, ast.Call)):
+            out.append((mm, c))
+            for tm, tf in f.p.resolve(mm, c) if depth < 2 else []:
+                if id(tf) not in seen:
+                    seen.add(id(tf))
+                    todo.append((tm, tf, depth + 1))
+    return out
+
+
+def _decided_on_rank0(f: Facts, m: Module, loop: ast.AST, test: ast.AST) -> tuple | None:
+    """(the text, (module, node) where rank 0 decides) of what in `test` only rank 0 sets: an object only rank 0
+    calls in the loop (`if self.early_stopping.early_stop:` with `self.early_stopping(score, model)` under `if
+    self.local_rank == 0:` in the test() the loop calls), that nothing else sets the flag of."""
+    run = _run_by(f, m, loop)
+    for n in ast.walk(test):
+        if not isinstance(n, (ast.Name, ast.Attribute)):
+            continue
+        obj = dotted(n.value) if isinstance(n, ast.Attribute) else None
+        uses = [(mm, c) for mm, c in run if obj and dotted(c.func) == obj]  # the object called: it decides
+        sets = [(mm, a) for mm in {m, *f.p.related(m)} for a in mm.nodes if isinstance(a, ast.Assign)
+                and any(dotted(t) == dotted(n) for t in a.targets) and mm.enclosing(a) is not None
+                and mm.enclosing(a).name != "__init__"]
+        if obj and uses and all(f.g.effective(mm, c) == "rank0" for mm, c in uses) and not sets:
+            return f"{dotted(n)} (set by {ast.unparse(uses[0][1].func)}(...), which only rank 0 calls, line " \
+                f"{uses[0][1].lineno})", uses[0]
+    return None
+
+
+def rank0_loop_exits(f: Facts, m: Module):
+    """(node, message) for each training loop that only rank 0 leaves."""
+    for loop in (n for n in m.nodes if isinstance(n, (ast.For, ast.While))):
+        if f.g.effective(m, loop) == "rank0" or not _trains(f, m, loop):
+            continue
+        for x in ast.walk(loop):
+            if not _leaves(m, loop, x):
+                continue
+            what = "exits the process" if isinstance(x, ast.Call) else "leaves the training loop"
+            test = m.parent.get(id(x))
+            test = test.test if isinstance(test, ast.If) else None
+            decided = _decided_on_rank0(f, m, loop, test) if test is not None else None
+            if decided is not None:
+                why, where = decided
+                yield Hit(x, (f"this {'exit' if isinstance(x, ast.Call) else 'break'} {what} on a test only rank 0 can "
+                          f"pass: {why}; the other ranks go on into the next step, whose gradient all-reduce rank 0 "
+                          "never joins, and wait forever (a hang the single run cannot have) — broadcast the "
+                          "decision from rank 0 (dist.broadcast of a stop flag) so every rank leaves together"),
+                          related=(where,))
+                break

@@ -1,0 +1,50 @@
+"""Meters that reduce over ranks themselves: a project class whose update() all-reduces what it is fed, or whose
+read method gathers every rank's values. What they print is the global batch's, so the loss rules leave them be."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .facts import Facts
+from .project import Module
+from .syntax import callee, dotted, functools_reduce
+
+
+def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
+    """Meters of a project class whose update() all-reduces what it is fed (image_classification_sota's
+    `loss_m = AverageMeter(dist=True)`, whose update calls _dist_reduce): what they print is the global batch's.
+    When update() reduces only in one branch, the meter must be built with a keyword set True."""
+    out = set()
+    for a in ast.walk(scope):
+        if isinstance(a, ast.Assign) and len(a.targets) == 1 and read_reduced(f, m, a.value):
+            out.add(dotted(a.targets[0]))  # `metrics_dict = {'lr': lr, **metrics.compute(dist)}` (TarFlow)
+        if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.value, ast.Call)):
+            continue
+        name = dotted(a.targets[0])
+        found = f.any_class(m, name) if name else None
+        update = found[0].functions.get(f"{found[1].name}.update") if found else None
+        if update is None:
+            continue
+        reduces = [c for _, c in f.p.calls_in(f.p.reach(found[0], update))
+                   if callee(c) in ("all_reduce", "all_gather", "reduce")]
+        branches = any(isinstance(n, ast.If) for n in ast.walk(update))
+        if reduces and (not branches or any(isinstance(k.value, ast.Constant) and k.value.value is True
+                                            for k in a.value.keywords)):
+            out.add(name)
+    return out
+
+
+def read_reduced(f: Facts, m: Module, v: ast.AST) -> bool:
+    """`v` is, or unpacks, what a meter's method returns when that method gathers or reduces over ranks (TarFlow's
+    Metrics.compute, which averages `dist.gather_concat(...)` of each rank's mean)."""
+    parts = [v] + ([x for x in v.values] if isinstance(v, ast.Dict) else [])
+    for c in parts:
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)):
+            continue
+        found = f.any_class(m, dotted(c.func.value))
+        meth = found[0].functions.get(f"{found[1].name}.{c.func.attr}") if found else None
+        if meth is not None and any(re.search(r"gather|reduce", callee(x)) and not functools_reduce(found[0], x)
+                                    for x in ast.walk(meth) if isinstance(x, ast.Call)):
+            return True
+    return False
