@@ -253,17 +253,6 @@ def test_a_training_loop_rank0_alone_leaves_hangs_the_others(tmp_path):
     assert not _has(_project(tmp_path / "b", {"train.py": everyone}), "collective-under-rank0")
 
 
-def test_the_wrapper_saved_and_resumed_into_the_wrapper_still_has_module_keys(tmp_path):
-    """frame-transformer, ComMatch, PixelFormer: rank 0 saves `model.state_dict()` of the DDP wrapper and the
-    script's resume loads it back into the wrapper, and nothing exports the plain weights: the plain model (a
-    1-GPU run, an inference script) cannot load the file. Saving `model.module.state_dict()` is right."""
-    train = SEEDED + ("model = DDP(torch.nn.Linear(2, 2))\nmodel.load_state_dict(torch.load('c.pt', "
-                      "map_location='cpu'))\nif rank == 0:\n    torch.save(model.state_dict(), 'c.pt')\n")
-    assert _has(_project(tmp_path / "a", {"train.py": train}), "save-without-module")
-    right = train.replace("torch.save(model.state_dict()", "torch.save(model.module.state_dict()")
-    assert not _has(_project(tmp_path / "b", {"train.py": right}), "save-without-module")
-
-
 def test_a_rank0_logging_helper_names_the_scripts_call(tmp_path):
     """BigColor: `if ... is_main_dev: make_log_scalar(writer, step, loss_dic)` in train.py, the helper in
     utils/logger.py writing `loss_dic['loss_g'].item()`: one finding, whose places include the script's call."""

@@ -69,15 +69,14 @@ def _decided_on_rank0(f: Facts, m: Module, loop: ast.AST, test: ast.AST) -> tupl
 def rank0_loop_exits(f: Facts, m: Module):
     """(node, message) for each training loop that only rank 0 leaves."""
     for loop in (n for n in m.nodes if isinstance(n, (ast.For, ast.While))):
-        if f.g.effective(m, loop) == "rank0" or not _trains(f, m, loop):
+        # (cheap first: a break or an exit of this loop directly under an `if` on an attribute of an object)
+        exits = [x for x in ast.walk(loop) if _leaves(m, loop, x) and isinstance(m.parent.get(id(x)), ast.If)
+                 and any(isinstance(n, ast.Attribute) for n in ast.walk(m.parent[id(x)].test))]
+        if not exits or f.g.effective(m, loop) == "rank0" or not _trains(f, m, loop):
             continue
-        for x in ast.walk(loop):
-            if not _leaves(m, loop, x):
-                continue
+        for x in exits:
             what = "exits the process" if isinstance(x, ast.Call) else "leaves the training loop"
-            test = m.parent.get(id(x))
-            test = test.test if isinstance(test, ast.If) else None
-            decided = _decided_on_rank0(f, m, loop, test) if test is not None else None
+            decided = _decided_on_rank0(f, m, loop, m.parent[id(x)].test)
             if decided is not None:
                 why, where = decided
                 yield Hit(x, (f"this {'exit' if isinstance(x, ast.Call) else 'break'} {what} on a test only rank 0 can "

@@ -16,6 +16,7 @@ from .switches import dead_branch, is_switch_test, switched
 from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
+    DIST_SWITCH,
     EVAL_WORD,
     LOSSISH,
     OTHER_SEEDS,
@@ -25,6 +26,7 @@ from .syntax import (
     TORCH_SEEDS,
     callee,
     const_str,
+    const_value,
     dotted,
     functools_reduce,
     kw,
@@ -300,8 +302,17 @@ class Facts(DefaultOptions):
                 callee(c) == "DistributedSampler" and len(c.args) < 2 and kw(c, "num_replicas") is None
                 and mm.entry and switched(self.p, mm, c) is None and not isinstance(mm.parent.get(id(c)), ast.IfExp)
                 and self.off_by_default(mm, c) is None for mm in self.p.modules.values() for c in mm.calls) or any(
-                _refuses_one_process(s) for mm in self.p.modules.values() if mm.entry for s in mm.nodes)
+                _refuses_one_process(s) for mm in self.p.modules.values() if mm.entry for s in mm.nodes) or any(
+                callee(c) == "add_argument" and const_value(kw(c, "default")) is True and any(
+                    DIST_SWITCH.search(o := (const_str(x) or "").lstrip("-")) and not self._set_false(o)
+                    for x in c.args) for mm in self.p.modules.values() for c in mm.calls)
+            # (POEM's `--distributed default=True`, which no code sets False: ALBEF's init_distributed_mode does)
         return self.cache["only_distributed"]
+
+    def _set_false(self, option: str) -> bool:
+        return any(isinstance(a, ast.Assign) and const_value(a.value) is False and any(
+            isinstance(t, ast.Attribute) and t.attr == option.replace("-", "_") for t in a.targets)
+            for mm in self.p.modules.values() for a in mm.nodes)
 
     def eval_loop_reduces(self) -> list[tuple[Module, ast.Call]]:
         """Where some evaluation loop of the project reduces over ranks (evaluation.eval_loop_reduces)."""

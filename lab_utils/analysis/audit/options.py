@@ -101,7 +101,9 @@ class DefaultOptions(YamlConfigs):
             return set()
         return {flag.replace("-", "_") for path in shell_scripts(self.p.root) for line in path.read_text(
             encoding="utf-8", errors="replace").splitlines() if not line.lstrip().startswith("#")
-            for flag in re.findall(r"(?<![\w-])--?([A-Za-z][\w-]+)", line)}  # (not a commented-out command)
+            for flag in re.findall(r"(?<![\w-])--?([A-Za-z][\w-]+)|(?<![\w.])\+{0,2}(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)=",
+                                   line) for flag in flag if flag}  # (not a commented-out command; a Hydra override
+        # `++train_config.gradient_accumulation_steps=8` too, SLAM-LLM)
 
     def off_by_default(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
         """The flag `node` runs under when that flag is off in the default run: an enclosing `if args.sync_bn:`

@@ -9,7 +9,7 @@ import re
 
 from .hierarchy import off_the_run
 from .project import Module, Project
-from .switches import conjuncts, is_switch_test, set_by_launch, unlaunched
+from .switches import conjuncts, is_switch_test, one_process_arm, set_by_launch, unlaunched
 from .syntax import RANK0_NAME, RANKISH, callee, const_value, dotted, involves, involves_rank, is_switch_value
 from .taint import resolved_past_super
 
@@ -524,8 +524,8 @@ class Guards:
         kinds = {k for _, _, k in each}  # the recursion would double at every level)
         if kinds != {"rank0"} and len(sites) > 1:  # callers the run never reaches do not count: a base class's
             # method every subclass it builds replaces, a class nothing names (XNAS's Trainer.saving, called
-            # unguarded by the base train_epoch that BigNASTrainer replaces, and by DartsTrainer)
-            kinds = {k for cm, c, k in each if not off_the_run(self.p, cm, c)} or kinds
+            # unguarded by the base train_epoch that BigNASTrainer replaces, and by DartsTrainer; a one-process arm)
+            kinds = {k for cm, c, k in each if not off_the_run(self.p, cm, c) and not one_process_arm(cm, c)} or kinds
         if kinds == {"rank0"}:
             return "rank0"
         if "leaky" in kinds and kinds <= {"rank0", "leaky"}:

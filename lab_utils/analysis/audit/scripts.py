@@ -326,7 +326,10 @@ def script_value(f: Facts, attr: str) -> str | None:
         # (a value through a shell variable the script sets: LEAD's `--gradient_accumulation_steps=${GAS}`)
         # (`checkpoint=` left empty, then `${checkpoint:+--checkpoint $checkpoint}`: WeKws's run.sh passes nothing)
         variables = dict(re.findall(r"^\s*(?:export\s+)?(\w+)=['\"]?([^\s'\"]*)", text, re.M))
-        for v in re.findall(rf"(?<![\w-])--{re.escape(attr)}[= ]+(\S+)", text):
+        key = re.escape(attr).replace("_", "[_-]")  # (`--attr value`, `--accumulation-steps 2` for its attribute
+        # accumulation_steps, or a Hydra override `++train_config.attr=value`: SLAM-LLM)
+        for v in re.findall(rf"(?<![\w-])--{key}[= ]+(\S+)|(?<![\w.])\+{{0,2}}(?:\w+\.)+{key}=(\S+)", text):
+            v = next(x for x in v if x)
             v = v.strip("'\"")
             name = re.fullmatch(r"\$\{?(\w+)\}?", v)
             found.add(variables.get(name.group(1), v) if name else v)

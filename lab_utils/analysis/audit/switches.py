@@ -250,4 +250,5 @@ def _single_process_test(t: ast.AST) -> str | None:
 
 def switch_flag(t: ast.AST) -> bool:
     """A bare distributed flag (`args.distributed`, `self.is_ddp`); not a comparison, whose else may be either."""
-    return isinstance(t, (ast.Name, ast.Attribute)) and involves(t, DIST_SWITCH)
+    return isinstance(t, (ast.Name, ast.Attribute)) and involves(t, DIST_SWITCH) or isinstance(t, ast.Subscript) \
+        and DIST_SWITCH.search(const_str(t.slice) or "") is not None  # (`self.config['ddp']`, DeepfakeBench)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 
 from .project import Module
+from .switches import one_process_arm
 from .syntax import DDP_NAMES, callee, dotted
 
 
@@ -156,8 +157,8 @@ def _aliases(f, m: Module, names: dict[str, int]) -> dict[str, int]:
         return isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in names
     for _ in range(3):  # a copy of a copy
         for a in m.nodes:
-            if not isinstance(a, ast.Assign) or isinstance(a.targets[0], ast.Tuple):
-                continue
+            if not isinstance(a, ast.Assign) or isinstance(a.targets[0], ast.Tuple) or one_process_arm(m, a):
+                continue  # (the else of `if opt.distributed:`, SDFusion's `self.vqvae_module = self.vqvae`: unwrapped)
             v = a.value
             arms = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
             if isinstance(v, ast.IfExp) and f.default_value(m, v.test) in (True, False):

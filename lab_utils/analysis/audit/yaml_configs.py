@@ -27,6 +27,16 @@ class YamlConfigs:
         return self.p.on_disk and any(line.search(path.read_text(encoding="utf-8", errors="replace"))
                                       for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
 
+    def yaml_seeds_torch(self) -> bool:
+        """A YAML config of the project seeds torch when it is loaded (SpeechBrain's hyperpyyaml: `__set_seed:
+        !apply:speechbrain.utils.seed_everything [!ref <seed>]`, or `!apply:torch.manual_seed`)."""
+        line = re.compile(r"!apply:[\w.]*(manual_seed|seed_everything|set_seed)\b")
+        loads = any("hyperpyyaml" in (imp[0] or "") or name == "load_hyperpyyaml"
+                    for mm in self.p.modules.values() for name, imp in mm.imports.items())  # (only hyperpyyaml
+        # runs `!apply:` when it loads the file)
+        return self.p.on_disk and loads and any(line.search(path.read_text(encoding="utf-8", errors="replace"))
+                                      for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
+
     def _yaml_names(self, key: str) -> bool:
         """Some YAML file of the project sets `key` (to anything)."""
         if not self.p.on_disk:

@@ -76,7 +76,7 @@ def _counts_micro_batches(test: ast.AST) -> bool:
         for c in ast.walk(test))
 
 
-def _accumulation_steps(m: Module) -> list[ast.AST]:
+def _accumulation_steps(f: Facts, m: Module) -> list[ast.AST]:
     """Where a loop steps the optimizer only every N-th backward: `if (i + 1) % accum == 0: opt.step()`, a
     loss-scaler helper given `update_grad=(i + 1) % accum == 0`, whatever the counter is called; or the
     accumulation count used by name (`loss / accum_steps`)."""
@@ -95,11 +95,11 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
         flushes = [n for n in ast.walk(loop) if isinstance(n, ast.If) and involves(n.test, ACCUMISH)]
         inside = {id(c) for g in [*gated, *flushes] for s in g.body for c in ast.walk(s)}
         # (the other arm of `if args.accu_grad: <gated steps> else: <a step each batch>`, ClearerVoice's: the
-        # run takes one arm, and the accumulating one is judged; not under `if ACCUMULATION_STEPS > 1:`, Swin's,
-        # whose default count of 1 takes the other arm)
-        inside |= {id(c) for n in ast.walk(loop) if isinstance(n, ast.If) and not isinstance(n.test, ast.Compare)
-                   and any(g is x for s in n.body for x in ast.walk(s) for g in gated)
-                   for s in n.orelse for c in ast.walk(s)}
+        # run takes one arm, and the accumulating one is judged; under `if ACCUMULATION_STEPS > 1:`, Swin's, only
+        # when a launch script passes a count above one, HashTrans's `--accumulation-steps 2`)
+        inside |= {id(c) for n in ast.walk(loop) if isinstance(n, ast.If) and (
+            not isinstance(n.test, ast.Compare) or _script_count_above_one(f)) and any(
+            g is x for s in n.body for x in ast.walk(s) for g in gated) for s in n.orelse for c in ast.walk(s)}
         free = {_stepped(c) for c in ast.walk(loop) if _steps(c) and id(c) not in inside and not any(
             k.arg == "update_grad" for k in c.keywords) and not _scheduler_step(m, c)}
         # every step of the loop is gated: it accumulates; or one optimizer's steps are, while another (a GAN's
@@ -107,7 +107,7 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
         held = [g for g in gated if any(_steps(c) and not _scheduler_step(m, c) and _stepped(c) not in free and (
             not free or re.search(r"optim|opt\b", _stepped(c), re.I)) for s in g.body for c in ast.walk(s))]
         if held and (not free or "" not in free):
-            out.append(held[0].test)
+            out += [g.test for g in held]  # (each gate: the run takes one, SLAM-LLM's fp16 arm or the plain one)
         for n in ast.walk(loop):
             if isinstance(n, ast.Call) and any(k.arg == "update_grad" and any(
                     isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(k.value))
@@ -120,6 +120,11 @@ def _accumulation_steps(m: Module) -> list[ast.AST]:
         out = [n for n in m.nodes if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Mod, ast.Div))
                and involves(n.right, ACCUMISH) and not isinstance(n.left, (ast.Constant, ast.JoinedStr))]
     return sorted(out, key=lambda n: n.lineno)
+
+
+def _script_count_above_one(f: Facts) -> bool:
+    return any(ACCUMISH.search(k) and script_value(f, k) not in (None, "0", "1")
+               for k in f._passed_in_launch_scripts())
 
 
 def _inner_micro_batch_loops(m: Module, loops: list) -> list[ast.AST]:
@@ -161,8 +166,10 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
                 involves(t.left, ACCUMISH) and isinstance(t.comparators[0], ast.Constant) and (
                 isinstance(t.ops[0], (ast.Gt, ast.NotEq)) and t.comparators[0].value == 1 or
                 isinstance(t.ops[0], ast.GtE) and t.comparators[0].value == 2):
-            if _option_defaults_to_one(f, t.left.attr) or f.default_value(m, t.left) in (0, 1):
-                return True  # (GroupViT's `accumulation_steps: 0` in its default YAML)
+            if (_option_defaults_to_one(f, t.left.attr) or f.default_value(m, t.left) in (0, 1)) and \
+                    script_value(f, t.left.attr) in (None, "0", "1"):
+                return True  # (GroupViT's `accumulation_steps: 0` in its default YAML; unless a launch script
+                # passes more, HashTrans's `--accumulation-steps 2`)
         n = m.parent.get(id(n))
     # the step gate itself counts with such an option: `if (step + 1) % args.gradient_accumulation_steps == 0:`
     # (CLIP4Clip) steps every micro-batch in the default run
@@ -172,8 +179,8 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
         # update_freq, TadTR's iter_size; unless a launch script passes another: UniTS's `--acc_it 32`)
         fed = [x] + [a.value for a in m.nodes if isinstance(a, ast.Assign) and isinstance(x, ast.Name) and any(
             isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]  # (`acc_it = self.args.acc_it`)
-        passed = {a.attr for v in fed for a in ast.walk(v) if isinstance(a, ast.Attribute)} & \
-            f._passed_in_launch_scripts()
+        passed = ({a.attr for v in fed for a in ast.walk(v) if isinstance(a, ast.Attribute)} | (
+            {x.id} if isinstance(x, ast.Name) and ACCUMISH.search(x.id) else set())) & f._passed_in_launch_scripts()
         if passed:  # the scripts' value decides (LEAD passes --gradient_accumulation_steps 1)
             return all(script_value(f, a) == "1" for a in passed)
         # (`self.config['runner'].get('gradient_accumulate_steps')`, the key set to 1 in every YAML: s3prl)
@@ -267,7 +274,7 @@ def accumulation_without_no_sync(f: Facts, m: Module):
         return  # a library no audited script runs
     # accumulation only under a flag that is off unless given (DLRM: `args.mlperf_logging and (j + 1) %
     # args.mlperf_grad_accum_iter == 0`): the default run steps every micro-batch
-    steps = [s for s in _accumulation_steps(m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)
+    steps = [s for s in _accumulation_steps(f, m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)
              and not _under_count_above_one(f, m, s) and not replaced_where_built(f.p, m, m.enclosing(s))]
     if steps and not _gradients_synced_by_hand(f):
         text = ast.unparse(steps[0]).splitlines()[0][:60]

@@ -81,9 +81,12 @@ def ddp_forward_under_rank0(f: Facts, m: Module):
         method = _self_forward_in_method(f, m, c)
         if method is not None:
             name, inner, tm = method
+            fn_in = tm.enclosing(inner)  # (every call of the wrapper in that method: LIA's two self.gen(...) lines)
+            more = [(tm, x) for x in ast.walk(fn_in) if isinstance(x, ast.Call) and x is not inner
+                    and dotted(x.func) == dotted(inner.func)] if fn_in is not None else []
             yield Hit(c, (f"rank 0 alone runs {ast.unparse(c.func)}(), which calls the DDP-wrapped {name} "
                           f"{_at(inner)}: {BUFFER_HANG} — call {name}.module(...) there for rank-0-only evaluation"),
-                      "check-by-hand", related=((tm, inner),))
+                      "check-by-hand", related=((tm, inner), *more[:2]))
             continue
         handed = _forwarded_in_callee(f, m, c, wrapped)
         fn = m.enclosing(c) or m.tree

@@ -172,7 +172,7 @@ def set_epoch_missing(f: Facts, m: Module):
             # (and where its loader is iterated, epoch after epoch: IDDM's `tqdm(self.dataloader)` in a method the
             # base trainer's epoch loop calls, the HTR trainer's epoch loop)
             places = [*(((entry[0], entry[1]),) if entry is not None else ()), *stale[:1], *meant,
-                      *loader_places(f.p, m, made[0])]
+                      *loader_places(f.p, m, made[0]), *_helper_calls(f, m, made[0])[:2]]
             yield Hit(made[0], f"DistributedSampler without any sampler.set_epoch(epoch) call in the project{told}: "
                       f"{what}", related=tuple(x for i, x in enumerate(places) if x not in places[:i]))
         return
@@ -192,6 +192,13 @@ def set_epoch_missing(f: Facts, m: Module):
         yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
                       f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
                       "call set_epoch wherever the sampler exists")
+
+
+def _helper_calls(f: Facts, m: Module, sampler: ast.Call) -> list:
+    """Where the function that makes the sampler is called (a sampler helper, SDFusion's data_sampler(...))."""
+    builder = m.enclosing(sampler)  # (not a call that asks it for an evaluation split: `shuffle=False`)
+    return [(cm, c) for cm, c in f.p.callers(m, builder) if not _asks_for_evaluation(c)
+            and const_value(kw(c, "shuffle")) is not False] if builder else []
 
 
 def _reaches(m: Module, fn: ast.AST, node: ast.AST, call: ast.Call) -> bool:

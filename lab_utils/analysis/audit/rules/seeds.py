@@ -79,7 +79,8 @@ def no_seed(f: Facts, m: Module):
     if entry is None or evaluation_script(f, m):
         return  # no DDP, or nothing trained: loaded weights are evaluated, the init is never used
     kinds = entry[1]
-    if "torch" not in kinds:  # random and numpy seeded alone leave the model's init (torch's CPU RNG) unseeded
+    if "torch" not in kinds and not f.yaml_seeds_torch():  # random and numpy seeded alone leave the model's init
+        # (torch's CPU RNG) unseeded; a hyperpyyaml config's `!apply:...seed_everything` seeds it on load
         gated, at = next(((flag, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c) == "torch"
                           for flag in [f.off_by_default(mm, c)] if flag), (None, None))
         failed, at = next(((t, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
@@ -97,7 +98,8 @@ def no_seed(f: Facts, m: Module):
         helpers = [(mm, c) for mm, c in entry[0] if mm is m and f.seed_kind(mm, c) == "torch"
                    and f.p.resolve(mm, c) and helper_gated(f, mm, c)]
         # (the seeding helper's own call rather than `main(args)` around it)
-        wraps = wraps[:1] + _built_at(f, wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1]
+        wraps = wraps[:1] + _built_at(f, wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1] \
+            + list(f.p.script_calls(*wraps[0])[:1] if wraps else [])  # (LIA's `trainer = Trainer(args, ...)`)
         yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
