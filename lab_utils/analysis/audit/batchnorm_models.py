@@ -196,7 +196,8 @@ def _built_from(m: Module, w: ast.Call, name: str) -> list[ast.Call]:
     out = []
     for a in ast.walk(scope):
         if isinstance(a, ast.Assign) and a.lineno < w.lineno and any(
-                isinstance(t, ast.Name) and t.id == name for t in a.targets):
+                isinstance(t, ast.Name) and t.id == name or isinstance(t, ast.Tuple) and t.elts and isinstance(
+                    t.elts[0], ast.Name) and t.elts[0].id == name for t in a.targets):  # (`model, criterion = ...`)
             v = a.value
             while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
                     "to", "cuda", "float", "half", "train") and isinstance(v.func.value, ast.Call):
@@ -429,8 +430,9 @@ def wrapped_from_unseen_factories(f: Facts, m: Module):
     packages = {mm.rel.split("/")[0] for mm in f.p.modules.values()}
     for w in sorted((c for c in m.calls if f.is_ddp_call(m, c) and c.args), key=lambda c: c.lineno):
         arg = w.args[0]
-        if isinstance(arg, ast.Name):
-            made = _built_from(m, w, arg.id)
+        if isinstance(arg, ast.Name):  # (not its rebindings: `model = model.to(device)`, HiSup)
+            made = [c for c in _built_from(m, w, arg.id) if not any(
+                isinstance(n, ast.Name) and n.id == arg.id for n in ast.walk(c))]
         elif isinstance(arg, ast.Attribute):  # self.backbone = self.build_module(args['backbone']).to(rank)
             made = [_unchained(a.value) for a in m.nodes if isinstance(a, ast.Assign) and a.lineno < w.lineno
                     and any(dotted(t) == dotted(arg) for t in a.targets)]
@@ -447,6 +449,42 @@ def wrapped_from_unseen_factories(f: Facts, m: Module):
         named = _config_named_batchnorm(f)
         if named is not None:
             return w, names[0], named[1], f"the project's config names {named[0]}, which has BatchNorm"
+        builder = _uncalled_builder_batchnorm(f)
+        if builder is not None:
+            return w, names[0], builder[1], (f"the project's builder {builder[0]}(), which the factory's absent "
+                                             "file would call, builds a model with BatchNorm")
+        alias = _norm_alias(f)
+        if alias is not None:
+            return w, names[0], alias[1], f"the project's norm helper binds {alias[0]} to plain BatchNorm"
+    return None
+
+
+def _norm_alias(f: Facts):
+    """(name, (module, node)) for a module-level name the project binds to torch's BatchNorm class for its layers
+    to use (HiSup's backbones/bn_helper.py: `BatchNorm2d_class = BatchNorm2d = torch.nn.BatchNorm2d`)."""
+    for mm in f.p.modules.values():
+        for a in mm.nodes:
+            if isinstance(a, ast.Assign) and isinstance(a.value, (ast.Name, ast.Attribute)) and re.fullmatch(
+                    r"BatchNorm[123]d", dotted(a.value).split(".")[-1]) and mm.enclosing(a) is None and \
+                    not isinstance(mm.parent.get(id(a)), ast.ClassDef):
+                return dotted(a.targets[0]), (mm, a.value)
+    return None
+
+
+def _uncalled_builder_batchnorm(f: Facts):
+    """(name, (module, BatchNorm)) for a model builder function (`build`, `build_model`, `get_model`...) that no
+    call in these files reaches and that builds a project model with BatchNorm (PointTAD's models/pointtad.py
+    build(args), which models/__init__.py's build_model calls: its I3D backbone has BatchNorm3d)."""
+    called = {callee(c) for mm in f.p.modules.values() for c in mm.calls if not (
+        isinstance(c.func, ast.Attribute) and dotted(c.func.value).split(".")[0] == "self")}
+    for mm in f.p.modules.values():
+        for name, fn in mm.functions.items():
+            if "." in name or name in called or not re.fullmatch(r"(build|make|create|get)(_\w*)?(model|net\w*)?",
+                                                                  name):
+                continue
+            bn = _bn_in(f, f.p.reach(mm, fn))
+            if bn is not None and any(isinstance(r, ast.Return) and r.value is not None for r in ast.walk(fn)):
+                return name, bn
     return None
 
 
@@ -488,7 +526,11 @@ def _unseen_maker(f: Facts, m: Module, v: ast.AST, packages: set[str]) -> str | 
     `factory(...)` or `factory(name)(...)`, or a name assigned from such a call."""
     if isinstance(v, ast.Name):
         made = [a.value for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
-            isinstance(t, ast.Name) and t.id == v.id for t in a.targets)]
+            isinstance(t, ast.Name) and t.id == v.id or isinstance(t, ast.Tuple) and t.elts and isinstance(
+                t.elts[0], ast.Name) and t.elts[0].id == v.id for t in a.targets)]
+        # (`model, criterion, postprocessors = build_model(args)`, DETR-style: the model is the first slot; not the
+        # rebindings of the model itself, `model = DistributedDataParallel(model, ...)`, `model = model.cuda()`)
+        made = [c for c in made if not any(isinstance(n, ast.Name) and n.id == v.id for n in ast.walk(c))]
         return _unseen_maker(f, m, made[0], packages) if len(made) == 1 else None
     while isinstance(v, ast.Call) and isinstance(v.func, ast.Call):
         v = v.func  # get_speaker_model(name)(**args)
@@ -509,6 +551,13 @@ def _top_model_classes(f: Facts) -> list[tuple[Module, ast.ClassDef]]:
     """The torch Module classes of the project that no project class or function builds by name (ResNet34's
     ResNet, CAM++'s CAMPPlus), not losses."""
     built = {callee(c) for mm in f.p.modules.values() for c in mm.calls}
+    # (a class built only by a builder function nothing here calls, MMN's build_proposal_conv, which the absent
+    # model file calls, is as much a top class as one nothing builds)
+    called = {callee(c) for mm in f.p.modules.values() for c in mm.calls if not (  # (not `self._model.build()`)
+        isinstance(c.func, ast.Attribute) and dotted(c.func.value).split(".")[0] == "self")}
+    built = {callee(c) for mm in f.p.modules.values() for c in mm.calls if not (
+        (fn := mm.enclosing(c)) is not None and isinstance(fn, ast.FunctionDef) and not mm.class_of(fn)
+        and fn.name not in called)}
     return [(mm, cd) for mm in f.p.modules.values() for cd in mm.classes.values()
             if any(dotted(b).split(".")[-1] == "Module" for b in cd.bases) and cd.name not in built
-            and not re.search(r"loss|criterion|margin", cd.name, re.I)]
+            and not re.search(r"loss|criterion|margin|postprocess|matcher", cd.name, re.I)]

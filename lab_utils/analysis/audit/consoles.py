@@ -30,6 +30,8 @@ def rank0_loggers(f: Facts, m: Module) -> set[str]:
                     out |= {dotted(t) for t in a.targets} - {""}
             if _unseen_setup_handed_the_rank(f, m, a.value):  # `logger = setup_logger(out, distributed_rank=rank)`
                 out |= {dotted(t) for t in a.targets} - {""}
+            if callee(a.value) == "getLogger" and _named_by_an_unseen_rank_setup(f, m, a.value):
+                out |= {dotted(t) for t in a.targets} - {""}
         # loguru's one global logger, its sinks set by a helper these files lack that is handed the rank (YOLOX's
         # `setup_logger(file_name, distributed_rank=self.rank)`, which adds the console sink on rank 0 alone)
         out |= {local for local, (mod, _, _) in m.imports.items() if mod.split(".")[0] == "loguru"
@@ -38,6 +40,21 @@ def rank0_loggers(f: Facts, m: Module) -> set[str]:
                 and _wandb_on_rank0_only(f)}
         cache[m.rel] = out
     return cache[m.rel]
+
+
+def _named_by_an_unseen_rank_setup(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`logging.getLogger("mmn.trainer")` (or `getLogger(__name__)` in the package) where the script set up the
+    logger "mmn" with a helper these files lack, handed the rank (MMN's `setup_logger("mmn", output_dir,
+    get_rank())`, maskrcnn-benchmark's, which adds no handler off rank 0): the child logs through rank 0's console."""
+    arg = c.args[0] if c.args else None
+    name = const_str(arg) if arg is not None else None
+    if isinstance(arg, ast.Name) and arg.id == "__name__":
+        name = m.rel.removesuffix(".py").replace("/", ".")
+    if not name:
+        return False
+    setups = [const_str(s.args[0]) or const_str(kw(s, "name")) for mm in f.p.modules.values() for s in mm.calls
+              if s.args and _unseen_setup_handed_the_rank(f, mm, s)]
+    return any(n and (name == n or name.startswith(n + ".")) for n in setups)
 
 
 def _wandb_on_rank0_only(f: Facts) -> bool:
@@ -461,3 +478,24 @@ def bar_on_every_rank(m: Module, c: ast.Call) -> bool:
              if i.optional_vars is not None and dotted(i.optional_vars) == name]
     return bool(made) and all(isinstance(v, ast.Call) and callee(v) == "tqdm" and kw(v, "disable") is None
                               for v in made)
+
+
+def forwarded_log(m: Module, c: ast.Call) -> ast.Call | None:
+    """The log call inside a closure of the caller's function that hands on what it is given (nanodrz's `def
+    wandb_log(*args, **kwargs): if is_main_process: wandb.log(*args, **kwargs)`): calling the closure logs its
+    arguments there, on the ranks that reach that line."""
+    if not isinstance(c.func, ast.Name):
+        return None
+    scope = m.enclosing(c)
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None  # (a module-level function is the project's own, which the rules follow as such)
+    for d in ast.walk(scope):
+        if isinstance(d, ast.FunctionDef) and d.name == c.func.id and m.enclosing(d) is scope and (
+                d.args.vararg or d.args.args):
+            given = {a.arg for a in d.args.args} | {d.args.vararg.arg if d.args.vararg else ""}
+            for x in ast.walk(d):
+                if isinstance(x, ast.Call) and callee(x) in LOG_CALLS and any(
+                        isinstance(a, ast.Starred) and dotted(a.value) in given or dotted(a) in given for a in x.args):
+                    return x
+    return None
+

@@ -31,6 +31,7 @@ from .syntax import (
     functools_reduce,
     kw,
     layer_call,
+    not_a_forward,
     rank_reducing_name,
     root,
 )
@@ -222,7 +223,8 @@ class Facts(DefaultOptions):
                 calls = [n for n in ast.walk(a.value) if isinstance(n, ast.Call)]
                 if any(rank_reducing_name(n) for n in calls):
                     continue
-                if any(root(n.func) in models and not self.forward_reduced(m, n) for n in calls) or any(
+                if any(root(n.func) in models and not not_a_forward(n) and not self.forward_reduced(m, n)
+                       for n in calls) or any(
                         root(n) in local for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
                     for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
                         local |= {root(e) for e in (t.elts if isinstance(t, ast.Tuple) else [t])} - {""}

@@ -164,3 +164,17 @@ def method_never_called(p: Project, m: Module, fn: ast.AST) -> bool:
                     or dotted(n.value).split(".")[-1] not in ("args", "opt", "cfg", "config", "hparams")):
                 return False  # (called, or handed on as `obj.inference`; not an option read off `args`)
     return True
+
+
+def method_calling_wrapped_attribute(p: Project, c: ast.Call, wrapped: dict) -> list:
+    """`trainer.val(...)` on an object from a factory these files lack, whose attribute the script wrapped
+    (`trainer.network = DDP(trainer.network, ...)`, E2EC; `wrapped`: the script's wrapped names): the one project
+    method of that name that calls `self.network(...)`, as [(module, method)]; [] when not exactly one."""
+    if not isinstance(c.func, ast.Attribute):
+        return []
+    owner = dotted(c.func.value) + "."
+    attrs = {"self." + k[len(owner):] for k in wrapped if owner != "self." and k.startswith(owner)}
+    found = [(mm, d) for mm in p.modules.values() for cd in mm.classes.values() for d in cd.body
+             if isinstance(d, ast.FunctionDef) and d.name == c.func.attr and any(
+                 isinstance(x, ast.Call) and dotted(x.func) in attrs for x in ast.walk(d))]
+    return found if attrs and len(found) == 1 else []

@@ -468,9 +468,10 @@ def _fed_records(scope: ast.AST, out: set[str]) -> set[str]:
     new_stats.items()`."""
     fed_to = set()
     for c in ast.walk(scope):
-        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in (
-                "update", "append", "add_", "add", "put", "extend")):
-            continue
+        if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and (c.func.attr in (
+                "update", "append", "add_", "add", "put", "extend") or re.match(r"(update|record|push)_\w*loss",
+                                                                                c.func.attr))):
+            continue  # (`recorder.update_loss_stats(loss_stats)`, E2EC: its __str__ prints them)
         fed = [*c.args, *[k.value for k in c.keywords]]
         keys = {k.arg or "" for k in c.keywords}
         if any(LOSSISH.search(k) and not NOT_A_LOSS.search(k) for k in keys) or any(

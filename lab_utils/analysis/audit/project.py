@@ -504,7 +504,25 @@ class Project:
         """Where the entry scripts call the library function around `node` (PermaTrack's `trainer.set_device(...)`,
         which wraps the model in DDP): the lines a user changes, as a finding's related places."""
         fn = m.enclosing(node)
-        return () if m.entry or fn is None else tuple((cm, c) for cm, c in self.callers(m, fn)[:2] if cm.entry)
+        if m.entry or fn is None:
+            return ()
+        # ... through the library's own calls between (DROID-SLAM's Logger.push, called by train.py under
+        # `if gpu == 0:`, calls _print_training_status, which prints): up to three calls up
+        todo, seen, out = [(m, fn)], {id(fn)}, []
+        for _ in range(3):
+            nxt = []
+            for tm, tf in todo:
+                for cm, c in self.callers(tm, tf):
+                    up = cm.enclosing(c)
+                    if cm.entry:
+                        out.append((cm, c))
+                    elif up is not None and id(up) not in seen:
+                        seen.add(id(up))
+                        nxt.append((cm, up))
+            if out or not nxt:
+                break
+            todo = nxt
+        return tuple(out[:2])
 
     def function_does(self, m: Module, fn: ast.AST, pred, depth: int = 4) -> bool:
         """Whether fn, or a project function it calls (to `depth`), has a call satisfying pred(module, call)."""

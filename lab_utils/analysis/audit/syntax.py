@@ -230,6 +230,11 @@ def layer_call(nodes, n: ast.Call) -> bool:
                                                                          for k in n.keywords)
                                   or n.args and isinstance(n.args[0], ast.Constant)):
         return True
+    if isinstance(n.func, ast.Name):  # `loss_reducer = LossReducer(cfg)`, then `loss_reducer(loss_dict)` (HiSup):
+        # an object built from a class of the project's, which sums the loss terms; no rank talks to another
+        return any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and callee(a.value)[:1].isupper()
+                   and not re.search(r"Dist|All|Sync|Gather", callee(a.value)) and any(
+                       isinstance(t, ast.Name) and t.id == n.func.id for t in a.targets) for a in nodes)
     if not (isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"):
         return False
     target = f"self.{n.func.attr}"
@@ -305,3 +310,14 @@ def functools_reduce(m, c: ast.Call) -> bool:
     """`reduce(lambda x, y: x + y, features)` in module `m`: functools' fold, no reduction over ranks (GLNet)."""
     return callee(c) == "reduce" and (dotted(c.func) == "functools.reduce" or bool(c.args) and isinstance(
         c.args[0], ast.Lambda) or isinstance(c.func, ast.Name) and m.imports.get("reduce", ("",))[0] == "functools")
+
+
+NOT_A_FORWARD = {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "named_modules",
+                 "children", "state_dict", "load_state_dict", "train", "eval", "to", "cuda", "cpu", "zero_grad",
+                 "requires_grad_", "apply", "half", "float"}
+
+
+def not_a_forward(c: ast.Call) -> bool:
+    """`model.parameters()`, `model.state_dict()`: a call on the model that runs no forward, so what it makes
+    (PointTAD's `n_parameters = sum(p.numel() for p in model.parameters() ...)`) holds no rank's activations."""
+    return isinstance(c.func, ast.Attribute) and c.func.attr in NOT_A_FORWARD

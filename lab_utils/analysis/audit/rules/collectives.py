@@ -8,7 +8,7 @@ import re
 
 from ..exits import rank0_loop_exits
 from ..facts import Facts
-from ..hierarchy import never_named, plain_function
+from ..hierarchy import method_calling_wrapped_attribute, never_named, plain_function
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import distributed_switch, group_check, one_process_arm, switched
@@ -262,12 +262,18 @@ def _self_forward_in_method(f: Facts, m: Module, c: ast.Call):
     phase='val')` in rank 0's validation, and feed_data runs `self.model(data['lq'])` for phase 'val')."""
     if not isinstance(c.func, ast.Attribute):
         return None
-    for tm, tf in f.p.resolve(m, c, exact=True):
+    for tm, tf in f.p.resolve(m, c, exact=True) or method_calling_wrapped_attribute(
+            f.p, c, f.ddp_wrapped.get(m.rel, {})):
         # (or another object's method: ECAPA-TDNN's `s.eval_network(...)` under `if rank == 0:` in the script)
         if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)) or dotted(c.func.value) != "self" and not (
                 tm.class_of(tf) and tm is not m):
             continue
-        held = f.ddp_wrapped.get(tm.rel, {})
+        held = {k: (tm, v) for k, v in f.ddp_wrapped.get(tm.rel, {}).items()}
+        # (or wrapped from outside into the object's attribute: E2EC's `trainer.network = DDP(trainer.network,
+        # ...)` in the script, then rank 0's `trainer.val(...)`, which runs `self.network(batch)`)
+        owner = dotted(c.func.value) + "."
+        held.update({"self." + k[len(owner):]: (m, v) for k, v in f.ddp_wrapped.get(m.rel, {}).items()
+                     if owner != "self." and k.startswith(owner) and "." not in k[len(owner):]})
         params = [x.arg for x in tf.args.args][1:]
         consts = {params[j]: a.value for j, a in enumerate(c.args) if j < len(params) and isinstance(a, ast.Constant)}
         consts.update({k.arg: k.value.value for k in c.keywords if isinstance(k.value, ast.Constant)})
@@ -275,7 +281,7 @@ def _self_forward_in_method(f: Facts, m: Module, c: ast.Call):
             name = dotted(x.func) if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) else ""
             if name.startswith("self.") and name in held and not _arm_ruled_out(tm, x, tf, consts) and \
                     not _other_arm_unwraps(tm, x, name) and \
-                    not _no_buffer_broadcast(tm, held[name]) and not (_no_grad(tm, x) and _buffer_free(f, tm, name)):
+                    not _no_buffer_broadcast(*held[name]) and not (_no_grad(tm, x) and _buffer_free(f, tm, name)):
                 return name, x, tm
     return None
 

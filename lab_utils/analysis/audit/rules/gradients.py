@@ -62,14 +62,50 @@ def sum_loss_unscaled(f: Facts, m: Module):
         return  # the reduction over ranks is not DDP's average: the 1/world_size consequence does not follow
     if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (involves(n.left, WORLDISH)
                                                                        or involves(n.right, WORLDISH))
-           for n in m.nodes):
+           and not _counts_processes(m, n) for n in m.nodes):
         return  # the sum is scaled by the world size somewhere
     for c in m.calls:
-        if any(k.arg == "reduction" and const_str(k.value) == "sum" for k in c.keywords) and \
-                not _divided_later(m, c) and not _in_a_function_nothing_uses(f, m, c) and not _kept_unread(f, m, c):
-            yield c, ("reduction='sum' under DDP without a x world_size: DDP averages the gradients over ranks, so "
+        if _sums(m, c) and not _divided_later(m, c) and not _in_a_function_nothing_uses(f, m, c) and \
+                not _kept_unread(f, m, c):
+            how = "reduction='sum'" if kw(c, "reduction") is not None else \
+                f"{callee(c)}(...), which sums over the batch,"
+            yield c, (f"{how} under DDP without a x world_size: DDP averages the gradients over ranks, so "
                       "each step is 1/world_size of the single run's (AdamW hides it in the loss; the grad norm "
                       "shows it) — multiply the loss by world_size, or divide the sum by the global count")
+
+
+def _torch_loss(m: Module, c: ast.Call) -> bool:
+    """torch's own loss (`nn.MSELoss(size_average=False)`, `F.mse_loss(...)`), not a project's class or a metric
+    that takes the same keyword with its own meaning (FieldsLpLoss, an ssim helper)."""
+    name = callee(c)
+    if name in m.classes or name in m.functions:
+        return False
+    head = dotted(c.func).split(".")[0]
+    imp = m.imports.get(head if isinstance(c.func, ast.Attribute) else name)
+    return bool(imp) and imp[0].split(".")[0] == "torch" and bool(re.search(r"Loss$|_loss$|cross_entropy", name))
+
+
+def _counts_processes(m: Module, n: ast.BinOp) -> bool:
+    """`args.world_size = ngpus_per_node * args.world_size`, `args.rank = args.rank * ngpus_per_node + gpu` (the
+    ImageNet example's launcher): the product is the world size or a rank, a count of processes, not a loss scaled
+    by it."""
+    a = m.parent.get(id(n))
+    while isinstance(a, ast.BinOp):
+        a = m.parent.get(id(a))
+    return isinstance(a, ast.Assign) and all(re.search(r"world|rank|gpus|nprocs", dotted(t).split(".")[-1] or "", re.I)
+                                             for t in a.targets)
+
+
+def _sums(m: Module, c: ast.Call) -> bool:
+    """A loss that sums over the batch: reduction='sum', the old `size_average=False`, or warp-ctc's CTCLoss
+    (warpctc_pytorch), whose size_average defaults to False (the handwritten-OCR samples' criterion)."""
+    if any(k.arg == "reduction" and const_str(k.value) == "sum" for k in c.keywords):
+        return True
+    size_average = kw(c, "size_average")
+    if isinstance(size_average, ast.Constant) and size_average.value is False and _torch_loss(m, c):
+        return True
+    imp = m.imports.get(callee(c)) if isinstance(c.func, ast.Name) else m.imports.get(dotted(c.func).split(".")[0])
+    return callee(c) == "CTCLoss" and bool(imp) and imp[0].startswith("warpctc") and size_average is None
 
 
 def _in_a_function_nothing_uses(f: Facts, m: Module, c: ast.Call) -> bool:

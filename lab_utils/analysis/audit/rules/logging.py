@@ -9,6 +9,7 @@ import re
 
 from ..consoles import (
     bar_on_every_rank,
+    forwarded_log,
     info_on_rank0_only,
     meter_print_calls,
     meter_prints,
@@ -189,8 +190,9 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
     for c in m.calls:
         name = callee(c)
         handed = _handed_to_a_writer(f, m, c)
+        forwarded = forwarded_log(m, c) if name not in LOG_CALLS else None
         if name not in LOG_CALLS and not handed and not _writer_writes(f, m, c) and not meter_prints(f, m, c) \
-                and not _unseen_print_helper(f, m, c):
+                and not _unseen_print_helper(f, m, c) and forwarded is None:
             continue
         values = [*c.args, *[k.value for k in c.keywords if k.arg not in ("force", "file", "flush")]]
         values += [c.func.value] if handed else []
@@ -237,7 +239,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             red = now
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
-        kind = f.g.effective(m, c)
+        kind = f.g.effective(m, c) or (f.g.effective(m, forwarded) if forwarded is not None else None)
         inner = meter_print_calls(f, m, c) if kind is None else None
         # (its console lines decide: a TensorBoard writer handed in through helpers and parameters, DepthContrast's
         # ProgressMeter tb_writter, is no console line, whichever ranks hold one)

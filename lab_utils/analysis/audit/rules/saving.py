@@ -79,10 +79,34 @@ def _strips_prefix(f: Facts) -> bool:
                 return True  # the key's parts without 'module': `".".join(p for p in k.split(".") if p != "module")`
             if isinstance(n, ast.Call) and callee(n) == "consume_prefix_in_state_dict_if_present":
                 return True
+            if isinstance(n, ast.Constant) and n.value in ("module", "module.") and _handed_to_a_stripper(mm, n):
+                return True  # `strip_prefix_if_present(loaded_state_dict, prefix="module.")` (maskrcnn-benchmark)
             if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and isinstance(
                     n.slice.lower, ast.Constant) and n.slice.lower.value == len("module.") and n.slice.upper is None:
                 return True
     return False
+
+
+STRIPPER = re.compile(r"strip|remove|prefix|consume|rename|clean", re.I)
+
+
+def _handed_to_a_stripper(m: Module, n: ast.Constant) -> bool:
+    """'module.' handed to a function named for stripping or renaming keys, by position or by keyword."""
+    up = m.parent.get(id(n))
+    if isinstance(up, ast.keyword):
+        up = m.parent.get(id(up))
+    return isinstance(up, ast.Call) and bool(STRIPPER.search(callee(up)))
+
+
+def _unseen_project_loader(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`load_state_dict(self.model, checkpoint.pop("model"))`: a plain function of the project, whose file these
+    copies lack, loads the checkpoint into the model (MMN's mmn.utils.model_serialization, maskrcnn-benchmark's
+    loader that strips 'module.'): what it does with the prefix cannot be seen, so a prefixed save is no finding."""
+    if not (isinstance(c.func, ast.Name) and c.func.id == "load_state_dict" and len(c.args) == 2):
+        return False
+    imp = m.imports.get(c.func.id)
+    packages = {mm.rel.split("/")[0] for mm in f.p.modules.values()}
+    return bool(imp) and f.p.module_for(m, c.func.id) is None and (imp[2] > 0 or imp[0].split(".")[0] in packages)
 
 
 @rule("save-without-module", "00_preflight", "state_dict() of the DDP-wrapped model: every key gets a `module.` "
@@ -96,7 +120,17 @@ def save_without_module(f: Facts, m: Module):
     if not wrapped or _strips_prefix(f):
         return
     wrapped = {k: v for k, v in wrapped.items() if not _wrapper_unwraps_state_dict(f, m, v)}
-    yield from _one_per_function(m, _direct_saves(f, m, wrapped, data_parallel))
+    unseen = next(((mm, n) for mm in f.p.modules.values() for n in mm.calls if _unseen_project_loader(f, mm, n)),
+                  None)
+    for hit in _one_per_function(m, _direct_saves(f, m, wrapped, data_parallel)):
+        if unseen is None:
+            yield hit
+            continue
+        lm, loader = unseen  # the loader that would read the file is one these copies lack: it may strip 'module.'
+        yield hit._replace(severity="check-by-hand", message=hit.message.replace(" — ", (
+            f"; the project loads it with {callee(loader)}() ({lm.rel}:{loader.lineno}) from a module these files "
+            "lack, which may strip the prefix (maskrcnn-benchmark's does) — check it; else "), 1),
+                           related=(*hit.related, (lm, loader)))
     for c, owner, hm, inner in _helper_saves(f, m, wrapped):
         if f.off_in_default_run(m, c):
             continue  # (IELT's `if config.write and epoch > 10 and config.train.checkpoint:`)
@@ -119,7 +153,7 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
             held = held.func.value  # `model.eval().state_dict()` (UTR-LM): the same module
         owner = dotted(held)
         up = m.parent.get(id(c))
-        if isinstance(up, ast.Attribute) and up.attr in ("items", "keys", "values"):
+        if isinstance(up, ast.Attribute) and up.attr in ("items", "keys", "values") and not _filtered_copy(m, up):
             continue  # read, not saved: `for _, p in model.state_dict().items(): dist.broadcast(p, 0)` (RQ-VAE)
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
@@ -129,6 +163,14 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
             yield c, owner, (f"{owner}.state_dict() where {owner} holds the DDP wrapper ({f.wrap_site(m, owner)}): "
                              "every key gets a 'module.' prefix and the checkpoint does not load into the plain model "
                              f"(the single run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0")
+
+
+def _filtered_copy(m: Module, items: ast.Attribute) -> bool:
+    """`{k: v for k, v in model.state_dict().items() if not k.startswith("dac.")}` (nanodrz's checkpoint): a copy
+    of the state dict, keys and all, which is what gets saved."""
+    call = m.parent.get(id(items))
+    gen = m.parent.get(id(call)) if isinstance(call, ast.Call) else None
+    return isinstance(gen, ast.comprehension) and isinstance(m.parent.get(id(gen)), ast.DictComp)
 
 
 def _one_per_function(m: Module, hits):
