@@ -50,7 +50,8 @@ def test_a_count_of_the_models_parameters_is_no_ranks_own_value(tmp_path):
     assert "log_stats" not in reduced("model(torch.ones(2)).sum()", tmp_path / "b")
 
 
-CHECKPOINTER = ("import torch\nLOADER\nclass Checkpointer:\n    def __init__(self, model):\n        self.model = model\n"
+CHECKPOINTER = ("import torch\nLOADER\nclass Checkpointer:\n    def __init__(self, model):\n"
+                "        self.model = model\n"
                 "    def save(self):\n        torch.save({'model': self.model.state_dict()}, 'c.pt')\n"
                 "    def load(self, f):\n        ckpt = torch.load(f, map_location='cpu')\n        LOAD\n")
 

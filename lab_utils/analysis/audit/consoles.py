@@ -96,8 +96,28 @@ def root_console_on_stdout(f: Facts, m: Module, c: ast.Call) -> bool:
     """`logging.info(...)` through a root logger whose every basicConfig writes to sys.stdout, which the other
     ranks sent to /dev/null (ParallelWaveGAN): the console shows rank 0's lines alone."""
     configs = [b for mm in f.p.modules.values() for b in mm.calls if callee(b) == "basicConfig"]
+    if dotted(c.func.value) == "logging" and _root_console_added_on_rank0(f):
+        return True
     return f.stdout_silenced and dotted(c.func.value) == "logging" and bool(configs) and all(
         dotted(kw(b, "stream")) == "sys.stdout" for b in configs)
+
+
+def _root_console_added_on_rank0(f: Facts) -> bool:
+    """A project set-up takes the root logger (`logging.getLogger()`) and adds its console handler only under a
+    rank-0 test (the Swin-style create_logger of the FAS challenge code: `if dist_rank == 0:
+    logger.addHandler(console_handler)`, file handlers on every rank): `logging.info(...)` reaches the console on
+    rank 0 alone."""
+    if "root_rank0" not in f.cache:
+        found = False
+        for mm in f.p.modules.values():
+            for fn in mm.functions.values():
+                calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+                roots = any(callee(c) == "getLogger" and not c.args for c in calls)
+                consoles = [c for c in calls if callee(c) == "StreamHandler" and not _to_a_file(c)]
+                if roots and consoles and all(f.g.kind(mm, c) == "rank0" for c in consoles) and f.p.callers(mm, fn):
+                    found = True
+        f.cache["root_rank0"] = found
+    return f.cache["root_rank0"]
 
 
 def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:

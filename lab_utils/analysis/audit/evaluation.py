@@ -43,13 +43,28 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
             # (a reduction after the evaluation loop, Depth Anything's all_reduce of the metric sums, counts)
             out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (inside is None or id(n) in inside)
                     and (
-                    callee(n) in ("all_reduce", "reduce", "all_gather") and "dist" in dotted(n.func) or
+                    callee(n) in ("all_reduce", "reduce", "all_gather") and (
+                        "dist" in dotted(n.func) or isinstance(n.func, ast.Name) and mm.imports.get(
+                            n.func.id, ("",))[0].startswith("torch.distributed")) or  # `from torch.distributed
+                    # import all_gather` (the retina grader's eval)
                     _unseen_gather(facts, mm, n) or
-                    any(facts.p.function_does(tm, tf, reduces_or_gathers, 2)
-                        for tm, tf in facts.p.resolve(mm, n))) and not _merged_by_key(mm, f, n)
+                    any(facts.p.function_does(tm, tf, reduces_or_gathers, 2) and _counts_through(facts, tm, tf, 2)
+                        for tm, tf in facts.p.resolve(mm, n)))
+                    and not _merged_by_key(mm, f, n)
                     and not _helper_scatters(facts, mm, n) and not _reduces_unseen_result(facts, mm, f, n)
                     and not any(_drops_the_padding(tf) for _, tf in facts.p.resolve(mm, n))]
     return sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
+
+
+def _counts_through(facts, m: Module, fn: ast.AST, depth: int, seen: frozenset = frozenset()) -> bool:
+    """`fn`, or a project function it calls (to `depth`), gathers or reduces over ranks, and no function on the way
+    cuts the padding off what it gathered (UniGaze's test() -> test_wlabel(), which keeps `[:num_samples]` of what
+    misc.gather_tensors brings back)."""
+    if _drops_the_padding(fn) or id(fn) in seen:
+        return False
+    calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+    return any(reduces_or_gathers(m, c) for c in calls) or depth > 0 and any(
+        _counts_through(facts, tm, tf, depth - 1, seen | {id(fn)}) for c in calls for tm, tf in facts.p.resolve(m, c))
 
 
 def _reduces_unseen_result(facts, m: Module, fn: ast.AST, c: ast.Call) -> bool:

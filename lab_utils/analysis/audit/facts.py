@@ -11,7 +11,8 @@ import re
 from .evaluation import eval_loop_reduces
 from .options import DefaultOptions
 from .project import Module, Project
-from .ranks import Guards, rank0_writer
+from .ranks import Guards
+from .stdout_sinks import rank0_writer
 from .switches import dead_branch, is_switch_test, switched
 from .syntax import (
     COLLECTIVES,

@@ -257,3 +257,39 @@ def used_only_when_off(f: Facts, m: Module, sampler: ast.Call) -> bool:
                 if isinstance(x, ast.For) and _mentions(x.iter, names)]
     sites = handed + iterated
     return bool(names and sites) and all(f.off_in_default_run(mm, x) for mm, x in sites)
+
+
+def rebound_before_use(m: Module, c: ast.Call) -> bool:
+    """`train_sampler = DistributedSampler(...)` in an `if args.distributed:`, then `train_sampler =
+    SubsetRandomSampler(train_idx)` at the function's own level before anything reads it: no loader gets it."""
+    a, fn = m.parent.get(id(c)), m.enclosing(c)
+    if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and fn):
+        return False
+    name = a.targets[0].id
+    later = [b.lineno for b in fn.body if isinstance(b, ast.Assign) and b.lineno > c.lineno and any(
+        isinstance(t, ast.Name) and t.id == name for t in b.targets)]
+    return bool(later) and not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                                   and c.lineno < n.lineno < min(later) for n in ast.walk(fn))
+
+
+def handed_to_an_unseen_engine(p, m: Module, sampler: ast.Call) -> bool:
+    """The loader on `sampler` goes into a project class built on another library's training engine (UPT's
+    `CustomisedDLE(DistributedLearningEngine)` from pocket.core), and no project loop iterates it: the epochs
+    run in the library, whose set_epoch these files cannot show."""
+    names, _ = _loader_names(p, m, sampler)
+    if not names or loader_places(p, m, sampler)[1:]:
+        return False
+    for c in m.calls:
+        if not any(_mentions(a, names) for a in [*c.args, *(k.value for k in c.keywords)]):
+            continue
+        cls = m.classes.get(callee(c)) or next((mm.classes[callee(c)] for mm in p.modules.values()
+                                                if callee(c) in mm.classes), None)
+        for b in cls.bases if cls is not None else []:
+            imp = m.imports.get(dotted(b).split(".")[0]) or next(
+                (mm.imports.get(dotted(b).split(".")[0]) for mm in p.modules.values()
+                 if dotted(b).split(".")[0] in mm.imports), None)
+            if imp and imp[2] == 0 and imp[0].split(".")[0] not in ("torch", "lightning", "pytorch_lightning") and \
+                    not any(mm.rel.split("/")[0] == imp[0].split(".")[0] for mm in p.modules.values()):
+                return True
+    return False
+

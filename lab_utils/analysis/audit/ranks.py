@@ -10,7 +10,16 @@ import re
 from .hierarchy import off_the_run
 from .project import Module, Project
 from .switches import conjuncts, is_switch_test, one_process_arm, set_by_launch, unlaunched
-from .syntax import RANK0_NAME, RANKISH, callee, const_value, dotted, involves, involves_rank, is_switch_value
+from .syntax import (
+    RANK0_NAME,
+    RANKISH,
+    callee,
+    const_value,
+    dotted,
+    involves_rank,
+    is_switch_value,
+    negated,
+)
 from .taint import resolved_past_super
 
 
@@ -314,15 +323,15 @@ class Guards:
             launched = [k for v, k in zip(t.values, kinds, strict=True) if not unlaunched(v)]
             if len(launched) < len(kinds) and launched and all(k == "rank0" for k in launched):
                 return "rank0"  # `'RANK' not in os.environ or int(os.environ['RANK']) == 0` (YouReID): a launch
-            negated = [_negated(v) for v in t.values if _negated(v) is not None  # sets RANK
+            switches_off = [negated(v) for v in t.values if negated(v) is not None  # sets RANK
                        and not involves_rank(v, m.rank_tainted)]
-            if "rank0" in kinds and negated and all(set_by_launch(m, v) or self._own_launch_switch(v) or
-                                                    self._param_given_switch(m, v) for v in negated):
+            if "rank0" in kinds and switches_off and all(set_by_launch(m, v) or self._own_launch_switch(v) or
+                                                    self._param_given_switch(m, v) for v in switches_off):
                 # `not is_distributed or rank == 0` with `is_distributed = num_gpus > 1` (from WORLD_SIZE): true
                 # in every launched run, so rank 0 alone passes; only a launcher option (`not
                 # args.multiprocessing_distributed or ...`, off under torchrun) leaks
                 return "rank0"
-            if "rank0" in kinds and negated:
+            if "rank0" in kinds and switches_off:
                 return "leaky"
             return "rank0" if kinds and all(k == "rank0" for k in kinds) else \
                 "leaky" if "leaky" in kinds or "rank0" in kinds else None
@@ -337,6 +346,10 @@ class Guards:
             if isinstance(left, ast.Constant) and not isinstance(right, ast.Constant):
                 left, right = right, left
                 op = {ast.Gt: ast.Lt(), ast.Lt: ast.Gt(), ast.GtE: ast.LtE(), ast.LtE: ast.GtE()}.get(type(op), op)
+            if re.search(r"device", dotted(left).split(".")[-1]) and const_value(right.args[0] if isinstance(
+                    right, ast.Call) and callee(right) == "device" and right.args else right) == "cuda:0":
+                # `device == torch.device('cuda:0')`, a rank's own device (BISS): the first GPU's process
+                return {ast.Eq: "rank0", ast.NotEq: "not0"}.get(type(op))
             if not involves_rank(left, m.rank_tainted):
                 return None
             if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod) and (isinstance(
@@ -510,7 +523,17 @@ class Guards:
             self._only_rank0_goes_on(m, x) for x in s.body)
 
     def effective(self, m: Module, node: ast.AST, depth: int = 3) -> str | None:
-        """kind() through the callers: a function called only under a rank-0 guard runs on rank 0 only."""
+        """kind() through the callers: a function called only under a rank-0 guard runs on rank 0 only. Asked
+        once per (node, depth): a helper that many functions call, each called from many places (OpenOOD's
+        trainers and evaluators), would otherwise be asked again along every path, for minutes."""
+        if getattr(self.p, "_callers_index", None) is None:
+            return self._effective(m, node, depth)  # (the callers still being indexed: a partial answer)
+        memo = self.__dict__.setdefault("_effective_memo", {})
+        if (id(node), depth) not in memo:
+            memo[id(node), depth] = self._effective(m, node, depth)
+        return memo[id(node), depth]
+
+    def _effective(self, m: Module, node: ast.AST, depth: int) -> str | None:
         k = self.kind(m, node)
         if k or depth == 0:
             return k
@@ -569,32 +592,3 @@ def _periodic(m: Module, name: str) -> bool:
     return bool(values) and all(isinstance(v, ast.Compare) and (not involves_rank(v.left, m.rank_tainted) or isinstance(
         v.left, ast.BinOp) and isinstance(v.left.op, ast.Mod) and isinstance(v.left.left, ast.Attribute)
         and not RANKISH.search(v.left.left.attr)) for v in values)  # (or `(i == 0)`, the first batch)
-
-
-def rank0_writer(p, m: Module, value: ast.AST) -> bool:
-    """`sys.stdout = logger` where logger is a project object whose `write` writes only under a rank-0 test
-    (OpenUnReID's Logger: `if self.rank == 0 or self.debug: self.console.write(msg)`): the other ranks' prints
-    go nowhere."""
-    name = dotted(value) if isinstance(value, (ast.Name, ast.Attribute)) else None
-    found = p.instance_class(m, name) if name else None
-    if found is None and isinstance(value, ast.Call):
-        found = next(((tm, tm.classes[tm.class_of(tf)]) for tm, tf in p.resolve(m, value, exact=True)
-                      if tm.class_of(tf)), None)
-    write = found[0].functions.get(f"{found[1].name}.write") if found else None
-    return write is not None and any(
-        isinstance(n, ast.If) and any(isinstance(c, ast.Compare) and involves(c, re.compile(r"rank", re.I)) and any(
-            isinstance(k, ast.Constant) and k.value == 0 for k in c.comparators) for c in ast.walk(n.test))
-        and any(isinstance(x, ast.Call) and callee(x) == "write" for b in n.body for x in ast.walk(b))
-        for n in ast.walk(write))
-
-
-def _negated(v: ast.AST) -> ast.AST | None:
-    """X of `not X`, `X is not True`, `X is False` or `X == False` (DIST_KD's `(args.distributed is not True) or
-    (args.distributed and args.local_rank == 0)`); None otherwise."""
-    if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not):
-        return v.operand
-    if isinstance(v, ast.Compare) and len(v.ops) == 1 and isinstance(v.comparators[0], ast.Constant) and (
-            isinstance(v.ops[0], ast.IsNot) and v.comparators[0].value is True or
-            isinstance(v.ops[0], (ast.Is, ast.Eq)) and v.comparators[0].value is False):
-        return v.left
-    return None

@@ -10,7 +10,8 @@ import re
 RANKISH = re.compile(r"(^|(?<!per)(?<!all)(?<!each)(?<!every)(?<!cross)_)rank$|^rank|local_rank|master_process"
                      r"|is_main|is_master|main_process|is_rank_zero|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d")
 WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus?|NUM_GPUS|get_world_size|num_processes|nprocs"
-                      r"|WORLD_SIZE")  # (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS configs)
+                      r"|WORLD_SIZE|device_count")  # (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS
+# configs; device_count: `batch_size * torch.cuda.device_count()`, one process per visible GPU, BISS)
 RANK0_NAME = re.compile(r"master|is_main|main_process|rank_zero|is_rank0|is_primary|rank0$")
 BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
 ACCUMISH = re.compile(r"accum|accu_|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc
@@ -321,3 +322,15 @@ def not_a_forward(c: ast.Call) -> bool:
     """`model.parameters()`, `model.state_dict()`: a call on the model that runs no forward, so what it makes
     (PointTAD's `n_parameters = sum(p.numel() for p in model.parameters() ...)`) holds no rank's activations."""
     return isinstance(c.func, ast.Attribute) and c.func.attr in NOT_A_FORWARD
+
+
+def negated(v: ast.AST) -> ast.AST | None:
+    """X of `not X`, `X is not True`, `X is False` or `X == False` (DIST_KD's `(args.distributed is not True) or
+    (args.distributed and args.local_rank == 0)`); None otherwise."""
+    if isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not):
+        return v.operand
+    if isinstance(v, ast.Compare) and len(v.ops) == 1 and isinstance(v.comparators[0], ast.Constant) and (
+            isinstance(v.ops[0], ast.IsNot) and v.comparators[0].value is True or
+            isinstance(v.ops[0], (ast.Is, ast.Eq)) and v.comparators[0].value is False):
+        return v.left
+    return None

@@ -296,7 +296,8 @@ def _gather_hits(f: Facts, m: Module):
             continue
         if isinstance(fn, ast.FunctionDef) and any("no_grad" in dotted(d) for d in fn.decorator_list):
             continue
-        if grad_free(scope, x) or assigned_without_grad(m, scope, x):
+        if grad_free(scope, x) or assigned_without_grad(m, scope, x) or _after_the_steps_backward(m, c) or \
+                _grad_disabled_before(scope, c):
             continue
         owner = m.classes.get(m.class_of(fn) or "") if fn is not None else None
         backward = next((d for d in owner.body if isinstance(d, ast.FunctionDef) and d.name == "backward"),
@@ -336,6 +337,22 @@ def _gather_hits(f: Facts, m: Module):
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
                       "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
     yield from _gathered_as_objects(f, m)
+
+
+def _after_the_steps_backward(m: Module, c: ast.Call) -> bool:
+    """The gather comes after the loop body's backward() (the retina grader gathers its predictions for the
+    metrics once the step is taken): what it gathers feeds no gradient of this step."""
+    loop = m.enclosing(c, (ast.For, ast.While))
+    return loop is not None and any(isinstance(n, ast.Call) and callee(n) == "backward" and n.lineno < c.lineno
+                                    for n in ast.walk(loop))
+
+
+def _grad_disabled_before(scope: ast.AST, c: ast.Call) -> bool:
+    """`torch.set_grad_enabled(False)` earlier in the function, not turned back on before the gather (an
+    evaluation loop): the gathered tensors carry no gradient in any case."""
+    sets = sorted((n.lineno, const_value(n.args[0])) for n in ast.walk(scope) if isinstance(n, ast.Call)
+                  and callee(n) == "set_grad_enabled" and n.args and n.lineno < c.lineno)
+    return bool(sets) and sets[-1][1] is False
 
 
 LABELISH = re.compile(r"^(labels?|targets?|y|gt|idx|index|indices|ids?)$", re.I)

@@ -563,7 +563,12 @@ def every_rank_prints_loss(f: Facts, m: Module):
     # lines of loss_meter) are one finding at the first, naming the others
     firsts: dict = {}
     for hit, lossy in sorted(_every_rank_hits(f, m), key=lambda h: (h[0].node.lineno, h[0].node.col_offset)):
-        key = (_outermost(m, hit.node), frozenset(origins(m.enclosing(hit.node) or m.tree, lossy)))
+        fn = m.enclosing(hit.node)
+        params = {a.arg for a in fn.args.args} if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
+        key = (_outermost(m, hit.node), frozenset(origins(fn or m.tree, lossy)) if not lossy <= params else "")
+        # (a helper writing the losses it is handed, VSCode's save_loss: one finding, naming where it is called)
+        if key not in firsts and not key[1] and fn is not None:
+            hit = hit._replace(related=(*hit.related, *f.p.callers(m, fn)[:2]))
         if key in firsts:
             first = firsts[key]
             firsts[key] = first._replace(related=(*first.related, (m, hit.node)))

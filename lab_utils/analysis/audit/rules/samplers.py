@@ -10,12 +10,14 @@ from ..evaluation import dedups_gathered_ids
 from ..facts import Facts
 from ..loaders import (
     called_in_a_loop,
+    handed_to_an_unseen_engine,
     late_for_persistent,
     loader_places,
     loop_over_own_loader,
     not_built_for,
     one_epoch_run,
     persistent_loaders,
+    rebound_before_use,
     rebuilt_after,
     set_once,
     single_pass,
@@ -124,8 +126,10 @@ def set_epoch_missing(f: Facts, m: Module):
     if ctx is None:
         return
     made, set_epochs = ctx
-    if one_epoch_run(f) or "DistSamplerSeedHook" in f.all_names() or all(single_pass(f.p, m, c) for c in made):
-        return  # (no epoch boundary: TorchSSL's `epoch: 1`, FADA's one pass; mmcv's hook sets the epoch: PYSKL)
+    if one_epoch_run(f) or "DistSamplerSeedHook" in f.all_names() or all(
+            single_pass(f.p, m, c) or rebound_before_use(m, c) or handed_to_an_unseen_engine(f.p, m, c) for c in made):
+        return  # (no epoch boundary: TorchSSL's `epoch: 1`, FADA's one pass; mmcv's hook sets the epoch: PYSKL;
+        # the sampler replaced before any loader takes it: ESD's `train_sampler = SubsetRandomSampler(train_idx)`)
     stale = [(mm, c) for mm, c in set_epochs if rebuilt_after(mm, c) or set_once(f.p, mm, c)]
     # (a dataset's own set_epoch, MeMOTR's `dataset_train.set_epoch(epoch)`, moves no sampler)
     set_epochs = [(mm, c) for mm, c in set_epochs if (mm, c) not in stale and not (

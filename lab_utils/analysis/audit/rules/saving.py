@@ -81,6 +81,9 @@ def _strips_prefix(f: Facts) -> bool:
                 return True
             if isinstance(n, ast.Constant) and n.value in ("module", "module.") and _handed_to_a_stripper(mm, n):
                 return True  # `strip_prefix_if_present(loaded_state_dict, prefix="module.")` (maskrcnn-benchmark)
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and isinstance(n.left, ast.Constant) and \
+                    n.left.value == "module.":
+                return True  # `saved_state_dict['module.' + key]` for each of the model's keys (Scene-Diffuser)
             if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and isinstance(
                     n.slice.lower, ast.Constant) and n.slice.lower.value == len("module.") and n.slice.upper is None:
                 return True
@@ -337,7 +340,7 @@ def load_without_map_location(f: Facts, m: Module):
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
                 not f.off_in_default_run(m, c) and not one_process_arm(m, c) and not _unlaunched_arm(m, c) and \
-                not _into_a_grad_scaler(m, c) and \
+                not _into_a_grad_scaler(m, c) and not _in_a_dataset(m, c) and \
                 f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c) and not (
                     m.enclosing(c) is not None and method_never_called(f.p, m, m.enclosing(c))) and not (
                     c.args and involves_rank(c.args[0], m.rank_tainted)):
@@ -353,6 +356,13 @@ def load_without_map_location(f: Facts, m: Module):
                               "that saved them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's "
                               "own device)")
     yield from per_fn.values()
+
+
+def _in_a_dataset(m: Module, c: ast.Call) -> bool:
+    """A load in a dataset's own method (ESD's `image, label = torch.load(... '_batch.pt')` in __getitem__): a
+    sample read in the loader, not a checkpoint onto the rank's GPU."""
+    cls = m.classes.get(m.class_of(m.enclosing(c)) or "") if m.enclosing(c) is not None else None
+    return cls is not None and any(isinstance(d, ast.FunctionDef) and d.name == "__getitem__" for d in cls.body)
 
 
 def _option_names_a_torch_file(f: Facts, c: ast.Call) -> bool:

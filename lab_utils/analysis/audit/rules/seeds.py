@@ -91,6 +91,8 @@ def no_seed(f: Facts, m: Module):
             f"torch is seeded only when `{failed}`, which the option's default fails" if failed else \
             "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
             "other" in kinds else "nothing seeds torch"
+        if not gated and not failed and _unlinked_runner_seeds(f, entry[0]):
+            return
         # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
         wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)]
         # (and the script's call of a seeding helper the default run gets nothing from: torchdistill's
@@ -105,6 +107,26 @@ def no_seed(f: Facts, m: Module):
                   "compared — torch.manual_seed(seed) before building the model",
                   related=tuple(wraps) + ((_test_of(*at, failed),) if at else ()) + _calls_of(f, at))  # (and
         # the seed the default run skips: the test that skips it, and the call of the helper it sits in)
+
+
+def _unlinked_runner_seeds(f: Facts, calls: list) -> bool:
+    """`pipeline = get_pipeline(config)` from a module these files lack, then `pipeline.run()`: the run goes on in a
+    project class the audit cannot link (OpenOOD's TrainOEPipeline), and a project method of that name seeds torch
+    (`torch.manual_seed(self.config.seed)` at the top of run()): whether torch is seeded is not known here."""
+    for mm, c in calls:
+        if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name)) or f.p.resolve(mm, c):
+            continue
+        made = [a.value for a in mm.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+            isinstance(t, ast.Name) and t.id == c.func.value.id for t in a.targets)]
+        if not made or any(f.p.resolve(mm, v) for v in made):
+            continue
+        for om in f.p.modules.values():
+            for cd in om.classes.values():
+                meth = next((d for d in cd.body if isinstance(d, ast.FunctionDef) and d.name == c.func.attr), None)
+                if meth is not None and any(f.seed_kind(xm, x) == "torch" for xm, x in f.p.calls_in(
+                        f.p.reach(om, meth))):
+                    return True
+    return False
 
 
 def _built_at(f: Facts, wraps: list) -> list:
