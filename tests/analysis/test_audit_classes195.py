@@ -5,26 +5,9 @@ from pathlib import Path
 
 from test_audit import _project
 from test_audit_classes135 import SEEDED
+from test_audit_classes189 import _found, _has, _line, _places
 
 from lab_utils.analysis import audit
-
-
-def _found(root: Path) -> list:
-    return audit.audit_paths([root])
-
-
-def _has(root: Path, rule: str) -> bool:
-    return any(f.rule == rule for f in _found(root))
-
-
-def _places(root: Path, rule: str) -> set[tuple[str, int]]:
-    return {(Path(p).name, line) for f in _found(root) if f.rule == rule
-            for p, line in ((f.path, f.line), *f.related)}
-
-
-def _line(text: str, part: str) -> int:
-    return next(i for i, s in enumerate(text.splitlines(), 1) if part in s)
-
 
 LOOP = ("model = DDP(torch.nn.Linear(2, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "for x in range(3):\n    loss = model(torch.ones(2)).sum()\n    opt.zero_grad()\n    loss.backward()\n"

@@ -1,25 +1,13 @@
 """Issue 35: classes of round 201-206's first look (docs/measured/cpu2/audit_heldout_round201.txt), fixed after
 it, each quiet and loud; every test fails at the first look's code (009df2a)."""
 
-from pathlib import Path
 
 from test_audit import _project
 from test_audit_classes135 import SEEDED
+from test_audit_classes189 import _found, _has
+from test_audit_classes195 import LOOP
 
 from lab_utils.analysis import audit
-
-
-def _found(root: Path) -> list:
-    return audit.audit_paths([root])
-
-
-def _has(root: Path, rule: str) -> bool:
-    return any(f.rule == rule for f in _found(root))
-
-
-LOOP = ("model = DDP(torch.nn.Linear(2, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "for x in range(3):\n    loss = model(torch.ones(2)).sum()\n    opt.zero_grad()\n    loss.backward()\n"
-        "    opt.step()\n")
 
 
 def test_the_rank_of_a_node_is_worked_out_once_per_depth(tmp_path, monkeypatch):
