@@ -32,6 +32,9 @@ def rank0_loggers(f: Facts, m: Module) -> set[str]:
                 out |= {dotted(t) for t in a.targets} - {""}
             if callee(a.value) == "getLogger" and _named_by_an_unseen_rank_setup(f, m, a.value):
                 out |= {dotted(t) for t in a.targets} - {""}
+        out |= {dotted(c.func.value) for c in m.calls if callee(c) == "setLevel" and isinstance(c.func, ast.Attribute)
+                and c.args and _quiet(c.args[0]) and f.g.effective(m, c) == "not0"} - {""}
+        # (`if rank not in [0, -1]: self._log.setLevel("ERROR")`, FrameDiff: its info lines show on rank 0 alone)
         # loguru's one global logger, its sinks set by a helper these files lack that is handed the rank (YOLOX's
         # `setup_logger(file_name, distributed_rank=self.rank)`, which adds the console sink on rank 0 alone)
         out |= {local for local, (mod, _, _) in m.imports.items() if mod.split(".")[0] == "loguru"
@@ -40,6 +43,13 @@ def rank0_loggers(f: Facts, m: Module) -> set[str]:
                 and _wandb_on_rank0_only(f)}
         cache[m.rel] = out
     return cache[m.rel]
+
+
+def _quiet(level: ast.AST) -> bool:
+    """A logging level above INFO: "ERROR", logging.WARNING, 40."""
+    name = const_str(level) or dotted(level).split(".")[-1]
+    return name in ("WARN", "WARNING", "ERROR", "CRITICAL", "FATAL") or isinstance(
+        level, ast.Constant) and isinstance(level.value, int) and level.value > 20
 
 
 def _named_by_an_unseen_rank_setup(f: Facts, m: Module, c: ast.Call) -> bool:
@@ -125,7 +135,10 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     no rank guard): each rank's line reaches the console, as print's would."""
     if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("info", "warning", "debug", "log", "error",
                                                                    "critical")):
-        return False
+        # a meter whose display logs through the root logger (HAWQ's ProgressMeter: `logging.info('\t'.join(
+        # entries))`, its StreamHandler added at import in every spawned worker)
+        return meter_prints(f, m, c) == "info" and any(
+            root_logger_on_every_rank(f, mm, x) for mm, x in meter_print_calls(f, m, c) if x is not c)
     if root_console_on_stdout(f, m, c):
         return False
     if dotted(c.func.value) != "logging":

@@ -91,3 +91,23 @@ def unlaunched_lines(p, scripts: list[Path]) -> dict[str, list[range]]:
             [range(0, 1), *sorted(kept, key=lambda r: r.start)],
             [*sorted(kept, key=lambda r: r.start), range(10**9, 10**9)], strict=True)]
     return out
+
+
+def chosen_by_name(p, m, c: ast.Call, name: str) -> list:
+    """The functions a name may hold when the script picks one of its own by a configured name (OVSR's main.py:
+    `function = getattr(sys.modules[__name__], config.function)`, then `ddp_func(function, config)`; or
+    `globals()[args.mode]`): each function the module defines or imports, (module, function) pairs."""
+    scope = m.enclosing(c) or m.tree
+    if not any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and _from_own_globals(a.value)
+               for a in ast.walk(scope)):
+        return []
+    own = [(m, fn) for k, fn in m.functions.items() if "." not in k]
+    return own + [t for local, (_, attr, _) in m.imports.items() if attr
+                  for t in p.resolve(m, ast.Call(func=ast.Name(id=local), args=[], keywords=[]))]
+
+
+def _from_own_globals(v: ast.AST) -> bool:
+    """`getattr(sys.modules[__name__], ...)` or `globals()[...]`."""
+    if isinstance(v, ast.Call) and callee(v) == "getattr" and v.args and isinstance(v.args[0], ast.Subscript):
+        return dotted(v.args[0].value) == "sys.modules" and dotted(v.args[0].slice) == "__name__"
+    return isinstance(v, ast.Subscript) and isinstance(v.value, ast.Call) and callee(v.value) == "globals"

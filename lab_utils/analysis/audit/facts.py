@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import re
 
+from .entries import chosen_by_name
 from .evaluation import eval_loop_reduces
 from .options import DefaultOptions
 from .project import Module, Project
@@ -360,7 +361,8 @@ class Facts(DefaultOptions):
             fn = m.enclosing(c)
             cls = m.class_of(fn) if fn is not None else None
             return self.p.methods(m, cls, a.attr) if cls else []
-        return self.p.resolve(m, ast.Call(func=a, args=[], keywords=[]))
+        return self.p.resolve(m, ast.Call(func=a, args=[], keywords=[])) or (
+            chosen_by_name(self.p, m, c, a.id) if isinstance(a, ast.Name) else [])
 
     def entry_site(self, m: Module, node: ast.AST, depth: int = 3) -> tuple[Module, ast.Call] | None:
         """The call in an entry script that runs `node`'s helper (`train_ds, test_ds = dataloader.load_data(...)`

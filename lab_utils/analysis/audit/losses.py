@@ -270,8 +270,17 @@ def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set
             if lossy and len(lossy) == len(rets) and not f.reduced_names(tm, tf) & {
                     root(n) for r in rets for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))}:
                 got = _positions_holding(a, rets, holding)
-                out |= {n for n in names if sources[n] & got} if getter else got & names
+                # (a text built from what it returns counts too: UniPhy's `log_msg = f"Loss: {metrics['loss']}"`
+                # after `metrics = train_step(...)`, whose dict holds this rank's loss.item())
+                out |= {n for n in names if sources[n] & got}
     return out
+
+
+def reads_a_loss(v: ast.AST) -> bool:
+    """v reads a value named as a loss: `loss_meter.val`, `train_loss`, or a loss key (UniPhy's
+    `f"Loss: {metrics['loss']:.4f}"`)."""
+    return any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "") or
+               isinstance(x, ast.Subscript) and LOSSISH.search(const_str(x.slice) or "") for x in ast.walk(v))
 
 
 def _getter(fn: ast.AST) -> bool:

@@ -17,6 +17,22 @@ class AuditError(ValueError):
     """A path cannot be audited (missing, not Python); the message names it."""
 
 
+class _AnnotatedAsPlain(ast.NodeTransformer):
+    """`model: torch.nn.Module = UNet(...)` in a function binds `model` as `model = UNet(...)` does, and the rules
+    read bindings from ast.Assign: a typed script (Prithvi-WxC's fine-tuning) hid its BatchNorm model. Each such
+    statement becomes the plain assignment at the same place. A class body's fields (`lr: float = 1e-3` of a
+    settings dataclass) stay annotated: options.py reads them as defaults."""
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> ast.ClassDef:
+        node.body = [s if isinstance(s, ast.AnnAssign) else self.visit(s) for s in node.body]
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        if node.value is None:
+            return node  # `x: int` binds nothing
+        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
+
+
 class Module:
     """One parsed file: its tree, parent links, functions, imports, and the names that hold a rank."""
 
@@ -24,7 +40,7 @@ class Module:
         try:
             with warnings.catch_warnings():  # the audited file's own `'\d'` escapes are not the user's audit news
                 warnings.simplefilter("ignore", (SyntaxWarning, DeprecationWarning))
-                self.tree = ast.parse(source, filename=str(path))
+                self.tree = _AnnotatedAsPlain().visit(ast.parse(source, filename=str(path)))
         except SyntaxError as e:
             raise AuditError(f"{path}:{e.lineno}: not Python ({e.msg})") from None
         # Every node, in ast.walk's order, listed once: the rules walk whole modules thousands of times (before

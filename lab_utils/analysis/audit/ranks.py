@@ -9,6 +9,7 @@ import re
 
 from .hierarchy import off_the_run
 from .project import Module, Project
+from .switched_off import cleared_off_rank0, switched_off_elsewhere
 from .switches import conjuncts, is_switch_test, one_process_arm, set_by_launch, unlaunched
 from .syntax import (
     RANK0_NAME,
@@ -18,6 +19,7 @@ from .syntax import (
     dotted,
     involves_rank,
     is_switch_value,
+    kw,
     negated,
 )
 from .taint import resolved_past_super
@@ -53,7 +55,8 @@ class Guards:
                     k = self.classify(m, a.value) if isinstance(a, ast.Assign) else None
                     if k is not None:
                         kinds.update({dotted(t): k for t in a.targets if dotted(t)})
-            kinds.update(self._switched_off_elsewhere(m, kinds))
+            kinds.update(switched_off_elsewhere(self, m, kinds))
+            kinds.update({n: "rank0" for n in cleared_off_rank0(self, m, False) if n not in kinds})
             self.flags[m.rel] = {n for n, k in kinds.items() if k == "rank0"}
         # a base class's `self.verbose` flag holds in the subclasses of the modules that import it (VL-T5's
         # TrainerBase and its VQA Trainer)
@@ -117,30 +120,7 @@ class Guards:
                     # (over the taint's reading: a rank *test*'s answer, not the rank number it seemed)
                     self.flags[tm.rel] |= names | copies
 
-    def _switched_off_elsewhere(self, m: Module, kinds: dict[str, str]) -> dict[str, str]:
-        """`self.verbose = True`, then `if self.args.gpu != 0: self.verbose = False` (VL-T5): a flag true on rank
-        0 alone."""
-        consts: dict[str, list[tuple[bool, str | None]]] = {}
-        for a in m.nodes:
-            if isinstance(a, ast.Assign) and len(a.targets) == 1 and dotted(a.targets[0]):
-                name = dotted(a.targets[0])
-                if isinstance(a.value, ast.Constant) and a.value.value is None:
-                    continue  # (`self.save_models = None` in __init__, set for real later: IDDM)
-                if isinstance(a.value, ast.Constant) and isinstance(a.value.value, bool):
-                    consts.setdefault(name, []).append((a.value.value, self._arm(m, a)))
-                else:
-                    consts.setdefault(name, []).append((None, "other"))
-        # `if rank % ngpus == 0: opt.log = True` / `else: opt.log = False` (HybrIK) says the same
-        # ... and so does `self.print = False`, then `if rank == 0 ...: self.print = True` (ClearerVoice's Solver),
-        # unless rank 0 then hands it to the others (HaGRID's broadcast `self.stop`)
-        shared = {dotted(a) for c in m.calls if callee(c) in ("broadcast", "all_reduce") for a in c.args}
-        return {name: "rank0" for name, sets in consts.items() if name not in kinds
-                and ((True, None) in sets or (True, "rank0") in sets) and (False, "not0") in sets
-                and all(s in ((True, None), (True, "rank0"), (False, "not0")) for s in sets)
-                or name not in kinds and (False, None) in sets and (True, "rank0") in sets
-                and all(s in ((False, None), (True, "rank0")) for s in sets) and name not in shared}
-
-    def _arm(self, m: Module, a: ast.AST) -> str | None:
+    def arm(self, m: Module, a: ast.AST) -> str | None:
         """kind(), and 'not0' for the else arm of a rank-0 test (`if rank == 0: ... else: flag = False`)."""
         k = self.kind(m, a)
         parent = m.parent.get(id(a))
@@ -163,12 +143,11 @@ class Guards:
         """Objects only rank 0 holds: `writer = SummaryWriter(...) if rank == 0 else None`, or built under a rank-0
         guard (`if rank == 0: logger = Logger(...)`). Calls on them, and tests of them (`if writer:`), run on rank 0
         alone; elsewhere the name is None (or never bound)."""
-        out = set()
+        out = cleared_off_rank0(self, m, None)
         for w in (n for n in m.nodes if isinstance(n, (ast.With, ast.AsyncWith))):
             for item in w.items:  # `with tqdm(it, disable=not verbose) as tepoch:`
                 v = item.context_expr
-                if isinstance(item.optional_vars, ast.Name) and isinstance(v, ast.Call) and any(
-                        k.arg == "disable" and self.classify(m, k.value) == "not0" for k in v.keywords):
+                if isinstance(item.optional_vars, ast.Name) and isinstance(v, ast.Call) and self._off_but_rank0(m, v):
                     out.add(item.optional_vars.id)
         for a in m.nodes:
             if not (isinstance(a, ast.Assign) and len(a.targets) == 1):
@@ -188,12 +167,18 @@ class Guards:
                 out.add(name)  # (another arm building it under the same guard, VALL-E's two SummaryWriters, too)
             elif isinstance(v, ast.Call) and self._builds_rank0_writer(m, v):
                 out.add(name)
-            elif isinstance(v, ast.Call) and any(k.arg == "disable" and self.classify(m, k.value) == "not0"
-                                                 for k in v.keywords):
+            elif isinstance(v, ast.Call) and self._off_but_rank0(m, v):
                 out.add(name)  # `pbar = tqdm(loader, disable=rank != 0)`: only rank 0's bar shows what it is given
             elif isinstance(v, ast.Call) and self._enabled_on_rank0(m, v):
                 out.add(name)
         return out
+
+    def _off_but_rank0(self, m: Module, c: ast.Call) -> bool:
+        """`disable=` true on every rank but 0, alone or in an `or` (Transformer-M's `disable=(args.silent or
+        local_rank != 0)`: off on the other ranks whatever --silent says)."""
+        v = kw(c, "disable")
+        return v is not None and any(self.classify(m, x) == "not0" for x in (
+            v.values if isinstance(v, ast.BoolOp) and isinstance(v.op, ast.Or) else [v]))
 
     def _enabled_on_rank0(self, m: Module, c: ast.Call) -> bool:
         """`logger = Logger(..., enable=is_main)` (SIMPL): a project class handed a rank-0 flag that its __init__

@@ -1,3 +1,15 @@
 """The audit's rules, one module per chapter group; importing this package registers them (registry.REGISTRY)."""
 
-from . import accumulation, batchnorm, collectives, fsdp2, gradients, launching, logging, samplers, saving, seeds  # noqa: F401  (registration)
+from . import (  # noqa: F401  (registration)
+    accumulation,
+    batchnorm,
+    collectives,
+    every_rank_logs,
+    fsdp2,
+    gradients,
+    launching,
+    logging,
+    samplers,
+    saving,
+    seeds,
+)

@@ -8,15 +8,12 @@ import ast
 import re
 
 from ..consoles import (
-    bar_on_every_rank,
     forwarded_log,
     info_on_rank0_only,
     meter_print_calls,
     meter_prints,
     rank0_loggers,
     root_console_on_stdout,
-    root_logger_on_every_rank,
-    shared_file_write,
 )
 from ..facts import Facts
 from ..gathers import global_model_losses
@@ -34,6 +31,7 @@ from ..losses import (
     loss_terms,
     origins,
     packed_losses,
+    reads_a_loss,
     returned_losses,
     returned_reduced,
     whole_set_meters,
@@ -42,7 +40,6 @@ from ..meters import reducing_meters
 from ..project import Module
 from ..rank0_values import of_the_weights_alone, own_walk, rank0_own
 from ..registry import Hit, rule
-from ..switches import one_process_arm
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, rank_reducing_name, root
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
@@ -229,7 +226,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
                              and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))) or \
                 _reports_an_abort(m, c) or f.off_by_default(m, c):
             continue  # (last: a log under an option unset unless given, DLRM's print of a loaded model's loss)
-        outer = _outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
+        outer = outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
         red = f.reduced_names(m, scope) | (f.reduced_names(m, outer) if outer not in (None, scope) else set())
         red0 = set(red)
         while True:  # a name reduced only through another that is not reduced here is not either
@@ -402,7 +399,7 @@ def _logged_where_computed(f: Facts, m: Module, scope: ast.AST, lossy: set) -> b
         other is tf for _, other, _ in _rank0_local_loss_hits(f, tm)) for tm, tf in called.values())
 
 
-def _outermost(m: Module, c: ast.AST):
+def outermost(m: Module, c: ast.AST):
     """The function around `c`, or the function around that when it is a closure (MSN's `def log_stats():` in its
     training loop): one loss logged from both is one defect."""
     fn = m.enclosing(c)
@@ -453,7 +450,7 @@ def _rank0_local_loss_logs(f: Facts, m: Module):
             or info_on_rank0_only(f, m, c))
         if not (kind == "rank0" or console0 or (prints and f.print_override and kind is None and not forced)):
             continue
-        block, where = _guard_block(m, c), (_outermost(m, c), frozenset(origins(m.enclosing(c) or m.tree, lossy)))
+        block, where = _guard_block(m, c), (outermost(m, c), frozenset(origins(m.enclosing(c) or m.tree, lossy)))
         if block in per_block or any(isinstance(w, tuple) and w[0] is where[0] and where[1] <= w[1]
                                      for w in per_block):
             per_block.add(block)  # one finding per guarded block, and per loss in a function: one defect, one
@@ -534,11 +531,9 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
     scope = m.enclosing(c) or m.tree
     built = [a for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.lineno < c.lineno
              and any(dotted(t) in lossy for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
-             and (isinstance(a, ast.AugAssign) or any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
-                 dotted(x).split(".")[-1] or "") for x in ast.walk(a.value)))]  # (+=: AOT-GAN adds each loss)
+             and (isinstance(a, ast.AugAssign) or reads_a_loss(a.value))]  # (+=: AOT-GAN adds each loss)
     if built:
-        reads_loss = [a for a in built if any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
-            dotted(x).split(".")[-1] or "") for x in ast.walk(a.value))]  # (not the `+= f" [lr] ..."` after it)
+        reads_loss = [a for a in built if reads_a_loss(a.value)]  # (not the `+= f" [lr] ..."` after it)
         text = max(reads_loss or built, key=lambda a: a.lineno)
         # ... and the line that took the loss it reads off the tensor (landmark-attention's `train_loss =
         # loss.detach().cpu().item()`, then `print_string = f"... loss={train_loss:.3f} ..."`)
@@ -554,47 +549,3 @@ def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
         isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "")
         for x in ast.walk(a.value))]
     return ((m, min(filled, key=lambda a: a.lineno)),) if filled else ()
-
-
-@rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "
-      "numbers, none of them the global batch's")
-def every_rank_prints_loss(f: Facts, m: Module):
-    # one defect, one finding: the logs of one loss in one function (WeSpeaker's per-interval and end-of-epoch
-    # lines of loss_meter) are one finding at the first, naming the others
-    firsts: dict = {}
-    for hit, lossy in sorted(_every_rank_hits(f, m), key=lambda h: (h[0].node.lineno, h[0].node.col_offset)):
-        fn = m.enclosing(hit.node)
-        params = {a.arg for a in fn.args.args} if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
-        key = (_outermost(m, hit.node), frozenset(origins(fn or m.tree, lossy)) if not lossy <= params else "")
-        # (a helper writing the losses it is handed, VSCode's save_loss: one finding, naming where it is called)
-        if key not in firsts and not key[1] and fn is not None:
-            hit = hit._replace(related=(*hit.related, *f.p.callers(m, fn)[:2]))
-        if key in firsts:
-            first = firsts[key]
-            firsts[key] = first._replace(related=(*first.related, (m, hit.node)))
-        else:
-            firsts[key] = hit
-    yield from firsts.values()
-
-
-def _every_rank_hits(f: Facts, m: Module):
-    for c, lossy, kind in loss_logs(f, m):
-        if one_process_arm(m, c):
-            continue  # the else of `if args.distributed:` (VoCo's running-average print): one process prints
-        written = shared_file_write(f, m, c) if kind is None else None
-        if written is not None:
-            wm, w = written
-            where = f"line {w.lineno}" if wm is m else f"{wm.rel}:{w.lineno}"
-            yield Hit(c, (f"every rank appends its own {', '.join(sorted(lossy))} to one log file ({where}: a file "
-                          "write, which silencing print off rank 0 does not stop): world_size interleaved lines, "
-                          "none of them the global batch's loss — all_reduce it, then write on rank 0"),
-                      related=((wm, w),) if w is not c else ()), lossy
-            continue
-        if kind is None and ((callee(c) == "print" or meter_prints(f, m, c) == "print") and not f.print_override
-                             or root_logger_on_every_rank(f, m, c) and not info_on_rank0_only(f, m, c)
-                             or bar_on_every_rank(m, c) and not f.stderr_silenced):
-            # (a child of a logger whose level is INFO on rank 0 alone, Simple-CCReID's 'reid.train' under
-            # get_logger's 'reid': rank 0's line, rank0-local-loss's to judge)
-            yield Hit(c, (f"every rank {'prints' if callee(c) == 'print' else 'logs'} its own "
-                          f"{', '.join(sorted(lossy))}: world_size interleaved numbers, none of them the global "
-                          "batch's loss — all_reduce it, then log on rank 0")), lossy
