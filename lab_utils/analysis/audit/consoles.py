@@ -23,14 +23,10 @@ def rank0_loggers(f: Facts, m: Module) -> set[str]:
         for a in m.nodes:
             if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)):
                 continue
-            for tm, tf in f.p.resolve(m, a.value):
-                consoles = [c for c in ast.walk(tf) if isinstance(c, ast.Call)
-                            and callee(c) in ("StreamHandler", "basicConfig") and not _to_a_file(c)]
-                if consoles and all(f.g.effective(tm, c) == "rank0" for c in consoles):
-                    out |= {dotted(t) for t in a.targets} - {""}
-            if _unseen_setup_handed_the_rank(f, m, a.value):  # `logger = setup_logger(out, distributed_rank=rank)`
+            # `logger = setup_logger(out, distributed_rank=rank)`, the helper seen or not
+            if _consoles_on_rank0(f, m, a.value) or _unseen_setup_handed_the_rank(f, m, a.value):
                 out |= {dotted(t) for t in a.targets} - {""}
-            if callee(a.value) == "getLogger" and _named_by_an_unseen_rank_setup(f, m, a.value):
+            if callee(a.value) == "getLogger" and _named_by_a_rank0_setup(f, m, a.value):
                 out |= {dotted(t) for t in a.targets} - {""}
         out |= {dotted(c.func.value) for c in m.calls if callee(c) == "setLevel" and isinstance(c.func, ast.Attribute)
                 and c.args and _quiet(c.args[0]) and f.g.effective(m, c) == "not0"} - {""}
@@ -52,10 +48,11 @@ def _quiet(level: ast.AST) -> bool:
         level, ast.Constant) and isinstance(level.value, int) and level.value > 20
 
 
-def _named_by_an_unseen_rank_setup(f: Facts, m: Module, c: ast.Call) -> bool:
+def _named_by_a_rank0_setup(f: Facts, m: Module, c: ast.Call) -> bool:
     """`logging.getLogger("mmn.trainer")` (or `getLogger(__name__)` in the package) where the script set up the
     logger "mmn" with a helper these files lack, handed the rank (MMN's `setup_logger("mmn", output_dir,
-    get_rank())`, maskrcnn-benchmark's, which adds no handler off rank 0): the child logs through rank 0's console."""
+    get_rank())`, maskrcnn-benchmark's, which adds no handler off rank 0), or with a project helper that adds its
+    console handlers on rank 0 alone (IRRA's): the child logs through rank 0's console."""
     arg = c.args[0] if c.args else None
     name = const_str(arg) if arg is not None else None
     if isinstance(arg, ast.Name) and arg.id == "__name__":
@@ -63,8 +60,19 @@ def _named_by_an_unseen_rank_setup(f: Facts, m: Module, c: ast.Call) -> bool:
     if not name:
         return False
     setups = [const_str(s.args[0]) or const_str(kw(s, "name")) for mm in f.p.modules.values() for s in mm.calls
-              if s.args and _unseen_setup_handed_the_rank(f, mm, s)]
+              if s.args and (_unseen_setup_handed_the_rank(f, mm, s) or _consoles_on_rank0(f, mm, s))]
     return any(n and (name == n or name.startswith(n + ".")) for n in setups)
+
+
+def _consoles_on_rank0(f: Facts, m: Module, c: ast.Call) -> bool:
+    """A project set-up whose console handlers only rank 0 adds (IRRA's setup_logger: `if distributed_rank > 0:
+    return logger` before its StreamHandler)."""
+    for tm, tf in f.p.resolve(m, c):
+        consoles = [x for x in ast.walk(tf) if isinstance(x, ast.Call)
+                    and callee(x) in ("StreamHandler", "basicConfig") and not _to_a_file(x)]
+        if consoles and all(f.g.effective(tm, x) == "rank0" for x in consoles):
+            return True
+    return False
 
 
 def _wandb_on_rank0_only(f: Facts) -> bool:

@@ -364,8 +364,34 @@ class Project:
             if found is None and name.startswith("self."):  # set in a base class's __init__ in another file
                 found = next((r for cls in m.classes for bm, b in self.bases_of(m, cls) if bm is not m
                               for r in [self.instance_class(bm, name)] if r is not None), None)
+            if found is None and name.startswith("self."):
+                found = self._handed_instance(m, name)
             self._instance_cache[key] = found
         return self._instance_cache[key]
+
+    def _handed_instance(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
+        """`self.ckp = ckp` in a class's __init__, where every call that builds the class hands it an instance
+        of one project class (revisitSR's `Trainer(..., checkpoint)` after `checkpoint = utility.checkpoint(cfg)`):
+        that class."""
+        for key, init in m.functions.items():
+            if not key.endswith(".__init__"):
+                continue
+            params = [a.arg for a in init.args.args][1:]
+            pairs = [(t, a.value) for a in ast.walk(init) if isinstance(a, ast.Assign) for t in a.targets] + [
+                p for a in ast.walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Tuple)
+                for t in a.targets if isinstance(t, ast.Tuple) and len(t.elts) == len(a.value.elts)
+                for p in zip(t.elts, a.value.elts, strict=True)]  # (`self.model, self.ckp = model, ckp`)
+            held = [v.id for t, v in pairs if isinstance(v, ast.Name) and v.id in params and dotted(t) == name]
+            if not held:
+                continue
+            found = set()
+            for cm, c in self.callers(m, init):
+                given = dict(zip(params, c.args, strict=False)) | {k.arg: k.value for k in c.keywords if k.arg}
+                v = given.get(held[0])
+                found.add(self.instance_class(cm, v.id) if isinstance(v, ast.Name) else None)
+            if len(found) == 1 and None not in found:
+                return found.pop()
+        return None
 
     def _instance_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
         for a in m.nodes:

@@ -10,7 +10,7 @@ import re
 from .hierarchy import off_the_run
 from .project import Module, Project
 from .switched_off import cleared_off_rank0, switched_off_elsewhere
-from .switches import conjuncts, is_switch_test, one_process_arm, set_by_launch, unlaunched
+from .switches import conjuncts, is_switch_test, launch_switch_function, one_process_arm, set_by_launch, unlaunched
 from .syntax import (
     RANK0_NAME,
     RANKISH,
@@ -311,7 +311,8 @@ class Guards:
             switches_off = [negated(v) for v in t.values if negated(v) is not None  # sets RANK
                        and not involves_rank(v, m.rank_tainted)]
             if "rank0" in kinds and switches_off and all(set_by_launch(m, v) or self._own_launch_switch(v) or
-                                                    self._param_given_switch(m, v) for v in switches_off):
+                                                    self._param_given_switch(m, v) or launch_switch_function(
+                                                        self.p, m, v) for v in switches_off):
                 # `not is_distributed or rank == 0` with `is_distributed = num_gpus > 1` (from WORLD_SIZE): true
                 # in every launched run, so rank 0 alone passes; only a launcher option (`not
                 # args.multiprocessing_distributed or ...`, off under torchrun) leaks

@@ -76,6 +76,22 @@ def set_by_launch(m: Module, flag: ast.AST) -> bool:
         for v in values)
 
 
+def launch_switch_function(p: Project, m: Module, c: ast.AST) -> bool:
+    """A project function that answers from what the launcher set (SynTBPR's is_using_distributed(): True when
+    dist.is_initialized(), `int(os.environ["WORLD_SIZE"]) > 1` when RANK and WORLD_SIZE are set, True when
+    LOCAL_RANK is, else False): every test and every returned value asks the group or the environment, so no
+    option turns it off in a launched run."""
+    if not isinstance(c, ast.Call):
+        return False
+    for _, tf in p.resolve(m, c, exact=True):
+        asked = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None
+                 and not isinstance(r.value, ast.Constant)] + [n.test for n in ast.walk(tf) if isinstance(n, ast.If)]
+        if asked and all(group_check(x) or "environ" in ast.unparse(x) and (involves(x, WORLDISH) or any(
+                const_str(k) in LAUNCH_KEYS for k in ast.walk(x))) for x in asked):
+            return True
+    return False
+
+
 # `dist.is_initialized()`, a helper's `is_available()`, SparK's `dist.initialized()`
 GROUP_CHECKS = re.compile(r"^(is_initialized|is_available|initialized|is_dist_avail_and_initialized)$")
 

@@ -389,7 +389,7 @@ def _outside_switch_hits(f: Facts, m: Module):
                 not m.entry or _under_flag(m, c, flags):
             continue
         fn = m.enclosing(c)
-        sites = f.p.callers(m, fn) + _apply_sites(m, fn) if fn is not None else []
+        sites = f.p.callers(m, fn) + _apply_sites(f, m, fn) if fn is not None else []
         if fn is not None and not sites:  # a closure (SegmenTron's reduce_tensor): its outer body calls it
             outer = m.enclosing(fn)
             sites = [(m, x) for x in ast.walk(outer) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
@@ -543,14 +543,15 @@ def _calls_by_method_name(f: Facts, m: Module, fn: ast.AST) -> list:
 GROUP_CHECKS = ("is_initialized", "is_available")
 
 
-def _apply_sites(m: Module, fn: ast.AST) -> list:
-    """The calls that run an autograd.Function's forward or backward: `GatherLayer.apply(x)`. Its forward runs
-    wherever apply is called (after `if world_size == 1: return x`, say), never by its own name."""
+def _apply_sites(f: Facts, m: Module, fn: ast.AST) -> list:
+    """The calls that run an autograd.Function's forward or backward: `GatherLayer.apply(x)`, in its own module
+    or one that imports it (SynTBPR's AllGather, applied in the model after `if not is_using_distributed():
+    return input`). Its forward runs wherever apply is called, never by its own name."""
     cls = m.class_of(fn)
     if cls is None or fn.name not in ("forward", "backward"):
         return []
-    return [(m, c) for c in m.calls if isinstance(c.func, ast.Attribute) and c.func.attr == "apply"
-            and dotted(c.func.value) == cls]
+    return [(mm, c) for mm in f.p.modules.values() for c in mm.calls if isinstance(c.func, ast.Attribute)
+            and c.func.attr == "apply" and dotted(c.func.value) == cls and (mm is m or f.p.module_for(mm, cls) is m)]
 
 
 def _checked_first(f: Facts, m: Module, fn: ast.AST) -> bool:

@@ -219,7 +219,9 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy = {n for n in lossy if not handed_global(f, m, scope, n)
                  and not loaded_from_a_checkpoint(f, m, scope, c, n) and not returned_reduced(f, m, scope, n)}
         lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)}
-        lossy -= m.called_attributes()  # a loss function handed on (`val.run(..., compute_loss=self.compute_loss)`)
+        # a loss function handed on (`val.run(..., compute_loss=self.compute_loss)`); not a bare name the log reads,
+        # a value of its own scope (revisitSR's `loss.item()` in log_train, beside the criterion `self.loss`)
+        lossy -= m.called_attributes() - {n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)}
         own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)

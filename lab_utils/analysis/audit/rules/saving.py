@@ -440,7 +440,25 @@ def save_on_every_rank(f: Facts, m: Module):
         per_fn.setdefault(id(m.enclosing(hit[0])), []).append(hit)
     for hits in per_fn.values():
         first, rest = hits[0], hits[1:]
-        yield Hit(first[0], first[1], related=tuple((m, h[0]) for h in rest)) if rest else first
+        yield Hit(first[0], first[1], related=tuple((m, h[0]) for h in rest) + _writes_of(f, m, first[0]))
+
+
+def _writes_of(f: Facts, m: Module, c: ast.Call) -> tuple:
+    """The torch.save lines a save helper reaches (revisitSR's `self.ckp.save(...)`: save_model's two files and
+    the PSNR log), where the files are written: related places of the call's finding."""
+    out, todo, seen = [], [(m, c, 2)], set()
+    while todo:
+        cm, call, depth = todo.pop(0)
+        for tm, tf in f.callees(cm, call) if depth else []:
+            if (tm.rel, id(tf)) in seen:
+                continue
+            seen.add((tm.rel, id(tf)))
+            for x in (x for x in ast.walk(tf) if isinstance(x, ast.Call)):
+                if dotted(x.func) in ("torch.save", "th.save"):
+                    out.append((tm, x))
+                else:
+                    todo.append((tm, x, depth - 1))
+    return tuple(out[:4])
 
 
 def _saves_on_every_rank(f: Facts, m: Module):
