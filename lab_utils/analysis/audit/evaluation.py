@@ -186,7 +186,8 @@ def _drops_the_padding(fn: ast.AST) -> bool:
     if any(isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and n.slice.lower is None and
            n.slice.upper is not None and (isinstance(n.slice.upper, ast.Call) and callee(n.slice.upper) == "len" or
                                           dotted(n.slice.upper) in lengths or re.search(
-                                              r"num_samples|n_samples|num_examples|dataset_size|dataset_len",
+                                              r"num_samples|n_samples|num_examples|dataset_size|dataset_len|"
+                                              r"len_ds|ds_len|len_dataset|data_len|len_data",  # (ContrastiveCrop)
                                               dotted(n.slice.upper))) for n in ast.walk(fn)):
         return True
     return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and any(

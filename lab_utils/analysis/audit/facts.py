@@ -112,7 +112,8 @@ class Facts(DefaultOptions):
         if d in OTHER_SEEDS:
             return "other"
         name = callee(c)
-        if re.match(r"(get|shared|random|make|new|gen)", name) and not isinstance(m.parent.get(id(c)), ast.Expr):
+        if re.match(r"(get|shared|random|make|new|gen)", name) and "seed" in name.lower() and not isinstance(
+                m.parent.get(id(c)), ast.Expr):  # (not ContrastiveCrop's `cfg = get_cfg(args)`, which seeds)
             return None  # a seed asked for, not set (detectron2's `seed = comm.shared_random_seed()`, fast-reid)
         if SEED_HELPER.search(name) and "." not in d.replace("self.", "") and not self.p.resolve(m, c):
             return "torch"  # an unseen helper named like a seeder (init_seeds, fix_random_seeds)

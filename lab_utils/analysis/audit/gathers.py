@@ -100,13 +100,28 @@ def grad_free(scope: ast.AST, x: ast.AST, seen: frozenset = frozenset()) -> bool
     name in the scope."""
     if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr in RESHAPES:
         return grad_free(scope, x.func.value, seen)  # `torch.tensor(metric).unsqueeze(0).to(device)` (VAN)
+    if isinstance(x, ast.Call) and callee(x) in ("stack", "cat") and x.args:
+        return grad_free(scope, x.args[0], seen)  # a stack of fresh tensors (ContrastiveCrop's boxes)
     if isinstance(x, ast.Call):
         return callee(x) in FRESH and not any(k.arg == "requires_grad" for k in x.keywords)
+    if isinstance(x, (ast.List, ast.Tuple)):
+        return all(grad_free(scope, e, seen) for e in x.elts)
     if not isinstance(x, ast.Name) or x.id in seen:  # (`x = x.to(device)` names itself: not known free)
         return False
     values = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
               and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]
+    # ... and what is appended to it (`boxes = []`, `boxes.append(torch.tensor([h0, w0, h1, w1]))`)
+    values += [c.args[0] for c in ast.walk(scope) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+               and c.func.attr == "append" and dotted(c.func.value) == x.id and c.args]
+    # (a rebinding from itself, `boxes = torch.stack(boxes).cuda()`, is as free as its other bindings)
+    values = [v for v in values if not _restacks(v, x.id)]
     return bool(values) and all(grad_free(scope, v, seen | {x.id}) for v in values)
+
+
+def _restacks(v: ast.AST, name: str) -> bool:
+    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in RESHAPES:
+        v = v.func.value
+    return isinstance(v, ast.Call) and callee(v) in ("stack", "cat") and bool(v.args) and dotted(v.args[0]) == name
 
 
 def assigned_without_grad(m: Module, scope: ast.AST, x: ast.AST) -> bool:

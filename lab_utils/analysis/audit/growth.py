@@ -35,7 +35,7 @@ def world_holding(f: Facts, m: Module) -> set[str]:
     shrunk = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
               and isinstance(a.value.op, (ast.Div, ast.FloorDiv)) and involves(a.value.right, WORLDISH)
               for t in a.targets}
-    out: set[str] = set()
+    out: set[str] = set(_shared_counts(f))
     for _ in range(3):
         for a in m.nodes:
             count = isinstance(a, ast.Assign) and a_count(a.value, out)
@@ -45,6 +45,18 @@ def world_holding(f: Facts, m: Module) -> set[str]:
                     grows(a.value, out) and off_the_default_path(f, m, a)):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out
+
+
+def _shared_counts(f: Facts) -> set[str]:
+    """Attributes of a shared object that some module sets to the GPU count (rtseg's parallel.py:
+    `config.gpu_num = dist.get_world_size()`, then `config.lr = config.base_lr * config.gpu_num` in
+    optimizer.py): the same object, so the same count, in every module."""
+    if "shared_counts" not in f.cache:
+        f.cache["shared_counts"] = {dotted(t) for mm in f.p.modules.values() for a in mm.nodes
+                                    if isinstance(a, ast.Assign) and a_count(a.value, set())
+                                    for t in a.targets if isinstance(t, ast.Attribute) and not dotted(t).startswith(
+                                        "self.")} - {""}
+    return f.cache["shared_counts"]
 
 
 def a_count(v: ast.AST, holding: set[str]) -> bool:

@@ -13,7 +13,10 @@ from .registry import Finding
 # `--master_port 12345`, `--master-port=29500`, `MASTER_PORT=29500` or `export MASTER_PORT="8787"` (MT-DNN's,
 # exported or inline, quoted or not; DiffCardGCN's bash array `"--master_port" "7500"`); not `$PORT`, not
 # `${MASTER_PORT:-29500}` (a fallback the environment overrides)
-FIXED_PORT = re.compile(r"(--master[_-]port[\"']?[= ]+|\bMASTER_PORT=)[\"']?(\d{2,5})\b")
+FIXED_PORT = re.compile(r"(--master[_-]port[\"']?[= ]+|\bMASTER_PORT=)[\"']?(\d{2,5})\b", re.I)  # (Guyu's
+# `--MASTER_PORT 28512`, an option of its own script that it writes into MASTER_PORT) ... or torchrun's c10d
+# rendezvous at a fixed address (CosyVoice's `--rdzv_endpoint="localhost:1234"`)
+FIXED_ENDPOINT = re.compile(r"(--rdzv[_-]endpoint[\"']?[= ]+)[\"']?[^:\s\"'$]+:(\d{2,5})\b")
 # ... or an address with its port handed to the script's init_method (`--dist-url "tcp://127.0.0.1:1235"`, GLNet)
 FIXED_URL = re.compile(r"(--(?:dist[_-]url|init[_-]method)[\"']?[= ]+)[\"']?tcp://[^:\s\"']+:(\d{2,5})\b")
 
@@ -41,7 +44,7 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
                  if v is not None}
         for i, line in enumerate(lines, 1):
             code = line.split("#", 1)[0]
-            hit = FIXED_PORT.search(code) or FIXED_URL.search(code)
+            hit = FIXED_PORT.search(code) or FIXED_URL.search(code) or FIXED_ENDPOINT.search(code)
             via = VARIABLE_PORT.search(code)
             name = via.group(2) or via.group(3) if via is not None else None
             if hit is None and name in fixed:

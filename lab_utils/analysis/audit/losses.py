@@ -157,6 +157,27 @@ def origins(scope: ast.AST, lossy) -> set[str]:
     return {copied.get(n) or n for n in lossy}
 
 
+def loss_roots(scope: ast.AST, lossy) -> set[str]:
+    """origins(), and through sums and averages to the loss a backward ran from: SegVol's `loss_step_avg +=
+    loss.item()`, then `epoch_loss += loss_step_avg`, are one loss with `loss` (one defect, one finding)."""
+    bw = backwarded(scope)
+    steps: dict[str, set[str]] = {}
+    for a in ast.walk(scope):
+        if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None:
+            reads = {root(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))} - {""}
+            for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
+                steps.setdefault(root(t), set()).update(reads)
+    out = set()
+    for n in origins(scope, lossy):
+        seen, todo = {n}, [n]
+        for _ in range(4):
+            todo = [y for x in todo for y in steps.get(x, ()) if y not in seen]
+            seen |= set(todo)
+        hit = seen & bw
+        out |= hit if len(hit) == 1 else {n}
+    return out
+
+
 def loss_module(v: ast.AST) -> bool:
     """A loss function being built (`criterion["stft"] = MultiResolutionSTFTLoss(...)`): no loss value."""
     return isinstance(v, ast.Call) and callee(v)[:1].isupper() and LOSSISH.search(callee(v)) is not None
@@ -248,110 +269,7 @@ def packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
     return out
 
 
-def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set[str]:
-    """Names holding what a project function returns when that is its own running loss: `train_mae =
-    train(model, loader, opt)` whose body ends `return loss_accum / (step + 1)` with `loss_accum += loss.item()`
-    and no reduction over ranks; the name says nothing, the function's return does."""
-    out = set()
-    sources = _built_from(scope, names)
-    asked = set().union(*sources.values()) if sources else set()
-    for a in ast.walk(scope):
-        if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and assigned_roots(a) & asked):
-            continue
-        for tm, tf in f.p.resolve(m, a.value, exact=True) or f.one_method(a.value):
-            rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
-            # a getter (`def get_current_log(self): return self.log_dict`) returns what its class filled elsewhere;
-            # only then is a text built from what it returns (KAIR's message, key by key) followed back to it
-            getter = _getter(tf)
-            holding = _loss_attributes(tm, tf) if getter else _holding_a_loss(tf)
-            lossy = [r for r in rets if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in holding
-                                            for n in ast.walk(r)) and not any(
-                isinstance(n, ast.Call) and rank_reducing_name(n) for n in ast.walk(r))]  # reduced on return
-            if lossy and len(lossy) == len(rets) and not f.reduced_names(tm, tf) & {
-                    root(n) for r in rets for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))}:
-                got = _positions_holding(a, rets, holding)
-                # (a text built from what it returns counts too: UniPhy's `log_msg = f"Loss: {metrics['loss']}"`
-                # after `metrics = train_step(...)`, whose dict holds this rank's loss.item())
-                out |= {n for n in names if sources[n] & got}
-    return out
-
-
-def reads_a_loss(v: ast.AST) -> bool:
-    """v reads a value named as a loss: `loss_meter.val`, `train_loss`, or a loss key (UniPhy's
-    `f"Loss: {metrics['loss']:.4f}"`)."""
-    return any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "") or
-               isinstance(x, ast.Subscript) and LOSSISH.search(const_str(x.slice) or "") for x in ast.walk(v))
-
-
-def _getter(fn: ast.AST) -> bool:
-    """A method whose body only returns an attribute of its object (a docstring aside)."""
-    body = [b for b in getattr(fn, "body", []) if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
-    return len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Attribute) and \
-        dotted(body[0].value.value) == "self"
-
-
-def _built_from(scope: ast.AST, names: set[str]) -> dict[str, set[str]]:
-    """Each name with the names its value is built from in `scope`, two steps back: `message += '{}: {:.4e}
-    '.format(k, v)` in `for k, v in logs.items():` (KAIR, IRN: the logged message is built from `logs`)."""
-    steps: dict[str, set[str]] = {}
-    for a in ast.walk(scope):
-        if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None:
-            targets, value = (a.targets if isinstance(a, ast.Assign) else [a.target]), a.value
-        elif isinstance(a, (ast.For, ast.comprehension)):
-            targets, value = [a.target], a.iter
-        else:
-            continue
-        read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))} - {""}
-        for t in targets:
-            for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
-                steps.setdefault(root(e), set()).update(read)
-    out = {}
-    for n in names:
-        seen = {n}
-        for _ in range(2):
-            seen |= {y for x in seen for y in steps.get(x, ())}
-        out[n] = seen
-    return out
-
-
-def _loss_attributes(tm: Module, tf: ast.AST) -> set[str]:
-    """The attributes of a method's class that some method fills with a loss, unless a reduction fills them
-    (`self.log_dict['l_pix'] = l_pix.item()` in optimize_parameters, returned by `get_current_log`; not BasicSR's
-    `self.log_dict = self.reduce_loss_dict(loss_dict)`): what a getter returns of them is this rank's own."""
-    cls = tm.class_of(tf)
-    if cls is None:
-        return set()
-    held, reduced = set(), set()
-    for k, fn in tm.functions.items():
-        if not k.startswith(cls + "."):
-            continue
-        backward = backwarded(fn)
-        terms = backward | loss_terms(fn, backward)  # (IRN's l_forw_fit, a term of the loss it backwards)
-        for a in ast.walk(fn):
-            if not isinstance(a, ast.Assign):
-                continue
-            names = {root(t) for t in a.targets if root(t).startswith("self.")}
-            if any(isinstance(n, ast.Call) and rank_reducing_name(n) for n in ast.walk(a.value)):
-                reduced |= names
-            elif any(isinstance(n, (ast.Name, ast.Attribute)) and (LOSSISH.search(root(n)) and not NOT_A_LOSS.search(
-                    root(n)) or root(n) in terms) for n in ast.walk(a.value)):
-                held |= names
-    return held - reduced
-
-
-def _positions_holding(a: ast.Assign, rets: list, holding: set[str]) -> set[str]:
-    """The names `a` binds to the returned positions that hold a loss: `model, criterion = get_model(args)` whose
-    `return model, criterion` holds a loss only in criterion (Group-Free-3D); every name when the shapes differ."""
-    target = a.targets[0] if len(a.targets) == 1 else None
-    if isinstance(target, ast.Tuple) and all(isinstance(r, ast.Tuple) and len(r.elts) == len(target.elts)
-                                             for r in rets):
-        return {root(t) for i, t in enumerate(target.elts) if any(
-            isinstance(n, (ast.Name, ast.Attribute)) and root(n) in holding for r in rets
-            for n in ast.walk(r.elts[i]))} - {""}
-    return assigned_roots(a)
-
-
-def _holding_a_loss(fn: ast.AST) -> set[str]:
+def holding_a_loss(fn: ast.AST) -> set[str]:
     """Names in fn that hold a loss: named so, or fed from one (`acc += loss.item()`), to a fixpoint."""
     held = {root(n) for n in ast.walk(fn) if isinstance(n, (ast.Name, ast.Attribute))
             and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}
@@ -539,7 +457,7 @@ def instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
     out: set[str] = set()
     for fn in (m.functions[k] for k in m.functions if cls and k.startswith(cls + ".")):
-        held, red = _holding_a_loss(fn), f.reduced_names(m, fn)
+        held, red = holding_a_loss(fn), f.reduced_names(m, fn)
         for a in ast.walk(fn):
             if isinstance(a, ast.Assign) and any(dotted(t).startswith("self.") for t in a.targets) and any(
                     isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held and root(n) not in red

@@ -187,17 +187,18 @@ class Project:
                 return self.modules[rel]
         if attr is None:
             return None
-        for c in self._candidates(m, mod, None, level):  # `from pkg.mod import name` → the module pkg/mod.py
-            rel = self._rel(c)
-            if rel in self.modules:
-                return self._reexported(self.modules[rel], attr)
+        found = [self.modules[self._rel(c)] for c in self._candidates(m, mod, None, level)
+                 if self._rel(c) in self.modules]  # `from pkg.mod import name` → the module pkg/mod.py
+        for mm in found:  # (the one that has the name: rtseg's `from utils import get_optimizer` is no name of
+            if attr in mm.functions or attr in mm.classes or attr in mm.imports or mm.stars:  # utils/utils.py)
+                return self._reexported(mm, attr)
         for c in self._candidates(m, mod, None, level):  # `from data import build_loader`, data/ without its
             d = _real(c.parent if c.name == "__init__.py" else c.with_suffix(""))  # __init__.py here
             defs = [mm for mm in self.modules.values() if _real(mm.path).parent == d
                     and (attr in mm.functions or attr in mm.classes)]
             if len(defs) == 1:
                 return defs[0]
-        return None
+        return self._reexported(found[0], attr) if found else None
 
     def package_member(self, m: Module, local: str, name: str) -> Module | None:
         """The module that defines `name` for `local.name(...)`: the imported module, the module its package's

@@ -15,12 +15,12 @@ from ..consoles import (
     shared_file_write,
 )
 from ..facts import Facts
-from ..losses import origins
+from ..losses import loss_roots
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import one_process_arm
 from ..syntax import callee
-from .logging import loss_logs, outermost
+from .logging import loss_logs, outermost, returned_into
 
 
 @rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "
@@ -29,10 +29,11 @@ def every_rank_prints_loss(f: Facts, m: Module):
     # one defect, one finding: the logs of one loss in one function (WeSpeaker's per-interval and end-of-epoch
     # lines of loss_meter) are one finding at the first, naming the others
     firsts: dict = {}
+    logged: dict = {}
     for hit, lossy in sorted(_every_rank_hits(f, m), key=lambda h: (h[0].node.lineno, h[0].node.col_offset)):
         fn = m.enclosing(hit.node)
         params = {a.arg for a in fn.args.args} if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else set()
-        key = (outermost(m, hit.node), frozenset(origins(fn or m.tree, lossy)) if not lossy <= params else "")
+        key = (outermost(m, hit.node), frozenset(loss_roots(fn or m.tree, lossy)) if not lossy <= params else "")
         shown = meter_print_calls(f, m, hit.node) if f.trains(m, hit.node) else []
         if shown:  # the training loops' displays of one meter class (HAWQ's train and train_kd both call
             key = ("meter", id(shown[0][1]))  # ProgressMeter.display): one line logs, one defect, named there
@@ -40,11 +41,24 @@ def every_rank_prints_loss(f: Facts, m: Module):
         # (a helper writing the losses it is handed, VSCode's save_loss: one finding, naming where it is called)
         if key not in firsts and not key[1] and fn is not None:
             hit = hit._replace(related=(*hit.related, *f.p.callers(m, fn)[:2]))
+        # (one loss, one finding: a log sharing a loss with an earlier one of the function, SegVol's step and
+        # epoch lines, both sums of the loss the step backwards from, is its related place)
+        key = next((k for k in firsts if k[0] == key[0] and isinstance(k[1], frozenset) and isinstance(
+            key[1], frozenset) and k[1] & key[1]), key)
         if key in firsts:
             first = firsts[key]
             firsts[key] = first._replace(related=(*first.related, (m, hit.node)))
         else:
-            firsts[key] = hit
+            firsts[key], logged[key] = hit, frozenset(lossy)
+    # ... and a log of what such a function returns (SegVol's main_worker prints the epoch_loss train_epoch
+    # returns, after train_epoch printed it on every rank): the same defect, named as a related place
+    for key, hit in list(firsts.items()):
+        scope = m.enclosing(hit.node)
+        source = next((k for k, other in firsts.items() if other is not hit and m.enclosing(other.node) is not None
+                       and returned_into(f, m, scope, logged[key], m.enclosing(other.node))), None)
+        if source is not None:
+            firsts[source] = firsts[source]._replace(related=(*firsts[source].related, (m, hit.node)))
+            del firsts[key]
     yield from firsts.values()
 
 

@@ -31,8 +31,6 @@ from ..losses import (
     loss_terms,
     origins,
     packed_losses,
-    reads_a_loss,
-    returned_losses,
     returned_reduced,
     whole_set_meters,
 )
@@ -40,6 +38,7 @@ from ..meters import reducing_meters
 from ..project import Module
 from ..rank0_values import of_the_weights_alone, own_walk, rank0_own
 from ..registry import Hit, rule
+from ..returned_losses import reads_a_loss, returned_losses, texts_of_losses
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, rank_reducing_name, root
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
@@ -205,7 +204,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         if carriers is None:
             carriers = carried[key] = loss_carriers(scope, held)
         lossy |= packed_losses(scope, names - lossy) | (names & carriers) | looped_losses(m, c, names)
-        lossy |= returned_losses(f, m, scope, names - lossy)
+        lossy |= returned_losses(f, m, scope, names - lossy) | texts_of_losses(scope, names - lossy)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
         synced = {r for line, r in sc["reduce_calls"] if line < c.lineno}  # synced before
@@ -362,9 +361,9 @@ def rank0_local_loss(f: Facts, m: Module):
     merged = []
     for hit, scope, lossy in hits:
         source = next((i for i, (_, other, _) in enumerate(merged) if other is not None and other is not scope
-                       and _returned_into(f, m, scope, lossy, other)), None)
+                       and returned_into(f, m, scope, lossy, other)), None)
         into = next((i for i, (_, other, olossy) in enumerate(merged) if scope is not None and other is not scope
-                     and _returned_into(f, m, other, olossy, scope)), None) if source is None else None
+                     and returned_into(f, m, other, olossy, scope)), None) if source is None else None
         if into is not None:  # an earlier log of what this function returns (PICK's epoch line in train(), fed
             # by _train_epoch, logged first in the file): this log, where the loss is computed, leads
             first = merged[into]
@@ -387,7 +386,7 @@ def _logged_by_callers(f: Facts, m: Module, fn: ast.AST) -> tuple:
     the same defect, named as related places."""
     return tuple((cm, h.node) for cm, c in (f.p.callers(m, fn) if fn is not None else []) if cm is not m
                  for h, s, lossy in _rank0_local_loss_hits(f, cm) if s is cm.enclosing(c)
-                 and _returned_into(f, cm, s, lossy, fn))[:2]
+                 and returned_into(f, cm, s, lossy, fn))[:2]
 
 
 def _logged_where_computed(f: Facts, m: Module, scope: ast.AST, lossy: set) -> bool:
@@ -397,7 +396,7 @@ def _logged_where_computed(f: Facts, m: Module, scope: ast.AST, lossy: set) -> b
     called = {(tm.rel, id(tf)): (tm, tf) for a in ast.walk(scope or m.tree)
               if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
               for tm, tf in f.p.resolve(m, a.value) if tm is not m}
-    return any(_returned_into(f, m, scope, lossy, tf) and any(
+    return any(returned_into(f, m, scope, lossy, tf) and any(
         other is tf for _, other, _ in _rank0_local_loss_hits(f, tm)) for tm, tf in called.values())
 
 
@@ -410,7 +409,7 @@ def outermost(m: Module, c: ast.AST):
     return fn
 
 
-def _returned_into(f: Facts, m: Module, scope: ast.AST, lossy: frozenset, fn: ast.AST) -> bool:
+def returned_into(f: Facts, m: Module, scope: ast.AST, lossy: frozenset, fn: ast.AST) -> bool:
     """Some logged name in `scope` is assigned from a call of `fn` (`train_loss = fit_one_epoch(...)`), or from
     such a name (`self.best_loss = epoch_loss`, SAM-Med3D)."""
     binds = [a for a in ast.walk(scope or m.tree) if isinstance(a, ast.Assign)]
