@@ -31,6 +31,7 @@ from .syntax import (
     const_value,
     dotted,
     functools_reduce,
+    handed_a_seed,
     kw,
     layer_call,
     not_a_forward,
@@ -115,7 +116,8 @@ class Facts(DefaultOptions):
         if re.match(r"(get|shared|random|make|new|gen)", name) and "seed" in name.lower() and not isinstance(
                 m.parent.get(id(c)), ast.Expr):  # (not ContrastiveCrop's `cfg = get_cfg(args)`, which seeds)
             return None  # a seed asked for, not set (detectron2's `seed = comm.shared_random_seed()`, fast-reid)
-        if SEED_HELPER.search(name) and "." not in d.replace("self.", "") and not self.p.resolve(m, c):
+        if (SEED_HELPER.search(name) or handed_a_seed(c) and isinstance(m.parent.get(id(c)), ast.Expr)) and "." \
+                not in d.replace("self.", "") and not self.p.resolve(m, c):  # (or handed the seed: BasicTS's
             return "torch"  # an unseen helper named like a seeder (init_seeds, fix_random_seeds)
         if SEED_HELPER.search(name) and isinstance(c.func, ast.Attribute) and root(c.func.value) in m.imports \
                 and not self.p.resolve(m, c) and self.p.module_for(m, root(c.func.value)) is None \

@@ -297,7 +297,7 @@ class Guards:
             return self.classify(m, t.test, shallow)  # `main_device = True if rank == 0 else False` (ADAPT)
         if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.IsNot, ast.Is)) and \
                 isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None and \
-                self.rank0_object(m, dotted(t.left)):
+                self.rank0_object(m, dotted(t.left)) and not _a_parameter(m, t, dotted(t.left)):
             # `if writer is not None:` with a rank-0 writer; `if self.save_path is None: return` excludes rank 0
             return "rank0" if isinstance(t.ops[0], ast.IsNot) else "not0"
         if isinstance(t, ast.BoolOp):
@@ -338,10 +338,15 @@ class Guards:
                 return {ast.Eq: "rank0", ast.NotEq: "not0"}.get(type(op))
             if not involves_rank(left, m.rank_tainted):
                 return None
+            counted = [dotted(n).split(".")[-1] for n in ast.walk(left.left) if isinstance(n, (
+                ast.Name, ast.Attribute))] if isinstance(left, ast.BinOp) else []
             if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod) and (isinstance(
-                    left.left, ast.Attribute) and not RANKISH.search(left.left.attr) or isinstance(left.left, ast.Name)
-                    and re.search(r"step|iter|batch|epoch|count", left.left.id) and not RANKISH.search(left.left.id)
-                    and re.search(r"freq|interval|every|period", dotted(left.right))):
+                    left.left, ast.Attribute) and not RANKISH.search(left.left.attr) or any(
+                    re.search(r"step|iter|batch|epoch|count", n) for n in counted) and not any(
+                    RANKISH.search(n) for n in counted) and (re.search(r"freq|interval|every|period", dotted(
+                        left.right)) or isinstance(left.left, ast.BinOp) and not involves_rank(
+                        left.right, m.rank_tainted))):  # (StudioGAN's `(d_updates * current_step +
+                # step_index) % d_reg_interval == 0`: a sum of step counts, whatever the divisor is called)
                 return None  # `logger.iters % hps.save_iters == 0` (Jukebox), `batch_num % args.save_freq` (ml-mdm,
                 # whose batch_num the rank-tainted data partition reaches): a step count, not the rank
             if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Set, ast.Tuple, ast.List)):
@@ -545,6 +550,14 @@ class Guards:
 # the name of the main process's rank compared with the rank (`main_gpu`, `master_rank`, `main_process_rank`;
 # DiffCardGCN's `reduce_rank`, the rank its reductions go to and its logs print from)
 MAIN_RANK = re.compile(r"^(main|master|root|reduce|leader)_(gpu|rank|process|process_rank|device)$", re.I)
+
+
+def _a_parameter(m: Module, t: ast.AST, name: str) -> bool:
+    """`name` is a parameter of the function around `t` (SoftGroup's `collect_results_cpu(..., tmpdir=None)`,
+    whose `if tmpdir is None:` asks what the caller passed, though rank 0 fills it in below): no rank-0 object."""
+    fn = m.enclosing(t)
+    return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in {
+        a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
 
 
 def _exits(block: list) -> bool:

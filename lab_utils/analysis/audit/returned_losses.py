@@ -18,7 +18,7 @@ def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set
     train(model, loader, opt)` whose body ends `return loss_accum / (step + 1)` with `loss_accum += loss.item()`
     and no reduction over ranks; the name says nothing, the function's return does."""
     out = set()
-    sources = _built_from(scope, names)
+    sources = built_from(scope, names)
     asked = set().union(*sources.values()) if sources else set()
     for a in ast.walk(scope):
         if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and assigned_roots(a) & asked):
@@ -49,7 +49,7 @@ def _getter(fn: ast.AST) -> bool:
         dotted(body[0].value.value) == "self"
 
 
-def _built_from(scope: ast.AST, names: set[str]) -> dict[str, set[str]]:
+def built_from(scope: ast.AST, names: set[str]) -> dict[str, set[str]]:
     """Each name with the names its value is built from in `scope`, two steps back: `message += '{}: {:.4e}
     '.format(k, v)` in `for k, v in logs.items():` (KAIR, IRN: the logged message is built from `logs`)."""
     steps: dict[str, set[str]] = {}
@@ -135,6 +135,6 @@ def texts_of_losses(scope: ast.AST, names: set[str]) -> set[str]:
             isinstance(v, ast.BinOp) and isinstance(v.op, (ast.Add, ast.Mod)) and (texty(v.left) or texty(v.right))
     texts = {root(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and texty(a.value)
              for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
-    sources = _built_from(scope, names & texts)
+    sources = built_from(scope, names & texts)
     return {n for n, src in sources.items() if any(LOSSISH.search(x) and not NOT_A_LOSS.search(x)
                                                    for x in src - {n})}

@@ -110,9 +110,15 @@ def is_switch_test(test: ast.AST) -> bool:
     `dist.is_initialized()`), not of the rank."""
     if is_switch_value(test) or isinstance(test, ast.BoolOp) and any(is_switch_value(v) for v in test.values):
         return True  # `if args.local_rank == -1 or args.no_cuda:` (Oscar): one arm is the one-process run
-    return involves(test, DIST_SWITCH) or involves(test, WORLDISH) or group_check(test) or any(
+    return involves(test, DIST_SWITCH) or involves(test, WORLDISH) or group_check(test) or _dist_option(test) or any(
         isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], (ast.In, ast.NotIn))
         and "environ" in dotted(n.comparators[0]) and const_str(n.left) in LAUNCH_KEYS for n in ast.walk(test))
+
+
+def _dist_option(t: ast.AST) -> bool:
+    """An option or setting named `dist` (SoftGroup's `--dist`, `if args.dist: init_dist()`, `cfg.dist`): the
+    distributed switch. Only as an attribute: the bare name `dist` is torch.distributed."""
+    return any(isinstance(n, ast.Attribute) and n.attr == "dist" and isinstance(n.ctx, ast.Load) for n in ast.walk(t))
 
 
 # what a launcher (torchrun, SLURM) puts in the environment: `if 'RANK' in os.environ:` asks whether one started us
@@ -266,5 +272,6 @@ def _single_process_test(t: ast.AST) -> str | None:
 
 def switch_flag(t: ast.AST) -> bool:
     """A bare distributed flag (`args.distributed`, `self.is_ddp`); not a comparison, whose else may be either."""
-    return isinstance(t, (ast.Name, ast.Attribute)) and involves(t, DIST_SWITCH) or isinstance(t, ast.Subscript) \
+    return isinstance(t, (ast.Name, ast.Attribute)) and (involves(t, DIST_SWITCH) or _dist_option(t)) or \
+        isinstance(t, ast.Subscript) \
         and DIST_SWITCH.search(const_str(t.slice) or "") is not None  # (`self.config['ddp']`, DeepfakeBench)

@@ -37,6 +37,14 @@ CUDA_SEEDS = {"torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "cuda.manu
 OTHER_SEEDS = {"random.seed", "np.random.seed", "numpy.random.seed"}
 SEED_HELPER = re.compile(r"seed", re.I)  # an unseen helper named like a seeder (init_seeds, fix_random_seeds)
 SPAWNS = {"spawn", "start_processes"}
+
+
+def handed_a_seed(c: ast.Call) -> bool:
+    """A function (lower-case: no class, no sampler) handed a seed-named value: `setup_determinacy(seed +
+    get_rank(), ...)`, BasicTS's call of easytorch's seeder, which these files lack."""
+    return callee(c)[:1].islower() and callee(c) not in ("default_rng", "RandomState", "Generator") and any(
+        isinstance(n, (ast.Name, ast.Attribute)) and SEED_HELPER.search(dotted(n).split(".")[-1])
+        for a in [*c.args, *(k.value for k in c.keywords)] for n in ast.walk(a))
 DDP_NAMES = {"DistributedDataParallel", "DDP"}
 ENTRY_CALLS = {"init_process_group", "DistributedDataParallel", "DDP", "spawn", "backward", "main", "train", "run",
                "manual_seed"}

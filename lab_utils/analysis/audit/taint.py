@@ -49,12 +49,19 @@ def _assignments(m) -> list[tuple[bool, set[str], ast.AST, list[str]]]:
                    for name in ([dotted(e) for e in t.elts] if isinstance(t, ast.Tuple) else [dotted(t)])
                    if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1])
                    and "device" not in name.lower()]  # a placement, not a rank
-        if targets:
+        if targets and not _object_on_one_rank(a.value):
             names = {dotted(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))
                      and not WORLDISH.search(dotted(n).split(".")[-1])}  # (as is_rankish_node reads them)
             kept.append((involves_rank(a.value), names, a.value, targets))
     m.__dict__["_taint_assignments"] = kept
     return kept
+
+
+def _object_on_one_rank(v: ast.AST) -> bool:
+    """`SummaryWriter(path) if args.rank == 0 else None`: an object rank 0 alone holds, no rank number (TransGAN
+    puts the writer in writer_dict beside 'train_global_steps', which must not read as a rank)."""
+    return isinstance(v, ast.IfExp) and any(isinstance(x, ast.Constant) and x.value is None for x in (
+        v.body, v.orelse)) and not any(involves_rank(x) for x in (v.body, v.orelse))
 
 
 def taint_parameters(project):

@@ -330,13 +330,26 @@ def _gather_hits(f: Facts, m: Module):
                           "run's — torch.distributed.nn.functional.all_gather keeps it"),
                       related=tuple(_loss_callers(f, m, fn)))
         elif fn is not None and f.p.callers(m, fn) and not _callers_never_step(f, m, fn) and not all(
-                cc.args and _index_valued(cc.args[0]) or _read_out(cm, cc) for cm, cc in f.p.callers(m, fn)):
+                cc.args and _index_valued(cc.args[0]) or _read_out(cm, cc) or _in_a_reducing_function(cm, cc)
+                for cm, cc in f.p.callers(m, fn)):
             # (iBOT's concat_all_gather of argmax predictions and labels for an accuracy: no gradient to lose)
             # a helper nobody in these files calls (a utility module's gather of metrics) is judged by its callers
             yield c, (f"{ast.unparse(c)} returns tensors without a gradient: if the gathered features enter a loss "
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
                       "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
     yield from _gathered_as_objects(f, m)
+
+
+def _in_a_reducing_function(m: Module, c: ast.Call) -> bool:
+    """The gather helper is called in the forward of an autograd.Function whose backward all-reduces the gradient
+    (PointContrast's AllGatherWithGradient: `all_gather_batch([input])` forward, `scaled_all_reduce` backward): the
+    Function carries the gradient back, so the plain gather inside it loses nothing."""
+    fn = m.enclosing(c)
+    cls = m.classes.get(m.class_of(fn) or "") if fn is not None and fn.name == "forward" else None
+    backward = next((d for d in cls.body if isinstance(d, ast.FunctionDef) and d.name == "backward"), None) \
+        if cls is not None else None
+    return backward is not None and any(isinstance(n, ast.Call) and re.search(r"all_reduce|reduce_scatter", callee(n))
+                                        for n in ast.walk(backward))
 
 
 def _after_the_steps_backward(m: Module, c: ast.Call) -> bool:

@@ -31,6 +31,13 @@ def _fixed_port(v: ast.AST) -> str | None:
     if isinstance(v, ast.JoinedStr):
         text = "".join(str(p.value) if isinstance(p, ast.Constant) else "{}" for p in v.values)
         return ast.unparse(v) if TCP_PORT.search(text) else None
+    if isinstance(v, ast.Call) and callee(v) == "format" and isinstance(v.func, ast.Attribute) and \
+            const_str(v.func.value) and not v.keywords and all(isinstance(a, ast.Constant) for a in v.args):
+        try:  # `"tcp://{}:{}".format("localhost", "10001")` (PointContrast): constants all through
+            text = const_str(v.func.value).format(*(a.value for a in v.args))
+        except (IndexError, KeyError, ValueError):
+            return None
+        return ast.unparse(v) if TCP_PORT.search(text) else None
     return None
 
 
@@ -360,7 +367,7 @@ def hard_coded_master_port(f: Facts, m: Module):
                  and const_str(_init_method(c)) is None for mm in f.p.modules.values() for c in mm.calls)
     for c in m.calls:
         url = _init_method(c) if callee(c) == "init_process_group" else None
-        if url is not None and (const_str(url) or isinstance(url, ast.JoinedStr)) and _fixed_port(url):
+        if url is not None and (const_str(url) or isinstance(url, (ast.JoinedStr, ast.Call))) and _fixed_port(url):
             # (or the port written into an f-string, `f'tcp://{master_ip}:23461'`: Color2Embed)
             shown = repr(url.value) if const_str(url) else ast.unparse(url)
             yield url, f"init_method={shown} fixes the rendezvous port: {advice}", "check-by-hand"

@@ -38,7 +38,7 @@ from ..meters import reducing_meters
 from ..project import Module
 from ..rank0_values import of_the_weights_alone, own_walk, rank0_own
 from ..registry import Hit, rule
-from ..returned_losses import reads_a_loss, returned_losses, texts_of_losses
+from ..returned_losses import built_from, reads_a_loss, returned_losses, texts_of_losses
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, rank_reducing_name, root
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
@@ -376,9 +376,18 @@ def rank0_local_loss(f: Facts, m: Module):
             merged[source] = (first[0]._replace(related=(*first[0].related, (m, hit.node))), first[1], first[2])
     for hit, scope, lossy in merged:
         if not _logged_where_computed(f, m, scope, lossy):
-            # (and where the scripts call a logging helper: BigColor's `if ... is_main_dev: make_log_scalar(...)`)
-            related = (*hit.related, *_logged_by_callers(f, m, scope))
+            # (and where the scripts call a logging helper: BigColor's `if ... is_main_dev: make_log_scalar(...)`;
+            # a helper handed the losses it logs, StudioGAN's log_train_statistics(gen_acml_loss=...): its callers)
+            related = (*hit.related, *_logged_by_callers(f, m, scope), *(
+                f.p.callers(m, scope)[:2] if _handed_the_loss(scope, lossy) else ()))
+            related = tuple({(id(x[0]), id(x[1])): x for x in related}.values())  # (each place once)
             yield hit._replace(related=(*related, *(s for s in f.p.script_calls(m, hit.node) if s not in related)))
+
+
+def _handed_the_loss(fn: ast.AST, lossy) -> bool:
+    """What `fn` logs is built from a loss-named parameter of its own."""
+    params = {a.arg for a in fn.args.args if LOSSISH.search(a.arg)} if isinstance(fn, ast.FunctionDef) else set()
+    return bool(params) and bool(set().union(*built_from(fn, set(lossy)).values()) & params)
 
 
 def _logged_by_callers(f: Facts, m: Module, fn: ast.AST) -> tuple:

@@ -365,7 +365,8 @@ def load_without_map_location(f: Facts, m: Module):
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
                 not f.off_in_default_run(m, c) and not one_process_arm(m, c) and not _unlaunched_arm(m, c) and \
                 not _into_a_grad_scaler(m, c) and not _in_a_dataset(m, c) and \
-                f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c) and not (
+                f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c) and not _in_the_launcher(
+                    f, m, c) and not (
                     m.enclosing(c) is not None and method_never_called(f.p, m, m.enclosing(c))) and not (
                     c.args and involves_rank(c.args[0], m.rank_tainted)):
             # (an option unset unless given; the arm of a run of one process (ADL-Stereo's else of `if
@@ -410,6 +411,31 @@ def _after_the_workers(f: Facts, m: Module, c: ast.Call) -> bool:
                                    for s in ast.walk(sm.enclosing(site) or sm.tree)) and not any(
         isinstance(a, ast.Name) and a.id == fn.name for s in ast.walk(sm.tree) if isinstance(s, ast.Call)
         and callee(s) == "spawn" for a in s.args[:1]) for sm, site in sites)
+
+
+def _in_the_launcher(f: Facts, m: Module, c: ast.Call) -> bool:
+    """`c` runs in a helper only the launching process calls: from the function that starts the workers with
+    mp.spawn (TimesFM's multi_gpu_example: `model = get_model(load_weights=True)`, then `mp.spawn(setup_process,
+    args=(..., model, ...))`), or from one that sets up no process group (its single_gpu_example): one process."""
+    fn = m.enclosing(c)
+    sites = f.p.callers(m, fn) if fn is not None else []
+
+    def one_process(sm, site):
+        outer = sm.enclosing(site)
+        spawns = [s for s in ast.walk(outer or sm.tree) if isinstance(s, ast.Call) and callee(s) == "spawn"]
+        if spawns:
+            return not any(isinstance(a, ast.Name) and a.id == fn.name for s in spawns for a in s.args[:1])
+        workers = f.cache.get("spawned_reach")
+        if workers is None:  # (what the spawned workers run: asked once)
+            workers = f.cache["spawned_reach"] = {
+                k for mm in f.p.modules.values() for s in mm.calls if callee(s) == "spawn" and s.args
+                for tm, tf in f.p.resolve(mm, ast.Call(func=s.args[0], args=[], keywords=[]))
+                for k in f.p.reach(tm, tf)}
+        return outer is not None and (sm.rel, id(outer)) not in workers and not any(
+            isinstance(x, ast.Call) and (callee(x) == "init_process_group" or f.is_ddp_call(sm, x))
+            for x in ast.walk(outer))
+    return bool(sites) and any(isinstance(s, ast.Call) and callee(s) == "spawn" for mm in f.p.modules.values()
+                               for s in mm.calls) and all(one_process(sm, site) for sm, site in sites)
 
 
 def _crash_dump(m: Module, c: ast.Call) -> bool:
