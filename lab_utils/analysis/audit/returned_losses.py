@@ -135,6 +135,11 @@ def texts_of_losses(scope: ast.AST, names: set[str]) -> set[str]:
             isinstance(v, ast.BinOp) and isinstance(v.op, (ast.Add, ast.Mod)) and (texty(v.left) or texty(v.right))
     texts = {root(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and texty(a.value)
              for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
+    # ... from the entries of a loss record walked in a loop (`for k, v in loss_dict.items()`), not from any name
+    # two steps back (a text beside a loss is no loss: AdaptiveSpan's span stats, SVoice's replayed history)
+    records = {root(n.iter.func.value) for n in ast.walk(scope) if isinstance(n, (ast.For, ast.comprehension))
+               and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Attribute) and n.iter.func.attr in (
+                   "items", "values") and LOSSISH.search(root(n.iter.func.value))
+               and not NOT_A_LOSS.search(root(n.iter.func.value))}
     sources = built_from(scope, names & texts)
-    return {n for n, src in sources.items() if any(LOSSISH.search(x) and not NOT_A_LOSS.search(x)
-                                                   for x in src - {n})}
+    return {n for n, src in sources.items() if src & records}
