@@ -125,3 +125,34 @@ def test_a_rank0_log_of_the_losses_a_helper_is_handed_names_its_caller(tmp_path)
     root = _project(tmp_path, {"train.py": train})
     assert ("train.py", _line(train, "worker.log_train_statistics(step")) in _places(root, "rank0-local-loss")
     assert len([f for f in _found(root) if f.rule == "rank0-local-loss"]) == 1
+
+
+def test_the_full_runs_regressions_of_this_round_stay_fixed(tmp_path):
+    """The full run over every held-out project after this round's fixes showed four slips, fixed and kept here:
+    a print of the seed is no seeding (DiT's `print(f'Starting rank={rank}, seed={seed}')` read as a per-rank
+    seed); `args.dist == 'all'` picks nodes, no switch (X-VLM); a writer handed down and only tested for None is
+    still rank 0's (icefall's tb_writer); a text built by a call handed a loss record is a loss log
+    (Panoptic-DeepLab's `msg += get_loss_info_str(model.loss_meter_dict)`)."""
+    import ast
+
+    from lab_utils.analysis.audit.switches import is_switch_test
+    from lab_utils.analysis.audit.syntax import handed_a_seed
+
+    assert not handed_a_seed(ast.parse("print(f'seed={seed}')").body[0].value)
+    assert handed_a_seed(ast.parse("setup_determinacy(seed + rank)").body[0].value)
+    assert not is_switch_test(ast.parse("args.dist == 'all'").body[0].value)
+    assert is_switch_test(ast.parse("args.dist").body[0].value)
+    train = SEEDED + (
+        "from torch.utils.tensorboard import SummaryWriter\ndef train_one_epoch(model, opt, tb_writer):\n"
+        "    for i in range(3):\n        loss = model(torch.ones(2)).sum()\n        opt.zero_grad()\n"
+        "        loss.backward()\n        opt.step()\n        if tb_writer is not None:\n"
+        "            tb_writer.add_scalar('train/loss', loss.item(), i)\n"
+        "tb_writer = SummaryWriter('tb') if rank == 0 else None\n" + STEP + "train_one_epoch(model, opt, tb_writer)\n")
+    assert _has(_project(tmp_path / "tb", {"train.py": train}), "rank0-local-loss")
+    text = SEEDED + (
+        "def get_loss_info_str(meters):\n    return ' '.join(str(m) for m in meters.values())\n"
+        "loss_meter_dict = {}\n" + STEP + "for i in range(3):\n    loss = model(torch.ones(2)).sum()\n"
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n    loss_meter_dict['loss'] = loss.item()\n"
+        "    if rank == 0:\n        msg = 'step {} '.format(i)\n        msg += get_loss_info_str(loss_meter_dict)\n"
+        "        print(msg)\n")
+    assert _has(_project(tmp_path / "text", {"train.py": text}), "rank0-local-loss")

@@ -553,11 +553,13 @@ MAIN_RANK = re.compile(r"^(main|master|root|reduce|leader)_(gpu|rank|process|pro
 
 
 def _a_parameter(m: Module, t: ast.AST, name: str) -> bool:
-    """`name` is a parameter of the function around `t` (SoftGroup's `collect_results_cpu(..., tmpdir=None)`,
-    whose `if tmpdir is None:` asks what the caller passed, though rank 0 fills it in below): no rank-0 object."""
+    """`name` is a parameter of the function around `t` that the function itself rebinds (SoftGroup's
+    `collect_results_cpu(..., tmpdir=None)`, whose `if tmpdir is None:` asks what the caller passed, though rank 0
+    fills it in below): no rank-0 object. (A writer handed down and only tested, icefall's tb_writer, still is.)"""
     fn = m.enclosing(t)
     return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in {
-        a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+        a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} and any(
+        isinstance(a, ast.Assign) and any(dotted(x) == name for x in a.targets) for a in ast.walk(fn))
 
 
 def _exits(block: list) -> bool:

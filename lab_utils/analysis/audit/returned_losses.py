@@ -142,4 +142,10 @@ def texts_of_losses(scope: ast.AST, names: set[str]) -> set[str]:
                    "items", "values") and LOSSISH.search(root(n.iter.func.value))
                and not NOT_A_LOSS.search(root(n.iter.func.value))}
     sources = built_from(scope, names & texts)
-    return {n for n, src in sources.items() if src & records}
+    # ... or from a call handed a loss record in the text's own statement (Panoptic-DeepLab's `msg +=
+    # get_loss_info_str(model.loss_meter_dict)`)
+    handed = {root(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and any(
+        isinstance(c, ast.Call) and any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
+            dotted(x).split(".")[-1]) and not NOT_A_LOSS.search(dotted(x).split(".")[-1]) for x in c.args)
+        for c in ast.walk(a.value)) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
+    return {n for n, src in sources.items() if src & records} | (names & texts & handed)

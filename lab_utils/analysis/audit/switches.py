@@ -116,9 +116,14 @@ def is_switch_test(test: ast.AST) -> bool:
 
 
 def _dist_option(t: ast.AST) -> bool:
-    """An option or setting named `dist` (SoftGroup's `--dist`, `if args.dist: init_dist()`, `cfg.dist`): the
+    """An option or setting named `dist` tested as it is (SoftGroup's `--dist`, `if args.dist: init_dist()`): the
     distributed switch. Only as an attribute: the bare name `dist` is torch.distributed."""
-    return any(isinstance(n, ast.Attribute) and n.attr == "dist" and isinstance(n.ctx, ast.Load) for n in ast.walk(t))
+    if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
+        return _dist_option(t.operand)
+    if isinstance(t, ast.BoolOp):
+        return any(_dist_option(v) for v in t.values)
+    return isinstance(t, ast.Attribute) and t.attr == "dist"  # (tested as it is: X-VLM's `args.dist == 'all'`
+    # picks nodes, no switch)
 
 
 # what a launcher (torchrun, SLURM) puts in the environment: `if 'RANK' in os.environ:` asks whether one started us

@@ -42,7 +42,8 @@ SPAWNS = {"spawn", "start_processes"}
 def handed_a_seed(c: ast.Call) -> bool:
     """A function (lower-case: no class, no sampler) handed a seed-named value: `setup_determinacy(seed +
     get_rank(), ...)`, BasicTS's call of easytorch's seeder, which these files lack."""
-    return callee(c)[:1].islower() and callee(c) not in ("default_rng", "RandomState", "Generator") and any(
+    return callee(c)[:1].islower() and callee(c) not in ("default_rng", "RandomState", "Generator", "str", "int",
+                                                          "format", "append") and callee(c) not in LOG_CALLS and any(
         isinstance(n, (ast.Name, ast.Attribute)) and SEED_HELPER.search(dotted(n).split(".")[-1])
         for a in [*c.args, *(k.value for k in c.keywords)] for n in ast.walk(a))
 DDP_NAMES = {"DistributedDataParallel", "DDP"}
