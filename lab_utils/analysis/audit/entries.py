@@ -97,6 +97,12 @@ def chosen_by_name(p, m, c: ast.Call, name: str) -> list:
     """The functions a name may hold when the script picks one of its own by a configured name (OVSR's main.py:
     `function = getattr(sys.modules[__name__], config.function)`, then `ddp_func(function, config)`; or
     `globals()[args.mode]`): each function the module defines or imports, (module, function) pairs."""
+    chosen = m.__dict__.get("_chosen_by_name")
+    if chosen is None:  # (the names any statement of the module binds so: asked for every handed name)
+        chosen = m.__dict__["_chosen_by_name"] = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign)
+                                                  and _from_own_globals(a.value) for t in a.targets}
+    if name not in chosen:
+        return []
     scope = m.enclosing(c) or m.tree
     if not any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and _from_own_globals(a.value)
                for a in ast.walk(scope)):

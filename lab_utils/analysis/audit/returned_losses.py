@@ -52,7 +52,23 @@ def _getter(fn: ast.AST) -> bool:
 def built_from(scope: ast.AST, names: set[str]) -> dict[str, set[str]]:
     """Each name with the names its value is built from in `scope`, two steps back: `message += '{}: {:.4e}
     '.format(k, v)` in `for k, v in logs.items():` (KAIR, IRN: the logged message is built from `logs`)."""
-    steps: dict[str, set[str]] = {}
+    steps = _steps(scope)
+    out = {}
+    for n in names:
+        seen = {n}
+        for _ in range(2):
+            seen |= {y for x in seen for y in steps.get(x, ())}
+        out[n] = seen
+    return out
+
+
+def _steps(scope: ast.AST) -> dict[str, set[str]]:
+    """Each name bound in `scope` with the names its values read; kept on the scope node, since every log of a
+    function asks it (KataGo's training function holds dozens)."""
+    steps = getattr(scope, "_lab_steps", None)
+    if steps is not None:
+        return steps
+    steps = {}
     for a in ast.walk(scope):
         if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None:
             targets, value = (a.targets if isinstance(a, ast.Assign) else [a.target]), a.value
@@ -64,13 +80,8 @@ def built_from(scope: ast.AST, names: set[str]) -> dict[str, set[str]]:
         for t in targets:
             for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
                 steps.setdefault(root(e), set()).update(read)
-    out = {}
-    for n in names:
-        seen = {n}
-        for _ in range(2):
-            seen |= {y for x in seen for y in steps.get(x, ())}
-        out[n] = seen
-    return out
+    scope._lab_steps = steps
+    return steps
 
 
 def _loss_attributes(tm: Module, tf: ast.AST) -> set[str]:
@@ -129,6 +140,17 @@ def texts_of_losses(scope: ast.AST, names: set[str]) -> set[str]:
     """Texts built from a loss within two steps: CosyVoice's `for name, value in loss_dict.items(): log_str +=
     '{} {:.6f} '.format(name, value)`, then `logging.debug(log_str)`. Only names some statement builds from a
     string (a literal, an f-string, a format)."""
+    texts, records, handed = _text_facts(scope)
+    sources = built_from(scope, names & texts)
+    return {n for n, src in sources.items() if src & records} | (names & texts & handed)
+
+
+def _text_facts(scope: ast.AST) -> tuple[set[str], set[str], set[str]]:
+    """texts_of_losses' questions that do not depend on the log: asked once per function, kept on its node."""
+    kept = getattr(scope, "_lab_texts", None)
+    if kept is not None:
+        return kept
+
     def texty(v):  # a literal, an f-string, a format or join, or a sum or % of them (not a key's string)
         return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Constant) and isinstance(v.value, str) or \
             isinstance(v, ast.Call) and callee(v) in ("format", "join") or \
@@ -141,11 +163,11 @@ def texts_of_losses(scope: ast.AST, names: set[str]) -> set[str]:
                and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Attribute) and n.iter.func.attr in (
                    "items", "values") and LOSSISH.search(root(n.iter.func.value))
                and not NOT_A_LOSS.search(root(n.iter.func.value))}
-    sources = built_from(scope, names & texts)
     # ... or from a call handed a loss record in the text's own statement (Panoptic-DeepLab's `msg +=
     # get_loss_info_str(model.loss_meter_dict)`)
     handed = {root(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and any(
         isinstance(c, ast.Call) and any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
             dotted(x).split(".")[-1]) and not NOT_A_LOSS.search(dotted(x).split(".")[-1]) for x in c.args)
         for c in ast.walk(a.value)) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
-    return {n for n, src in sources.items() if src & records} | (names & texts & handed)
+    scope._lab_texts = (texts, records, handed)
+    return scope._lab_texts
