@@ -196,8 +196,8 @@ def _built_from(m: Module, w: ast.Call, name: str) -> list[ast.Call]:
     out = []
     for a in ast.walk(scope):
         if isinstance(a, ast.Assign) and a.lineno < w.lineno and any(
-                isinstance(t, ast.Name) and t.id == name or isinstance(t, ast.Tuple) and t.elts and isinstance(
-                    t.elts[0], ast.Name) and t.elts[0].id == name for t in a.targets):  # (`model, criterion = ...`)
+                isinstance(t, ast.Name) and t.id == name or isinstance(t, (ast.Tuple, ast.List)) and t.elts
+                and isinstance(t.elts[0], ast.Name) and t.elts[0].id == name for t in a.targets):  # (`model, c = ...`)
             v = a.value
             while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
                     "to", "cuda", "float", "half", "train") and isinstance(v.func.value, ast.Call):
@@ -413,7 +413,7 @@ def _unseen_factory(f: Facts, m: Module, c: ast.Call, name: str, packages: set[s
         if not (isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(a.value, ast.Call)
                 and isinstance(a.value.func, ast.Name)):
             continue
-        targets = [x for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        targets = [x for t in a.targets for x in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])]
         fn = a.value.func.id
         imp = m.imports.get(fn)
         if any(isinstance(t, ast.Name) and t.id == name for t in targets) and imp and \
@@ -526,7 +526,7 @@ def _unseen_maker(f: Facts, m: Module, v: ast.AST, packages: set[str]) -> str | 
     `factory(...)` or `factory(name)(...)`, or a name assigned from such a call."""
     if isinstance(v, ast.Name):
         made = [a.value for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
-            isinstance(t, ast.Name) and t.id == v.id or isinstance(t, ast.Tuple) and t.elts and isinstance(
+            isinstance(t, ast.Name) and t.id == v.id or isinstance(t, (ast.Tuple, ast.List)) and t.elts and isinstance(
                 t.elts[0], ast.Name) and t.elts[0].id == v.id for t in a.targets)]
         # (`model, criterion, postprocessors = build_model(args)`, DETR-style: the model is the first slot; not the
         # rebindings of the model itself, `model = DistributedDataParallel(model, ...)`, `model = model.cuda()`)

@@ -49,7 +49,9 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
                     # import all_gather` (the retina grader's eval)
                     _unseen_gather(facts, mm, n) or
                     any(facts.p.function_does(tm, tf, reduces_or_gathers, 2) and _counts_through(facts, tm, tf, 2)
-                        for tm, tf in facts.p.resolve(mm, n)))
+                        for tm, tf in facts.p.resolve(mm, n) or facts.one_method(n)))
+                    # (an untyped evaluator's method the project defines once: EfficientDet's
+                    # `evaluator.add_predictions(output, target)`, which all-gathers the detections)
                     and not _merged_by_key(mm, f, n)
                     and not _helper_scatters(facts, mm, n) and not _reduces_unseen_result(facts, mm, f, n)
                     and not any(_drops_the_padding(tf) for _, tf in facts.p.resolve(mm, n))]

@@ -209,7 +209,7 @@ class Facts(DefaultOptions):
                 if not hit:
                     continue
                 for t in targets:
-                    for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                    for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
                         r = root(e)
                         if r and r not in red and r not in models:
                             red.add(r)
@@ -232,7 +232,7 @@ class Facts(DefaultOptions):
                        for n in calls) or any(
                         root(n) in local for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
                     for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
-                        local |= {root(e) for e in (t.elts if isinstance(t, ast.Tuple) else [t])} - {""}
+                        local |= {root(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])} - {""}
         return local - models
 
     def model_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
@@ -289,7 +289,7 @@ class Facts(DefaultOptions):
     def sampler_classes(self) -> set[str]:
         """DistributedSampler and the project's classes built on it."""
         if "samplers" not in self.cache:
-            out = {"DistributedSampler", "DistributedBucketSampler"}
+            out = {"DistributedSampler", "DistributedBucketSampler", "OrderedDistributedSampler"}  # (timm's pads)
             for m in self.p.modules.values():
                 for c in m.classes.values():
                     if any("DistributedSampler" in dotted(b) for b in c.bases) or "DistributedSampler" in c.name:

@@ -184,6 +184,9 @@ def not_built_for(m: Module, c: ast.Call, call: ast.Call) -> bool:
         if isinstance(n, ast.If) and any(child is b for b in n.body) and any(fails(t) for t in (
                 n.test.values if isinstance(n.test, ast.BoolOp) and isinstance(n.test.op, ast.And) else [n.test])):
             return True
+        if isinstance(n, ast.If) and any(child is b for b in n.orelse) and isinstance(n.test, ast.Name) and (
+                n.test.id in names or n.test.id in defaults) and given(n.test.id) is not ... and given(n.test.id):
+            return True  # the else arm of `if is_train:`, called is_train=True (hysts' create_dataloader)
         child, n = n, m.parent.get(id(n))
     return False
 

@@ -66,7 +66,7 @@ def returned_reduced(f: Facts, m: Module, scope: ast.AST, name: str, depth: int 
         targets = (f.p.resolve(m, a.value, exact=True) or f.one_method(a.value)) if isinstance(
             a.value, ast.Call) else []
         # (`num_updates, loss_mean, eta = self.method.train_one_epoch(...)`, OpenSTL: the returned tuple's slot)
-        slot = next((i for t in a.targets if isinstance(t, ast.Tuple) for i, e in enumerate(t.elts)
+        slot = next((i for t in a.targets if isinstance(t, (ast.Tuple, ast.List)) for i, e in enumerate(t.elts)
                      if root(e) == name), None)
         if targets:
             if not all(returns_reduced(f, tm, tf, slot) for tm, tf in targets):
@@ -188,10 +188,24 @@ def loaded_from_a_checkpoint(f: Facts, m: Module, scope: ast.AST, c: ast.Call, n
     (`ep_start, performance_desc = misc.load_checkpoint(...)`, SparK's "PT already done" print): a value this run
     read back, not a loss it computed."""
     binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and name in {
-        dotted(x) for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])}]
+        dotted(x) for t in a.targets for x in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}]
+    loaded = {dotted(t) for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+              and callee(a.value) == "load" and "torch" in dotted(a.value.func) for t in a.targets}
+    # (or read off what torch.load returned: SimpleAICV's `best_metric, test_loss, lr = checkpoint['best_metric'],
+    # checkpoint['test_loss'], checkpoint['lr']` for its resume message)
+    def read_off(a: ast.Assign) -> bool:  # (its starting `test_loss = 0` aside)
+        return loaded and any(isinstance(v, ast.Subscript) and dotted(v.value) in loaded for v in _values(a)) and all(
+            isinstance(v, ast.Constant) or isinstance(v, ast.Subscript) and dotted(v.value) in loaded
+            for v in _values(a))
     return bool(binds) and all(isinstance(a.value, ast.Call) and any(
         f.p.function_does(tm, tf, lambda mm, cc: callee(cc) == "load" and "torch" in dotted(cc.func), 1)
-        for tm, tf in f.p.resolve(m, a.value)) for a in binds)
+        for tm, tf in f.p.resolve(m, a.value)) or read_off(a) or isinstance(a.value, (ast.Constant, ast.Tuple))
+        and all(isinstance(v, ast.Constant) for v in _values(a)) for a in binds) and any(
+        isinstance(a.value, ast.Call) or read_off(a) for a in binds)
+
+
+def _values(a: ast.Assign) -> list:
+    return a.value.elts if isinstance(a.value, ast.Tuple) else [a.value]
 
 
 LABELISH = ("target", "label", "labels", "targets", "y", "gt")
@@ -217,7 +231,7 @@ def over_gathered_labels(m: Module, scope: ast.AST) -> set[str]:
             summed = isinstance(a.value, ast.BinOp) and any(LOSSISH.search(r) for r in reads) and all(
                 r in out for r in reads if LOSSISH.search(r))
             if handed or summed:
-                out |= {dotted(x) for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])}
+                out |= {dotted(x) for t in a.targets for x in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
     return out
 
 
@@ -226,7 +240,8 @@ def every_loss_over_gathered_labels(m: Module, scope: ast.AST) -> bool:
     labels (over_gathered_labels): so is each meter or record fed from them."""
     over = over_gathered_labels(m, scope)
     computed = {dotted(x) for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(
-        a.value, (ast.Call, ast.BinOp)) for t in a.targets for x in (t.elts if isinstance(t, ast.Tuple) else [t])
+        a.value, (ast.Call, ast.BinOp)) for t in a.targets
+        for x in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
         if LOSSISH.search(dotted(x)) and not (isinstance(a.value, ast.Call) and (
             callee(a.value) in ("item", "float") or callee(a.value)[:1].isupper()))}  # (a meter: AverageMeter(...))
     return bool(over) and bool(computed) and computed <= over
@@ -246,7 +261,7 @@ def text_of(v: ast.AST) -> bool:
 
 def assigned_roots(a: ast.Assign) -> set[str]:
     """The names an assignment binds, tuple targets unpacked."""
-    return {root(e) for t in a.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])} - {""}
+    return {root(e) for t in a.targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])} - {""}
 
 
 def packed_losses(scope: ast.AST, names: set[str]) -> set[str]:

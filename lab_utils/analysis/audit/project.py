@@ -138,9 +138,18 @@ class Project:
         if not level and parts and not any(p.exists() for p in out) and not (bases[0] / parts[0]).exists():
             # a source folder the script puts on sys.path (`import _init_paths` adding lib/, `sys.path.insert(0,
             # 'src')`): `from dataset import make_dataloader` is lib/dataset/
-            out += under(self._source_roots(parts[0]))
+            # (not another program's folder, one with scripts of its own: MedCoSS's Dim_2/Chest_XR/main.py imports
+            # its own engine.py, which these copies lack, not Dim_3/VSseg/engine.py beside VSseg's train.py)
+            out += under([d for d in self._source_roots(parts[0]) if not self._has_scripts(d)
+                          or d in _real(m.path).parents])
         root = _real(self.root)
         return [p for p in out if root in _real(p).parents or _real(p).parent == root]
+
+    def _has_scripts(self, d: Path) -> bool:
+        kept = self.__dict__.setdefault("_scripts_in", {})
+        if d not in kept:
+            kept[d] = any("__main__" in p.read_text(errors="replace") for p in d.glob("*.py"))
+        return kept[d]
 
     def _source_roots(self, first: str) -> list[Path]:
         """Folders under the root that hold a package or module named `first`, nearest the root first."""
@@ -196,6 +205,11 @@ class Project:
             d = _real(c.parent if c.name == "__init__.py" else c.with_suffix(""))  # __init__.py here
             defs = [mm for mm in self.modules.values() if _real(mm.path).parent == d
                     and (attr in mm.functions or attr in mm.classes)]
+            if not defs:  # (or one module below it: hysts' `from pytorch_image_classification import
+                # create_dataloader`, defined in pytorch_image_classification/datasets/dataloader.py, the
+                # package's __init__.py that re-exports it not copied)
+                defs = [mm for mm in self.modules.values() if d in _real(mm.path).parents
+                        and (attr in mm.functions or attr in mm.classes)]
             if len(defs) == 1:
                 return defs[0]
         return self._reexported(found[0], attr) if found else None
@@ -380,7 +394,7 @@ class Project:
             params = [a.arg for a in init.args.args][1:]
             pairs = [(t, a.value) for a in ast.walk(init) if isinstance(a, ast.Assign) for t in a.targets] + [
                 p for a in ast.walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Tuple)
-                for t in a.targets if isinstance(t, ast.Tuple) and len(t.elts) == len(a.value.elts)
+                for t in a.targets if isinstance(t, (ast.Tuple, ast.List)) and len(t.elts) == len(a.value.elts)
                 for p in zip(t.elts, a.value.elts, strict=True)]  # (`self.model, self.ckp = model, ckp`)
             held = [v.id for t, v in pairs if isinstance(v, ast.Name) and v.id in params and dotted(t) == name]
             if not held:

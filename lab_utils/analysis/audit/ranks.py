@@ -305,7 +305,7 @@ class Guards:
             if isinstance(t.op, ast.And):
                 return "rank0" if "rank0" in kinds else "not0" if "not0" in kinds else \
                     "leaky" if "leaky" in kinds else None
-            launched = [k for v, k in zip(t.values, kinds, strict=True) if not unlaunched(v)]
+            launched = [k for v, k in zip(t.values, kinds, strict=True) if not unlaunched(v, self.p)]
             if len(launched) < len(kinds) and launched and all(k == "rank0" for k in launched):
                 return "rank0"  # `'RANK' not in os.environ or int(os.environ['RANK']) == 0` (YouReID): a launch
             switches_off = [negated(v) for v in t.values if negated(v) is not None  # sets RANK

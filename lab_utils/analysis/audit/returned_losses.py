@@ -78,7 +78,7 @@ def _steps(scope: ast.AST) -> dict[str, set[str]]:
             continue
         read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))} - {""}
         for t in targets:
-            for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+            for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
                 steps.setdefault(root(e), set()).update(read)
     scope._lab_steps = steps
     return steps

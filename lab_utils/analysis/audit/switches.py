@@ -15,17 +15,19 @@ from .syntax import (
     always_returns,
     callee,
     const_str,
+    const_value,
     dotted,
     involves,
     is_switch_value,
 )
 
 
-def unlaunched(test: ast.AST) -> bool:
+def unlaunched(test: ast.AST, p: Project | None = None) -> bool:
     """`'RANK' not in os.environ`: true only in a run no launcher started, which is one process; or `not
     hasattr(args, "local_rank")`, the rank attribute the distributed setup sets (TiSASRec's is_main_process), or
-    `rank is None`."""
-    return isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotIn) and \
+    `rank is None`; with the project, `local_rank == -1` where that test decides the set-up (unset_rank_switch)."""
+    return p is not None and unset_rank_switch(p, test) or \
+        isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotIn) and \
         const_str(test.left) in LAUNCH_KEYS and "environ" in dotted(test.comparators[0]) or \
         isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Call) and \
         callee(test.operand) == "hasattr" and len(test.operand.args) == 2 and \
@@ -223,7 +225,7 @@ def _arm_of_one_process(body: list) -> bool:
         if not isinstance(a, ast.Assign):
             continue
         for t in a.targets:
-            pairs = zip(t.elts, a.value.elts, strict=False) if isinstance(t, ast.Tuple) and isinstance(
+            pairs = zip(t.elts, a.value.elts, strict=False) if isinstance(t, (ast.Tuple, ast.List)) and isinstance(
                 a.value, ast.Tuple) else [(t, a.value)]
             if any(re.search(r"world_size$", dotted(x)) and isinstance(v, ast.Constant) and v.value == 1
                    and not _set_again(body, a, dotted(x)) for x, v in pairs):
@@ -280,3 +282,63 @@ def switch_flag(t: ast.AST) -> bool:
     return isinstance(t, (ast.Name, ast.Attribute)) and (involves(t, DIST_SWITCH) or _dist_option(t)) or \
         isinstance(t, ast.Subscript) \
         and DIST_SWITCH.search(const_str(t.slice) or "") is not None  # (`self.config['ddp']`, DeepfakeBench)
+
+
+def _minus_one(t: ast.AST) -> tuple[str, bool] | None:
+    """(the rank name, whether the test holds at -1) for `args.local_rank == -1` / `local_rank != -1`."""
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and isinstance(
+            t.comparators[0], ast.UnaryOp) and isinstance(t.comparators[0].op, ast.USub) and const_value(
+            t.comparators[0].operand) == 1 and re.search(r"rank", dotted(t.left).split(".")[-1]):
+        return dotted(t.left).split(".")[-1], isinstance(t.ops[0], ast.Eq)
+    return None
+
+
+def unset_rank_switch(p: Project, t: ast.AST) -> bool:
+    """`args.local_rank == -1` where the same test also decides whether the process group is set up (bertorch's `if
+    args.local_rank == -1: device = ... else: init_process_group(...)`): true only in a run that is not
+    distributed at all, one process, so `local_rank == -1 or local_rank == 0` passes rank 0 alone in every
+    distributed run (under a launcher that leaves the option at -1 nothing is distributed, every process trains
+    alone: a launch mistake, not the guard's)."""
+    own = _minus_one(t)
+    if own is None or not own[1]:
+        return False
+    for m in p.modules.values():
+        for s in m.nodes:
+            at = _minus_one(s.test) if isinstance(s, ast.If) else None
+            if at is None or at[0] != own[0]:
+                continue
+            arm = s.orelse if at[1] else s.body  # the arm that runs when the rank is set
+            if any(isinstance(n, ast.Call) and callee(n) == "init_process_group" for b in arm for n in ast.walk(b)):
+                return True
+    return False
+
+
+def switch_constants(p: Project) -> set[tuple[str, object]]:
+    """(name, value) for a name set to a constant in the arm that sets up the group or wraps the model in DDP
+    (HyperFuture's `args.parallel = 'ddp'` beside `model = DDP(model, ...)`, `'dp'` and `'none'` in the other
+    arms): a test `parallel == 'ddp'` asks whether the run is distributed."""
+    kept = p.__dict__.get("_switch_constants")
+    if kept is None:
+        kept = p.__dict__["_switch_constants"] = set()
+        for m in p.modules.values():
+            for s in (n for n in m.nodes if isinstance(n, ast.If)):
+                for arm in (s.body, s.orelse):
+                    if any(isinstance(n, ast.Call) and callee(n) in ("init_process_group", "DistributedDataParallel",
+                                                                     "DDP") for b in arm for n in ast.walk(b)):
+                        kept |= {(dotted(t).split(".")[-1], b.value.value) for b in arm if isinstance(b, ast.Assign)
+                                 and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)
+                                 for t in b.targets if dotted(t)}
+    return kept
+
+
+def under_switch_constant(p: Project, m: Module, node: ast.AST) -> bool:
+    """`node` sits in the body of `if args.parallel == 'ddp':` (switch_constants): it runs only distributed."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, ast.Module):
+        t = n.test if isinstance(n, ast.If) and any(child is b for b in n.body) else None
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq) and isinstance(
+                t.comparators[0], ast.Constant) and (dotted(t.left).split(".")[-1], t.comparators[0].value) in \
+                switch_constants(p):
+            return True
+        child, n = n, m.parent.get(id(n))
+    return False

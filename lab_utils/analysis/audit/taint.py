@@ -46,7 +46,7 @@ def _assignments(m) -> list[tuple[bool, set[str], ast.AST, list[str]]]:
         if WORLDISH.search(dotted(a.value)) and not RANKISH.search(dotted(a.value)) or is_switch_value(a.value):
             continue
         targets = [name for t in (a.targets if isinstance(a, ast.Assign) else [a.target])
-                   for name in ([dotted(e) for e in t.elts] if isinstance(t, ast.Tuple) else [dotted(t)])
+                   for name in ([dotted(e) for e in t.elts] if isinstance(t, (ast.Tuple, ast.List)) else [dotted(t)])
                    if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1])
                    and "device" not in name.lower()]  # a placement, not a rank
         if targets and not _object_on_one_rank(a.value):
@@ -89,6 +89,7 @@ def taint_parameters(project):
                     if params and params[0] in ("self", "cls") and tm.class_of(tf):
                         params = params[1:]
                     names = {params[i] for i in ranked if i < len(params)} | (kws & set(params))
+                    names |= _kwargs_reads(tf, kws - set(params))
                     if names - seeds[tm.rel]:
                         seeds[tm.rel] |= names
                         tm.rank_tainted = tm._taint(frozenset(seeds[tm.rel]))
@@ -96,6 +97,23 @@ def taint_parameters(project):
         if not changed:
             break
     untaint_opaque_calls(project, seeds)
+
+
+def _kwargs_reads(tf: ast.AST, keys: set[str]) -> set[str]:
+    """What a function stores from its **kwargs under rank keywords it is handed (MonoSDF's `self.GPU_INDEX =
+    kwargs['gpu_index']`, the runner built with `gpu_index=opt.local_rank`): those names hold the rank."""
+    kwarg = tf.args.kwarg.arg if keys and tf.args.kwarg is not None else None
+    if kwarg is None:
+        return set()
+    out = set()
+    for a in ast.walk(tf):
+        v = a.value if isinstance(a, ast.Assign) and len(a.targets) == 1 else None
+        key = v.slice if isinstance(v, ast.Subscript) and dotted(v.value) == kwarg else v.args[0] if isinstance(
+            v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "get" and dotted(
+            v.func.value) == kwarg and v.args else None
+        if isinstance(key, ast.Constant) and key.value in keys and dotted(a.targets[0]):
+            out.add(dotted(a.targets[0]))
+    return out
 
 
 def resolved_past_super(project, m, c: ast.Call) -> list:

@@ -11,7 +11,7 @@ from ..facts import Facts
 from ..hierarchy import method_calling_wrapped_attribute, never_named, plain_function
 from ..project import Module
 from ..registry import Hit, rule
-from ..switches import distributed_switch, group_check, one_process_arm, switched
+from ..switches import distributed_switch, group_check, one_process_arm, switched, under_switch_constant
 from ..syntax import (
     DIST_SWITCH,
     WORLDISH,
@@ -404,9 +404,11 @@ def _outside_switch_hits(f: Facts, m: Module):
         if fn is not None and not sites and m.enclosing(fn) is None and m.class_of(fn) is None and \
                 plain_function(fn) and never_named(f.p, m, fn):
             continue  # a module function named nowhere (semantic-segmentation's reduce_tensor): dead code here
-        if any(switched(f.p, cm, cc) is not None for cm, cc in sites) or fn is not None and \
-                _called_under_switch(f, m, fn):
+        if any(switched(f.p, cm, cc) is not None or under_switch_constant(f.p, cm, cc) for cm, cc in sites) or \
+                fn is not None and _called_under_switch(f, m, fn) or under_switch_constant(f.p, m, c):
             continue  # the helper is only called under the switch
+        if sites and all(f.off_in_default_run(cm, cc) for cm, cc in sites):
+            continue  # ... or under an option off unless given (HyperFuture's `if self.args.cross_gpu_score:`)
         if fn is not None and (_group_checked_before(m, fn, c) or _checked_first(f, m, fn)):
             continue  # the helper checks the group itself
         if fn is not None and fn in told:

@@ -267,7 +267,9 @@ def gather_without_grad(f: Facts, m: Module):
 
 def _gather_hits(f: Facts, m: Module):
     for c in m.calls:
-        plain = dotted(c.func) in ("dist.all_gather", "torch.distributed.all_gather", "all_gather")
+        plain = dotted(c.func) in ("dist.all_gather", "torch.distributed.all_gather", "all_gather") or callee(
+            c) == "all_gather" and isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name) and \
+            m.imports.get(c.func.value.id, ("",))[0] == "torch.distributed"  # (`import torch.distributed as td`)
         into = callee(c) == "all_gather_into_tensor" and "dist" in dotted(c.func)
         if not ((plain or into) and len(c.args) == 2):
             continue

@@ -217,7 +217,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             continue  # MagFace: the model-parallel loss covers every rank's labels; its meters hold the global one
         lossy = {n for n in lossy if not handed_global(f, m, scope, n)
                  and not loaded_from_a_checkpoint(f, m, scope, c, n) and not returned_reduced(f, m, scope, n)}
-        lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)}
+        lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)
+                 and not _set_before_without_loss(f, m, scope, c, n, carriers | sc["backwarded"] | sc["terms"])}
         # a loss function handed on (`val.run(..., compute_loss=self.compute_loss)`); not a bare name the log reads,
         # a value of its own scope (revisitSR's `loss.item()` in log_train, beside the criterion `self.loss`)
         lossy -= m.called_attributes() - {n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)}
@@ -247,6 +248,43 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
     cache[m.rel] = out
     return out
+
+
+def _set_before_without_loss(f: Facts, m: Module, scope: ast.AST, c: ast.Call, name: str, lossy: set[str]) -> bool:
+    """The value `c` logs under `name` was last set, in the straight-line code before it, from no loss (SimpleAICV's
+    `log_info = f'{key}: {value}'` over the config, then `logger.info(log_info)`; the name holds a loss text only in
+    other lines), or from one read off a checkpoint (its resume message's `test_loss`)."""
+    child = c
+    while not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        parent = m.parent.get(id(child))
+        if parent is None:
+            return False
+        for body in (getattr(parent, k, None) for k in ("body", "orelse", "finalbody")):
+            if not isinstance(body, list) or not any(s is child for s in body):
+                continue
+            for s in reversed(body[:next(i for i, s in enumerate(body) if s is child)]):
+                if isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in s.targets):
+                    if not _a_text(s.value) or any(isinstance(n, ast.Call) and n is not s.value
+                                                   for n in ast.walk(s.value)):
+                        return False  # an object (a meter fed after it is built) changes after it is set; a text
+                        # that calls something (`f'{crit(model(x0), y0).item():.4f}'`) may compute a loss
+                    read = {root(n) for n in ast.walk(s.value) if isinstance(n, (ast.Name, ast.Attribute))} | {
+                        n.attr for n in ast.walk(s.value) if isinstance(n, ast.Attribute)} | {
+                        const_str(n.slice) for n in ast.walk(s.value) if isinstance(n, ast.Subscript)}  # (UniPhy's
+                    # `metrics['loss']`)
+                    return not any((LOSSISH.search(r) or r in lossy) and not loaded_from_a_checkpoint(
+                        f, m, scope, c, r) for r in read if r)
+                if any(isinstance(t, ast.Name) and t.id == name for t in ast.walk(s)):
+                    return False  # set (or read) in a block before: not straight-line
+        child = parent
+    return False
+
+
+def _a_text(v: ast.AST) -> bool:
+    """An f-string, a string, `'...'.format(...)` or `'...' % (...)`."""
+    return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Constant) and isinstance(v.value, str) or isinstance(
+        v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "format" and _a_text(
+        v.func.value) or isinstance(v, ast.BinOp) and isinstance(v.op, ast.Mod) and _a_text(v.left)
 
 
 def _scope_facts(f: Facts, m: Module, scope: ast.AST, per_scope: dict) -> dict:
@@ -301,10 +339,11 @@ def _not_reduced_at(f: Facts, m: Module, scope: ast.AST, c: ast.Call, name: str,
             continue
         else:
             continue
-        if any(root(e) == name for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])):
+        if any(root(e) == name for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])):
             reads = {root(x) for x in ast.walk(value) if isinstance(x, (ast.Name, ast.Attribute))}
-            partial = isinstance(a, ast.Assign) and not any(isinstance(e, ast.Name) and e.id == name for t in targets
-                                                            for e in (t.elts if isinstance(t, ast.Tuple) else [t]))
+            partial = isinstance(a, ast.Assign) and not any(
+                isinstance(e, ast.Name) and e.id == name for t in targets
+                for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]))
             called = any(isinstance(x, ast.Call) and rank_reducing_name(x) for x in ast.walk(value))
             # ... or a project helper that reduces (MACE's take_step_lbfgs, in the LBFGS arm only)
             called |= isinstance(value, ast.Call) and f.collective_helper(m, value)

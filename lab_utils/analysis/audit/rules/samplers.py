@@ -483,6 +483,10 @@ def _evaluation_caller(f: Facts, m: Module, c: ast.Call, depth: int = 3, every: 
                     return cm, call
                 found.append((cm, call))
                 continue
+            if isinstance(target, ast.Assign) and any(TRAIN_WORD.fullmatch(w) for t in target.targets
+                                                      for w in re.split(r"[._ ]", dotted(t))):
+                continue  # the training split's call (EfficientDet's `loader_train = create_loader(...)`): its
+                # callers ask for the evaluation split through the helper's other call, found on its own
             todo.append((cm, outer, d + 1))
     return found if every else None
 

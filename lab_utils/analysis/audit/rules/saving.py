@@ -73,10 +73,13 @@ def _branch_on_wrapper(m: Module, c: ast.AST) -> bool:
     return False
 
 
-def _strips_prefix(f: Facts) -> bool:
-    """Some project code strips the `module.` prefix when it loads (`k.replace("module.", "")`, `k[7:]`,
-    `consume_prefix_in_state_dict_if_present`): a prefixed checkpoint loads into the plain model."""
-    for mm in f.p.modules.values():
+def _strips_prefix(f: Facts, m: Module) -> bool:
+    """Code of `m`'s program (what it imports or is imported by, its folder, above or below: not a sibling task's,
+    MedCoSS's Dim_3/VSseg for Dim_2/Chest_XR) strips the `module.` prefix when it loads (`k.replace("module.", "")`,
+    `k[7:]`, `consume_prefix_in_state_dict_if_present`): a prefixed checkpoint loads into the plain model."""
+    here, near = m.path.parent, {id(x) for x in f.p.related(m)} | {id(m)}
+    for mm in (x for x in f.p.modules.values() if id(x) in near or here in (x.path.parent, *x.path.parents)
+               or x.path.parent in here.parents):
         for n in mm.nodes:
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and (n.value in ("module", "module.") or (
                     n.value.startswith("module.") and n.value.endswith("."))) and isinstance(
@@ -128,7 +131,7 @@ def save_without_module(f: Facts, m: Module):
         a.value, ast.Call) and callee(a.value) == "DataParallel" and not one_process_arm(m, a)
         and not _arm_beside_the_wrap(m, a) for t in a.targets}
     # (a DataParallel in the else of `if args.distributed:`, PixelFormer's, is not what the DDP run saves)
-    if not wrapped or _strips_prefix(f):
+    if not wrapped or _strips_prefix(f, m):
         return
     wrapped = {k: v for k, v in wrapped.items() if not _wrapper_unwraps_state_dict(f, m, v)}
     unseen = next(((mm, n) for mm in f.p.modules.values() for n in mm.calls if _unseen_project_loader(f, mm, n)),

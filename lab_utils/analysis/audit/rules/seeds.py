@@ -183,10 +183,20 @@ def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
     if fn is None or any(isinstance(n, (ast.For, ast.While)) or isinstance(n, ast.Call) and f.is_ddp_call(m, n)
                          for n in ast.walk(fn)):
         return node
-    if not re.search(r"setup|init|dist|ddp", fn.name, re.I) and sum(isinstance(n, ast.stmt) for n in ast.walk(fn)) > 12:
-        return node  # the script's own main() (GCA-Matting's, which calls the trainer): the seed goes there
+    if not re.search(r"setup|init|dist|ddp", fn.name, re.I) and (
+            sum(isinstance(n, ast.stmt) for n in ast.walk(fn)) > 12 or _builds_after(fn, node)):
+        return node  # the script's own main() (GCA-Matting's, which calls the trainer; DAMO-YOLO's short one,
+        # which builds its Trainer after the setup): the seed goes there
     sites = [c for cm, c in f.p.callers(m, fn) if cm is m]
     return min(sites, key=lambda c: c.lineno) if sites else node
+
+
+def _builds_after(fn: ast.AST, init: ast.AST) -> bool:
+    """`fn` goes on after its init_process_group with calls that are no set-up (a config, a trainer, the model):
+    a short main(), not a set-up helper whose call the flow makes."""
+    return any(isinstance(c, ast.Call) and c.lineno > init.lineno and callee(c) not in (
+        "set_device", "barrier", "synchronize", "print", "info", "debug", "warning", "get_rank", "get_world_size",
+        "is_initialized", "setup_for_distributed") for c in ast.walk(fn))
 
 
 @rule("seed-before-spawn", "02_seeds", "seeded in the parent before mp.spawn: the workers never seed torch's CPU "
