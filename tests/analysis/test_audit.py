@@ -449,16 +449,18 @@ def test_a_save_helper_that_guards_itself_is_no_every_rank_save():
 def test_a_wrapped_checkpoint_resumed_into_the_wrapped_model_keeps_its_prefix():
     """Barlow Twins / VICReg: model.state_dict() of the DDP model, loaded back with model.load_state_dict after
     the wrap, and the plain weights exported apart (`model.module.backbone.state_dict()`): module. round-trips,
-    and the plain model has its own file. Without that export the round trip is still found (a plain model
-    cannot load the file), check-by-hand."""
+    and the plain model has its own file. Without that export, and with a single run whose model is plain, the round
+    trip is still found (a plain model cannot load the file), check-by-hand."""
     save = "model = DDP(net)\nif rank == 0:\n    torch.save({'model': model.state_dict()}, 'c.pt')\n"
     assert "save-without-module" in rules(save)
     resume = save + "model.load_state_dict(torch.load('c.pt', map_location='cpu')['model'])\n"
     export = "if rank == 0:\n    torch.save(model.module.backbone.state_dict(), 'resnet50.pth')\n"
     assert "save-without-module" not in rules(resume + export)
-    found = [f for f in audit.audit_source(DDP_HEAD + "torch.manual_seed(0)\n" + resume)
+    switched = resume.replace("model = DDP(net)\n", "model = net\nif world_size > 1:\n    model = DDP(net)\n")
+    found = [f for f in audit.audit_source(DDP_HEAD + "torch.manual_seed(0)\n" + switched)
              if f.rule == "save-without-module"]
-    assert [f.severity for f in found] == ["check-by-hand"]
+    assert [f.severity for f in found] == ["check-by-hand"]  # (a wrap the single run also has: no finding,
+    # test_audit_classes235)
 
 
 def test_a_seed_through_an_intermediate_name_is_judged_as_written():

@@ -136,7 +136,8 @@ def _torchvision_bn_model(m: Module, c: ast.Call) -> bool:
         lib = imp is not None and imp[0].startswith("torchvision.models") and "detection" not in imp[0]  # (Frozen)
     else:
         name, lib = (c.func.attr, _vision_lib(m, c.func.value)) if isinstance(c.func, ast.Attribute) else ("", False)
-    return lib and name[:1].islower() and not NO_BN_ARCH.match(name) and not name.startswith("get_")
+    return lib and name[:1].islower() and not NO_BN_ARCH.match(name) and not name.startswith("get_") and not (
+        kw(c, "norm_layer") is not None and not PLAIN_BN.search(dotted(kw(c, "norm_layer"))))  # (MeMOTR's Frozen)
 
 
 def _dynamic_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
@@ -440,9 +441,12 @@ def wrapped_from_unseen_factories(f: Facts, m: Module):
             continue
         parts = [p for c in made for p in (c.args if isinstance(c, ast.Call) and callee(c) == "Sequential" else [c])]
         names = [_unseen_maker(f, m, p, packages) for p in parts]
+        held = _unseen_held(f, m, parts) if parts and not all(names) else None
+        if held is not None:
+            names = [held[0]]
         if not parts or not all(names):
             continue
-        roots = _top_model_classes(f)
+        roots = [r for r in _top_model_classes(f) if held is None or r[1] is not held[1]]
         found = [_class_batchnorm(f, cm, cd) for cm, cd in roots]
         if roots and all(found):
             return w, names[0], found[0], "every model class these files define has BatchNorm"
@@ -547,6 +551,24 @@ def _unseen_maker(f: Facts, m: Module, v: ast.AST, packages: set[str]) -> str | 
         imp[2] > 0 or imp[0].split(".")[0] in packages) else None
 
 
+def _unseen_held(f: Facts, m: Module, parts: list):
+    """(the factory call, the holder class) for a project class without BatchNorm holding a network an unseen
+    factory object builds (FaceX-Zoo's FaceModel: `self.backbone = backbone_factory.get_backbone()`)."""
+    cls = [(tm, tm.classes[tm.class_of(tf)]) for p in parts[:1] if isinstance(p, ast.Call)
+           for tm, tf in f.p.resolve(m, p) if tm.class_of(tf)] if len(parts) == 1 else []
+    if not cls or _class_batchnorm(f, *cls[0]) is not None:
+        return None
+    cm, cd = cls[0]
+    init = cm.functions.get(f"{cd.name}.__init__")
+    for a in ast.walk(init) if init is not None else ():
+        if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and isinstance(a.value.func, ast.Attribute) \
+                and any(re.search(r"backbone|model|net|encoder|trunk", dotted(t).split(".")[-1], re.I)
+                        and dotted(t).startswith("self.") for t in a.targets) and not f.p.resolve(cm, a.value) \
+                and not f.one_method(a.value) and dotted(a.value.func.value) in {x.arg for x in init.args.args}:
+            return ast.unparse(a.value.func), cd
+    return None
+
+
 def _top_model_classes(f: Facts) -> list[tuple[Module, ast.ClassDef]]:
     """The torch Module classes of the project that no project class or function builds by name (ResNet34's
     ResNet, CAM++'s CAMPPlus), not losses."""
@@ -561,3 +583,18 @@ def _top_model_classes(f: Facts) -> list[tuple[Module, ast.ClassDef]]:
     return [(mm, cd) for mm in f.p.modules.values() for cd in mm.classes.values()
             if any(dotted(b).split(".")[-1] == "Module" for b in cd.bases) and cd.name not in built
             and not re.search(r"loss|criterion|margin|postprocess|matcher", cd.name, re.I)]
+
+
+def arm_off_by_default(f: Facts, m: Module, node: ast.AST) -> bool:
+    """`node` sits in an arm of `if opts.norm_act == 'iabn_sync': ...` the option's default does not take (PLOP)."""
+    child, n = node, m.parent.get(id(node))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        t = n.test if isinstance(n, ast.If) else None
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and \
+                isinstance(t.left, ast.Attribute) and const_str(t.comparators[0]) is not None:
+            d = _arch_default(f, t.left.attr)
+            if d is not None and ((d == const_str(t.comparators[0])) == isinstance(t.ops[0], ast.Eq)) != any(
+                    child is b for b in n.body):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False

@@ -10,6 +10,7 @@ import re
 
 from .entries import chosen_by_name
 from .evaluation import eval_loop_reduces
+from .helper_returns import returns_a_local_value, returns_own_slice
 from .options import DefaultOptions
 from .project import Module, Project
 from .ranks import Guards
@@ -48,19 +49,6 @@ def _to_file(c: ast.Call) -> bool:
     target = c.args[1] if len(c.args) > 1 else kw(c, "f")
     return not (target is not None and ("buf" in dotted(target).lower() or "mem" in dotted(target).lower()
                                         or isinstance(target, ast.Call) and callee(target) == "BytesIO"))
-
-
-def _returns_own_slice(fn: ast.AST) -> bool:
-    """The helper gathers, then hands back only its rank's rows (MoCo's _batch_unshuffle_ddp: `x_gather =
-    concat_all_gather(x)` ... `return x_gather[idx_this]`; _batch_shuffle_ddp also returns its index): no value
-    averaged over ranks."""
-    rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
-    gathered = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                and "gather" in callee(a.value) for t in a.targets}
-    parts = [e for r in rets for e in (r.elts if isinstance(r, ast.Tuple) else [r])]  # (`return x[idx], idx`)
-    return bool(gathered) and bool(parts) and all(
-        isinstance(e, ast.Subscript) and dotted(e.value) in gathered or not any(
-            isinstance(n, (ast.Name, ast.Attribute)) and dotted(n) in gathered for n in ast.walk(e)) for e in parts)
 
 
 class Facts(DefaultOptions):
@@ -142,8 +130,9 @@ class Facts(DefaultOptions):
         def reduces(mm, cc):
             return (callee(cc) in REDUCING or _unseen_gather(self.p, mm, cc)) and not layer_call(mm.nodes, cc) \
                 and not functools_reduce(mm, cc)
-        return any(self.p.function_does(tm, tf, reduces, depth=3) and not _returns_own_slice(tf)
-            for tm, tf in self.p.resolve(m, c, exact=True) or self.one_method(c))  # Meter(...) runs __init__ only
+        return any(self.p.function_does(tm, tf, reduces, depth=3) and not returns_own_slice(tf)
+                   and not returns_a_local_value(self, tm, tf)
+                   for tm, tf in self.p.resolve(m, c, exact=True) or self.one_method(c))  # Meter(...): __init__ only
         # (one_method: OpenSTL's `self.method.vali_one_epoch(...)`, which gathers every rank's results)
 
     def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
@@ -159,14 +148,12 @@ class Facts(DefaultOptions):
                              and x.target.id == root(c.args[0]) and any(y is c for y in ast.walk(x))), None)
                 if loop is not None and isinstance(loop.iter, ast.Call) and callee(loop.iter) == "values":
                     red.add(root(loop.iter.func.value))
-        # a model is no reduced value: convert_sync_batchnorm(model) or DDP(model) does not make model(x)'s loss
-        # an average over ranks; what the model's forward returns is judged by forward_reduced instead
+        # a model is no reduced value (DDP(model) makes no model(x) loss an average: forward_reduced judges that)
         models = self.model_names(m)
         nodes = list(ast.walk(scope))
         local = self._local_names(m, nodes, models)
-        # meters fed a loss by keyword somewhere (`metric_logger.update(loss=loss.item())`): what another update
-        # feeds them by another keyword (fewture's `metric_logger.update(acc=acc)`, acc from gathered labels) does
-        # not make their loss reduced
+        # meters fed a loss by keyword (`metric_logger.update(loss=...)`): another keyword's reduced value (fewture's
+        # `update(acc=acc)`, acc from gathered labels) does not make their loss reduced
         loss_fed = {root(a.func.value) for a in nodes if isinstance(a, ast.Call) and isinstance(
             a.func, ast.Attribute) and a.func.attr == "update" and any(k.arg and LOSSISH.search(k.arg)
                                                                        for k in a.keywords)}
@@ -545,13 +532,15 @@ class Facts(DefaultOptions):
         fn = m.enclosing(c)
         if any(isinstance(a, ast.Assign) and a.lineno == line for a in ast.walk(fn or m.tree)):
             return True
-        # a function that reads the script's global wrapper (`def estimate_loss(): ... model(X, Y)` after a
-        # module-level `model = DDP(model)`): it binds no name of its own
+        # a function reading the script's global wrapper (`def estimate_loss(): ... model(X, Y)`), binding none
         wrap = next((a for a in m.tree.body if isinstance(a, (ast.Assign, ast.If)) and
                      any(isinstance(x, ast.Assign) and x.lineno == line for x in ast.walk(a))), None)
         binds = {x.arg for x in ast.walk(fn) if isinstance(x, ast.arg)} | {
             t.id for x in ast.walk(fn) if isinstance(x, (ast.Assign, ast.For, ast.With)) for t in ast.walk(x)
             if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)} if fn is not None else set()
+        outer = m.enclosing(fn) if fn is not None else None  # (or its outer function's: dialogue-generation's
+        wrap = wrap or (outer if outer is not None and any(  # save_state closure reads main's wrapped model)
+            isinstance(a, ast.Assign) and a.lineno == line for a in ast.walk(outer)) else None)
         return wrap is not None and fn is not None and "." not in owner and owner not in binds
 
 

@@ -22,6 +22,12 @@ def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
         if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.value, ast.Call)):
             continue
         name = dotted(a.targets[0])
+        if name and _torchmetrics(m, a.value):
+            out.add(name)  # (and what its compute() returns: MineSegSAT's `ep_loss = epoch_loss.compute()`)
+            out |= {dotted(b.targets[0]) for b in ast.walk(scope) if isinstance(b, ast.Assign) and len(
+                b.targets) == 1 and isinstance(b.value, ast.Call) and callee(b.value) == "compute" and isinstance(
+                b.value.func, ast.Attribute) and dotted(b.value.func.value) == name}
+            continue
         found = f.any_class(m, name) if name else None
         update = found[0].functions.get(f"{found[1].name}.update") if found else None
         if update is None:
@@ -48,3 +54,15 @@ def read_reduced(f: Facts, m: Module, v: ast.AST) -> bool:
                                     for x in ast.walk(meth) if isinstance(x, ast.Call)):
             return True
     return False
+
+
+def _torchmetrics(m: Module, v: ast.Call) -> bool:
+    """A torchmetrics metric (`MeanMetric()`, `torchmetrics.MeanMetric()`): its compute() syncs every rank's state
+    first (sync_on_compute defaults to True), so what it returns is the whole run's."""
+    while isinstance(v.func, ast.Attribute) and v.func.attr in ("to", "cuda") and isinstance(v.func.value, ast.Call):
+        v = v.func.value  # (`MeanMetric().to(device)`)
+    head = dotted(v.func).split(".")[0]
+    imp = m.imports.get(head)
+    return bool(imp) and imp[0].split(".")[0] == "torchmetrics" and not any(
+        k.arg == "sync_on_compute" and isinstance(k.value, ast.Constant) and k.value.value is False
+        for k in v.keywords)

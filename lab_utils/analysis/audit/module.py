@@ -32,6 +32,17 @@ class _AnnotatedAsPlain(ast.NodeTransformer):
             return node  # `x: int` binds nothing
         return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
 
+    def visit_Call(self, node: ast.Call) -> ast.Call:
+        """`DistributedDataParallel(module=model, ...)` reads as `DistributedDataParallel(model, ...)`, the form the
+        rules take the wrapped model from (FaceX-Zoo's wrap hid its BatchNorm backbone)."""
+        self.generic_visit(node)
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        if name in ("DistributedDataParallel", "DDP") and not node.args and any(
+                k.arg == "module" for k in node.keywords):
+            node.args = [next(k.value for k in node.keywords if k.arg == "module")]
+            node.keywords = [k for k in node.keywords if k.arg != "module"]
+        return node
+
 
 class Module:
     """One parsed file: its tree, parent links, functions, imports, and the names that hold a rank."""

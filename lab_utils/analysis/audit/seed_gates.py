@@ -50,7 +50,8 @@ def failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
         if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Attribute, ast.Name)) and (
                 isinstance(t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes))
                 or number(t.comparators[0]) is not None) \
-                and not re.search(r"rank|gpu|world|local|dist|device", dotted(t.left).split(".")[-1], re.I):
+                and not re.search(r"rank|gpu|world|local|dist|device", dotted(t.left).split(".")[-1], re.I) \
+                and dotted(t.left).split(".")[-1] not in _launched_with(f):  # (Si-Blurry's scripts pass --rnd_seed)
             # (`if args.seed > 0:`, or a parameter: `if seed is not None:` in `def fit(..., seed=None)` that no
             # call passes, nlp-recipes' Transformer.fit)
             x, op = f.default_value(m, t.left), t.ops[0]
@@ -65,6 +66,12 @@ def failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
                     return ast.unparse(t)
         child, n = n, m.parent.get(id(n))
     return _returned_before(f, m, node) or _drawn_fresh(f, m, node)
+
+
+def _launched_with(f: Facts) -> set[str]:
+    if "launched_with" not in f.cache:
+        f.cache["launched_with"] = f._passed_in_launch_scripts()
+    return f.cache["launched_with"]
 
 
 FRESH_SOURCES = re.compile(r"getpid|urandom|time|now|randint|random|randbits|uuid")

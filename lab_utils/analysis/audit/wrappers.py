@@ -172,3 +172,19 @@ def _aliases(f, m: Module, names: dict[str, int]) -> dict[str, int]:
                 for t in a.targets:
                     names.setdefault(dotted(t), a.lineno)
     return names
+
+
+def single_run_wrapped(m: Module, line: int) -> bool:
+    """The single run wraps the model too, so its checkpoints carry the same `module.` keys: the wrap at `line`
+    runs whatever the switch (MonoSDF, MineSegSAT: DDP even at one process), or the switch's other arm wraps it
+    in DataParallel (NeuralRecon's `else: model = torch.nn.DataParallel(model)`)."""
+    a = next((x for x in m.nodes if isinstance(x, ast.Assign) and x.lineno == line), None)
+    if a is None or one_process_arm(m, a):
+        return False
+    child, n = a, m.parent.get(id(a))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If):
+            other = n.orelse if any(child is s for s in n.body) else n.body
+            return any(isinstance(x, ast.Call) and callee(x) == "DataParallel" for s in other for x in ast.walk(s))
+        child, n = n, m.parent.get(id(n))
+    return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 
 from ..batchnorm_models import (
+    arm_off_by_default,
     handed_to_a_wrap_helper,
     is_batchnorm,
     wrapped_batchnorm,
@@ -39,6 +40,8 @@ def batchnorm_without_sync(f: Facts, m: Module):
         # (`nn.SyncBatchNorm(c)` built as one model's layer, LlamaGen's VQ model under norm_type='batch', converts no
         # other model's BatchNorm: only a conversion call, or SyncBatchNorm chosen as the norm class, speaks)
         wrap, bn = wrapped_batchnorm(f, m)
+        if wrap is not None and arm_off_by_default(f, *bn):
+            return  # the BatchNorm arm of a norm option whose default picks another norm (PLOP's 'iabn_sync')
         if wrap is None and bns:  # BatchNorm in the script itself, whatever model it ends up in
             wrap, bn = bns[0], (m, bns[0])
         if wrap is None:

@@ -322,7 +322,7 @@ def _gather_hits(f: Facts, m: Module):
                            and dotted(n.args[0]) == lst for n in ast.walk(scope)) or any(
             isinstance(r, ast.Return) and r.value is not None and lst in {dotted(n) for n in ast.walk(r.value)}
             for r in ast.walk(scope))  # returned to a caller that concatenates it
-        if not used or _concatenated_then_read_out(m, scope, lst):
+        if not used or _concatenated_then_read_out(m, scope, lst) or _into_metrics_only(m, scope, lst, c):
             continue  # (Simple-CCReID's test-time concat_all_gather: `torch.cat(tensors_gather, dim=0).cpu()`)
         if _in_a_loss(f, m, fn):
             # one defect, one finding: at the gather (the fix), naming the losses that call the helper
@@ -340,6 +340,24 @@ def _gather_hits(f: Facts, m: Module):
                       "(in-batch negatives), that loss's gradient reaches no rank's features but through its own "
                       "rows — torch.distributed.nn.functional.all_gather keeps it"), "check-by-hand"
     yield from _gathered_as_objects(f, m)
+
+
+METRICISH = re.compile(r"acc|top_?k|metric|score|auc|precision|recall|f1|confusion|evaluat", re.I)
+
+
+def _into_metrics_only(m: Module, scope: ast.AST, lst: str, gather: ast.Call) -> bool:
+    """After the gather, the gathered list (or its concatenation under the same name) is read only as an argument
+    of metric calls (RealNet's `all_preds = torch.cat(all_preds)` then `compute_top_k(all_preds, all_labels, 1)`):
+    an accuracy, no loss, so no gradient is lost."""
+    reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == lst and isinstance(n.ctx, ast.Load)
+             and n.lineno > gather.lineno]
+    def use(n: ast.AST) -> bool:
+        up = m.parent.get(id(n))
+        if isinstance(up, ast.Call) and callee(up) in ("cat", "stack") and up.args and up.args[0] is n:
+            at = m.parent.get(id(up))  # (re-bound under its own name, read on below)
+            return isinstance(at, ast.Assign) and any(dotted(t) == lst for t in at.targets)
+        return isinstance(up, ast.Call) and n in up.args and bool(METRICISH.search(callee(up)))
+    return bool(reads) and all(use(n) for n in reads)
 
 
 def _in_a_reducing_function(m: Module, c: ast.Call) -> bool:

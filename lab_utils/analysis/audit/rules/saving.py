@@ -11,6 +11,7 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..switches import LAUNCH_KEYS, is_switch_test, one_process_arm
 from ..syntax import callee, const_str, dotted, involves_rank, kw, mentions_ddp
+from ..wrappers import single_run_wrapped
 
 
 def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> ast.Call | None:
@@ -156,7 +157,8 @@ def save_without_module(f: Facts, m: Module):
                           f"{owner}.module"), related=((hm, inner), *(
                               (m, k.value) for k in c.keywords if k.arg and dotted(k.value) == owner)))
             load = _loaded_into_wrapped(m, owner, wrapped[owner])
-            if load is None or not _exports_plain_weights(m, owner):
+            if (load is None or not _exports_plain_weights(m, owner)) and not (
+                    load is not None and single_run_wrapped(m, wrapped[owner])):
                 yield _round_trip(m, hit, load)
 
 
@@ -178,8 +180,8 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
             load = _loaded_into_wrapped(m, owner, wrapped[owner])
             load = load if load is not None and ((m.rel, owner) not in f.inherited or _subclass_loads(f, m, owner)) \
                 else None
-            if load is not None and _exports_plain_weights(m, owner):
-                continue
+            if load is not None and (_exports_plain_weights(m, owner) or single_run_wrapped(m, wrapped[owner])):
+                continue  # (or the single run wraps it too: the same keys go out and come back)
             yield c, owner, (f"{owner}.state_dict() where {owner} holds the DDP wrapper ({f.wrap_site(m, owner)}): "
                              "every key gets a 'module.' prefix and the checkpoint does not load into the plain model "
                              f"(the single run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0"), load
@@ -207,8 +209,7 @@ def _one_per_function(m: Module, hits):
 
 
 def _round_trip(m: Module, hit: Hit, load: ast.Call | None) -> Hit:
-    """The finding of a save whose file the project loads back into the wrapper (`load`): check-by-hand, saying
-    so; the file still does not load into the plain model."""
+    """A save the project loads back into the wrapper (`load`): check-by-hand (no plain model loads the file)."""
     if load is None:
         return hit
     return hit._replace(severity="check-by-hand", related=(*hit.related, (m, load)), message=hit.message.replace(

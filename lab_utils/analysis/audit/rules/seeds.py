@@ -289,6 +289,8 @@ def _inline(m: Module, expr: ast.AST, depth: int = 3) -> ast.AST:
         return expr
     defs = [a.value for a in m.nodes if isinstance(a, ast.Assign) and len(a.targets) == 1
             and dotted(a.targets[0]) == dotted(expr)]
+    if len(defs) > 1:  # (`seed = args.seed`, then `seed = args.seed + idr_torch.rank` on GPUs: the one with the rank)
+        defs = [d for d in defs if involves_rank(d, m.rank_tainted)]
     return _inline(m, defs[0], depth - 1) if len(defs) == 1 else expr
 
 
