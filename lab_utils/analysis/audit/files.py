@@ -52,3 +52,12 @@ def json_scalar(text: str):
         return json.loads(text)
     except ValueError:
         return text
+
+
+def launch_flags(root: Path) -> set[str]:
+    """Every `--flag` a shell script of the project passes (as argparse's attribute, `-` read as `_`): not a
+    commented-out command; a Hydra override (`++train_config.gradient_accumulation_steps=8`, SLAM-LLM) too."""
+    return {flag.replace("-", "_") for path in shell_scripts(root) for line in path.read_text(
+        encoding="utf-8", errors="replace").splitlines() if not line.lstrip().startswith("#")
+        for flag in re.findall(r"(?<![\w-])--?([A-Za-z][\w-]+)|(?<![\w.])\+{0,2}(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)=",
+                               line) for flag in flag if flag}

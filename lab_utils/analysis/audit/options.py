@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
-from .files import UNKNOWN, shell_scripts
+from .files import UNKNOWN, launch_flags
 from .project import Module
 from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root
 from .yaml_configs import YamlConfigs
@@ -97,13 +97,7 @@ class DefaultOptions(YamlConfigs):
 
     def _passed_in_launch_scripts(self) -> set[str]:
         """Every `--flag` a shell script of the project passes (as argparse's attribute, `-` read as `_`)."""
-        if not self.p.on_disk:
-            return set()
-        return {flag.replace("-", "_") for path in shell_scripts(self.p.root) for line in path.read_text(
-            encoding="utf-8", errors="replace").splitlines() if not line.lstrip().startswith("#")
-            for flag in re.findall(r"(?<![\w-])--?([A-Za-z][\w-]+)|(?<![\w.])\+{0,2}(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)=",
-                                   line) for flag in flag if flag}  # (not a commented-out command; a Hydra override
-        # `++train_config.gradient_accumulation_steps=8` too, SLAM-LLM)
+        return launch_flags(self.p.root) if self.p.on_disk else set()
 
     def off_by_default(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
         """The flag `node` runs under when that flag is off in the default run: an enclosing `if args.sync_bn:`

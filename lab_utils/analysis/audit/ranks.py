@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
+from .files import launch_flags
 from .hierarchy import off_the_run
 from .project import Module, Project
 from .switched_off import cleared_off_rank0, switched_off_elsewhere
@@ -350,7 +351,7 @@ class Guards:
                 return None  # `logger.iters % hps.save_iters == 0` (Jukebox), `batch_num % args.save_freq` (ml-mdm,
                 # whose batch_num the rank-tainted data partition reaches): a step count, not the rank
             if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Set, ast.Tuple, ast.List)):
-                has0 = any(isinstance(e, ast.Constant) and e.value == 0 for e in right.elts)
+                has0 = any(isinstance(e, ast.Constant) and e.value in (0, '0') for e in right.elts)  # (`in ['0']`)
                 if has0:
                     return "rank0" if isinstance(op, ast.In) else "not0"
                 return None
@@ -396,8 +397,9 @@ class Guards:
         without the flag, the leak, is not how it runs)."""
         attr = dotted(flag).split(".")[-1]
         cache = self.__dict__.setdefault("_launch_cache", {})
-        if attr not in cache:
-            cache[attr] = bool(attr) and any(
+        if attr not in cache:  # (or a flag the project's launch scripts pass: ProVLAE's `--distributed`)
+            passed = launch_flags(self.p.root) if self.p.on_disk else set()
+            cache[attr] = bool(attr) and attr in passed or bool(attr) and any(
                 isinstance(n, ast.If) and attr in conjuncts(n.test) and any(
                     isinstance(c, ast.Call) and (callee(c) == "spawn" or "DistributedDataParallel" in dotted(c.func)
                                                  or callee(c) == "DDP") for s in n.body for c in ast.walk(s))

@@ -12,7 +12,7 @@ RANKISH = re.compile(r"(^|(?<!per)(?<!all)(?<!each)(?<!every)(?<!cross)_)rank$|^
 WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus?|NUM_GPUS|get_world_size|num_processes|nprocs"
                       r"|WORLD_SIZE|device_count")  # (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS
 # configs; device_count: `batch_size * torch.cuda.device_count()`, one process per visible GPU, BISS)
-RANK0_NAME = re.compile(r"master|is_main|main_process|rank_zero|is_rank0|is_primary|rank0$")
+RANK0_NAME = re.compile(r"master|is_?main|main_?process|rank_zero|is_rank0|is_primary|rank0$")  # (ismainprocess)
 BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
 ACCUMISH = re.compile(r"accum|accu_|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc
 # a loss by name, or a GAN loss by DCGAN's convention (`errD = errD_real + errD_fake`, `errG`)

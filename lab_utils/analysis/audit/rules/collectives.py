@@ -49,6 +49,15 @@ def collective_under_rank0(f: Facts, m: Module):
 @rule("ddp-forward-under-rank0", "08_checkpoints", "the DDP-wrapped model called by rank 0 alone: its buffer "
       "broadcast waits for the other ranks if the module has buffers")
 def ddp_forward_under_rank0(f: Facts, m: Module):
+    """One defect per function (ALIGNN's rank-0 evaluation calls its wrappers six times), naming the rest."""
+    first: dict = {}
+    for hit in (h if isinstance(h, Hit) else Hit(*h) for h in _rank0_forwards(f, m)):
+        key = id(m.enclosing(hit.node))
+        first[key] = first[key]._replace(related=(*first[key].related, (m, hit.node))) if key in first else hit
+    yield from first.values()
+
+
+def _rank0_forwards(f: Facts, m: Module):
     wrapped = f.ddp_wrapped.get(m.rel, {})
     for c in m.calls:
         kind = f.g.kind(m, c)
@@ -136,8 +145,7 @@ def _no_grad(m: Module, c: ast.Call) -> bool:
 
 
 def _no_grad_run(f: Facts, m: Module, c: ast.Call) -> bool:
-    """_no_grad(), or every project call of the function around `c` runs under no_grad (UPR-Net's
-    `Pipeline.inference`, called in `with torch.no_grad():` by its evaluation)."""
+    """_no_grad(), or every project call of `c`'s function runs under no_grad (UPR-Net's Pipeline.inference)."""
     if _no_grad(m, c):
         return True
     fn = m.enclosing(c)
@@ -173,8 +181,7 @@ def _buffer_free(f: Facts, m: Module, name: str) -> bool:
 
 
 def _only_in_a_dead_arm(f: Facts, m: Module, name: str, line: int) -> bool:
-    """`name` holds the wrapper only through an assignment in the else of `if args.use_ema:`, an option
-    `action='store_true', default=True` that no command line can turn off (FixMatch): that arm never runs."""
+    """`name` holds the wrapper only in the else of `if args.use_ema:`, store_true with default True (FixMatch)."""
     on = {(const_str(x) or "").lstrip("-").replace("-", "_") for mm in f.p.modules.values() for c in mm.calls
           if callee(c) == "add_argument" and const_str(kw(c, "action")) == "store_true"
           and isinstance(kw(c, "default"), ast.Constant) and kw(c, "default").value is True for x in c.args[:1]}
@@ -269,8 +276,7 @@ def _self_forward_in_method(f: Facts, m: Module, c: ast.Call):
                 tm.class_of(tf) and tm is not m):
             continue
         held = {k: (tm, v) for k, v in f.ddp_wrapped.get(tm.rel, {}).items()}
-        # (or wrapped from outside into the object's attribute: E2EC's `trainer.network = DDP(trainer.network,
-        # ...)` in the script, then rank 0's `trainer.val(...)`, which runs `self.network(batch)`)
+        # (or wrapped from outside into its attribute: E2EC's `trainer.network = DDP(...)`, then `trainer.val(...)`)
         owner = dotted(c.func.value) + "."
         held.update({"self." + k[len(owner):]: (m, v) for k, v in f.ddp_wrapped.get(m.rel, {}).items()
                      if owner != "self." and k.startswith(owner) and "." not in k[len(owner):]})
@@ -378,9 +384,8 @@ def _outside_switch_hits(f: Facts, m: Module):
         return  # the group exists in every run the script can make (or a run without it stops at the sampler)
     flags, told = _group_flags(f), set()
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
-        # a DDP wrap outside the switch counts only where the project itself runs without the group (SEA-RAFT's
-        # `main(0, 1, args, False)` for one GPU): elsewhere the one-process run stops at the wrap, before any step,
-        # so the script plainly needs its launcher; the collectives hidden in a loop or a helper fail after work
+        # a wrap outside the switch counts only where the project runs without the group (SEA-RAFT's `main(0, 1,
+        # args, False)`): elsewhere the one-process run stops at the wrap, before any work
         wrap = f.is_ddp_call(m, c) and _runs_one_process(f)
         if not wrap and (callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather")
                          or "dist" not in dotted(c.func) or not _torch_distributed(m, c)):
@@ -417,8 +422,7 @@ def _outside_switch_hits(f: Facts, m: Module):
         sm, sc = _group_set_up_at(f, *inits[0])
         switch = ast.unparse(distributed_switch(sm, sc))
         where = f"line {sc.lineno}" if sm is m else f"{sm.rel}:{sc.lineno}"
-        # the helper's calls from the scripts (VAR's `me.synchronize_between_processes()` in train.py), where the
-        # switch could go instead, as related places
+        # the helper's calls from the scripts (VAR's train.py), where the switch could go instead, as related places
         yield Hit(c, (f"{ast.unparse(c.func)}() runs whether or not `{switch}` set up the process group ({where}): "
                       "at two ranks it synchronises, but the "
                       "single-process run of this script raises 'Default process group has not been initialized' — "
