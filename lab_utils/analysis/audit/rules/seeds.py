@@ -180,10 +180,10 @@ def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
     (`ddp_setup(rank, world_size)` in main)."""
     node = f.setup_line(m)
     fn = m.enclosing(node) if isinstance(node, ast.Call) and callee(node) == "init_process_group" else None
-    if fn is None or m.class_of(fn) or any(isinstance(n, (ast.For, ast.While)) or isinstance(
+    if fn is None or fn.name == "__init__" or any(isinstance(n, (ast.For, ast.While)) or isinstance(
             n, ast.Call) and f.is_ddp_call(m, n) for n in ast.walk(fn)):
-        return node  # (a method: sssegmentation's Trainer.__init__ sets up the group; its start() builds the model)
-    if not re.search(r"setup|init|dist|ddp", fn.name, re.I) and (
+        return node  # (a constructor: sssegmentation's Trainer.__init__ sets up the group, start() builds the model)
+    if not re.search(r"setup|init|dist|ddp", fn.name, re.I) and (m.class_of(fn) or
             sum(isinstance(n, ast.stmt) for n in ast.walk(fn)) > 12 or _builds_after(fn, node)):
         return node  # the script's own main() (GCA-Matting's, which calls the trainer; DAMO-YOLO's short one,
         # which builds its Trainer after the setup): the seed goes there
