@@ -398,7 +398,9 @@ class Guards:
         attr = dotted(flag).split(".")[-1]
         cache = self.__dict__.setdefault("_launch_cache", {})
         if attr not in cache:  # (or a flag the project's launch scripts pass: ProVLAE's `--distributed`)
-            passed = launch_flags(self.p.root) if self.p.on_disk else set()
+            if "_launch_flags" not in self.__dict__:  # (read once: every script of the project)
+                self.__dict__["_launch_flags"] = launch_flags(self.p.root) if self.p.on_disk else set()
+            passed = self.__dict__["_launch_flags"]
             cache[attr] = bool(attr) and attr in passed or bool(attr) and any(
                 isinstance(n, ast.If) and attr in conjuncts(n.test) and any(
                     isinstance(c, ast.Call) and (callee(c) == "spawn" or "DistributedDataParallel" in dotted(c.func)
