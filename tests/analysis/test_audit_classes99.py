@@ -27,13 +27,16 @@ def test_one_finding_for_the_gathers_of_one_loss():
 def test_a_model_file_that_builds_its_own_class_under_its_main_guard(tmp_path):
     """CoCLR's backbone/s3dg.py ends in `if __name__ == '__main__': model = S3D(num_classes=400)`, and the file
     that imports it is not among these copies: a model trying itself out is no training script (its BatchNorm
-    is judged where the model is wrapped). A main block that builds another module's class is a script."""
+    is judged where the model is wrapped). A main block that builds another module's class and wraps it is a
+    script (one that distributes nothing is one process's: no rank finding belongs to it)."""
     model = ("import torch, torch.nn as nn\nclass S3D(nn.Module):\n    def __init__(self, num_classes):\n"
              "        super().__init__()\n        self.bn = nn.BatchNorm3d(8)\n    def forward(self, x):\n"
              "        return self.bn(x)\nif __name__ == '__main__':\n    model = {built}(num_classes=400)\n"
              "    print(model)\n")
     train = DDP_HEAD + "torch.manual_seed(0)\nmodel = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(Net()))\n"
     quiet = _project(tmp_path / "quiet", {"backbone/s3dg.py": model.format(built="S3D"), "train.py": train})
-    loud = _project(tmp_path / "loud", {"backbone/s3dg.py": model.format(built="OtherNet"), "train.py": train})
+    wrapped = model.format(built="OtherNet").replace("print(model)",
+                                                     "model = nn.parallel.DistributedDataParallel(model)")
+    loud = _project(tmp_path / "loud", {"backbone/s3dg.py": wrapped, "train.py": train})
     assert not [f for f in audit.audit_paths([quiet]) if f.path.endswith("s3dg.py")]
     assert [f for f in audit.audit_paths([loud]) if f.path.endswith("s3dg.py")]

@@ -346,6 +346,8 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     found = f.any_class(m, holder) or (f.p.parameter_instance(m, c, holder) if "." not in holder and isinstance(
         c.func, ast.Attribute) else None)  # (a method of what a parameter receives: VAC_CSLR's recoder.print_log)
     meth = found[0].functions.get(f"{found[1].name}.{method}") if found else None
+    if found is None and holder == "self" and method in LOG_CALLS:  # `self.log(name, loss, step)` with log
+        found, meth = _inherited(f, m, c, method)  # defined by the class or a project base (dyMEAN's Trainer)
     if meth is None:
         return _helper_print_calls(f, m, c) if found is None else []
     logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and _logs(meth, x)
@@ -360,6 +362,15 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     # rank '0' only, and into each rank's log_<rank>.txt)
     return [(mm, x) for mm, x in logs if not (callee(x) == "print" and kw(x, "file") is not None
                                               and dotted(kw(x, "file")) not in ("sys.stdout", "sys.stderr"))]
+
+
+def _inherited(f: Facts, m: Module, c: ast.Call, method: str) -> tuple:
+    """(the class whose method `self.method` runs, that method), through the enclosing class's project bases."""
+    cls = m.class_of(m.enclosing(c)) if m.enclosing(c) is not None else None
+    for bm, bf in f.p.methods(m, cls, method) if cls in m.classes else []:
+        if bm.class_of(bf) in bm.classes:
+            return (bm, bm.classes[bm.class_of(bf)]), bf
+    return None, None
 
 
 def _logs(fn: ast.AST, x: ast.Call) -> bool:

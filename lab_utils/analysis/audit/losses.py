@@ -511,3 +511,27 @@ def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
         feeds.setdefault(name, []).append(it is not None and dotted(it) in whole and not any(
             isinstance(c, ast.Call) and callee(c) == "backward" for c in ast.walk(loop)))
     return {name for name, whole_loops in feeds.items() if all(whole_loops)}
+
+
+def still_fed(scope: ast.AST, c: ast.AST, names: set[str]) -> set[str]:
+    """The records in `names` that hold a loss where the log `c` reads them: not one emptied (`disp_text = []`) in
+    straight-line code before `c` with nothing loss-like fed into it since (eznlp's disp_running_info logs its
+    epoch/step/lr line, then rebinds disp_text and appends the loss), whatever the same name holds later."""
+    return {n for n in names if not _emptied_before(scope, c, n)}
+
+
+def _emptied_before(scope: ast.AST, c: ast.AST, name: str) -> bool:
+    body = getattr(scope, "body", None)
+    if not isinstance(body, list) or not any(s is c or any(x is c for x in ast.walk(s)) for s in body):
+        return False
+    empty = [s for s in body if isinstance(s, ast.Assign) and s.lineno < c.lineno and any(
+        isinstance(t, ast.Name) and t.id == name for t in s.targets) and isinstance(s.value, (
+            ast.List, ast.Dict)) and not (s.value.elts if isinstance(s.value, ast.List) else s.value.keys)]
+    if not empty:
+        return False
+    since = empty[-1].lineno
+    return not any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) == name and since < n.lineno < c.lineno
+                   and isinstance(s, (ast.Expr, ast.AugAssign, ast.Assign)) and any(
+                       LOSSISH.search(root(x)) for x in ast.walk(s) if isinstance(x, (ast.Name, ast.Attribute)))
+                   for s in ast.walk(scope) if getattr(s, "lineno", 0) and since < s.lineno < c.lineno
+                   for n in ast.walk(s))

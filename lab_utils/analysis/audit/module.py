@@ -128,8 +128,8 @@ class Module:
         return any(isinstance(x, ast.Call) and isinstance(x.func, ast.Name) and x.func.id in params
                    for x in ast.walk(target))
 
-    def _taint(self, seed: frozenset = frozenset(), opaque: frozenset = frozenset()) -> set[str]:
-        return module_taint(self, seed, opaque)
+    def _taint(self, seed: frozenset = frozenset(), opaque: frozenset | None = None) -> set[str]:
+        return module_taint(self, seed, self.__dict__.get("_opaque", frozenset()) if opaque is None else opaque)
 
     def enclosing(self, node: ast.AST, kinds=(ast.FunctionDef, ast.AsyncFunctionDef)):
         n = self.parent.get(id(node))

@@ -357,6 +357,8 @@ class DefaultOptions(YamlConfigs):
                  and any(isinstance(x, ast.Name) and x.id == name for x in a.targets)]
         if len(bound) == 1 and isinstance(bound[0], ast.Attribute) and bound[0].attr in flags:
             return flags[bound[0].attr]
+        if len(bound) == 1 and const_value(bound[0]) is False and not DIST_SWITCH.search(name):
+            return name  # `sync_bn = False` in the script's settings block (bubbliiiing's YOLOX); not the switch
         return None
 
     def default_value(self, m: Module, v: ast.AST, depth: int = 2):

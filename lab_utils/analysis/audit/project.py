@@ -410,6 +410,16 @@ class Project:
 
     def _instance_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
         for a in m.nodes:
+            at = next((i for t in a.targets if isinstance(t, ast.Tuple) for i, e in enumerate(t.elts)
+                       if dotted(e) == name), None) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) \
+                else None
+            if at is not None:  # `logging, writer = utils.common_init(rank, ...)`, which builds both (LSGM)
+                for tm, tf in self.resolve(m, a.value):
+                    r = next((r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and isinstance(
+                        r.value, ast.Tuple) and len(r.value.elts) > at), None)
+                    if r is not None and isinstance(r.elts[at], ast.Name):
+                        return self.instance_class(tm, r.elts[at].id)
+                continue
             if isinstance(a, ast.withitem) and a.optional_vars is not None and dotted(a.optional_vars) == name:
                 v = a.context_expr  # `with Logger(log_dir) as logger:` (DaGAN; __enter__ hands back the instance)
             elif isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets):

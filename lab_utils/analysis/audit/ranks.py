@@ -10,7 +10,7 @@ import re
 from .files import launch_flags
 from .hierarchy import off_the_run
 from .project import Module, Project
-from .switched_off import cleared_off_rank0, switched_off_elsewhere
+from .switched_off import cleared_off_rank0, none_or_bare_iterable, switched_off_elsewhere
 from .switches import conjuncts, is_switch_test, launch_switch_function, one_process_arm, set_by_launch, unlaunched
 from .syntax import (
     RANK0_NAME,
@@ -154,8 +154,7 @@ class Guards:
             if not (isinstance(a, ast.Assign) and len(a.targets) == 1):
                 continue
             v, name = a.value, dotted(a.targets[0])
-            if isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(v.orelse, ast.Constant) \
-                    and v.orelse.value is None and self.classify(m, v.test) == "rank0":
+            if isinstance(v, ast.IfExp) and none_or_bare_iterable(v) and self.classify(m, v.test) == "rank0":
                 out.add(name)
             elif (isinstance(v, ast.Call) or isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(
                     v.orelse, ast.Constant) and v.orelse.value is None) and self.kind(m, a) == "rank0" and not any(

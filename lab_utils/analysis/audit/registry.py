@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .hierarchy import never_called, replaced_where_built
-from .scripts import demo_block, off_the_default_path, one_process_only, shadowed, unchosen
+from .scripts import demo_block, off_the_default_path, one_process_only, shadowed, unchosen, undistributed_script
 
 SEVERITIES = ("defect", "check-by-hand")
 
@@ -91,8 +91,8 @@ def run_rules(facts, modules) -> list[Finding]:
         if r.needs_ddp and not facts.p.ddp:
             continue
         for m in modules:
-            if r.scope == "entry" and not m.entry:
-                continue
+            if r.scope == "entry" and not m.entry or r.needs_ddp and undistributed_script(facts.p, m):
+                continue  # (a one-process script beside the DDP ones: no rank runs it)
             for hit in r.check(facts, m):
                 related = ()
                 if isinstance(hit, Hit):

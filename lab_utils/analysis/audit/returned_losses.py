@@ -74,6 +74,9 @@ def _steps(scope: ast.AST) -> dict[str, set[str]]:
             targets, value = (a.targets if isinstance(a, ast.Assign) else [a.target]), a.value
         elif isinstance(a, (ast.For, ast.comprehension)):
             targets, value = [a.target], a.iter
+        elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
+                "append", "extend", "insert") and isinstance(a.func.value, ast.Name):
+            targets, value = [a.func.value], ast.Tuple(elts=a.args, ctx=ast.Load())  # (`parts.append(f"{loss}")`)
         else:
             continue
         read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))} - {""}

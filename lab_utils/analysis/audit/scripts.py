@@ -14,7 +14,7 @@ from .files import project_files, shell_scripts
 from .options import UNKNOWN
 from .project import Module
 from .switches import is_switch_test, one_process_arm
-from .syntax import EVAL_WORD, callee, const_str, dotted, kw
+from .syntax import EVAL_WORD, callee, const_str, dotted, kw, mentions_ddp
 
 
 def demo_block(f: Facts, m: Module, node: ast.AST) -> bool:
@@ -256,8 +256,10 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
         # `'sampler' in config[mode]` (OpenOCR): whether the project's YAML configs name the key (all, or none)
         named = f.yaml_files_naming(const_str(t.left))
         return None if named is None else named == isinstance(t.ops[0], ast.In)
-    if isinstance(t, ast.Name) and not re.search(r"rank|gpu|world|local|dist|device|ddp|parallel|main", t.id, re.I):
-        # a parameter a YAML config fills (AnimateDiff's `if scale_lr:`, `scale_lr: bool = False`, `main(**config)`)
+    if isinstance(t, ast.Name) and not re.search(r"rank|gpu|world|local|dist|device|ddp|parallel|main", t.id,
+                                                 re.I) and t.id not in f.g.flag_kinds.get(m.rel, {}):
+        # a parameter a YAML config fills (AnimateDiff's `if scale_lr:`, `scale_lr: bool = False`, `main(**config)`);
+        # not a rank's flag (3D-EMGP's `verbose`, zeroed off rank 0)
         value = f.default_value(m, t)
         return None if value is UNKNOWN else bool(value)
     if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and \
@@ -334,3 +336,18 @@ def script_value(f: Facts, attr: str) -> str | None:
             name = re.fullmatch(r"\$\{?(\w+)\}?", v)
             found.add(variables.get(name.group(1), v) if name else v)
     return found.pop() if len(found) == 1 else None
+
+
+def undistributed_script(p, m: Module) -> bool:
+    """An entry script that neither it nor anything it imports from the project distributes: no process group, no
+    DDP or FSDP, no rank read, no torch.distributed call (3D-EMGP's finetune_qm9.py beside its DDP pretraining
+    scripts). It runs as one process, so no finding about ranks belongs to it."""
+    if not m.entry:
+        return False
+    kept = p.__dict__.setdefault("_undistributed", {})
+    if m.rel not in kept:
+        mods = [m, *(p.modules[r] for r in p.imports_of(m) if r in p.modules)]
+        mods += [tm for c in m.calls for tm, _ in p.resolve(m, c)]  # (`import pfns.train`, `pfns.train.train()`)
+        kept[m.rel] = not any(mentions_ddp(x) or x.rank_tainted or any(
+            re.match(r"(torch\.)?dist(ributed)?\.", dotted(c.func)) for c in x.calls) for x in mods)
+    return kept[m.rel]

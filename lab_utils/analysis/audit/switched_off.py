@@ -46,8 +46,8 @@ def cleared_off_rank0(g, m: Module, const: bool | None) -> set[str]:
             binds.setdefault(dotted(a.targets[0]), []).append(a)
     shared, out = _shared(m), set()
     for name, sets in binds.items():
-        off = [a for a in sets if isinstance(a.value, ast.Constant) and a.value.value is const
-               and g.arm(m, a) == "not0"]
+        off = [a for a in sets if isinstance(a.value, ast.Constant) and (a.value.value is const or const is False and (
+            type(a.value.value) is int and a.value.value == 0)) and g.arm(m, a) == "not0"]  # (`verbose = 0`: 3D-EMGP)
         if off and name not in shared and all(b in off or any(
                 m.enclosing(b) is m.enclosing(a) and b.lineno < a.lineno for a in off) or _kept_where_set(m, b, name)
                 for b in sets):
@@ -68,3 +68,11 @@ def _kept_where_set(m: Module, b: ast.AST, name: str) -> bool:
 def _shared(m: Module) -> set[str]:
     """Names rank 0 hands to the others (HaGRID's `broadcast(self.stop)`): no longer rank 0's alone."""
     return {dotted(a) for c in m.calls if callee(c) in ("broadcast", "all_reduce") for a in c.args}
+
+
+def none_or_bare_iterable(v: ast.IfExp) -> bool:
+    """`SummaryWriter(...) if rank == 0 else None`, or `tqdm(loader) if is_main else loader` (dyMEAN): the other
+    ranks hold None or the bare iterable the bar wraps, so a call on the object's own methods (`t_iter.set_postfix(
+    loss=...)`, behind `hasattr(t_iter, 'set_postfix')`) is rank 0's."""
+    return isinstance(v.body, ast.Call) and (isinstance(v.orelse, ast.Constant) and v.orelse.value is None or callee(
+        v.body) == "tqdm" and bool(v.body.args) and ast.dump(v.body.args[0]) == ast.dump(v.orelse))

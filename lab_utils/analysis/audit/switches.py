@@ -303,14 +303,25 @@ def unset_rank_switch(p: Project, t: ast.AST) -> bool:
     if own is None or not own[1]:
         return False
     for m in p.modules.values():
-        for s in m.nodes:
-            at = _minus_one(s.test) if isinstance(s, ast.If) else None
-            if at is None or at[0] != own[0]:
-                continue
-            arm = s.orelse if at[1] else s.body  # the arm that runs when the rank is set
-            if any(isinstance(n, ast.Call) and callee(n) == "init_process_group" for b in arm for n in ast.walk(b)):
-                return True
-    return False
+        for s in (n for n in m.nodes if isinstance(n, ast.If)):
+            at = _minus_one(s.test)
+            if at is not None and at[0] == own[0]:
+                arm = s.orelse if at[1] else s.body  # the arm that runs when the rank is set
+                if _sets_up_group(arm):
+                    return True
+            for arm, other in ((s.body, s.orelse), (s.orelse, s.body)):
+                if _sets_up_group(arm) and any(isinstance(a, ast.Assign) and _is_minus_one(a.value) and any(
+                        dotted(x).split(".")[-1] == own[0] for x in a.targets) for a in other):
+                    return True  # `if len(args.gpus) > 1: ... init_process_group(...) else: args.local_rank = -1`
+    return False                 # (dyMEAN): -1 is the rank of the run that sets up no group
+
+
+def _is_minus_one(v: ast.AST) -> bool:
+    return isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.USub) and const_value(v.operand) == 1
+
+
+def _sets_up_group(arm: list[ast.stmt]) -> bool:
+    return any(isinstance(n, ast.Call) and callee(n) == "init_process_group" for b in arm for n in ast.walk(b))
 
 
 def switch_constants(p: Project) -> set[tuple[str, object]]:

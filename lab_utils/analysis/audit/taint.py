@@ -70,6 +70,9 @@ def taint_parameters(project):
     seeds: dict[str, set[str]] = {rel: set() for rel in project.modules}
     spawned_index(project, seeds)
     for _ in range(3):  # a rank passed on through two helpers
+        # (what a helper handed the rank returns is no rank: untainted before the rank is passed on, or LSGM's
+        # `logging = utils.Logger(args.global_rank, ...)` handed every parameter of its training loop a rank)
+        untaint_opaque_calls(project, seeds)
         changed = False
         for m in project.modules.values():
             for c in m.calls:
@@ -144,7 +147,8 @@ def untaint_opaque_calls(project, seeds: dict[str, set[str]]):
             if targets and all(isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)) and not tm.class_of(tf)
                                and not returns_rank(m, tf, a.value) for tm, tf in targets):
                 opaque.add(id(a.value))
-        if opaque:
+        if opaque or m.__dict__.get("_opaque"):
+            m.__dict__["_opaque"] = frozenset(opaque)  # (kept: a later re-taint from new seeds keeps them out)
             m.rank_tainted = m._taint(frozenset(seeds[m.rel]), frozenset(opaque))
 
 

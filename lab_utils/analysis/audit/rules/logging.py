@@ -1,6 +1,5 @@
-"""Chapter 01 (unchanged): the logged loss. Rank 0 logging its own micro-batch's loss, or every rank printing its
-own: both differ from the single run's loss of the global batch. A print that reports an abort (`if not
-math.isfinite(loss): print(...); sys.exit(1)`) is no loss log."""
+"""Chapter 01 (unchanged): the logged loss. Rank 0 logging its own micro-batch's loss, or every rank printing its own,
+differs from the single run's loss of the global batch. A print reporting an abort (`sys.exit(1)`) is no loss log."""
 
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ from ..losses import (
     origins,
     packed_losses,
     returned_reduced,
+    still_fed,
     whole_set_meters,
 )
 from ..meters import reducing_meters
@@ -203,8 +203,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         carriers = carried.get(key)
         if carriers is None:
             carriers = carried[key] = loss_carriers(scope, held)
-        lossy |= packed_losses(scope, names - lossy) | (names & carriers) | looped_losses(m, c, names)
-        lossy |= returned_losses(f, m, scope, names - lossy) | texts_of_losses(scope, names - lossy)
+        lossy |= packed_losses(scope, names - lossy) | still_fed(scope, c, names & carriers) | looped_losses(
+            m, c, names) | returned_losses(f, m, scope, names - lossy) | texts_of_losses(scope, names - lossy)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
         synced = {r for line, r in sc["reduce_calls"] if line < c.lineno}  # synced before
@@ -226,8 +226,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)
                              and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))) or \
-                _reports_an_abort(m, c) or f.off_by_default(m, c):
-            continue  # (last: a log under an option unset unless given, DLRM's print of a loaded model's loss)
+                _reports_an_abort(m, c) or f.off_by_default(m, c) or f.p.overridden(m, scope):
+            continue  # (an option unset unless given, DLRM's print of a loaded model's loss; a base's replaced step)
         outer = outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
         red = f.reduced_names(m, scope) | (f.reduced_names(m, outer) if outer not in (None, scope) else set())
         red0 = set(red)
@@ -241,8 +241,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         kind = f.g.effective(m, c) or (f.g.effective(m, forwarded) if forwarded is not None else None)
         inner = meter_print_calls(f, m, c) if kind is None else None
         # (its console lines decide: a TensorBoard writer handed in through helpers and parameters, DepthContrast's
-        # ProgressMeter tb_writter, is no console line, whichever ranks hold one)
-        console = [(mm, x) for mm, x in inner or [] if callee(x) not in ("add_scalar", "add_scalars")]
+        # ProgressMeter tb_writter, is no console line, whichever ranks hold one; with none, its writes: dyMEAN's log)
+        console = [(mm, x) for mm, x in inner or [] if callee(x) not in ("add_scalar", "add_scalars")] or inner
         if console and all(f.g.effective(mm, x) == "rank0" for mm, x in console):
             kind = "rank0"  # `logger.log_training(it, stats)` whose method returns unless self.rank == 0 (WaveGrad)
         out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))

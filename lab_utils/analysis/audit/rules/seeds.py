@@ -44,9 +44,8 @@ def _entry_calls(f: Facts, m: Module):
                for n in ast.walk(s) if isinstance(n, ast.Call)]
         calls = top + list(f.p.calls_in(scope))
         ddp = any(callee(c) in ("init_process_group", "spawn") or f.is_ddp_call(mm, c) for mm, c in calls)
-        # a seed only under a store_true option (`if opt.deterministic: torch.manual_seed(27)`, CTKD) is no seed
-        # in the default run
-        # ... and so is one under a test its option's default fails (`if args.seed > 0:` with default -1, MaskGIT)
+        # a seed only under a store_true option (`if opt.deterministic: torch.manual_seed(27)`, CTKD) is no seed in
+        # the default run, nor one under a test its option's default fails (`if args.seed > 0:`, -1: MaskGIT)
         seeded = {f.seed_kind(mm, c) for mm, c in calls if f.seed_kind(mm, c) and not gated(f, mm, c) and (
             f.seed_kind(mm, c, True) and not f.p.resolve(mm, c) or not helper_gated(f, mm, c)) and not \
             _in_a_worker_init(f, mm, c)}  # (a project's set_seed is judged by its body: torchdistill's returns
@@ -95,13 +94,14 @@ def no_seed(f: Facts, m: Module):
             return
         # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
         wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)]
-        # (and the script's call of a seeding helper the default run gets nothing from: torchdistill's
-        # `set_seed(args.seed)` with no --seed)
+        # (and the script's call of a seeding helper the default run gets nothing from: torchdistill's set_seed)
         helpers = [(mm, c) for mm, c in entry[0] if mm is m and f.seed_kind(mm, c) == "torch"
                    and f.p.resolve(mm, c) and helper_gated(f, mm, c)]
         # (the seeding helper's own call rather than `main(args)` around it)
         wraps = wraps[:1] + _built_at(f, wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1] \
             + list(f.p.script_calls(*wraps[0])[:1] if wraps else [])  # (LIA's `trainer = Trainer(args, ...)`)
+        if not gated and not failed:  # the seeds it does set, which leave torch's CPU RNG alone (GNS's cuda seed)
+            wraps += [(mm, c) for mm, c in entry[0] if f.seed_kind(mm, c) in ("cuda", "other")][:1]
         yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
