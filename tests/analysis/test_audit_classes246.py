@@ -122,20 +122,6 @@ def test_a_record_emptied_before_the_log_holds_no_loss_yet(tmp_path):
     assert ("train.py", _line(train, "show(step")) in {(p.rsplit("/", 1)[-1], n) for p, n in hits[0].related}
 
 
-def test_a_sampler_beside_an_unshuffled_single_run_needs_no_set_epoch(tmp_path):
-    """Mozilla TTS: `sampler = DistributedSampler(dataset) if num_gpus > 1 else None`, `DataLoader(...,
-    shuffle=False, sampler=sampler)`: the single run keeps one order every epoch, so a sampler that repeats its
-    order is no departure from it. With `shuffle=True` in the single run it is."""
-    train = SEEDED + ("from torch.utils.data import DataLoader, DistributedSampler\n" + SET_UP +
-                      "num_gpus = dist.get_world_size()\ndataset = list(range(8))\n"
-                      "sampler = DistributedSampler(dataset) if num_gpus > 1 else None\n"
-                      "loader = DataLoader(dataset, batch_size=2, shuffle=False, sampler=sampler)\n"
-                      "for epoch in range(3):\n    for batch in loader:\n        pass\n")
-    assert not _rules(_project(tmp_path / "quiet", {"train.py": train}), "set-epoch-missing")
-    shuffled = train.replace("shuffle=False, sampler=sampler", "shuffle=(sampler is None), sampler=sampler")
-    assert _rules(_project(tmp_path / "loud", {"train.py": shuffled}), "set-epoch-missing")
-
-
 def test_no_seed_names_the_seeds_that_leave_the_cpu_rng_alone(tmp_path):
     """GNS's train_multinode.py: only `torch.cuda.manual_seed(0)`, while the model is built on the CPU: no-seed,
     naming the cuda seed (where a reader looks, and where torch.manual_seed goes)."""

@@ -346,8 +346,9 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     found = f.any_class(m, holder) or (f.p.parameter_instance(m, c, holder) if "." not in holder and isinstance(
         c.func, ast.Attribute) else None)  # (a method of what a parameter receives: VAC_CSLR's recoder.print_log)
     meth = found[0].functions.get(f"{found[1].name}.{method}") if found else None
-    if found is None and holder == "self" and method in LOG_CALLS:  # `self.log(name, loss, step)` with log
-        found, meth = _inherited(f, m, c, method)  # defined by the class or a project base (dyMEAN's Trainer)
+    if found is None and holder == "self" and (method in LOG_CALLS or LOGGING_METHOD.search(method)):
+        found, meth = _inherited(f, m, c, method)  # `self.log(name, loss, step)`, `self.logging_metric(...)`:
+        # defined by the class or a project base (dyMEAN's Trainer, InvSR's)
     if meth is None:
         return _helper_print_calls(f, m, c) if found is None else []
     logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and _logs(meth, x)
@@ -362,6 +363,9 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     # rank '0' only, and into each rank's log_<rank>.txt)
     return [(mm, x) for mm, x in logs if not (callee(x) == "print" and kw(x, "file") is not None
                                               and dotted(kw(x, "file")) not in ("sys.stdout", "sys.stderr"))]
+
+
+LOGGING_METHOD = re.compile(r"^_?(log|logging|print|display|report|summar|write_(scalar|log|summar)|tb_|wandb)")
 
 
 def _inherited(f: Facts, m: Module, c: ast.Call, method: str) -> tuple:

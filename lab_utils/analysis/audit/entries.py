@@ -72,10 +72,11 @@ def launched_scripts(root: Path, scripts: list[Path]) -> set[str] | None:
 
 
 def unlaunched_lines(p, scripts: list[Path]) -> dict[str, list[range]]:
-    """Per script the project's launch scripts never run, when they run another of them (a second entry point,
-    UniMatch V2's supervised.py beside the unimatch_v2.py that train.sh runs): the lines only its own run reaches,
-    i.e. all but the functions and classes another module imports from it (unimatch_v2.py's `from supervised
-    import evaluate`). What is wrong only there is not in the run the project documents. {path: line ranges}."""
+    """Per script the project's launch scripts never run, when they run another of them and import from this one (a
+    second entry point, UniMatch V2's supervised.py beside the unimatch_v2.py that train.sh runs): the lines only
+    its own run reaches, i.e. all but the functions and classes another module imports from it (unimatch_v2.py's
+    `from supervised import evaluate`). What is wrong only there is not in the run the project documents. {path:
+    line ranges}."""
     launched = launched_scripts(p.root, scripts) if p.on_disk else None
     entries = [m for m in p.modules.values() if m.entry]
     if not launched or not any(Path(m.rel).name in launched for m in entries):
@@ -86,6 +87,9 @@ def unlaunched_lines(p, scripts: list[Path]) -> dict[str, list[range]]:
             continue
         used = {name for m in p.modules.values() if m is not e for local, (_, name, _) in m.imports.items()
                 if p.module_for(m, local) is e}
+        if not used:
+            continue  # an entry point of its own, which nothing imports (GNS's train.py beside the train_multinode.py
+            # its SLURM script runs; ROSITA's run_rec.py): a run its README documents too, judged as one
         kept = [range(n.lineno, n.end_lineno + 1) for n in e.tree.body if getattr(n, "name", None) in used]
         out[str(e.path)] = [range(a.stop, b.start) for a, b in zip(
             [range(0, 1), *sorted(kept, key=lambda r: r.start)],

@@ -12,7 +12,7 @@ import re
 from typing import TYPE_CHECKING
 
 from .project import Module
-from .syntax import callee, const_value, dotted, kw
+from .syntax import callee, dotted, kw
 
 if TYPE_CHECKING:
     from .facts import Facts
@@ -296,13 +296,3 @@ def handed_to_an_unseen_engine(p, m: Module, sampler: ast.Call) -> bool:
                 return True
     return False
 
-
-def single_run_unshuffled(m: Module, c: ast.Call) -> bool:
-    """Every loader that takes the sampler says `shuffle=False` (Mozilla TTS's `sampler = DistributedSampler(
-    dataset) if num_gpus > 1 else None`, `DataLoader(..., shuffle=False, sampler=sampler)`): the single run keeps one
-    order every epoch, so the sampler's repeated order is no departure from it (its shuffling is another matter)."""
-    a = m.parent.get(id(c))
-    a = m.parent.get(id(a)) if isinstance(a, ast.IfExp) else a
-    name = dotted(a.targets[0]) if isinstance(a, ast.Assign) and len(a.targets) == 1 else ""
-    loaders = [x for x in m.calls if callee(x) == "DataLoader" and name and dotted(kw(x, "sampler") or x) == name]
-    return bool(loaders) and all(const_value(kw(x, "shuffle")) is False for x in loaders)

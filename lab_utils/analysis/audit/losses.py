@@ -535,3 +535,15 @@ def _emptied_before(scope: ast.AST, c: ast.AST, name: str) -> bool:
                        LOSSISH.search(root(x)) for x in ast.walk(s) if isinstance(x, (ast.Name, ast.Attribute)))
                    for s in ast.walk(scope) if getattr(s, "lineno", 0) and since < s.lineno < c.lineno
                    for n in ast.walk(s))
+
+
+def walked_from(scope: ast.AST, records: set[str]) -> set[str]:
+    """The names a loop or comprehension takes out of one of `records` (`for k, v in track_losses.items()`):
+    what they hold came from the record (UniDepth logs `{f"Train/{k}": v ...}` after aggregate_sync_losses)."""
+    out = set()
+    for n in ast.walk(scope):
+        if isinstance(n, (ast.For, ast.comprehension)) and isinstance(n.iter, ast.Call) and isinstance(
+                n.iter.func, ast.Attribute) and n.iter.func.attr in ("items", "values") and dotted(
+                    n.iter.func.value) in records:
+            out |= {x.id for x in ast.walk(n.target) if isinstance(x, ast.Name)}
+    return out

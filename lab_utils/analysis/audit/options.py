@@ -188,6 +188,14 @@ class DefaultOptions(YamlConfigs):
         # YAMLs are there and none names the key; with no YAML at hand an experiment file may turn it on:
         # HigherHRNet's AUTO_RESUME)
 
+    def _config_keywords(self, key: str) -> list[ast.AST]:
+        """What a Python config file of the project gives `key` inside its dicts: `dict(seed=1111)`, `{'seed': 1}`."""
+        mods = [mm for mm in self.p.modules.values() if re.search(r"(^|/)configs?(/|_|\.)", mm.rel)]
+        return [k.value for mm in mods for c in mm.calls if callee(c) == "dict" for k in c.keywords if k.arg == key] + [
+            val for mm in mods for d in mm.nodes if isinstance(d, ast.Dict) for k, val in zip(d.keys, d.values,
+                                                                                           strict=True)
+            if k is not None and const_str(k) == key]
+
     def _config_default_off(self, t: ast.Attribute) -> bool:
         """`cfg.MODEL.SYNC_BN` where the project's config defaults set `_C.MODEL.SYNC_BN = False` (a yacs
         default.py, HigherHRNet), or `self.cfg.sync_bn` where a Python config file sets `sync_bn = False`
@@ -390,7 +398,11 @@ class DefaultOptions(YamlConfigs):
             return _one([self.default_value(m, x, depth - 1) for x in held]) if held and depth else UNKNOWN
         if isinstance(v, ast.Call) and callee(v) == "get" and isinstance(v.func, ast.Attribute) and \
                 len(v.args) == 2 and const_str(v.args[0]) and _configish(v.func.value):
-            # `self.cfg.get('HEAD_RESUME', '')` with `HEAD_RESUME: ""` in the task's YAML (TFace)
+            # `self.cfg.get('HEAD_RESUME', '')` with `HEAD_RESUME: ""` in the task's YAML (TFace), or a Python
+            # config's `common = dict(seed=1111, ...)` (vedastr's configs/cstr.py, read by `cfg.get('seed', None)`)
+            given = self._config_keywords(const_str(v.args[0]))
+            if given:
+                return _one([self.default_value(m, x, 0) for x in given])
             return self._yaml_default(const_str(v.args[0]), self.default_value(m, v.args[1], depth))
         if isinstance(v, ast.Attribute):
             made = [kw(a.value, v.attr) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)

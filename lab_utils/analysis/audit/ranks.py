@@ -21,7 +21,9 @@ from .syntax import (
     involves_rank,
     is_switch_value,
     kw,
+    leaves_block,
     negated,
+    others_may_leave,
 )
 from .taint import resolved_past_super
 
@@ -293,6 +295,10 @@ class Guards:
 
     def classify(self, m: Module, t: ast.AST, shallow: bool = False) -> str | None:
         """'rank0' (the true branch is rank 0 only), 'not0' (it excludes rank 0), 'leaky', or None."""
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Is, ast.Eq)) and isinstance(
+                t.comparators[0], ast.Constant) and isinstance(t.comparators[0].value, bool):  # (`... is True`:
+            inner = self.classify(m, t.left, shallow)  # Birder's `if is_global_primary(args) is True:`)
+            return inner if t.comparators[0].value else {"rank0": "not0", "not0": "rank0"}.get(inner)
         if isinstance(t, ast.IfExp) and const_value(t.body) is True and const_value(t.orelse) is False:
             return self.classify(m, t.test, shallow)  # `main_device = True if rank == 0 else False` (ADAPT)
         if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.IsNot, ast.Is)) and \
@@ -509,9 +515,9 @@ class Guards:
         """`if rank == 0: loss = stats[0] / world_size` `else: continue` (adaptive-span's reduced losses): past `s`
         only rank 0 goes on; so too when that if sits in the distributed switch (`if distributed: ...`), whose
         other arm is the run of one process."""
-        if not _others_may_leave(s):  # (the shape first: this is asked of every statement before a finding)
+        if not others_may_leave(s):  # (the shape first: this is asked of every statement before a finding)
             return False
-        if _exits(s.orelse) and not _exits(s.body) and self.classify(m, s.test) == "rank0":
+        if leaves_block(s.orelse) and not leaves_block(s.body) and self.classify(m, s.test) == "rank0":
             return True
         return not s.orelse and is_switch_test(s.test) and not self.classify(m, s.test) and any(
             self._only_rank0_goes_on(m, x) for x in s.body)
@@ -563,16 +569,6 @@ def _a_parameter(m: Module, t: ast.AST, name: str) -> bool:
     return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in {
         a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} and any(
         isinstance(a, ast.Assign) and any(dotted(x) == name for x in a.targets) for a in ast.walk(fn))
-
-
-def _exits(block: list) -> bool:
-    return bool(block) and isinstance(block[-1], (ast.Return, ast.Continue, ast.Break))
-
-
-def _others_may_leave(s: ast.AST) -> bool:
-    """The shape of _only_rank0_goes_on: an if whose else leaves, or an if without else around one."""
-    return isinstance(s, ast.If) and (_exits(s.orelse) and not _exits(s.body) or not s.orelse and any(
-        _others_may_leave(x) for x in s.body))
 
 
 def _used_between(m: Module, name: str, a: ast.AST, b: ast.AST) -> bool:

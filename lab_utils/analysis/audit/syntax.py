@@ -343,3 +343,14 @@ def negated(v: ast.AST) -> ast.AST | None:
             isinstance(v.ops[0], (ast.Is, ast.Eq)) and v.comparators[0].value is False):
         return v.left
     return None
+
+
+def leaves_block(block: list) -> bool:
+    """The block ends by leaving: a return, continue or break."""
+    return bool(block) and isinstance(block[-1], (ast.Return, ast.Continue, ast.Break))
+
+
+def others_may_leave(s: ast.AST) -> bool:
+    """The shape of ranks.Guards._only_rank0_goes_on: an if whose else leaves, or an if without else around one."""
+    return isinstance(s, ast.If) and (leaves_block(s.orelse) and not leaves_block(s.body) or not s.orelse and any(
+        others_may_leave(x) for x in s.body))

@@ -9,7 +9,7 @@ import ast
 
 from .project import Module
 from .switches import one_process_arm
-from .syntax import DDP_NAMES, callee, dotted
+from .syntax import DDP_NAMES, callee, const_str, dotted
 
 
 def is_ddp_call(m: Module, c: ast.Call) -> bool:
@@ -170,8 +170,20 @@ def _aliases(f, m: Module, names: dict[str, int]) -> dict[str, int]:
             if any(held(x) and names[dotted(x)] < a.lineno or held(x) and dotted(x).startswith("self.")
                    for x in arms) and not unwraps:
                 for t in a.targets:
-                    names.setdefault(dotted(t), a.lineno)
+                    if not _peeled(m, dotted(t)):
+                        names.setdefault(dotted(t), a.lineno)
     return names
+
+
+def _peeled(m: Module, name: str) -> bool:
+    """`model_without_ddp = model`, then `for attr in ("_orig_mod", "module"): if hasattr(model, attr):
+    model_without_ddp = getattr(model_without_ddp, attr)` (ParQ): the copy is unwrapped where it is used."""
+    loops = {x.target.id for x in m.nodes if isinstance(x, ast.For) and isinstance(x.target, ast.Name) and isinstance(
+        x.iter, (ast.Tuple, ast.List)) and any(const_str(e) == "module" for e in x.iter.elts)}
+    return any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and isinstance(
+        a.value, ast.Call) and callee(a.value) == "getattr" and len(a.value.args) >= 2 and dotted(
+            a.value.args[0]) == name and (const_str(a.value.args[1]) == "module" or isinstance(
+                a.value.args[1], ast.Name) and a.value.args[1].id in loops) for a in m.nodes)
 
 
 def single_run_wrapped(m: Module, line: int) -> bool:
@@ -188,3 +200,30 @@ def single_run_wrapped(m: Module, line: int) -> bool:
             return any(isinstance(x, ast.Call) and callee(x) == "DataParallel" for s in other for x in ast.walk(s))
         child, n = n, m.parent.get(id(n))
     return True
+
+
+def single_run_data_parallel(p, m: Module, line: int) -> bool:
+    """The single run wraps the model in DataParallel: the plain other arm of the switch around the wrap at `line`,
+    or of the project helper that wraps it (NVIDIA semantic-segmentation's wrap_network_in_dataparallel: apex DDP,
+    else `torch.nn.DataParallel(net)`). Its checkpoints carry the same `module.` keys, whoever loads them. Not an
+    `elif args.gpu is None:` arm (AdaBins): a run of all GPUs in one process, while the single run has its GPU."""
+    a = next((x for x in m.nodes if isinstance(x, ast.Assign) and x.lineno == line), None)
+    if a is None or one_process_arm(m, a):
+        return False
+    helpers = [tf for tm, tf in p.resolve(m, a.value)] if isinstance(a.value, ast.Call) else []
+    if any(isinstance(n, ast.If) and _plain_data_parallel(n.orelse) and any(
+            isinstance(x, ast.Call) and callee(x) in DDP_NAMES for b in n.body for x in ast.walk(b))
+            for tf in helpers for n in ast.walk(tf)):
+        return True
+    child, n = a, m.parent.get(id(a))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If):
+            return _plain_data_parallel(n.orelse if any(child is s for s in n.body) else n.body)
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+def _plain_data_parallel(arm: list) -> bool:
+    """The arm itself wraps in DataParallel, not under a test of its own."""
+    return any(isinstance(s, (ast.Assign, ast.Expr)) and isinstance(s.value, ast.Call) and callee(
+        s.value) == "DataParallel" for s in arm)

@@ -16,8 +16,8 @@ from ..consoles import (
 )
 from ..facts import Facts
 from ..gathers import global_model_losses
+from ..loss_places import handed_from, meter_feeds, rank0_guard, updates_of, value_lines
 from ..losses import (
-    assigned_roots,
     backwarded,
     every_loss_over_gathered_labels,
     handed_global,
@@ -32,13 +32,14 @@ from ..losses import (
     packed_losses,
     returned_reduced,
     still_fed,
+    walked_from,
     whole_set_meters,
 )
 from ..meters import reducing_meters
 from ..project import Module
 from ..rank0_values import of_the_weights_alone, own_walk, rank0_own
 from ..registry import Hit, rule
-from ..returned_losses import built_from, reads_a_loss, returned_losses, texts_of_losses
+from ..returned_losses import built_from, returned_losses, texts_of_losses
 from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, rank_reducing_name, root
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
@@ -208,6 +209,12 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
         synced = {r for line, r in sc["reduce_calls"] if line < c.lineno}  # synced before
+        # ... and what is read off it after (`running_val_loss.synchronize_between_processes(device)`, then
+        # `epoch_val_loss = running_val_loss.global_avg`: Birder)
+        synced |= {dotted(t) for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(
+            isinstance(x, ast.Attribute) and any(r == dotted(x.value) and r not in m.imports and line < a.lineno
+                                                 for line, r in sc["reduce_calls"])  # (an object, not torch.*)
+            for x in ast.walk(a.value)) for t in a.targets if dotted(t)} - {""}
         # ... with what is read off it (`meters.sync()`, then `meters.avg_loss`: gtn_applications)
         lossy -= synced | {n.attr for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)
                            and root(n) in synced - {""}}
@@ -236,6 +243,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             if now == red:
                 break
             red = now
+        red |= walked_from(scope, red)  # (`{k: v for k, v in track_losses.items()}` after track_losses is synced)
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
         kind = f.g.effective(m, c) or (f.g.effective(m, forwarded) if forwarded is not None else None)
@@ -511,90 +519,9 @@ def _rank0_local_loss_logs(f: Facts, m: Module):
         at = f"{callee(c)}() (line {c.lineno}) prints what this line feeds it: " if fed is not None else ""
         yield Hit(fed or c, f"{at}rank 0 logs {', '.join(sorted(lossy))} {how}which no reduction averaged: its own "
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
-                  related=((m, c), *meter_print_calls(f, m, c)[:2]) + _value_lines(m, fed, {
+                  related=((m, c), *meter_print_calls(f, m, c)[:2]) + value_lines(m, fed, {
                       dotted(n) for n in ast.walk(fed) if LOSSISH.search(dotted(n))}) if fed is not None else
-                  _value_lines(m, c, lossy) + _meter_feeds(f, c) + _updates_of(m, c, lossy) + _handed_from(
-                      f, m, c, lossy)), \
+                  value_lines(m, c, lossy) + meter_feeds(f, c) + updates_of(m, c, lossy) + handed_from(
+                      f, m, c, lossy) + rank0_guard(f, m, c)), \
             m.enclosing(c), frozenset(lossy), where  # (fed: the call that prints it, as the message says, and the
         # meter's own print lines, where it shows the loss)
-
-
-def _handed_from(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> tuple:
-    """When the logged loss is a parameter of the logging helper (PixelRec's `_add_train_loss_to_tensorboard(self,
-    epoch_idx, losses)`), the callers' calls and the lines that bind what they hand in (`train_loss =
-    self._train_epoch(...)`): where the unreduced loss comes from, as related places."""
-    fn = m.enclosing(c)
-    params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")] if isinstance(
-        fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
-    if not lossy & set(params):
-        return ()
-    out = []
-    for cm, call in f.p.callers(m, fn)[:2]:
-        out.append((cm, call))
-        given = {root(a) for a in call.args} | {root(k.value) for k in call.keywords}
-        scope = cm.enclosing(call) or cm.tree
-        out += [(cm, a) for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < call.lineno
-                and assigned_roots(a) & given][:1]
-    return tuple(out)
-
-
-def _meter_feeds(f: Facts, c: ast.Call) -> tuple:
-    """`self.train_progress.display(i)`: the `self.train_progress.update(meters)` calls that feed the meter its
-    loss, in any project class (OpenUnReID's SpCL runner overrides train_step, where it feeds the loss), as
-    related places: where the unreduced loss goes in."""
-    if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Attribute)):
-        return ()
-    held = dotted(c.func.value)
-    feeds = [(mm, u) for mm in f.p.modules.values() for u in mm.calls if isinstance(u.func, ast.Attribute)
-             and u.func.attr == "update" and dotted(u.func.value) == held and u.args
-             and isinstance(u.args[0], ast.Name)]
-    return tuple(sorted(feeds, key=lambda x: not x[0].entry)[:3])  # the script's own subclass first
-
-
-def _updates_of(m: Module, c: ast.Call, lossy) -> tuple:
-    """`loss_meter.update(update_loss.item(), bsz)` earlier in the function that prints `loss_meter` (Re-IQA's
-    contrast trainer): where this rank's own loss goes into the meter, as a related place."""
-    ups = [u for u in ast.walk(m.enclosing(c) or m.tree) if isinstance(u, ast.Call) and isinstance(
-        u.func, ast.Attribute) and u.func.attr == "update" and dotted(u.func.value) in lossy and u.lineno < c.lineno]
-    return ((m, min(ups, key=lambda u: u.lineno)),) if ups else ()
-
-
-def _value_lines(m: Module, c: ast.Call, lossy) -> tuple:
-    """A log call over several lines (`print(f"Epoch {epoch}, "\n f"Train MAE: {train_mae:.4f}")`): the line
-    that holds the loss value, as the finding's related place."""
-    names = {n.lineno: n for n in ast.walk(c) if isinstance(n, (ast.Name, ast.Attribute))
-             and (dotted(n) in lossy or dotted(n).split(".")[-1] in lossy) and n.lineno != c.lineno}
-    scope = m.enclosing(c) or m.tree
-    # ... and where the logged value was taken from the loss (llama2.c: `lossf = loss.item() *
-    # gradient_accumulation_steps` before the print): the line that makes it this rank's own
-    took = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and a.lineno not in names
-            and any(isinstance(t, ast.Name) and t.id in lossy for t in a.targets)
-            and any(isinstance(x, ast.Call) and callee(x) == "item" for x in ast.walk(a.value))]
-    taken = ((m, max(took, key=lambda a: a.lineno)),) if took else ()
-    if names:
-        return tuple((m, names[line]) for line in sorted(names)[:1]) + taken
-    if taken:
-        return taken
-    # a text that carries the loss (`desc_str += f' | Loss {loss_meter.val:4f}'`, then pbar.set_description(
-    # desc_str), VL-T5): the line that put the loss into it
-    scope = m.enclosing(c) or m.tree
-    built = [a for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.lineno < c.lineno
-             and any(dotted(t) in lossy for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
-             and (isinstance(a, ast.AugAssign) or reads_a_loss(a.value))]  # (+=: AOT-GAN adds each loss)
-    if built:
-        reads_loss = [a for a in built if reads_a_loss(a.value)]  # (not the `+= f" [lr] ..."` after it)
-        text = max(reads_loss or built, key=lambda a: a.lineno)
-        # ... and the line that took the loss it reads off the tensor (landmark-attention's `train_loss =
-        # loss.detach().cpu().item()`, then `print_string = f"... loss={train_loss:.3f} ..."`)
-        read = {x.id for x in ast.walk(text.value) if isinstance(x, ast.Name) and LOSSISH.search(x.id)}
-        took = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < text.lineno and any(
-            isinstance(t, ast.Name) and t.id in read for t in a.targets) and any(
-            isinstance(x, ast.Call) and callee(x) == "item" for x in ast.walk(a.value))]
-        return ((m, text),) + (((m, max(took, key=lambda a: a.lineno)),) if took else ())
-    # ... or a record filled key by key (NVIDIA's TinyBERT: `result['loss'] = mean_loss`, then each key logged):
-    # the first key that takes a loss
-    filled = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(
-        isinstance(t, ast.Subscript) and root(t) in lossy for t in a.targets) and any(
-        isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "")
-        for x in ast.walk(a.value))]
-    return ((m, min(filled, key=lambda a: a.lineno)),) if filled else ()

@@ -11,7 +11,7 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..switches import LAUNCH_KEYS, is_switch_test, one_process_arm
 from ..syntax import callee, const_str, dotted, involves_rank, kw, mentions_ddp
-from ..wrappers import single_run_wrapped
+from ..wrappers import single_run_data_parallel, single_run_wrapped
 
 
 def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> ast.Call | None:
@@ -157,8 +157,8 @@ def save_without_module(f: Facts, m: Module):
                           f"{owner}.module"), related=((hm, inner), *(
                               (m, k.value) for k in c.keywords if k.arg and dotted(k.value) == owner)))
             load = _loaded_into_wrapped(m, owner, wrapped[owner])
-            if (load is None or not _exports_plain_weights(m, owner)) and not (
-                    load is not None and single_run_wrapped(m, wrapped[owner])):
+            if (load is None or not _exports_plain_weights(m, owner)) and not (load is not None and single_run_wrapped(
+                    m, wrapped[owner])) and not single_run_data_parallel(f.p, m, wrapped[owner]):
                 yield _round_trip(m, hit, load)
 
 
@@ -180,7 +180,8 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
             load = _loaded_into_wrapped(m, owner, wrapped[owner])
             load = load if load is not None and ((m.rel, owner) not in f.inherited or _subclass_loads(f, m, owner)) \
                 else None
-            if load is not None and (_exports_plain_weights(m, owner) or single_run_wrapped(m, wrapped[owner])):
+            if load is not None and (_exports_plain_weights(m, owner) or single_run_wrapped(m, wrapped[owner])) or \
+                    single_run_data_parallel(f.p, m, wrapped[owner]):
                 continue  # (or the single run wraps it too: the same keys go out and come back)
             yield c, owner, (f"{owner}.state_dict() where {owner} holds the DDP wrapper ({f.wrap_site(m, owner)}): "
                              "every key gets a 'module.' prefix and the checkpoint does not load into the plain model "
@@ -448,8 +449,7 @@ def _crash_dump(m: Module, c: ast.Call) -> bool:
     handler = m.enclosing(c, (ast.ExceptHandler, ast.FunctionDef, ast.AsyncFunctionDef))
     if isinstance(handler, ast.ExceptHandler) and any(isinstance(s, ast.Raise) for s in handler.body):
         return True
-    # ... or a debugging dump that stops in the debugger (`torch.save(data_dict, 'data.pth'); ipdb.set_trace()`,
-    # GeoTransformer's invalid-gradient check)
+    # ... or a debugging dump that stops in the debugger (GeoTransformer's `torch.save(...); ipdb.set_trace()`)
     stmt = m.parent.get(id(c))
     block = getattr(m.parent.get(id(stmt)), "body", None)
     if not isinstance(block, list) or not any(s is stmt for s in block):
