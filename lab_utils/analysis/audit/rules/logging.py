@@ -244,6 +244,9 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
                 break
             red = now
         red |= walked_from(scope, red)  # (`{k: v for k, v in track_losses.items()}` after track_losses is synced)
+        if isinstance(c.func, ast.Attribute) and c.func.attr in ("update", "append") and lossy - {root(c.func.value)}:
+            lossy = lossy - {root(c.func.value)}  # a meter fed here holds what it is fed (open_lm's losses_m fed the
+            # all-reduced global_loss_tensor): the values fed decide, not what the fresh meter held before
         if all(n in red or any(r and (n.startswith(r) or r.endswith("." + n)) for r in red) for n in lossy):
             continue
         kind = f.g.effective(m, c) or (f.g.effective(m, forwarded) if forwarded is not None else None)

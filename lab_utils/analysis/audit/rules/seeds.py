@@ -1,5 +1,4 @@
-"""Chapter 02 (seeds): no seed, a seed the spawned workers never see, rank 0 seeded unlike the single run, an extra
-iterator that draws from the global RNG."""
+"""Chapter 02 (seeds): no seed, a seed spawned workers never see, rank 0 seeded unlike the single run, a peek iter()."""
 
 from __future__ import annotations
 
@@ -100,8 +99,9 @@ def no_seed(f: Facts, m: Module):
         # (the seeding helper's own call rather than `main(args)` around it)
         wraps = wraps[:1] + _built_at(f, wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1] \
             + list(f.p.script_calls(*wraps[0])[:1] if wraps else [])  # (LIA's `trainer = Trainer(args, ...)`)
-        if not gated and not failed:  # the seeds it does set, which leave torch's CPU RNG alone (GNS's cuda seed)
-            wraps += [(mm, c) for mm, c in entry[0] if f.seed_kind(mm, c) in ("cuda", "other")][:1]
+        if not gated and not failed:  # the seeds it does set, which leave torch's CPU RNG alone (GNS's cuda seed),
+            wraps += [(mm, c) for mm, c in entry[0] if f.seed_kind(mm, c) in ("cuda", "other")][:1]  # and the spawn
+        wraps += [(mm, c) for mm, c in entry[0] if callee(c) == "spawn" and mm is m][:1]  # (ODTK builds the model)
         yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
