@@ -6,6 +6,7 @@ from test_audit_classes135 import SEEDED
 from test_audit_classes189 import _found, _line
 
 HEAD = "import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+SEED_ONLY = HEAD + "torch.manual_seed(0)\n"
 STEP = "    loss = model(torch.ones(2)).sum()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
 SET_UP = ("dist.init_process_group('gloo')\nrank = dist.get_rank()\nmodel = DDP(torch.nn.Linear(2, 2))\n"
           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
@@ -40,8 +41,16 @@ def test_a_one_process_script_beside_the_ddp_ones_has_no_rank_findings(tmp_path)
     alone = ("import torch\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(2, 2)\n"
              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor step in range(3):\n" + STEP +
              "    print('loss', loss.item())\n")
-    hits = _rules(_project(tmp_path, {"pretrain.py": ddp, "finetune.py": alone}), "every-rank-prints-loss")
+    hits = _rules(_project(tmp_path / "two", {"pretrain.py": ddp, "finetune.py": alone}), "every-rank-prints-loss")
     assert [h.path.rsplit("/", 1)[-1] for h in hits] == ["pretrain.py"]
+    # a module the DDP script imports is part of its run, whatever its own main block does (SFA3D's
+    # kitti_dataloader.py, with a demo under `if __name__ == '__main__':`)
+    lib = ("import torch\ndef train_epoch(model, opt):\n    for step in range(3):\n" + "".join(
+        "    " + x + "\n" for x in STEP.splitlines()) + "        print('loss', loss.item())\n"
+        "if __name__ == '__main__':\n    import argparse\n    print(argparse.ArgumentParser().parse_args())\n")
+    uses = SEED_ONLY + "from lib import train_epoch\n" + SET_UP + "train_epoch(model, opt)\n"
+    hits = _rules(_project(tmp_path / "lib", {"train.py": uses, "lib.py": lib}), "every-rank-prints-loss")
+    assert [h.path.rsplit("/", 1)[-1] for h in hits] == ["lib.py"]
 
 
 def test_a_rank_handed_to_a_logger_does_not_make_every_parameter_a_rank(tmp_path):

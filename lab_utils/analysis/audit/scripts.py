@@ -341,10 +341,13 @@ def script_value(f: Facts, attr: str) -> str | None:
 def undistributed_script(p, m: Module) -> bool:
     """An entry script that neither it nor anything it imports from the project distributes: no process group, no
     DDP or FSDP, no rank read, no torch.distributed call (3D-EMGP's finetune_qm9.py beside its DDP pretraining
-    scripts). It runs as one process, so no finding about ranks belongs to it."""
+    scripts), and that no other module imports. It runs as one process, so no finding about ranks belongs to it."""
     if not m.entry:
         return False
     kept = p.__dict__.setdefault("_undistributed", {})
+    if m.rel not in kept and any(m.rel in p.imports_of(o) for o in p.modules.values() if o is not m):
+        kept[m.rel] = False  # a module others import (SFA3D's kitti_dataloader.py, with a demo under its main
+        # guard): its functions run in their run, whatever its own main block does
     if m.rel not in kept:
         mods = [m, *(p.modules[r] for r in p.imports_of(m) if r in p.modules)]
         mods += [tm for c in m.calls for tm, _ in p.resolve(m, c)]  # (`import pfns.train`, `pfns.train.train()`)

@@ -16,6 +16,7 @@ from ..consoles import (
 )
 from ..facts import Facts
 from ..gathers import global_model_losses
+from ..hierarchy import replaced_where_built
 from ..loss_places import handed_from, meter_feeds, rank0_guard, updates_of, value_lines
 from ..losses import (
     backwarded,
@@ -233,7 +234,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)
                              and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))) or \
-                _reports_an_abort(m, c) or f.off_by_default(m, c) or f.p.overridden(m, scope):
+                _reports_an_abort(m, c) or f.off_by_default(m, c) or replaced_where_built(f.p, m, scope):
             continue  # (an option unset unless given, DLRM's print of a loaded model's loss; a base's replaced step)
         outer = outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
         red = f.reduced_names(m, scope) | (f.reduced_names(m, outer) if outer not in (None, scope) else set())
