@@ -35,7 +35,7 @@ def world_holding(f: Facts, m: Module) -> set[str]:
     shrunk = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
               and isinstance(a.value.op, (ast.Div, ast.FloorDiv)) and involves(a.value.right, WORLDISH)
               for t in a.targets}
-    out: set[str] = set(_shared_counts(f))
+    out: set[str] = set(_shared_counts(f)) | {dotted(c.func) for c in m.calls if callee(c) in _count_helpers(f)}
     for _ in range(3):
         for a in m.nodes:
             count = isinstance(a, ast.Assign) and a_count(a.value, out)
@@ -45,6 +45,17 @@ def world_holding(f: Facts, m: Module) -> set[str]:
                     grows(a.value, out) and off_the_default_path(f, m, a)):
                 out |= {dotted(t) for t in a.targets} - {""}
     return out
+
+
+def _count_helpers(f: Facts) -> set[str]:
+    """Project functions that return the GPU count, whatever they are called (EfficientViT's `def get_dist_size():
+    return int(os.environ["WORLD_SIZE"])`): a call of one is the count."""
+    if "count_helpers" not in f.cache:
+        f.cache["count_helpers"] = {fn.name for mm in f.p.modules.values() for fn in mm.functions.values()
+                                    if isinstance(fn, ast.FunctionDef) and (rets := [
+                                        r.value for r in ast.walk(fn) if isinstance(r, ast.Return)]) and all(
+                                        r is not None and a_count(r, set()) for r in rets)}
+    return f.cache["count_helpers"]
 
 
 def _shared_counts(f: Facts) -> set[str]:

@@ -208,7 +208,7 @@ def seed_before_spawn(f: Facts, m: Module):
             f.seed_kind(mm, c) in ("torch", "other") and failed_by_default(f, mm, c) for mm, c in entry[0]):
         return  # no seed at all is no-seed's finding
     for c in m.calls:
-        fn = c.args[0] if callee(c) in SPAWNS and c.args else _spawned_through(f, m, c)
+        fn = (c.args[0] if c.args else kw(c, "fn")) if callee(c) in SPAWNS else _spawned_through(f, m, c)
         if fn is None:
             continue
         target = f.p.resolve(m, ast.Call(func=fn, args=[], keywords=[]))
