@@ -12,6 +12,7 @@ from .facts import Facts
 from .files import project_files
 from .project import Module
 from .syntax import callee, const_str, dotted, kw, root
+from .torchvision_names import NO_BN_ARCH, arch_default, vision_get_model, vision_lib
 
 
 def is_batchnorm(m: Module, c: ast.Call) -> bool:
@@ -135,7 +136,7 @@ def _torchvision_bn_model(m: Module, c: ast.Call) -> bool:
         name = imp[1] if imp and imp[1] else ""
         lib = imp is not None and imp[0].startswith("torchvision.models") and "detection" not in imp[0]  # (Frozen)
     else:
-        name, lib = (c.func.attr, _vision_lib(m, c.func.value)) if isinstance(c.func, ast.Attribute) else ("", False)
+        name, lib = (c.func.attr, vision_lib(m, c.func.value)) if isinstance(c.func, ast.Attribute) else ("", False)
     return lib and name[:1].islower() and not NO_BN_ARCH.match(name) and not name.startswith("get_") and not (
         kw(c, "norm_layer") is not None and not PLAIN_BN.search(dotted(kw(c, "norm_layer"))))  # (MeMOTR's Frozen)
 
@@ -208,37 +209,6 @@ def _built_from(m: Module, w: ast.Call, name: str) -> list[ast.Call]:
     return sorted(out, key=lambda c: -c.lineno)
 
 
-# torchvision's classification families: BatchNorm in resnet/resnext/wide_resnet/densenet/mobilenet/efficientnet/
-# regnet/shufflenet/mnasnet/googlenet/inception/vgg*_bn/maxvit; none in alexnet, plain vgg, squeezenet, vit, swin,
-# convnext (LayerNorm)
-NO_BN_ARCH = re.compile(r"^(alexnet|vgg\d*|squeezenet.*|vit_.*|swin_.*|convnext.*|deit.*|beit.*|mlp_mixer.*|"
-                        r"visiontransformer|swintransformer)$", re.I)
-
-
-
-def _arch_default(f: Facts, dest: str) -> str | None:
-    """The argparse default of --dest (`default='resnet50'`), when a constant."""
-    for mm in f.p.modules.values():
-        for c in mm.calls:
-            if callee(c) == "add_argument" and any(const_str(a) in (f"--{dest}", f"--{dest.replace('_', '-')}")
-                                                   for a in c.args):
-                return const_str(kw(c, "default"))
-    return None
-
-
-def _vision_lib(m: Module, n: ast.AST) -> bool:
-    """`n` names torchvision.models (`import torchvision.models as models`, `from torchvision import models`,
-    `torchvision.models`)."""
-    d = dotted(n)
-    head = d.split(".")[0]
-    imp = m.imports.get(head)
-    if imp is None:
-        return False
-    full = ".".join(x for x in (imp[0], imp[1]) if x) if imp[1] else imp[0]
-    full = ".".join([full] + d.split(".")[1:])
-    return full == "torchvision.models"
-
-
 PLAIN_BN = re.compile(r"(?<!Frozen)(?<!Sync)BatchNorm")
 
 
@@ -256,10 +226,12 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
         lib, arch = fn.args
     elif isinstance(fn, ast.Attribute):
         lib, arch = fn.value, ast.Constant(fn.attr)
-    if lib is not None and _vision_lib(m, lib):
+    if vision_get_model(m, fn):  # torchvision.models.get_model(args.arch): the family is its first argument
+        lib, arch = "torchvision.models", (c.args[0] if c.args else kw(c, "name"))
+    if lib is not None and (lib == "torchvision.models" or vision_lib(m, lib)):
         name = const_str(arch)
         if name is None and isinstance(arch, ast.Attribute):
-            name = _arch_default(f, arch.attr)
+            name = arch_default(f, arch.attr)
         if name is None or not NO_BN_ARCH.match(name):
             return m, c
         return None
@@ -311,7 +283,7 @@ def _named_from_a_table(f: Facts, m: Module, c: ast.Call):
                    and isinstance(a.value, ast.Subscript) and any(dotted(t) == fn.id for t in a.targets)), fn)
     if isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Name):
         found = _dict_registry_batchnorm(f, m, fn.value.id)
-        if found is None and isinstance(fn.slice, ast.Attribute) and (name := _arch_default(f, fn.slice.attr)):
+        if found is None and isinstance(fn.slice, ast.Attribute) and (name := arch_default(f, fn.slice.attr)):
             # `__models__[args.model](maxdisp)` from a table these files lack, --model defaulting to 'PSMNet', a
             # class the project defines (ADL-Stereo): the default run builds that class
             found = next((bn for mm in f.p.modules.values() if name in mm.classes
@@ -592,7 +564,7 @@ def arm_off_by_default(f: Facts, m: Module, node: ast.AST) -> bool:
         t = n.test if isinstance(n, ast.If) else None
         if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)) and \
                 isinstance(t.left, ast.Attribute) and const_str(t.comparators[0]) is not None:
-            d = _arch_default(f, t.left.attr)
+            d = arch_default(f, t.left.attr)
             if d is not None and ((d == const_str(t.comparators[0])) == isinstance(t.ops[0], ast.Eq)) != any(
                     child is b for b in n.body):
                 return True

@@ -1,0 +1,48 @@
+"""Models torchvision makes by name, for chapter 07's BatchNorm rule (batchnorm_models.py): which names mean
+torchvision.models, its factory by name (`get_model(args.arch)`), and the families without BatchNorm."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .facts import Facts
+from .project import Module
+from .syntax import callee, const_str, dotted, kw
+
+# torchvision's classification families: BatchNorm in resnet/resnext/wide_resnet/densenet/mobilenet/efficientnet/
+# regnet/shufflenet/mnasnet/googlenet/inception/vgg*_bn/maxvit; none in alexnet, plain vgg, squeezenet, vit, swin,
+# convnext (LayerNorm)
+NO_BN_ARCH = re.compile(r"^(alexnet|vgg\d*|squeezenet.*|vit_.*|swin_.*|convnext.*|deit.*|beit.*|mlp_mixer.*|"
+                        r"visiontransformer|swintransformer)$", re.I)
+
+
+def arch_default(f: Facts, dest: str) -> str | None:
+    """The argparse default of --dest (`default='resnet50'`), when a constant."""
+    for mm in f.p.modules.values():
+        for c in mm.calls:
+            if callee(c) == "add_argument" and any(const_str(a) in (f"--{dest}", f"--{dest.replace('_', '-')}")
+                                                   for a in c.args):
+                return const_str(kw(c, "default"))
+    return None
+
+
+def vision_lib(m: Module, n: ast.AST) -> bool:
+    """`n` names torchvision.models (`import torchvision.models as models`, `from torchvision import models`,
+    `torchvision.models`)."""
+    d = dotted(n)
+    head = d.split(".")[0]
+    imp = m.imports.get(head)
+    if imp is None:
+        return False
+    full = ".".join(x for x in (imp[0], imp[1]) if x) if imp[1] else imp[0]
+    full = ".".join([full] + d.split(".")[1:])
+    return full == "torchvision.models"
+
+
+def vision_get_model(m: Module, fn: ast.AST) -> bool:
+    """`fn` is torchvision's factory by name (`from torchvision.models import get_model`, `models.get_model`)."""
+    if isinstance(fn, ast.Attribute):
+        return fn.attr == "get_model" and vision_lib(m, fn.value)
+    imp = m.imports.get(fn.id) if isinstance(fn, ast.Name) else None
+    return imp is not None and imp[0] == "torchvision.models" and imp[1] == "get_model"
