@@ -10,9 +10,9 @@ import re
 
 from .facts import Facts
 from .files import project_files
+from .model_names import NO_BN_ARCH, arch_default, unseen_package_bn_model, vision_get_model, vision_lib
 from .project import Module
 from .syntax import callee, const_str, dotted, kw, root
-from .torchvision_names import NO_BN_ARCH, arch_default, vision_get_model, vision_lib
 
 
 def is_batchnorm(m: Module, c: ast.Call) -> bool:
@@ -60,7 +60,28 @@ def _class_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
     keys = set()
     for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
         keys |= f.p.reach(cm, meth)
-    return _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _globals_batchnorm(f, cm, cdef)
+    return _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _globals_batchnorm(f, cm, cdef) or \
+        _handed_builder_batchnorm(f, cm, cdef)
+
+
+def _handed_builder_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
+    """A class that builds its networks with a builder it is handed (MoCo's `self.encoder_q =
+    base_encoder(num_classes=dim)`), where a caller hands a torchvision factory of a BatchNorm family
+    (`AdCo(models.__dict__[args.arch], ...)` with --arch resnet50) or a project builder that reaches BatchNorm."""
+    init = cm.functions.get(f"{cdef.name}.__init__")
+    if init is None:
+        return None
+    params = [a.arg for a in init.args.args][1:]
+    called = {i for i, p in enumerate(params) if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                                                     and c.func.id == p for c in ast.walk(init))}
+    for sm, site in f.p.callers(cm, init):
+        for i in called:
+            given = site.args[i] if i < len(site.args) else kw(site, params[i])
+            if isinstance(given, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
+                bn = _factory_batchnorm(f, sm, ast.Call(func=given, args=[], keywords=[]))
+                if bn is not None:
+                    return bn if hasattr(bn[1], "lineno") else (sm, site)  # (a torchvision name: the site)
+    return None
 
 
 def _globals_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
@@ -235,11 +256,14 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
         if name is None or not NO_BN_ARCH.match(name):
             return m, c
         return None
+    if unseen_package_bn_model(f, m, c):
+        return m, c
     for tm, tf in f.p.resolve(m, c):
         if tm.class_of(tf) is None:  # a project factory function (classes were looked at already)
             keys = f.p.reach(tm, tf)
             bn = _bn_in(f, keys) or next((x for x in (
                 _registered_batchnorm(f, callee(rc)) or _named_from_a_table(f, rm, rc)
+                or (unseen_package_bn_model(f, rm, rc) and (rm, rc))
                 for rm, rc in f.p.calls_in(keys) if not f.p.resolve(rm, rc)) if x), None)
             if bn is not None:
                 return bn

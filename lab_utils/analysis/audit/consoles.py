@@ -16,7 +16,39 @@ from .syntax import LOG_CALLS, callee, const_str, dotted, involves_rank, kw
 def rank0_loggers(f: Facts, m: Module) -> set[str]:
     """Loggers whose console output only rank 0 has, whatever their names: `logger = create_logger(out,
     dist_rank=dist.get_rank())` where the project helper adds its StreamHandler (or basicConfig) under a rank-0
-    guard. Every rank calls logger.info(...), but what the user reads is rank 0's."""
+    guard. Every rank calls logger.info(...), but what the user reads is rank 0's. Also a class's `self.logger`
+    kept from its constructor's `logger` parameter where every logger the project makes is such a one (OpenStereo's
+    TrainerTemplate, built by a registry these files lack from the script's create_logger(..., rank=local_rank))."""
+    cache = f.cache.setdefault("kept_rank0_loggers", {})
+    if m.rel not in cache:
+        cache[m.rel] = _made_rank0_loggers(f, m) | _kept_rank0_loggers(f, m)
+    return cache[m.rel]
+
+
+LOGGER_MAKER = re.compile(r"^(get|create|setup|set_up|build|init|make)_?logger$|^getLogger$", re.I)
+
+
+def _kept_rank0_loggers(f: Facts, m: Module) -> set[str]:
+    kept = {f"self.{t.attr}" for fn in m.functions.values() if fn.name == "__init__" for a in ast.walk(fn)
+            if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and re.search(r"logger", a.value.id)
+            and a.value.id in [x.arg for x in fn.args.args] for t in a.targets
+            if isinstance(t, ast.Attribute) and dotted(t.value) == "self"}
+    if not kept:
+        return set()
+    made = [(mm, a) for mm in f.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) and isinstance(
+        a.value, ast.Call) and LOGGER_MAKER.search(callee(a.value)) and not _returned_there(mm, a)]
+    return kept if made and all({dotted(t) for t in a.targets} & _made_rank0_loggers(f, mm) for mm, a in made) \
+        else set()
+
+
+def _returned_there(m: Module, a: ast.Assign) -> bool:
+    """The assignment is a logger helper's own (`logger = logging.getLogger(__name__) ... return logger`)."""
+    fn = m.enclosing(a)
+    return fn is not None and any(isinstance(r, ast.Return) and r.value is not None and dotted(r.value) in {
+        dotted(t) for t in a.targets} for r in ast.walk(fn))
+
+
+def _made_rank0_loggers(f: Facts, m: Module) -> set[str]:
     cache = f.cache.setdefault("rank0_loggers", {})
     if m.rel not in cache:
         out = set()
@@ -71,6 +103,13 @@ def _consoles_on_rank0(f: Facts, m: Module, c: ast.Call) -> bool:
         consoles = [x for x in ast.walk(tf) if isinstance(x, ast.Call)
                     and callee(x) in ("StreamHandler", "basicConfig") and not _to_a_file(x)]
         if consoles and all(f.g.effective(tm, x) == "rank0" for x in consoles):
+            return True
+        # ... or a level picked by rank (OpenStereo's create_logger: `logger.setLevel(log_level if rank == 0 else
+        # 'ERROR')`, the console's too): the INFO lines show on rank 0 alone
+        if consoles and any(callee(x) == "setLevel" and x.args and isinstance(e := x.args[0], ast.IfExp) and (
+                f.g.classify(tm, e.test) == "rank0" and _quiet(e.orelse) or
+                f.g.classify(tm, e.test) == "not0" and _quiet(e.body))
+                            for x in ast.walk(tf) if isinstance(x, ast.Call)):
             return True
     return False
 

@@ -132,6 +132,8 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
         return True  # the gathered ids deduplicated (DETR's coco_eval merge: `np.unique(ids, return_index=True)`)
     assign = m.parent.get(id(c))
     names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
+    if callee(c) == "all_gather" and c.args:
+        names.add(dotted(c.args[0]))  # `dist.all_gather(gathered_indexes, indexes)`: the list it fills
     for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
         over = {dotted(x) for x in ast.walk(loop.iter)}
         if not (names & over or any(x is c for x in ast.walk(loop.iter))):
@@ -140,6 +142,9 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
         if any(isinstance(a, ast.Call) and callee(a) == "update" and isinstance(a.func, ast.Attribute) and a.args
                and dotted(a.args[0]) in each for a in ast.walk(loop)):
             return True  # `for p in all_predictions: predictions.update(p)`, dicts keyed by image index (SSD)
+        if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Name)
+                                                 and t.slice.id in each for t in a.targets) for a in ast.walk(loop)):
+            return True  # `for key, value in zip(gathered ids, gathered values): unique[key] = value` (OpenStereo)
         if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) or
                isinstance(a, ast.Call) and callee(a) == "update" for inner in ast.walk(loop)
                if isinstance(inner, ast.For) and inner is not loop and isinstance(inner.iter, ast.Call)

@@ -15,7 +15,7 @@ from .options import DefaultOptions
 from .project import Module, Project
 from .ranks import Guards
 from .stdout_sinks import rank0_writer
-from .switches import dead_branch, is_switch_test, switched
+from .switches import dead_branch, refuses_one_process, switched
 from .syntax import (
     COLLECTIVES,
     CUDA_SEEDS,
@@ -165,13 +165,15 @@ class Facts(DefaultOptions):
                 if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and a.value is not None:
                     targets = a.targets if isinstance(a, ast.Assign) else [a.target]
                     value = a.value
-                elif isinstance(a, ast.For) and root(a.iter) in red and any(
+                elif isinstance(a, ast.For) and root(a.iter) in red and not (
+                        isinstance(a.iter, ast.Call) and callee(a.iter) == "keys") and any(
                         isinstance(b, ast.Assign) and b.lineno < a.lineno and any(
                             isinstance(t, ast.Name) and t.id == root(a.iter) for t in b.targets)
                         and isinstance(b.value, ast.Call) and rank_reducing_name(b.value) for b in nodes):
                     # `for name, item in loss_dict_reduced.items():` (SSD): the items of a record a reduction
                     # returned whole before the loop (not RADTTS's loss_outputs, whose items are replaced one by one
-                    # in the loop, nor P5's results, reduced only after it)
+                    # in the loop, nor P5's results, reduced only after it; its keys are no values: FreeYOLO logs
+                    # `loss_dict[k]` for k in loss_dict_reduced.keys())
                     targets, value = [a.target], a.iter
                 elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
                         "update", "append", "add_") and (a.args or a.keywords):
@@ -296,7 +298,7 @@ class Facts(DefaultOptions):
                 callee(c) == "DistributedSampler" and len(c.args) < 2 and kw(c, "num_replicas") is None
                 and mm.entry and switched(self.p, mm, c) is None and not isinstance(mm.parent.get(id(c)), ast.IfExp)
                 and self.off_by_default(mm, c) is None for mm in self.p.modules.values() for c in mm.calls) or any(
-                _refuses_one_process(s) for mm in self.p.modules.values() if mm.entry for s in mm.nodes) or any(
+                refuses_one_process(s, mm.entry) for mm in self.p.modules.values() for s in mm.nodes) or any(
                 callee(c) == "add_argument" and const_value(kw(c, "default")) is True and any(
                     DIST_SWITCH.search(o := (const_str(x) or "").lstrip("-")) and not self._set_false(o)
                     for x in c.args) for mm in self.p.modules.values() for c in mm.calls)
@@ -506,10 +508,9 @@ class Facts(DefaultOptions):
             return bool(UNSEEN_SAVER.match(callee(c))) and callee(c) not in defined and (
                 isinstance(c.func, ast.Name) or root(c.func.value) in m.imports)
         named = {callee(c), m.imports.get(callee(c), ("", None, 0))[1]}  # (`save_checkpoint as ..._impl`, icefall)
-        return any(tf.name in named and re.search(r"save|checkpoint|serialize", tf.name.lower())
-                   and not tf.name.lower().startswith("load")
-                   and not re.match(r"(get|build|make|create)_", tf.name.lower())  # a factory of a saver object
-                   # (T4C TLab's `saver = get_saver(...)`; its methods' saves are judged where they are called)
+        return any((n := _saver_name(tm, tf, c, named)) and re.search(r"save|checkpoint|serialize", n)
+                   and not n.startswith("load") and not re.match(r"(get|build|make|create)_", n)  # a factory of a
+                   # saver object (T4C TLab's `saver = get_saver(...)`; its methods' saves are judged where called)
                    and self.p.function_does(tm, tf, lambda mm, cc: dotted(cc.func) in ("torch.save", "th.save")
                                             and _to_file(cc), 1)
                    for tm, tf in targets)
@@ -582,8 +583,10 @@ def _function_apply(c: ast.Call) -> bool:
     return isinstance(c.func, ast.Attribute) and c.func.attr == "apply" and isinstance(c.func.value, ast.Name)
 
 
-def _refuses_one_process(s: ast.AST) -> bool:
-    """`if args.multiprocessing_distributed: mp.spawn(...) else: raise NotImplementedError('Currently only DDP
-    training')` (Re-IQA's main): the distributed switch's other arm only raises, so no single-process run exists."""
-    return isinstance(s, ast.If) and is_switch_test(s.test) and any(
-        len(arm) == 1 and isinstance(arm[0], ast.Raise) for arm in (s.body, s.orelse))
+def _saver_name(tm: Module, tf: ast.AST, c: ast.Call, named: set) -> str:
+    """The lower-case name a save helper goes by at `c`: its own, or for a callable saver object's __call__, its
+    class's (`save_best_model = SaveBestModel()`, then `save_best_model(model, ...)`: the Faster R-CNN pipeline's;
+    not the class's construction); '' when `c` does not name it."""
+    if tf.name == "__call__":
+        return (tm.class_of(tf) or "").lower() if callee(c) != tm.class_of(tf) else ""
+    return tf.name.lower() if tf.name in named else ""

@@ -143,10 +143,11 @@ def no_grad_at(m: Module, node: ast.AST) -> bool:
     return False
 
 
-def called_only_without_grad(f: Facts, m: Module, fn: ast.AST) -> bool:
+def called_only_without_grad(f: Facts, m: Module, fn: ast.AST, depth: int = 2) -> bool:
     """Every project call of `fn` sits under no_grad, or hands its result only to code under no_grad (AVID's
-    memory bank: `video_emb_gathered = _gather_from_all(video_emb)`, read only in `with torch.no_grad():`): what
-    it gathers carries no gradient by design."""
+    memory bank: `video_emb_gathered = _gather_from_all(video_emb)`, read only in `with torch.no_grad():`), or in
+    a helper that is itself called only so (CLD's dist_collect in DistributedShufle's shuffles, which the step
+    runs under no_grad for the key encoder): what it gathers carries no gradient by design."""
     def result_without_grad(cm: Module, c: ast.AST) -> bool:
         bound = cm.parent.get(id(c))
         if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
@@ -160,4 +161,5 @@ def called_only_without_grad(f: Facts, m: Module, fn: ast.AST) -> bool:
         return x is not None and ("detach" in ast.unparse(x) or grad_free(cm.enclosing(c) or cm.tree, x))
     sites = f.p.callers(m, fn)
     return bool(sites) and all(no_grad_at(cm, c) or result_without_grad(cm, c) or handed_without_grad(cm, c)
-                               or f.off_by_default(cm, c) for cm, c in sites)
+                               or f.off_by_default(cm, c) or depth > 1 and cm.enclosing(c) is not None
+                               and called_only_without_grad(f, cm, cm.enclosing(c), depth - 1) for cm, c in sites)

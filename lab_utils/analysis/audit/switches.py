@@ -12,6 +12,7 @@ from .project import Module, Project
 from .syntax import (
     DIST_SWITCH,
     WORLDISH,
+    always_raises,
     always_returns,
     callee,
     const_str,
@@ -63,6 +64,9 @@ def conjuncts(test: ast.AST) -> set[str]:
     """The flags a test requires: `args.mp` in `if args.mp:` and in `if args.distributed and args.mp:` (ADL's
     spawn), by their last attribute."""
     values = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    values = [v.left if isinstance(v, ast.Compare) and len(v.ops) == 1 and isinstance(v.ops[0], (ast.Eq, ast.Is))
+              and isinstance(v.comparators[0], ast.Constant) and v.comparators[0].value in (1, True) else v
+              for v in values]  # (AdCo's `if args.multiprocessing_distributed == 1:`)
     return {dotted(v).split(".")[-1] for v in values if isinstance(v, (ast.Name, ast.Attribute))}
 
 
@@ -353,3 +357,16 @@ def under_switch_constant(p: Project, m: Module, node: ast.AST) -> bool:
             return True
         child, n = n, m.parent.get(id(n))
     return False
+
+
+def refuses_one_process(s: ast.AST, entry: bool = True) -> bool:
+    """`if args.multiprocessing_distributed: mp.spawn(...) else: raise NotImplementedError('Currently only DDP
+    training')` (Re-IQA's main): the distributed switch's other arm only raises, so no single-process run exists.
+    Every arm of an elif chain counts (AdCo's `if args.distributed: ... DDP(model) elif args.gpu is not None: ...;
+    raise ... else: raise ...`); outside an entry script, only where the switch's arm wraps or sets up the group."""
+    if not (isinstance(s, ast.If) and is_switch_test(s.test)):
+        return False
+    if not entry and not any(isinstance(c, ast.Call) and callee(c) in ("DistributedDataParallel", "DDP",
+                                                                       "init_process_group") for c in ast.walk(s)):
+        return False
+    return always_raises(s.body) or always_raises(s.orelse)

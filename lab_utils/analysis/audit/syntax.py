@@ -278,6 +278,14 @@ def always_returns(body: list) -> bool:
     return isinstance(last, ast.If) and always_returns(last.body) and always_returns(last.orelse)
 
 
+def always_raises(body: list) -> bool:
+    """The block ends in a raise on every path, an elif chain's arms included (`elif args.gpu is not None: ...;
+    raise NotImplementedError(...) else: raise ...`, MoCo's and AdCo's arms without DDP)."""
+    if len(body) == 1 and isinstance(body[0], ast.If):
+        return always_raises(body[0].body) and always_raises(body[0].orelse)
+    return bool(body) and isinstance(body[-1], ast.Raise)
+
+
 DISTRIBUTED_SETUP = {"init_process_group", "fully_shard", "FullyShardedDataParallel"}  # besides a DDP wrap
 
 

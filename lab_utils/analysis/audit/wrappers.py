@@ -8,8 +8,8 @@ from __future__ import annotations
 import ast
 
 from .project import Module
-from .switches import one_process_arm
-from .syntax import DDP_NAMES, callee, const_str, dotted
+from .switches import is_switch_test, one_process_arm
+from .syntax import DDP_NAMES, always_raises, callee, const_str, dotted
 
 
 def is_ddp_call(m: Module, c: ast.Call) -> bool:
@@ -195,9 +195,16 @@ def single_run_wrapped(m: Module, line: int) -> bool:
         return False
     child, n = a, m.parent.get(id(a))
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-        if isinstance(n, ast.If):
+        if isinstance(n, ast.If) and is_switch_test(n.test):  # (`if args.distillation:`: the single run too)
             other = n.orelse if any(child is s for s in n.body) else n.body
-            return any(isinstance(x, ast.Call) and callee(x) == "DataParallel" for s in other for x in ast.walk(s))
+            if any(isinstance(x, ast.Call) and callee(x) == "DataParallel" for s in other for x in ast.walk(s)):
+                return True
+            # the other arm refuses to run (AdCo's `else: raise NotImplementedError('Only DistributedDataParallel
+            # is supported.')`), or wraps in DDP or FSDP too (`if args.gpu is not None: ... else: DDP(model)`,
+            # YANMTT's `if args.use_fsdp: FSDP(...) else: DDP(...)`): look up
+            if not (always_raises(other) or any(isinstance(x, ast.Call) and callee(x) in (
+                    *DDP_NAMES, "FSDP", "FullyShardedDataParallel") for s in other for x in ast.walk(s))):
+                return False
         child, n = n, m.parent.get(id(n))
     return True
 

@@ -5,6 +5,7 @@ from . import (  # noqa: F401  (registration)
     batchnorm,
     collectives,
     every_rank_logs,
+    every_rank_saves,
     fsdp2,
     gradients,
     launching,

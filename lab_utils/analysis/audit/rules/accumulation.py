@@ -276,15 +276,22 @@ def accumulation_without_no_sync(f: Facts, m: Module):
     # args.mlperf_grad_accum_iter == 0`): the default run steps every micro-batch
     steps = [s for s in _accumulation_steps(f, m) if not f.off_by_default(m, s) and not _and_flag(f, m, s)
              and not _under_count_above_one(f, m, s) and not replaced_where_built(f.p, m, m.enclosing(s))]
-    if steps and not _gradients_synced_by_hand(f):
-        text = ast.unparse(steps[0]).splitlines()[0][:60]
+    if not steps or _gradients_synced_by_hand(f):
+        return
+    # one finding per function that accumulates: each loop needs its own no_sync (FreeYOLO's warm-up loop and
+    # its epoch loop, copies of each other)
+    firsts = {}
+    for s in steps:
+        firsts.setdefault(id(m.enclosing(s)), s)
+    for first in firsts.values():
+        text = ast.unparse(first).splitlines()[0][:60]
         # the backward calls that all-reduce (MVSFormer's `loss.backward()` under the micro-batch loop)
-        scope = m.enclosing(steps[0]) or m.tree
+        scope = m.enclosing(first) or m.tree
         backwards = [c for c in ast.walk(scope) if isinstance(c, ast.Call) and callee(c) == "backward"][:3]
-        yield Hit(steps[0], (f"gradients accumulate over micro-batches (line {steps[0].lineno}: "
-                             f"`{text}`), but no micro-batch runs under model.no_sync(): at two "
-                             "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one "
-                             "rank has none) — run all but the last micro-batch inside `with model.no_sync():`"),
+        yield Hit(first, (f"gradients accumulate over micro-batches (line {first.lineno}: "
+                          f"`{text}`), but no micro-batch runs under model.no_sync(): at two "
+                          "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one "
+                          "rank has none) — run all but the last micro-batch inside `with model.no_sync():`"),
                   related=tuple((m, c) for c in backwards))
 
 

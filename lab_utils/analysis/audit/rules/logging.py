@@ -178,6 +178,27 @@ def _guard_block(m: Module, c: ast.AST) -> int:
     return getattr(n, "lineno", 0)
 
 
+def _fed_by_helpers(f: Facts, m: Module, scope: ast.AST) -> frozenset:
+    """Meters a function hands to a project function that feeds them a loss it does not reduce (AdCo's train()
+    hands `losses` to update_network(), whose `losses.update(loss.item(), n)` fills it; train() prints it)."""
+    cache = f.cache.setdefault("fed_by_helpers", {})
+    if (m.rel, id(scope)) not in cache:
+        out = set()
+        for c in (c for c in ast.walk(scope) if isinstance(c, ast.Call) and c.args):
+            for _, tf in f.p.resolve(m, c):
+                params = [a.arg for a in tf.args.args]
+                params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+                # (a helper that reduces a loss is left alone; a gather of the keys, or an all_reduce of a
+                # memory bank's gradient, makes no loss global)
+                if any(isinstance(x, ast.Call) and rank_reducing_name(x) and "gather" not in callee(x) and any(
+                        LOSSISH.search(root(a)) for a in x.args) for x in ast.walk(tf)):
+                    continue
+                fed = loss_carriers(tf)
+                out |= {a.id for a, p in zip(c.args, params, strict=False) if isinstance(a, ast.Name) and p in fed}
+        cache[(m.rel, id(scope))] = frozenset(out)
+    return cache[(m.rel, id(scope))]
+
+
 def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]]:
     """(log call, the unreduced loss names it logs, which ranks run it) for each log of a training loss that no
     reduction averaged over ranks; cached per module."""
@@ -200,7 +221,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         sc = _scope_facts(f, m, scope, per_scope)
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)} | (
             names & sc["backwarded"]) | (names & sc["terms"])
-        held = instance_carriers(m, scope)
+        held = instance_carriers(m, scope) | _fed_by_helpers(f, m, scope)
         key = (id(scope), frozenset(held))  # (one function's logs share its carriers: DLRM has 89 logs)
         carriers = carried.get(key)
         if carriers is None:

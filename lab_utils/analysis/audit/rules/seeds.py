@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import re
-import warnings
 
 from ..facts import Facts
 from ..hierarchy import never_named, plain_function
@@ -13,18 +12,17 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
 from ..seed_gates import failed_by_default, gated, helper_gated, single_run_value
+from ..seed_values import inline_rank_name, seed_value
 from ..switches import is_switch_test
 from ..syntax import (
     ITERABLE_NOT_LOADER,
     LOADERISH,
     RANKISH,
     SPAWNS,
-    WORLDISH,
     callee,
     const_value,
     dotted,
     involves_rank,
-    is_rankish_node,
     is_switch_value,
     kw,
 )
@@ -83,7 +81,7 @@ def no_seed(f: Facts, m: Module):
                           for flag in [f.off_by_default(mm, c)] if flag), (None, None))
         failed, at = next(((t, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c, True) == "torch"
                            for t in [failed_by_default(f, mm, c)] if t), (None, at))
-        if failed and not gated and _before_a_spawn(*at):
+        if failed and not gated and _before_a_spawn(f, *at):
             return  # an optional seed in the parent before mp.spawn: seed-before-spawn's finding, given or not
         what = f"torch is seeded only under {option_text(gated)}, which is off by default" if gated else \
             f"torch is seeded only when `{failed}`, which the option's default fails" if failed else \
@@ -158,9 +156,12 @@ def _calls_of(f: Facts, at) -> tuple:
     return tuple(f.p.callers(at[0], fn)[:1]) if fn is not None else ()
 
 
-def _before_a_spawn(m: Module, c: ast.AST) -> bool:
+def _before_a_spawn(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> bool:
+    """`c` runs before an mp.spawn in its function, or in a helper called so (AdCo's Config_Environment(args))."""
     scope = m.enclosing(c) or m.tree
-    return any(isinstance(x, ast.Call) and callee(x) in SPAWNS and x.lineno > c.lineno for x in ast.walk(scope))
+    return any(isinstance(x, ast.Call) and callee(x) in SPAWNS and x.lineno > c.lineno for x in ast.walk(scope)) or \
+        bool(depth and m.enclosing(c)) and any(_before_a_spawn(f, cm, cc, depth - 1)
+                                               for cm, cc in f.p.callers(m, m.enclosing(c)))
 
 
 def _test_of(m: Module, c: ast.AST, failed: str | None) -> tuple[Module, ast.AST]:
@@ -253,47 +254,6 @@ def _spawned_through(f: Facts, m: Module, c: ast.Call) -> ast.AST | None:
     return None
 
 
-def _seed_value(m: Module, expr: ast.AST, rank_value, world: int = 2) -> float | None:
-    """The seed an expression gives with every rank-holding name set by rank_value(name), the world size set to
-    `world` (2 for the DDP run, 1 for the single run: `global_seed * world_size + rank` moves rank 0's seed too),
-    other names 1000."""
-    def value(n, name):
-        if is_rankish_node(n, m.rank_tainted):
-            return rank_value(name)
-        return world if WORLDISH.search(dotted(n.func if isinstance(n, ast.Call) else n)) else 1000
-
-    class Sub(ast.NodeTransformer):
-        def visit_Name(s, n):
-            return ast.Constant(value(n, n.id))
-
-        def visit_Attribute(s, n):
-            return ast.Constant(value(n, dotted(n)))
-
-        def visit_Call(s, n):
-            return ast.Constant(value(n, "get_rank"))
-    try:
-        warnings.simplefilter("ignore", SyntaxWarning)
-        body = Sub().visit(ast.parse(ast.unparse(expr), mode="eval").body)
-        tree = ast.fix_missing_locations(ast.Expression(body))
-        return eval(compile(tree, "<seed>", "eval"), {"__builtins__": {}}, {})  # noqa: S307 (constants only)
-    except Exception:  # noqa: BLE001 - an expression we cannot evaluate is no finding
-        return None
-
-
-def _inline(m: Module, expr: ast.AST, depth: int = 3) -> ast.AST:
-    """`seed = args.seed + utils.get_rank(); torch.manual_seed(seed)`: a name that only carries a rank (it is
-    no rank itself, and has one assignment) is replaced by its expression, so the rank term is judged as
-    written, not the intermediate name taken for the rank."""
-    if depth == 0 or not isinstance(expr, (ast.Name, ast.Attribute)) or RANKISH.search(
-            dotted(expr).split(".")[-1]) or dotted(expr) not in m.rank_tainted:
-        return expr
-    defs = [a.value for a in m.nodes if isinstance(a, ast.Assign) and len(a.targets) == 1
-            and dotted(a.targets[0]) == dotted(expr)]
-    if len(defs) > 1:  # (`seed = args.seed`, then `seed = args.seed + idr_torch.rank` on GPUs: the one with the rank)
-        defs = [d for d in defs if involves_rank(d, m.rank_tainted)]
-    return _inline(m, defs[0], depth - 1) if len(defs) == 1 else expr
-
-
 def _handed_in(m: Module, c: ast.Call, arg: ast.AST) -> bool:
     """The seed is the enclosing helper's own parameter (`def init_seeds(seed): torch.manual_seed(seed)`): it holds
     a rank only through what a caller passes, and the caller's `init_seeds(base_seed + local_rank)` is judged where
@@ -318,7 +278,7 @@ def _distributed_arm(f: Facts, m: Module, c: ast.Call) -> ast.If | None:
 def _other_arm_seed(f: Facts, m: Module, c: ast.Call, arm: ast.If) -> ast.AST | None:
     """The seed the single run's arm gives the same generator: `init_seeds(base_seed)` in the else."""
     kind = f.seed_kind(m, c)
-    return next((_inline(m, x.args[0]) for s in arm.orelse for x in ast.walk(s) if isinstance(x, ast.Call)
+    return next((inline_rank_name(m, x.args[0]) for s in arm.orelse for x in ast.walk(s) if isinstance(x, ast.Call)
                  and x.args and f.seed_kind(m, x) == kind), None)
 
 
@@ -457,18 +417,18 @@ def seed_per_rank(f: Facts, m: Module):
         if arg is None or failed_by_default(f, m, c):
             continue  # (a seed only where the default fails the test, genforce's `if config.seed is not None:`,
             # seeds nothing in the default run: no-seed's finding)
-        arg = _inline(m, arg)
+        arg = inline_rank_name(m, arg)
         if not involves_rank(arg, m.rank_tainted, skip_conditional=True) or _handed_in(m, c, arg):
             continue
-        at0 = _seed_value(m, arg, lambda name: 0)
-        single = _seed_value(m, arg, lambda name, c=c: single_run_value(m, name, c, p=f.p) or 0, world=1)
+        at0 = seed_value(m, arg, lambda name: 0)
+        single = seed_value(m, arg, lambda name, c=c: single_run_value(m, name, c, p=f.p) or 0, world=1)
         arm = _distributed_arm(f, m, c)
         if arm is not None:  # `if local_rank != -1: init_seeds(base + local_rank) else: init_seeds(base)` (OSTrack)
             other = _other_arm_seed(f, m, c, arm)
-            single = None if other is None else _seed_value(
+            single = None if other is None else seed_value(
                 m, other, lambda name, c=c: single_run_value(m, name, c, p=f.p) or 0, world=1)
         if at0 is not None and single is not None and at0 != single:
-            if at0 == _seed_value(m, arg, lambda name: 0, world=1):
+            if at0 == seed_value(m, arg, lambda name: 0, world=1):
                 yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)} = "
                          f"seed{at0 - 1000:+g}, but the single run (rank variable {single - at0 + 0:+g} from rank 0's "
                          f"value) seeds seed{single - 1000:+g}: rank 0's init and draws are not the single run's; "

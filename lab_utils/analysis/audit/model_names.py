@@ -1,5 +1,6 @@
-"""Models torchvision makes by name, for chapter 07's BatchNorm rule (batchnorm_models.py): which names mean
-torchvision.models, its factory by name (`get_model(args.arch)`), and the families without BatchNorm."""
+"""Models made by name, for chapter 07's BatchNorm rule (batchnorm_models.py): which names mean torchvision.models,
+its factory by name (`get_model(args.arch)`), the families without BatchNorm, and a project model package these
+files lack indexed by a BatchNorm family's name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from .syntax import callee, const_str, dotted, kw
 # convnext (LayerNorm)
 NO_BN_ARCH = re.compile(r"^(alexnet|vgg\d*|squeezenet.*|vit_.*|swin_.*|convnext.*|deit.*|beit.*|mlp_mixer.*|"
                         r"visiontransformer|swintransformer)$", re.I)
+# the convolutional families built with BatchNorm, by the names projects give their own copies (ResNet18, resnet50)
+BN_FAMILY = re.compile(r"^(pre_?act_?)?(resnet|resnext|wide_?resnet|wrn|densenet|mobilenet|efficientnet|regnet|"
+                       r"shufflenet|mnasnet|vgg\d+_?bn|inception|googlenet|hrnet|res2net|resnest|se_?resnet|darknet)",
+                       re.I)
 
 
 def arch_default(f: Facts, dest: str) -> str | None:
@@ -46,3 +51,17 @@ def vision_get_model(m: Module, fn: ast.AST) -> bool:
         return fn.attr == "get_model" and vision_lib(m, fn.value)
     imp = m.imports.get(fn.id) if isinstance(fn, ast.Name) else None
     return imp is not None and imp[0] == "torchvision.models" and imp[1] == "get_model"
+
+
+def unseen_package_bn_model(f: Facts, m: Module, c: ast.Call) -> bool:
+    """A project model package these files lack, indexed by a BatchNorm family's name (CLD's
+    `models.__dict__['ResNet18'](...)`, `ResNet.__dict__[args.arch]` with --arch resnet50)."""
+    fn = c.func
+    if not (isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Attribute) and fn.value.attr == "__dict__"
+            and isinstance(fn.value.value, ast.Name)):
+        return False
+    lib, arch = fn.value.value.id, fn.slice
+    if lib not in m.imports or f.p.module_for(m, lib) is not None or m.imports[lib][0].startswith(("timm", "torch")):
+        return False
+    name = const_str(arch) or (arch_default(f, arch.attr) if isinstance(arch, ast.Attribute) else None)
+    return bool(name and BN_FAMILY.match(name))
