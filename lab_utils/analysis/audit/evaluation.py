@@ -52,10 +52,28 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
                         for tm, tf in facts.p.resolve(mm, n) or facts.one_method(n)))
                     # (an untyped evaluator's method the project defines once: EfficientDet's
                     # `evaluator.add_predictions(output, target)`, which all-gathers the detections)
-                    and not _merged_by_key(mm, f, n)
+                    and not _merged_by_key(mm, f, n) and not _unfed_meter(mm, f, n)
                     and not _helper_scatters(facts, mm, n) and not _reduces_unseen_result(facts, mm, f, n)
                     and not any(_drops_the_padding(tf) for _, tf in facts.p.resolve(mm, n))]
     return sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
+
+
+def _unfed_meter(m: Module, fn: ast.AST, c: ast.Call) -> bool:
+    """`metric_logger.log_every(loader, ...)` only paces the loop (and `metric_logger = MetricLogger()` only builds
+    it): nothing in the evaluation feeds the logger (`metric_logger.update(...)`), so whatever it reduces holds no
+    metric of the evaluation (VidChapters' evaluate(), whose captions are merged by video id)."""
+    bound = m.parent.get(id(c))
+    if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name) and c.func.attr == "log_every":
+        held = c.func.value.id
+    elif isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name):
+        held = bound.targets[0].id
+        if not any(isinstance(x, ast.Call) and callee(x) == "log_every" and dotted(x.func.value) == held
+                   for x in ast.walk(fn)):
+            return False
+    else:
+        return False
+    return not any(isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr != "log_every"
+                   and dotted(x.func.value) == held for x in ast.walk(fn))
 
 
 def _counts_through(facts, m: Module, fn: ast.AST, depth: int, seen: frozenset = frozenset()) -> bool:
@@ -134,6 +152,9 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
     names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
     if callee(c) == "all_gather" and c.args:
         names.add(dotted(c.args[0]))  # `dist.all_gather(gathered_indexes, indexes)`: the list it fills
+    if any(isinstance(r, ast.Call) and callee(r) == "reduce" and len(r.args) > 1 and dotted(r.args[1]) in names
+           and isinstance(r.args[0], ast.Lambda) and "update" in ast.unparse(r.args[0]) for r in ast.walk(fn)):
+        return True  # `reduce(lambda a, b: a.update(b) or a, all_res, {})`, dicts keyed by video (VidChapters)
     for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
         over = {dotted(x) for x in ast.walk(loop.iter)}
         if not (names & over or any(x is c for x in ast.walk(loop.iter))):

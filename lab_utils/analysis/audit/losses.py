@@ -338,6 +338,9 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     out |= _fed_records(scope, out)
     out |= {a.target.id for a in ast.walk(scope) if isinstance(a, ast.AugAssign) and isinstance(a.target, ast.Name)
             and isinstance(a.op, ast.Add) and a_loss_value(a.value)}
+    out |= {dotted(a.target.value) for a in ast.walk(scope) if isinstance(a, ast.AugAssign) and isinstance(
+        a.target, ast.Subscript) and isinstance(a.op, ast.Add) and a_loss_value(a.value)} - {""}  # (KAN-TTS's
+    # `self.total_train_loss["train/..._loss"] += sc_loss.item()`)
     # ... and a running sum of it, whatever its name (`total += loss.item()`, printed as `total / len(loader)`)
     # a record filled by key: `scalars_to_log['level_0/loss'] = rgb_loss.item()` (NeRF++), logged key by key
     for a in ast.walk(scope):
@@ -449,7 +452,12 @@ def instance_carriers(m: Module, scope: ast.AST) -> frozenset:
 
 
 def _instance_carriers(m: Module, cls: str) -> frozenset:
+    # (the module's subclasses feed the base's records too: KAN-TTS's GAN_Trainer.train_step fills the
+    # `self.total_train_loss` that Trainer.check_log_interval logs)
+    subs = [k for k, c in m.classes.items() if any(dotted(b).split(".")[-1] == cls for b in c.bases)]
     methods = {k.split(".", 1)[1]: fn for k, fn in m.functions.items() if k.startswith(cls + ".")}
+    methods.update({f"{k}:{name}": fn for name, fn in m.functions.items() for k in subs
+                    if name.startswith(k + ".")})
     seeds: dict[str, set[str]] = {name: set() for name in methods}
     found: set[str] = set()
     for _ in range(2):

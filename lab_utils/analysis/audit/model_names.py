@@ -55,12 +55,21 @@ def vision_get_model(m: Module, fn: ast.AST) -> bool:
 
 def unseen_package_bn_model(f: Facts, m: Module, c: ast.Call) -> bool:
     """A project model package these files lack, indexed by a BatchNorm family's name (CLD's
-    `models.__dict__['ResNet18'](...)`, `ResNet.__dict__[args.arch]` with --arch resnet50)."""
+    `models.__dict__['ResNet18'](...)`, `ResNet.__dict__[args.arch]` with --arch resnet50), or picked from it by
+    getattr, perhaps through a name (HSAKD's `model = getattr(models, args.arch)`, then `net = model(...)`)."""
     fn = c.func
-    if not (isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Attribute) and fn.value.attr == "__dict__"
-            and isinstance(fn.value.value, ast.Name)):
+    if isinstance(fn, ast.Name):  # the name's one binding in the call's function
+        scope = m.enclosing(c) or m.tree
+        binds = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and len(a.targets) == 1
+                 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == fn.id]
+        fn = binds[0] if len(binds) == 1 else fn
+    if isinstance(fn, ast.Call) and callee(fn) == "getattr" and len(fn.args) == 2 and isinstance(fn.args[0], ast.Name):
+        lib, arch = fn.args[0].id, fn.args[1]
+    elif isinstance(fn, ast.Subscript) and isinstance(fn.value, ast.Attribute) and fn.value.attr == "__dict__" \
+            and isinstance(fn.value.value, ast.Name):
+        lib, arch = fn.value.value.id, fn.slice
+    else:
         return False
-    lib, arch = fn.value.value.id, fn.slice
     if lib not in m.imports or f.p.module_for(m, lib) is not None or m.imports[lib][0].startswith(("timm", "torch")):
         return False
     name = const_str(arch) or (arch_default(f, arch.attr) if isinstance(arch, ast.Attribute) else None)

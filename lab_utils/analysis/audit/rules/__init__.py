@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (registration)
     gradients,
     launching,
     logging,
+    outside_switch,
     samplers,
     saving,
     seeds,

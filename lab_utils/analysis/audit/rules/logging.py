@@ -178,6 +178,25 @@ def _guard_block(m: Module, c: ast.AST) -> int:
     return getattr(n, "lineno", 0)
 
 
+def _fed_reduced_only(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
+    """`self.metrics` whose every loss feed in the class is a value its method reduced (X-Temporal's
+    reduce_update_metrics: `all_reduce(reduced_loss)`, then `self.metrics['losses'].update(reduced_loss.item())`;
+    train() logs `self.metrics['losses'].avg`)."""
+    name = name if name.startswith("self.") else f"self.{name}"  # (the log may read the record's leaf name)
+    cls = m.class_of(scope) if isinstance(scope, ast.FunctionDef) else None
+    # (its own class's methods and its subclasses': KAN-TTS's `self.total_train_loss[k] += loss.item()`)
+    owners = {cls} | {k for k, c in m.classes.items() if any(dotted(b).split(".")[-1] == cls for b in c.bases)}
+    feeds = [(fn, c.args[0] if isinstance(c, ast.Call) else c.value) for k, fn in m.functions.items()
+             if cls and k.split(".")[0] in owners for c in ast.walk(fn)
+             if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("update", "append")
+             and dotted(c.func.value).split("[")[0] == name and c.args and (
+                 LOSSISH.search(ast.unparse(c.func.value)) or LOSSISH.search(ast.unparse(c.args[0])))
+             or isinstance(c, ast.AugAssign) and dotted(c.target).split("[")[0] == name and LOSSISH.search(
+                 ast.unparse(c))]
+    return bool(feeds) and all({root(x) for x in ast.walk(v) if isinstance(x, (ast.Name, ast.Attribute))}
+                               <= f.reduced_names(m, fn) for fn, v in feeds)
+
+
 def _fed_by_helpers(f: Facts, m: Module, scope: ast.AST) -> frozenset:
     """Meters a function hands to a project function that feeds them a loss it does not reduce (AdCo's train()
     hands `losses` to update_network(), whose `losses.update(loss.item(), n)` fills it; train() prints it)."""
@@ -244,8 +263,13 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         lossy -= sc["global"] | sc["whole_set"] | sc["reducing"]
         if sc["over_gathered"]:
             continue  # MagFace: the model-parallel loss covers every rank's labels; its meters hold the global one
-        lossy = {n for n in lossy if not handed_global(f, m, scope, n)
+        lossy = {n for n in lossy if not handed_global(f, m, scope, n) and not _fed_reduced_only(f, m, scope, n)
                  and not loaded_from_a_checkpoint(f, m, scope, c, n) and not returned_reduced(f, m, scope, n)}
+        # (a field of what a reducing function returned: X-Temporal's `metric = self.evaluate()`, then
+        # `add_scalar('loss_val', metric.loss)`; `loss` here is the field, not the step's own `loss`)
+        lossy -= {n.attr for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute) and isinstance(
+            n.value, ast.Name) and returned_reduced(f, m, scope, n.value.id)} - {
+            n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)}
         lossy = {n for n in lossy if not _keyed_not_loss(values, n) and not holds_a_loss_module(m, scope, c, n)
                  and not _set_before_without_loss(f, m, scope, c, n, carriers | sc["backwarded"] | sc["terms"])}
         # a loss function handed on (`val.run(..., compute_loss=self.compute_loss)`); not a bare name the log reads,
@@ -297,8 +321,9 @@ def _set_before_without_loss(f: Facts, m: Module, scope: ast.AST, c: ast.Call, n
                 continue
             for s in reversed(body[:next(i for i, s in enumerate(body) if s is child)]):
                 if isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in s.targets):
-                    if not _a_text(s.value) or any(isinstance(n, ast.Call) and n is not s.value
-                                                   for n in ast.walk(s.value)):
+                    if not _a_text(s.value) or any(isinstance(n, ast.Call) and n is not s.value and callee(n) not in (
+                            "len", "str", "int", "float", "round", "abs") for n in ast.walk(s.value)):  # (GluonCV's
+                        # `'Epoch: [{0}][{1}/{2}]'.format(epoch, step + 1, len(dataloader))`)
                         return False  # an object (a meter fed after it is built) changes after it is set; a text
                         # that calls something (`f'{crit(model(x0), y0).item():.4f}'`) may compute a loss
                     read = {root(n) for n in ast.walk(s.value) if isinstance(n, (ast.Name, ast.Attribute))} | {
