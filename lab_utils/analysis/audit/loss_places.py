@@ -95,7 +95,12 @@ def value_lines(m: Module, c: ast.Call, lossy) -> tuple:
         took = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < text.lineno and any(
             isinstance(t, ast.Name) and t.id in read for t in a.targets) and any(
             isinstance(x, ast.Call) and callee(x) == "item" for x in ast.walk(a.value))]
-        return ((m, text),) + (((m, max(took, key=lambda a: a.lineno)),) if took else ())
+        # (the text's own line that reads the loss, when it runs over several: RangeViT's `log_str += 'LR {} Loss
+        # {:0.4f}'.format(\n lr, loss.item(), ...)`)
+        at = next((x for x in ast.walk(text.value) if isinstance(x, (ast.Name, ast.Attribute)) and x.lineno !=
+                   text.lineno and LOSSISH.search(dotted(x).split(".")[0])), None)
+        return ((m, text),) + (((m, at),) if at is not None else ()) + (
+            ((m, max(took, key=lambda a: a.lineno)),) if took else ())
     # ... or a record filled key by key (NVIDIA's TinyBERT: `result['loss'] = mean_loss`, then each key logged):
     # the first key that takes a loss
     filled = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(

@@ -342,8 +342,8 @@ class Guards:
                     right, ast.Call) and callee(right) == "device" and right.args else right) == "cuda:0":
                 # `device == torch.device('cuda:0')`, a rank's own device (BISS): the first GPU's process
                 return {ast.Eq: "rank0", ast.NotEq: "not0"}.get(type(op))
-            if not involves_rank(left, m.rank_tainted):
-                return None
+            if not involves_rank(left, m.rank_tainted) or isinstance(left, ast.Call) and callee(left) == "len":
+                return None  # (a length is no rank: HydraGNN's `if len(true_values[0]) > 0:`)
             counted = [dotted(n).split(".")[-1] for n in ast.walk(left.left) if isinstance(n, (
                 ast.Name, ast.Attribute))] if isinstance(left, ast.BinOp) else []
             if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod) and (isinstance(

@@ -20,6 +20,7 @@ from .syntax import (
     dotted,
     involves,
     is_switch_value,
+    kw,
 )
 
 
@@ -193,9 +194,29 @@ def switched(p: Project, m: Module, node: ast.AST, depth: int = 2) -> ast.AST | 
         return test
     fn = m.enclosing(node)
     sites = p.callers(m, fn) if fn is not None else []
+    handed = _handed_switch(m, node, fn, sites)
+    if handed is not None:
+        return handed
     # (a caller in the switch's one-process arm, WAFT's `else: main(0, 1, args, False)`, runs it undistributed)
     tests = [None if one_process_arm(cm, c) else switched(p, cm, c, depth - 1) for cm, c in sites]
     return tests[0] if tests and all(t is not None for t in tests) else None
+
+
+def _handed_switch(m: Module, node: ast.AST, fn: ast.AST | None, sites: list) -> ast.AST | None:
+    """`node` under `if multinode:`, a parameter of its function that every caller hands a distributed switch
+    (FastAutoAugment's `get_dataloaders(..., multinode=(local_rank >= 0))`): that switch."""
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not sites:
+        return None
+    params = [a.arg for a in fn.args.args]
+    n = m.parent.get(id(node))
+    while n is not None and n is not fn:
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id in params:
+            i = params.index(n.test.id) - (params[0] in ("self", "cls"))
+            given = [kw(c, n.test.id) or (c.args[i] if 0 <= i < len(c.args) else None) for _, c in sites]
+            if all(g is not None and is_switch_test(g) for g in given):
+                return given[0]
+        n = m.parent.get(id(n))
+    return None
 
 
 def one_process_arm(m: Module, node: ast.AST) -> bool:

@@ -9,7 +9,7 @@ import ast
 
 from .project import Module
 from .switches import is_switch_test, one_process_arm
-from .syntax import DDP_NAMES, always_raises, callee, const_str, dotted
+from .syntax import DDP_NAMES, RANKISH, always_raises, callee, const_str, dotted
 
 
 def is_ddp_call(m: Module, c: ast.Call) -> bool:
@@ -47,7 +47,10 @@ def wrapped_names(f) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], s
             while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
                     "to", "cuda", "train", "eval") and isinstance(v.func.value, ast.Call):
                 v = v.func.value  # DDP(model, ...).to(device)
-            if isinstance(v, ast.Call) and (is_ddp_call(m, v) or callee(v) in wrappers):
+            if isinstance(v, ast.Call) and (is_ddp_call(m, v) or callee(v) in wrappers and not any(
+                    RANKISH.search(k.arg or "") and ast.unparse(k.value) == "-1" for k in v.keywords)):
+                # (a wrapping helper handed rank -1 builds the plain model: FastAutoAugment's `model_ema =
+                # get_model(..., local_rank=-1)` beside `model = get_model(..., local_rank=local_rank)`)
                 slots = wrappers.get(callee(v)) if not is_ddp_call(m, v) else None
                 for t in a.targets:
                     if isinstance(t, (ast.Tuple, ast.List)) and slots is not None:

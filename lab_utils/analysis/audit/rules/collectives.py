@@ -101,8 +101,9 @@ def _rank0_forwards(f: Facts, m: Module):
             continue
         handed = _forwarded_in_callee(f, m, c, wrapped)
         fn = m.enclosing(c) or m.tree
-        if handed and not any(isinstance(o, ast.Call) and callee(o) == callee(c) and f.g.kind(m, o) in ("not0", None)
-                              for o in ast.walk(fn)):  # `if rank == 0: train(..., logger) else: train(...)`
+        if handed and not any(isinstance(o, ast.Call) and callee(o) == callee(c) and f.g.kind(m, o) == "not0"
+                              for o in ast.walk(fn)):  # `if rank == 0: train(..., logger) else: train(...)`; not the
+            # training call every rank makes at another time (FastAutoAugment's run_epoch over the train loader)
             name, inner, tm = handed
             yield Hit(c, (f"rank 0 alone hands the DDP-wrapped {name} to {callee(c)}(), which calls it {_at(inner)}: "
                           f"{BUFFER_HANG} — pass {name}.module for rank-0-only evaluation"), "check-by-hand",

@@ -287,11 +287,14 @@ def _gather_hits(f: Facts, m: Module):
             # gathered under no_grad, then `all_z[rank] = z` (hyp_metric's training loop): the gather looks
             # deliberate, but every rank's loss over the global batch reaches only its own rows, and DDP's mean
             # then takes 1/world_size of the single run's gradient
-            yield c, (f"{ast.unparse(c)} then {lst}[rank] = {ast.unparse(x)}: only the rank's own slice keeps its "
-                      "gradient; the other ranks' features enter the loss as constants, so at 2 ranks the model "
-                      "gets about 1/world_size of the single run's gradient for those terms (DDP averages the "
-                      "ranks' partial gradients) — torch.distributed.nn.functional.all_gather keeps the gradient, or "
-                      "scale the loss by world_size")
+            # (the helper's calls in the step are related places: HIER's `z = utils.all_gather(z, local_rank)`)
+            yield Hit(c, (f"{ast.unparse(c)} then {lst}[rank] = {ast.unparse(x)}: only the rank's own slice keeps "
+                          "its gradient; the other ranks' features enter the loss as constants, so at 2 ranks the "
+                          "model gets about 1/world_size of the single run's gradient for those terms (DDP averages "
+                          "the ranks' partial gradients) — torch.distributed.nn.functional.all_gather keeps the "
+                          "gradient, or scale the loss by world_size"),
+                      related=tuple(sorted(f.p.callers(m, fn), key=lambda x: not f.trains(*x))[:3])
+                      if fn is not None else ())
             continue
         if "detach" in ast.unparse(x) or m.enclosing(c, (ast.With,)) is not None and any(
                 "no_grad" in dotted(i.context_expr) for i in m.enclosing(c, (ast.With,)).items):

@@ -75,6 +75,8 @@ def no_seed(f: Facts, m: Module):
     if entry is None or evaluation_script(f, m):
         return  # no DDP, or nothing trained: loaded weights are evaluated, the init is never used
     kinds = entry[1]
+    if "torch" not in kinds and any(True for _ in seed_before_spawn(f, m)):
+        return  # the parent seeds, then spawns workers that never do: seed-before-spawn's finding (OpenCompatible)
     if "torch" not in kinds and not f.yaml_seeds_torch():  # random and numpy seeded alone leave the model's init
         # (torch's CPU RNG) unseeded; a hyperpyyaml config's `!apply:...seed_everything` seeds it on load
         gated, at = next(((flag, (mm, c)) for mm, c in entry[0] if f.seed_kind(mm, c) == "torch"
