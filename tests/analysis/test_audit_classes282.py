@@ -110,3 +110,14 @@ def test_a_gather_helper_names_its_calls_in_the_step(tmp_path):
                          "    opt.zero_grad()\n    loss.backward()\n    opt.step()\nevaluate(model)\n")
     hits = _rules(_project(tmp_path / "p", {"train.py": train, "utils.py": utils}), "gather-without-grad")
     assert len(hits) == 1 and hits[0].related[0][1] == _line(train, "z = utils.all_gather")
+
+
+def test_a_module_function_whose_meter_a_helper_feeds_does_not_crash(tmp_path):
+    """The full held-out run at a8fff0e stopped with KeyError in _class_steps: a module-level function (no class)
+    hands its meter to a helper that feeds it a loss, and logs the meter though it runs no step itself."""
+    train = SEED_ONLY + ("class Meter:\n    def update(self, v):\n        self.v = v\n"
+                         "def feed(model, x, losses):\n    loss = model(x).sum()\n    losses.update(loss.item())\n"
+                         "def report(model, loader):\n    losses = Meter()\n    for x in loader:\n"
+                         "        feed(model, x, losses)\n    print('loss', losses.v)\n"
+                         "dist.init_process_group('gloo')\nmodel = DDP(torch.nn.Linear(2, 2))\nreport(model, [])\n")
+    assert isinstance(_rules(_project(tmp_path / "p", {"train.py": train}), "rank0-local-loss"), list)

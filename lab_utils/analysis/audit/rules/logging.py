@@ -50,7 +50,10 @@ NONFINITE = {"isfinite", "isnan", "isinf"}
 def _class_steps(m: Module, scope: ast.AST) -> bool:
     """The method's class runs backward or an optimizer step in some method: its records of the loss are the
     training loss's, whichever hook prints them."""
-    cls = m.classes[m.class_of(scope)]  # (`backwards(disc_loss, self.GAN.D_opt)`: stylegan2's partial of a helper)
+    name = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    if name not in m.classes:
+        return False  # (a module function's meters fed by a helper: its own loop decides, `f.trains`)
+    cls = m.classes[name]  # (`backwards(disc_loss, self.GAN.D_opt)`: stylegan2's partial of a helper)
     return any(isinstance(n, ast.Call) and ("backward" in callee(n) or callee(n) == "step" and re.search(
         r"opt", dotted(n.func), re.I)) for n in ast.walk(cls))
 
