@@ -9,6 +9,7 @@ import ast
 import re
 
 from .facts import Facts
+from .logger_names import handed_logger_name, held_logger_name, named_consoles_on_every_rank, root_console_on_every_rank
 from .project import Module
 from .syntax import LOG_CALLS, callee, const_str, dotted, involves_rank, kw
 
@@ -193,12 +194,12 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
             return False
         if _logger_class_on_every_rank(f, m, c):
             return True
-        held = _held_logger_name(m, c, c.func.value.id)
+        held = held_logger_name(m, c, c.func.value.id, f)
         if held is None:
-            held = _handed_logger_name(f, m, c, c.func.value.id)
+            held = handed_logger_name(f, m, c, c.func.value.id)
         # a named logger propagates its records to the root's handlers, and to those of the loggers above it
-        return held is not None and (_root_console_on_every_rank(f) or _basic_config_on_every_rank(f) or bool(
-            held) and any(held == n or held.startswith(n + ".") for n in _named_consoles_on_every_rank(f)))
+        return held is not None and (root_console_on_every_rank(f) or _basic_config_on_every_rank(f) or bool(
+            held) and any(held == n or held.startswith(n + ".") for n in named_consoles_on_every_rank(f)))
     if _unseen_setup_given_the_rank(f) or info_on_rank0_only(f, m, c):
         return False
     return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
@@ -233,7 +234,7 @@ def info_on_rank0_only(f: Facts, m: Module, c: ast.Call) -> bool:
     if not (isinstance(c.func, ast.Attribute) and c.func.attr in INFO_CALLS) or not level_chosen_by_rank(f):
         return False
     held = dotted(c.func.value)
-    return held == "logging" or isinstance(c.func.value, ast.Name) and _held_logger_name(m, c, held) is not None
+    return held == "logging" or isinstance(c.func.value, ast.Name) and held_logger_name(m, c, held) is not None
 
 
 def _basic_config_on_every_rank(f: Facts) -> bool:
@@ -264,19 +265,6 @@ def _under_rank_test(m: Module, node: ast.AST) -> bool:
     return False
 
 
-def _held_logger_name(m: Module, c: ast.Call, name: str) -> str | None:
-    """The logger `name` holds at the log call: `logger = getLogger()` (or getLogger(__name__), whose records
-    reach the root's handlers) at the top of the module or in the log's function is the root, "";
-    `getLogger("transreid.train")` is that name; None when `name` holds no logger made there."""
-    fn = m.enclosing(c)
-    for a in [*m.tree.body, *(ast.walk(fn) if fn is not None else [])]:
-        if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and isinstance(
-                a.value, ast.Call) and callee(a.value) == "getLogger":
-            given = const_str(a.value.args[0]) if a.value.args else None
-            return given if given else ""
-    return None
-
-
 def _logger_class_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     """`logger = Logger(path)` of a project class whose __init__ adds a StreamHandler under no rank test, and whose
     `info` method logs through it (BiRefNet's utils.Logger): every rank that builds one writes to the console."""
@@ -286,85 +274,6 @@ def _logger_class_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     cm, cd = found
     consoles = [x for x in ast.walk(cd) if isinstance(x, ast.Call) and callee(x) == "StreamHandler"]
     return bool(consoles) and all(f.g.effective(cm, x) is None for x in consoles) and not level_chosen_by_rank(f)
-
-
-def _handed_logger_name(f: Facts, m: Module, c: ast.Call, name: str) -> str | None:
-    """`logger` a parameter of the logging function (WeSpeaker's run_epoch(..., logger)) that every project caller
-    hands a logger a project helper made (`logger = get_logger(exp_dir, 'train.log')`, whose body returns
-    `logging.getLogger("Pyobj, f")`): that logger's name; None when a caller hands anything else."""
-    fn = m.enclosing(c)
-    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
-    params = [a.arg for a in fn.args.args]
-    if name not in params:
-        return None
-    i = params.index(name) - (1 if params[0] in ("self", "cls") else 0)
-    names = set()
-    for cm, site in f.p.callers(m, fn):
-        given = kw(site, name) or (site.args[i] if 0 <= i < len(site.args) else None)
-        scope = cm.enclosing(site)
-        made = [a.value for a in cm.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                and cm.enclosing(a) is scope  # the caller's own bindings, not those of the functions it defines
-                and isinstance(given, ast.Name) and any(dotted(t) == given.id for t in a.targets)]
-        if len(made) != 1:
-            return None
-        for _tm, tf in f.p.resolve(cm, made[0]):
-            rets = {dotted(r.value) for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None}
-            names |= {const_str(a.value.args[0]) if a.value.args else "" for a in ast.walk(tf)
-                      if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and callee(a.value) ==
-                      "getLogger" and {dotted(t) for t in a.targets} & rets}
-    return names.pop() if len(names) == 1 and None not in names else None
-
-
-def _named_consoles_on_every_rank(f: Facts) -> set[str]:
-    """Names of loggers a project helper gives a console handler on every rank: `def setup_logger(name, ...):
-    logger = logging.getLogger(name); ch = logging.StreamHandler(...); logger.addHandler(ch)`, called as
-    setup_logger("transreid", ...) under no rank guard. A logger named below one of them (`transreid.train`)
-    sends its records to that console too."""
-    cache = f.cache.setdefault("named_consoles", None)
-    if cache is not None:
-        return cache
-    out = set()
-    for mm in f.p.modules.values():
-        for fn in mm.functions.values():
-            made = {dotted(t): a.value.args[0] for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(
-                a.value, ast.Call) and callee(a.value) == "getLogger" and a.value.args for t in a.targets}
-            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                        and callee(a.value) == "StreamHandler" for t in a.targets}
-            for c in ast.walk(fn):
-                if not (isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute)
-                        and dotted(c.func.value) in made and c.args and dotted(c.args[0]) in consoles
-                        and f.g.effective(mm, c) is None):
-                    continue
-                arg = made[dotted(c.func.value)]
-                if const_str(arg):
-                    out.add(const_str(arg))
-                elif isinstance(arg, ast.Name) and arg.id in [x.arg for x in fn.args.args]:
-                    i = [x.arg for x in fn.args.args].index(arg.id)
-                    for cm, site in f.p.callers(mm, fn):
-                        given = next((k.value for k in site.keywords if k.arg == arg.id),
-                                     site.args[i] if i < len(site.args) else None)
-                        if const_str(given) and f.g.effective(cm, site) is None:
-                            out.add(const_str(given))
-    f.cache["named_consoles"] = out
-    return out
-
-
-def _root_console_on_every_rank(f: Facts) -> bool:
-    """A project helper gives the root logger a console handler under no rank guard (`console =
-    logging.StreamHandler()` ... `logger = logging.getLogger(); logger.addHandler(console)` in a create_logger
-    every rank calls): each rank's lines reach the console."""
-    for mm in f.p.modules.values():
-        for fn in mm.functions.values():
-            roots = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                     and callee(a.value) == "getLogger" and not a.value.args for t in a.targets}
-            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                        and callee(a.value) == "StreamHandler" for t in a.targets}
-            if any(isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute) and
-                   dotted(c.func.value) in roots and c.args and dotted(c.args[0]) in consoles and
-                   f.g.effective(mm, c) is None for c in ast.walk(fn)):
-                return True
-    return False
 
 
 def meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:

@@ -25,7 +25,13 @@ def self_test_only(m) -> bool:
         isinstance(c.func, ast.Attribute) and c.func.attr in ("train", "eval") and not c.args
         and not re.search(r"train|engine|runner|solver", dotted(c.func.value), re.I))}  # (`m.train()`: a mode)
     return not calls & (ENTRY_CALLS | SELF_TEST_SIGNS) and not any(
-        c == "spawn" or "DistributedDataParallel" in (m.imports.get(c, ("", "", 0))[1] or "") for c in calls)
+        c == "spawn" or "DistributedDataParallel" in (m.imports.get(c, ("", "", 0))[1] or "") or RUN_SIGN.search(c)
+        for c in calls)
+
+
+# a call of the run's own main or training function (X-ray denoising's `train_model_ddp(model, ...)` after
+# `model = UNetplusplus(...)`, a class the module defines: a script, not a model file trying itself out)
+RUN_SIGN = re.compile(r"^(main|run|fit)$|^train(_|$)|_train$|^(setup|init)_(ddp|dist)")
 
 
 def demote_self_tests(p) -> None:
@@ -61,7 +67,7 @@ def launched_scripts(root: Path, scripts: list[Path]) -> set[str] | None:
     found: set[str] = set()
     for path in scripts:
         text = path.read_text(encoding="utf-8", errors="replace")
-        lines = [line.split("#", 1)[0] for line in text.replace("\\\n", " ").splitlines()]
+        lines = [re.sub(r"(^|\s)#.*$", "", line) for line in text.replace("\\\n", " ").splitlines()]  # (not `${#a[@]}`)
         variables = {m.group(1): m.group(2) for m in map(SHELL_VARIABLE.match, text.splitlines()) if m}
         for line in lines:
             for name in SCRIPT_ARGUMENT.findall(line):

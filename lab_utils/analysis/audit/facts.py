@@ -531,7 +531,11 @@ class Facts(DefaultOptions):
         if owner.startswith("self."):
             return True
         fn = m.enclosing(c)
-        if any(isinstance(a, ast.Assign) and a.lineno == line for a in ast.walk(fn or m.tree)):
+        # (at the top level, only the top level's own code: the script's `model` is not the one a function it calls
+        # rebinds to its wrapper, X-ray denoising's train_model_ddp(model, ...))
+        top = [n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+               for n in ast.walk(s)] if fn is None else ast.walk(fn)
+        if any(isinstance(a, ast.Assign) and a.lineno == line for a in top):
             return True
         # a function reading the script's global wrapper (`def estimate_loss(): ... model(X, Y)`), binding none
         wrap = next((a for a in m.tree.body if isinstance(a, (ast.Assign, ast.If)) and

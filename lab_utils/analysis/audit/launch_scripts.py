@@ -43,7 +43,7 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
         fixed = {v.group(1): v.group(2) for v in [*map(PORT_VARIABLE.match, lines), *map(POSITIONAL_PORT.match, lines)]
                  if v is not None}
         for i, line in enumerate(lines, 1):
-            code = line.split("#", 1)[0]
+            code = re.sub(r"(^|\s)#.*$", "", line)  # a comment, not `${#gpu_ids[@]}` (Copy-is-all-you-need's)
             hit = FIXED_PORT.search(code) or FIXED_URL.search(code) or FIXED_ENDPOINT.search(code)
             via = VARIABLE_PORT.search(code)
             name = via.group(2) or via.group(3) if via is not None else None

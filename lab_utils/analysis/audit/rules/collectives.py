@@ -60,6 +60,8 @@ def _rank0_forwards(f: Facts, m: Module):
         # a function only rank 0 calls runs on rank 0 alone too (`if master_process: losses = estimate_loss()`)
         if kind != "rank0" and (kind is not None or f.g.effective(m, c) != "rank0") or f.collective(m, c):
             continue
+        if one_process_arm(m, c):
+            continue  # `if rank == 0 and world_size == 1:` (the retinal OCT scripts): no other rank to wait for
         if isinstance(c.func, (ast.Name, ast.Attribute)) and dotted(c.func) in wrapped and \
                 not _other_arm_unwraps(m, c, dotted(c.func)) and \
                 f.same_scope(m, c, dotted(c.func), wrapped[dotted(c.func)]) and \
