@@ -103,9 +103,11 @@ def _rank0_forwards(f: Facts, m: Module):
             continue
         handed = _forwarded_in_callee(f, m, c, wrapped)
         fn = m.enclosing(c) or m.tree
-        if handed and not any(isinstance(o, ast.Call) and callee(o) == callee(c) and f.g.kind(m, o) == "not0"
-                              for o in ast.walk(fn)):  # `if rank == 0: train(..., logger) else: train(...)`; not the
-            # training call every rank makes at another time (FastAutoAugment's run_epoch over the train loader)
+        other_arms = {id(x) for n in _ancestor_ifs(m, c) for s in n.orelse for x in ast.walk(s)}
+        if handed and not any(isinstance(o, ast.Call) and callee(o) == callee(c) and (
+                f.g.kind(m, o) == "not0" or id(o) in other_arms) for o in ast.walk(fn)):
+            # (`if rank == 0: train(..., logger) else: train(...)`; not the training call every rank makes at
+            # another time, FastAutoAugment's run_epoch over the train loader)
             name, inner, tm = handed
             yield Hit(c, (f"rank 0 alone hands the DDP-wrapped {name} to {callee(c)}(), which calls it {_at(inner)}: "
                           f"{BUFFER_HANG} — pass {name}.module for rank-0-only evaluation"), "check-by-hand",
@@ -198,6 +200,16 @@ def _only_in_a_dead_arm(f: Facts, m: Module, name: str, line: int) -> bool:
                 and up.test.attr in on):
             return False
     return bool(binds)
+
+
+def _ancestor_ifs(m: Module, c: ast.AST) -> list[ast.If]:
+    """The ifs whose body holds `c`, innermost first."""
+    out, child, n = [], c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and any(child is s for s in n.body):
+            out.append(n)
+        child, n = n, m.parent.get(id(n))
+    return out
 
 
 RUNNER = re.compile(r"sample|generat|evaluat|valid|infer|predict|visuali|render", re.I)
