@@ -67,11 +67,22 @@ def _made_rank0_loggers(f: Facts, m: Module) -> set[str]:
         # loguru's one global logger, its sinks set by a helper these files lack that is handed the rank (YOLOX's
         # `setup_logger(file_name, distributed_rank=self.rank)`, which adds the console sink on rank 0 alone)
         out |= {local for local, (mod, _, _) in m.imports.items() if mod.split(".")[0] == "loguru"
-                and _unseen_setup_given_the_rank(f)}
+                and (_unseen_setup_given_the_rank(f) or _loguru_stdout_on_rank0(f))}
         out |= {local for local, (mod, attr, _) in m.imports.items() if mod == "wandb" and not attr
                 and _wandb_on_rank0_only(f)}
         cache[m.rel] = out
     return cache[m.rel]
+
+
+def _loguru_stdout_on_rank0(f: Facts) -> bool:
+    """loguru's default sink removed (`logger.remove(0)`) and a stdout or stderr sink added on rank 0 alone
+    (VirTex's common_setup: `if dist.is_master_process(): logger.add(sys.stdout, ...)`): only rank 0's lines show."""
+    calls = [(mm, c) for mm in f.p.modules.values() for c in mm.calls if isinstance(c.func, ast.Attribute)
+             and dotted(c.func.value) == "logger" and c.func.attr in ("remove", "add")]
+    consoles = [(mm, c) for mm, c in calls if c.func.attr == "add" and c.args and dotted(c.args[0]) in (
+        "sys.stdout", "sys.stderr")]
+    return any(c.func.attr == "remove" for _, c in calls) and bool(consoles) and all(
+        f.g.effective(mm, c) == "rank0" for mm, c in consoles)
 
 
 def _quiet(level: ast.AST) -> bool:

@@ -10,7 +10,7 @@ import re
 
 from .entries import chosen_by_name
 from .evaluation import eval_loop_reduces
-from .helper_returns import returns_a_local_value, returns_own_slice
+from .helper_returns import reduced_in_place, returns_a_local_value, returns_own_slice
 from .options import DefaultOptions
 from .project import Module, Project
 from .ranks import Guards
@@ -148,6 +148,7 @@ class Facts(DefaultOptions):
                              and x.target.id == root(c.args[0]) and any(y is c for y in ast.walk(x))), None)
                 if loop is not None and isinstance(loop.iter, ast.Call) and callee(loop.iter) == "values":
                     red.add(root(loop.iter.func.value))
+            red |= {root(c.args[i]) for _, tf in self.p.resolve(m, c) for i in reduced_in_place(tf) if i < len(c.args)}
         # a model is no reduced value (DDP(model) makes no model(x) loss an average: forward_reduced judges that)
         models = self.model_names(m)
         nodes = list(ast.walk(scope))

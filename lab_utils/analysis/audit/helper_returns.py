@@ -57,3 +57,11 @@ def _plain_numbers(fn: ast.AST, v: ast.AST) -> bool:
         if isinstance(n, ast.Attribute) and n.attr not in ("item", "detach", "mean", "cpu", "float", "sum"):
             return False
     return True
+
+
+def reduced_in_place(fn: ast.AST) -> set[int]:
+    """The positions of the parameters a helper all-reduces in place (VirTex's average_across_processes(t):
+    `for k in t: dist.all_reduce(t[k])`, then `t[k] /= world_size`): its caller's argument there is averaged."""
+    params = [a.arg for a in fn.args.args]
+    done = {root(c.args[0]) for c in ast.walk(fn) if isinstance(c, ast.Call) and callee(c) == "all_reduce" and c.args}
+    return {i - (params[0] in ("self", "cls")) for i, p in enumerate(params) if p in done}
