@@ -226,13 +226,22 @@ def _unseen_setup_given_the_rank(f: Facts) -> bool:
 INFO_CALLS = ("info", "debug")
 
 
+def _console_handler(m: Module, c: ast.Call) -> bool:
+    """`console_handler.setLevel(...)` on a StreamHandler of stdout or stderr (SAM2's setup_logging sets its
+    console's level by rank), not a file handler's."""
+    held = dotted(c.func.value) if isinstance(c.func, ast.Attribute) else ""
+    return any(isinstance(a, ast.Assign) and any(dotted(t) == held for t in a.targets) and isinstance(
+        a.value, ast.Call) and callee(a.value) == "StreamHandler" and (not a.value.args or dotted(
+            a.value.args[0]) in ("sys.stdout", "sys.stderr")) for a in ast.walk(m.enclosing(c) or m.tree))
+
+
 def level_chosen_by_rank(f: Facts) -> bool:
     """Some `basicConfig(level=INFO if rank in [-1, 0] else WARN)` or `setLevel(...)` under a rank test (MSN's
     `if rank == 0: logger.setLevel(INFO) else: logger.setLevel(ERROR)`) picks the logging level by rank."""
     cache = f.cache.setdefault("level_chosen_by_rank", {})
     if "" not in cache:
-        cache[""] = any(callee(c) in ("setLevel", "basicConfig") and not re.search(r"handler", dotted(
-            c.func), re.I) and (any(
+        cache[""] = any(callee(c) in ("setLevel", "basicConfig") and (not re.search(r"handler", dotted(
+            c.func), re.I) or _console_handler(mm, c)) and (any(
             involves_rank(a, mm.rank_tainted) or _set_under_rank_test(mm, c, a)
             for a in [*c.args, *(k.value for k in c.keywords)]) or _under_rank_test(
             mm, c)) for mm in f.p.modules.values() for c in mm.calls)
@@ -294,6 +303,17 @@ def meter_prints(f: Facts, m: Module, c: ast.Call) -> str | None:
     return ("print" if any(log_name(x) == "print" for _, x in found) else log_name(found[0][1])) if found else None
 
 
+def _flag_left_off(meth: ast.AST, x: ast.Call, c: ast.Call) -> bool:
+    """`x` sits under `if enable_print:`, a parameter of the method defaulting to False that the call `c` leaves
+    out (SAM2's ProgressMeter.display(batch, enable_print=False): its print never runs)."""
+    params = [a.arg for a in meth.args.args]
+    defaults = dict(zip(params[len(params) - len(meth.args.defaults):], meth.args.defaults, strict=True))
+    tests = [n.test for n in ast.walk(meth) if isinstance(n, ast.If) and any(y is x for s in n.body
+                                                                              for y in ast.walk(s))]
+    return any(isinstance(t, ast.Name) and isinstance(defaults.get(t.id), ast.Constant) and defaults[
+        t.id].value is False and kw(c, t.id) is None and len(c.args) < params.index(t.id) for t in tests)
+
+
 def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     """(module, log call) of what the object's method (or what it calls) prints with; see meter_prints."""
     if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, (ast.Name, ast.Attribute)):
@@ -311,7 +331,8 @@ def meter_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
     if meth is None:
         return _helper_print_calls(f, m, c) if found is None else []
     logs = [(found[0], x) for x in ast.walk(meth) if isinstance(x, ast.Call) and _logs(meth, x)
-            and not _arm_for_a_missing_part(f, found[0], found[1].name, meth, x)]
+            and not _arm_for_a_missing_part(f, found[0], found[1].name, meth, x)
+            and not _flag_left_off(meth, x, c)]
     if not {callee(x) for _, x in logs} - {"add_scalar", "add_scalars", "log_metrics"}:
         # `logger.push(metrics)`, whose class prints in a method push calls; or a ProgressMeter.display whose own
         # calls write TensorBoard only and whose console line goes through its logger's add_line (DepthContrast)

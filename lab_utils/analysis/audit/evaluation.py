@@ -163,9 +163,13 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
         if any(isinstance(a, ast.Call) and callee(a) == "update" and isinstance(a.func, ast.Attribute) and a.args
                and dotted(a.args[0]) in each for a in ast.walk(loop)):
             return True  # `for p in all_predictions: predictions.update(p)`, dicts keyed by image index (SSD)
-        if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and isinstance(t.slice, ast.Name)
-                                                 and t.slice.id in each for t in a.targets) for a in ast.walk(loop)):
-            return True  # `for key, value in zip(gathered ids, gathered values): unique[key] = value` (OpenStereo)
+        if any(isinstance(a, ast.If) and isinstance(a.test, ast.Compare) and isinstance(a.test.ops[0], ast.NotIn)
+               and isinstance(a.test.left, ast.Name) and a.test.left.id in each and any(
+                   isinstance(x, ast.Assign) and isinstance(x.value, ast.Name) and x.value.id in each and any(
+                       isinstance(t, ast.Subscript) and dotted(t.slice) == a.test.left.id for t in x.targets)
+                   for x in ast.walk(a)) for a in ast.walk(loop)):
+            return True  # `for key, value in zip(gathered ids, gathered values): if key not in unique: unique[key] =
+            # value` (OpenStereo): one entry per sample, not `losses_tracker[key] = AverageMeter()` (OpenTAD)
         if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) or
                isinstance(a, ast.Call) and callee(a) == "update" for inner in ast.walk(loop)
                if isinstance(inner, ast.For) and inner is not loop and isinstance(inner.iter, ast.Call)

@@ -158,6 +158,8 @@ class Facts(DefaultOptions):
         loss_fed = {root(a.func.value) for a in nodes if isinstance(a, ast.Call) and isinstance(
             a.func, ast.Attribute) and a.func.attr == "update" and any(k.arg and LOSSISH.search(k.arg)
                                                                        for k in a.keywords)}
+        keys = {x.id for a in nodes if isinstance(a, ast.For) and isinstance(a.iter, ast.Call) and callee(
+            a.iter) == "keys" for x in ast.walk(a.target) if isinstance(x, ast.Name)}  # (loop keys: no values)
         changed = True
         while changed:
             changed = False
@@ -173,8 +175,8 @@ class Facts(DefaultOptions):
                         and isinstance(b.value, ast.Call) and rank_reducing_name(b.value) for b in nodes):
                     # `for name, item in loss_dict_reduced.items():` (SSD): the items of a record a reduction
                     # returned whole before the loop (not RADTTS's loss_outputs, whose items are replaced one by one
-                    # in the loop, nor P5's results, reduced only after it; its keys are no values: FreeYOLO logs
-                    # `loss_dict[k]` for k in loss_dict_reduced.keys())
+                    # in the loop, nor P5's results, reduced only after it; its keys are no values, neither reduced
+                    # nor local: FreeYOLO logs `loss_dict[k]` for k in loss_dict_reduced.keys())
                     targets, value = [a.target], a.iter
                 elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
                         "update", "append", "add_") and (a.args or a.keywords):
@@ -189,7 +191,7 @@ class Facts(DefaultOptions):
                         lossy or [a.keywords[0].value])[0]
                 if value is None:
                     continue
-                read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))}
+                read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))} - keys
                 hit = any(isinstance(n, ast.Call) and (rank_reducing_name(n) and "batchnorm" not in
                                                        callee(n).lower() and not layer_call(m.nodes, n)
                                                        and not functools_reduce(m, n)
