@@ -154,7 +154,9 @@ class DefaultOptions(YamlConfigs):
                     if isinstance(t, ast.Attribute) and depth and not self._is_option(t.attr) and \
                             not DIST_SWITCH.search(t.attr) and not self._yaml_turns_on(t.attr) and (
                             self._field_default(t.attr) is False or not CONFIGISH.search(root(t)) and
-                            self.default_value(m, t) is False):
+                            self.default_value(m, t) is False or _all_false(self.config_defaults(t.attr))):
+                        # (or a key every Python config file of the project sets False, which the script merges
+                        # into its args: DINO's `use_ema = False` in config/DINO/*.py, then `if args.use_ema:`)
                         return dotted(t), n  # a settings field that defaults to False (ColBERT's config)
                     unset = self._config_key_unset(m, t)
                     if unset:
@@ -570,3 +572,8 @@ def _copied_option(m: Module, at: ast.AST, t: ast.Name) -> str | None:
     v = binds[0].value if len(binds) == 1 and isinstance(binds[0], ast.Assign) else None
     return v.attr if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id in (
         "args", "opt", "opts", "config", "cfg") else None
+
+
+def _all_false(values: list) -> bool:
+    """Values that are there and all the constant False."""
+    return bool(values) and all(const_value(v) is False for v in values)

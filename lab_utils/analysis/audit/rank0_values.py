@@ -11,7 +11,7 @@ import re
 from .facts import Facts
 from .losses import assigned_roots
 from .project import Module
-from .syntax import branches, callee, dotted, kw, root
+from .syntax import LOSSISH, branches, callee, dotted, kw, root
 
 CONSTISH = {"np", "numpy", "math", "float", "inf", "torch"}
 
@@ -60,9 +60,13 @@ def rank0_own(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     for _ in range(3):
         own |= {t for a in assigns if isinstance(a, ast.Assign) and source(a.value, own) for t in assigned_roots(a)}
         own |= {dotted(a.func.value) for a in appends if source(a.args[0], own)}
+    # a history restored from the resumed checkpoint (`val_loss_list = ckpt["val_loss_list"]` after `ckpt =
+    # torch.load(...)`, LatentSync's SyncNet trainer) holds what rank 0 saved of its own values: no other feed
+    loaded = {t for a in assigns if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+              and callee(a.value) == "load" for t in assigned_roots(a)}
     for a in assigns:  # a name also fed from elsewhere (not a starting constant like np.inf) is not rank 0's own
         if isinstance(a, ast.AugAssign) or not source(a.value, own) and any(
-                isinstance(n, ast.Name) and n.id not in CONSTISH for n in ast.walk(a.value)):
+                isinstance(n, ast.Name) and n.id not in CONSTISH | loaded for n in ast.walk(a.value)):
             own -= assigned_roots(a) if isinstance(a, ast.Assign) else {root(a.target)}
     cache[(m.rel, id(scope))] = own
     return own
@@ -73,7 +77,12 @@ def _made_only_from(v: ast.AST, own: set[str]) -> bool:
     if not isinstance(v, ast.Call):
         return False
     reads = {n.id for n in ast.walk(v) if isinstance(n, ast.Name)} - CONSTISH
-    return bool(reads) and reads <= own
+    if bool(reads) and reads <= own:
+        return True
+    # a text formatted from rank 0's own losses and other values that are no loss (YOLOP's `msg = '... Loss(
+    # {loss:.3f}) ...'.format(epoch, loss=total_loss, ...)` after `..., total_loss, ... = validate(...)`)
+    text = isinstance(v.func, ast.Attribute) and v.func.attr == "format" and isinstance(v.func.value, ast.Constant)
+    return text and bool(reads & own) and not any(LOSSISH.search(r) for r in reads - own)
 
 
 def own_walk(scope: ast.AST):

@@ -487,14 +487,19 @@ class Guards:
         return False
 
     def _after_early_exit(self, m: Module, body: list, child: ast.AST) -> str | None:
-        """`if rank != 0: return` (or continue) earlier in the same block: the rest is rank 0's alone ('rank0');
-        `if self.rank == 0: return` (timer's HiddenPrints.__enter__): the rest is the other ranks' ('not0')."""
+        """`if rank != 0: return` (or continue, or raise) earlier in the same block: the rest is rank 0's alone
+        ('rank0'); `if self.rank == 0: return` (timer's HiddenPrints.__enter__): the rest is the other ranks'
+        ('not0')."""
         for s in body:
             if s is child:
                 return None
             if self._only_rank0_goes_on(m, s):
                 return "rank0"
-            if isinstance(s, ast.If) and s.body and isinstance(s.body[-1], (ast.Return, ast.Continue, ast.Break)):
+            # (or a raise under a plain rank test, ACE's `if not dist.is_root(): raise`; under a compound one it
+            # guards a misuse, CleanUNet's `if num_gpus == 1 and args.rank != 0:`, or ODTK's divergence: no split)
+            if isinstance(s, ast.If) and s.body and (isinstance(s.body[-1], (ast.Return, ast.Continue, ast.Break))
+                                                     or isinstance(s.body[-1], ast.Raise)
+                                                     and not isinstance(s.test, ast.BoolOp)):
                 k = self.classify(m, s.test)
                 if k in ("rank0", "not0") and not (isinstance(s.test, ast.BoolOp) and isinstance(s.test.op, ast.And)
                                                     and any(not self.classify(m, v) and not is_switch_test(v)

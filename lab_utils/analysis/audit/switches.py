@@ -147,7 +147,10 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
         for s in n.body if isinstance(getattr(n, "body", None), list) else []:
             if s is child:
                 break
-            if isinstance(s, ast.If) and is_switch_test(s.test) and always_returns(s.body):
+            # `if num_gpus == 0: raise RuntimeError(...)` (LatentSync's init_dist) stops the run it tests for:
+            # what follows runs in every run there is, so it is no switch
+            if isinstance(s, ast.If) and is_switch_test(s.test) and always_returns(s.body) and \
+                    not always_raises(s.body):
                 return s.test
             if isinstance(s, ast.If) and _returns_unless_launched(s):
                 return s.test

@@ -23,7 +23,9 @@ EVALISH = re.compile(r"val|eval|test", re.I)
 # `evaluate`; not a word that merely holds the letters (`interval`, `value`)
 EVAL_WORD = re.compile(r"val|valid|validate|validation|eval|evaluate|evaluation|test|testing|inference", re.I)
 TRAIN_WORD = re.compile(r"train|training", re.I)
-REDUCEISH = re.compile(r"reduce|gather|average|allreduce|sync|mean_over|dist_mean")
+# `sync` as a word of the name (`sync_meters`, `synchronize_between_processes`), not inside one: LatentSync's
+# `syncnet(...)` and LipsyncPipeline build a model and a pipeline, they average nothing over ranks
+REDUCEISH = re.compile(r"reduce|gather|average|allreduce|(?:^|_)sync(?:hroni[sz]e|_|$)|mean_over|dist_mean")
 COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "broadcast_object_list", "barrier",
                "reduce", "gather", "scatter", "reduce_scatter", "all_to_all", "reduce_scatter_tensor",
                "all_gather_into_tensor", "monitored_barrier", "gather_object", "scatter_object_list"}

@@ -165,7 +165,8 @@ def returns_rank(m, fn: ast.AST, call: ast.Call) -> bool:
     assigns = [a for a in ast.walk(fn) if isinstance(a, ast.Assign)]
     for _ in range(3):
         tainted |= {dotted(t) for a in assigns if involves_rank(a.value, tainted) and not placement_only(
-            a.value, tainted) for x in a.targets for t in ast.walk(x) if isinstance(t, (ast.Name, ast.Attribute))}
+            a.value, tainted) and not _read_from_a_file(a.value) for x in a.targets for t in ast.walk(x)
+            if isinstance(t, (ast.Name, ast.Attribute))}
     return any(isinstance(r, ast.Return) and r.value is not None and involves_rank(r.value, tainted)
                for r in ast.walk(fn))
 
@@ -185,3 +186,9 @@ def spawned_index(project, seeds: dict[str, set[str]]):
                     seeds[tm.rel].add(params[0])
                     tm.rank_tainted = tm._taint(frozenset(seeds[tm.rel]))
 
+
+def _read_from_a_file(v: ast.AST) -> bool:
+    """`torch.load(optimizer_path, ...)` where the path names the rank (nanochat's per-rank optimizer shard): what
+    a file holds is data, not a rank, whatever file is read."""
+    return isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute)) and \
+        dotted(v.func).split(".")[-1] in ("load", "loads", "load_file", "safe_load")

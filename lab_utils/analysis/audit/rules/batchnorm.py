@@ -4,6 +4,7 @@ factory (by name or by a string), or in a torchvision model made by name."""
 from __future__ import annotations
 
 import ast
+import re
 
 from ..batchnorm_models import (
     arm_off_by_default,
@@ -18,7 +19,7 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
 from ..switches import is_switch_test
-from ..syntax import callee, const_str, dotted, kw
+from ..syntax import callee, const_str, const_value, dotted, kw
 
 
 @rule("batchnorm-without-sync", "07_batchnorm", "BatchNorm under DDP without SyncBatchNorm: each rank normalises "
@@ -30,6 +31,8 @@ def batchnorm_without_sync(f: Facts, m: Module):
     if m.entry and evaluation_script(f, m):
         return  # a test script: BatchNorm in eval mode uses its running statistics, the same on every rank
     related = f.p.related(m)
+    if _trains_in_eval_mode(m, related):
+        return  # a linear probe (PCL's eval_cls_imagenet.py): BatchNorm in eval mode uses its running statistics
     bns = [c for c in m.calls if is_batchnorm(m, c)] if m.entry else []
     converts = [c for c in m.calls if callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model")]
     wraps = any(f.is_ddp_call(m, c) for c in m.calls)  # a run(settings) module a launcher imports by name wraps too
@@ -66,6 +69,16 @@ def batchnorm_without_sync(f: Facts, m: Module):
                               "builds; nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP"), "check-by-hand",
                           related=((bm, node),))
                 return
+        if wrap is None and m.entry:
+            ignored = _sync_option_ignored(f, m)
+            if ignored is not None:
+                w, (om, opt) = ignored
+                yield Hit(w, (f"the script offers {const_str(opt.args[0])} ({om.rel}:{opt.lineno}), which says its "
+                              "model has BatchNorm, but nothing reads the option and nothing converts the model "
+                              "to SyncBatchNorm: at 2 ranks each rank normalises with its own half-batch's "
+                              "statistics, unlike the single run — nn.SyncBatchNorm.convert_sync_batchnorm(model) "
+                              "before DDP when the option is set"), related=((om, opt),))
+                return
         if wrap is not None:
             where = f"{bn[0].rel}:{bn[1].lineno}" if bn[0] is not m else f"line {bn[1].lineno}"
             yield Hit(wrap, (f"the model wrapped here has BatchNorm ({where}) and nothing converts it to "
@@ -97,6 +110,35 @@ def batchnorm_without_sync(f: Facts, m: Module):
                      "its default; turn it on when you compare the port"), "check-by-hand"
 
 
+def _trains_in_eval_mode(m: Module, related) -> bool:
+    """Every function of the script's files that calls backward() puts the model in eval mode (`model.eval()`) and
+    never back in train mode: a linear probe over a frozen backbone (MoCo's and PCL's main_lincls), whose BatchNorm
+    normalises with its running statistics, the same on every rank as in the single run."""
+    steps = [fn for mm in {m, *related} for fn in mm.functions.values()
+             if any(isinstance(c, ast.Call) and callee(c) == "backward" for c in ast.walk(fn))]
+
+    def modes(fn, name):
+        return [c for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                and c.func.attr == name and not (name == "train" and c.args and const_value(c.args[0]) is False)]
+    return bool(steps) and all(modes(fn, "eval") and not modes(fn, "train") for fn in steps)
+
+
+def _sync_option_ignored(f: Facts, m: Module) -> tuple[ast.Call, tuple[Module, ast.Call]] | None:
+    """(the script's DDP wrap, the `--sync-bn` add_argument) when the script parses a SyncBatchNorm option that no
+    file reads (YOLOP's `--sync-bn`, parsed and never used): offering it says the model has BatchNorm, in model
+    files the audit may not hold, and no run converts it."""
+    wraps = [c for c in m.calls if f.is_ddp_call(m, c)]
+    opts = [(mm, a) for mm in (m, *f.p.related(m)) for a in mm.calls if callee(a) == "add_argument" and a.args
+            and SYNC_OPTION.fullmatch((const_str(a.args[0]) or "").lstrip("-").replace("-", "_").lower())]
+    if not wraps or not opts:
+        return None
+    om, opt = opts[0]
+    attr = (const_str(kw(opt, "dest")) or (const_str(opt.args[0]) or "").lstrip("-")).replace("-", "_")
+    read = any(isinstance(n, ast.Attribute) and n.attr == attr and isinstance(n.ctx, ast.Load)
+               for mm in f.p.modules.values() for n in mm.nodes)
+    return None if read else (wraps[0], (om, opt))
+
+
 def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | None:
     """(the `if args.sync_bn:` around the conversion, the option) when the option is read but no audited file
     defines it (no add_argument, no assignment): Point-MAE's parser lives in a file the audit was not given."""
@@ -121,3 +163,4 @@ def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | Non
 
 
 SYNC_NAMES = {"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"}
+SYNC_OPTION = re.compile(r"sync_?bn|sync_?batch_?norm|syncbn")

@@ -132,7 +132,22 @@ def _per_rank_helper(f: Facts, m: Module, c: ast.Call) -> bool:
              and dotted(x.func) in ("torch.save", "th.save")]
     # (the helper's own rank, not the module's flow-insensitive taint: Timer's EarlyStopping.save_checkpoint
     # writes path + '/checkpoint.pth', a `path` that some other function of utils/tools.py derives from a rank)
-    return bool(saves) and all(_names_its_rank(tf, x) for tf, x in saves)
+    # (or sits under the helper's own `if rank == 0:` on a rank parameter the call hands it: nanochat's
+    # save_checkpoint(..., rank=ddp_rank) writes the model on rank 0 and each rank's optimizer shard to its own file)
+    return bool(saves) and all(_names_its_rank(tf, x) or _rank0_of_handed(m, c, tf, x) for tf, x in saves)
+
+
+def _rank0_of_handed(m: Module, c: ast.Call, fn: ast.AST, x: ast.Call) -> bool:
+    """`x` sits under `if rank == 0:` in `fn`, on a rank-named parameter that the call `c` passes."""
+    params = [a.arg for a in getattr(fn, "args", ast.arguments(args=[])).args]
+    params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+    given = {params[i] for i in range(min(len(c.args), len(params)))} | {k.arg for k in c.keywords if k.arg}
+    ranked = {p for p in given if re.search(r"rank", p, re.I)}
+    return bool(ranked) and any(
+        isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.Name)
+        and n.test.left.id in ranked and isinstance(n.test.ops[0], ast.Eq)
+        and isinstance(n.test.comparators[0], ast.Constant) and n.test.comparators[0].value == 0
+        and any(y is x for s in n.body for y in ast.walk(s)) for n in ast.walk(fn))
 
 
 def _names_its_rank(fn: ast.AST, c: ast.Call) -> bool:

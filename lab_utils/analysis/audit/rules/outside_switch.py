@@ -65,7 +65,7 @@ def _outside_switch_hits(f: Facts, m: Module):
                          or "dist" not in dotted(c.func) or not _torch_distributed(m, c)):
             continue
         if switched(f.p, m, c) is not None or f.g.kind(m, c) is not None or m.enclosing(c) is None and \
-                not m.entry or _under_flag(m, c, flags):
+                not m.entry or _under_flag(m, c, flags) or _under_engine_arm(m, c):
             continue
         fn = m.enclosing(c)
         sites = f.p.callers(m, fn) + _apply_sites(f, m, fn) if fn is not None else []
@@ -102,6 +102,20 @@ def _outside_switch_hits(f: Facts, m: Module):
                       "single-process run of this script raises 'Default process group has not been initialized' — "
                       "put it under the same switch (or `if dist.is_initialized():`)"),
                   related=tuple(_entry_sites(f, m, fn))[:3] if fn is not None else ())
+
+
+def _under_engine_arm(m: Module, c: ast.Call) -> bool:
+    """`c` in the arm of a test that asks for a distributed engine (Sockeye's `if utils.using_deepspeed():`): DeepSpeed,
+    FSDP and Horovod set up the process group themselves, so that arm never runs without one."""
+    child, n = c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and any(child is s for s in n.body) and ENGINE.search(ast.unparse(n.test)):
+            return True
+        child, n = n, m.parent.get(id(n))
+    return False
+
+
+ENGINE = re.compile(r"deepspeed|fsdp|horovod", re.I)
 
 
 def _runs_one_process(f: Facts) -> bool:

@@ -15,7 +15,7 @@ from ..syntax import callee, const_str, dotted, involves_rank, kw, mentions_ddp
 from ..wrappers import single_run_data_parallel, single_run_wrapped
 
 
-def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> ast.Call | None:
+def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int, f: Facts | None = None) -> ast.Call | None:
     """`model.load_state_dict(ckpt["model"])` on the DDP-wrapped name after the wrap: the script resumes its own
     wrapped checkpoint, so the module. prefix round-trips, while the plain model (the single run, a 1-GPU resume)
     still cannot load the file. Suppressed until round 207; over every held-out label (1-212) reporting it found 17
@@ -23,8 +23,27 @@ def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int) -> ast.Call | No
     it a defect unless a loader strips the prefix: reported, as check-by-hand, naming the load; unless the script
     also exports the plain weights apart (Barlow Twins' `torch.save(model.module.backbone.state_dict(), ...)`):
     then the wrapped file is only the run's own resume point, and the plain model has its own file."""
-    return next((c for c in m.calls if isinstance(c.func, ast.Attribute) and callee(c) == "load_state_dict"
-                 and dotted(c.func.value) == owner and c.lineno > wrap_line), None)
+    direct = next((c for c in m.calls if isinstance(c.func, ast.Attribute) and callee(c) == "load_state_dict"
+                   and dotted(c.func.value) == owner and c.lineno > wrap_line), None)
+    return direct if direct is not None or f is None else _helper_loads_into(f, m, owner, wrap_line)
+
+
+def _helper_loads_into(f: Facts, m: Module, owner: str, wrap_line: int) -> ast.Call | None:
+    """A project helper handed the wrapper after the wrap that loads into it (V-JEPA's `load_checkpoint(...,
+    encoder=encoder, ...)`, whose body calls `encoder.load_state_dict(checkpoint['encoder'])`): the same round trip."""
+    for c in m.calls:
+        handed = [i for i, a in enumerate(c.args) if dotted(a) == owner]
+        named = {k.arg for k in c.keywords if k.arg and dotted(k.value) == owner}
+        if c.lineno <= wrap_line or not (handed or named):
+            continue
+        for _tm, tf in f.p.resolve(m, c):
+            params = [a.arg for a in getattr(tf, "args", ast.arguments(args=[])).args]
+            params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+            names = named | {params[i] for i in handed if i < len(params)}
+            if any(isinstance(x, ast.Call) and callee(x) == "load_state_dict" and isinstance(x.func, ast.Attribute)
+                   and dotted(x.func.value) in names for x in ast.walk(tf)):
+                return c
+    return None
 
 
 def _exports_plain_weights(m: Module, owner: str) -> bool:
@@ -157,7 +176,7 @@ def save_without_module(f: Facts, m: Module):
                           "checkpoint does not load into the plain model (the single run, or a 1-GPU resume) — hand it "
                           f"{owner}.module"), related=((hm, inner), *(
                               (m, k.value) for k in c.keywords if k.arg and dotted(k.value) == owner)))
-            load = _loaded_into_wrapped(m, owner, wrapped[owner])
+            load = _loaded_into_wrapped(m, owner, wrapped[owner], f)
             if (load is None or not _exports_plain_weights(m, owner)) and not (load is not None and single_run_wrapped(
                     m, wrapped[owner])) and not single_run_data_parallel(f.p, m, wrapped[owner]):
                 yield _round_trip(m, hit, load)
@@ -178,7 +197,7 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
                 and not _branch_on_wrapper(m, c):
-            load = _loaded_into_wrapped(m, owner, wrapped[owner])
+            load = _loaded_into_wrapped(m, owner, wrapped[owner], f)
             load = load if load is not None and ((m.rel, owner) not in f.inherited or _subclass_loads(f, m, owner)) \
                 else None
             if load is not None and (_exports_plain_weights(m, owner) or single_run_wrapped(m, wrapped[owner])) or \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 from ..facts import Facts
 from ..hierarchy import never_named, plain_function
@@ -89,7 +90,7 @@ def no_seed(f: Facts, m: Module):
             f"torch is seeded only when `{failed}`, which the option's default fails" if failed else \
             "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
             "other" in kinds else "nothing seeds torch"
-        if not gated and not failed and _unlinked_runner_seeds(f, entry[0]):
+        if not gated and not failed and (_unlinked_runner_seeds(f, entry[0]) or _run_goes_on_unseen(f, m, entry[0])):
             return
         # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
         wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)]
@@ -107,6 +108,25 @@ def no_seed(f: Facts, m: Module):
                   "compared — torch.manual_seed(seed) before building the model",
                   related=tuple(wraps) + ((_test_of(*at, failed),) if at else ()) + _calls_of(f, at))  # (and
         # the seed the default run skips: the test that skips it, and the call of the helper it sits in)
+
+
+def _run_goes_on_unseen(f: Facts, m: Module, calls: list) -> bool:
+    """The script reaches no DDP wrap itself and hands the run to a function it imports from a module of the
+    project's own package that these files lack (V-JEPA's app/main.py: `from app.scaffold import main as app_main`,
+    which picks app/vjepa/train.py by name), while a project module the copies hold wraps in DDP and seeds torch:
+    the run goes on where the audit cannot follow it, so whether it is seeded is not known here."""
+    if not f.p.on_disk or any(f.is_ddp_call(mm, c) for mm, c in calls):
+        return False
+    for mm, c in calls:
+        if mm is not m or not isinstance(c.func, ast.Name) or c.func.id not in m.imports:
+            continue
+        mod, _attr, level = m.imports[c.func.id]
+        if level or not mod or not (Path(f.p.root) / mod.split(".")[0]).is_dir() or f.p.module_for(m, c.func.id):
+            continue
+        if any(any(f.is_ddp_call(om, x) for x in om.calls) and any(f.seed_kind(om, x) == "torch" for x in om.calls)
+               for om in f.p.modules.values()):
+            return True
+    return False
 
 
 def _unlinked_runner_seeds(f: Facts, calls: list) -> bool:
