@@ -3,7 +3,8 @@ DataLoader(..., sampler=self.train_sampler)`, or `self.dataloader = get_dataset(
 it), and the places the training code then iterates it in an epoch loop. The sampler rules name those places: the
 defect is made where the sampler is built and happens where its loader is iterated, epoch after epoch. Also:
 whether a loader is gone over once in the whole run, which builder calls never take the sampler's arm, and
-which project loaders make their iterator once (set_epoch comes too late for them)."""
+which project loaders make their iterator once (set_epoch comes too late for them), and where the epoch loop
+that set_epoch belongs in gets its loader."""
 
 from __future__ import annotations
 
@@ -296,3 +297,40 @@ def handed_to_an_unseen_engine(p, m: Module, sampler: ast.Call) -> bool:
                 return True
     return False
 
+
+def epoch_loop_caller(f: Facts, m: Module, node: ast.AST, depth: int = 3):
+    """(module, call): the nearest call, up the callers of the builder that makes `node`, made in a function that
+    runs an epoch loop (Timer's `self._get_data(flag='train')` in Exp_Forecast.train, two helpers above the
+    sampler): where the loader comes into the loop that set_epoch belongs in. A function whose loop counts epochs
+    comes first, its batches looped in a helper (TAPE's run_train, `for epoch_id in range(...):
+    run_train_epoch(...)`), before one with loops over a single evaluation (its run_eval), though both ask the
+    same builder for a loader."""
+    frontier = [(m, m.enclosing(node))]
+    for _ in range(depth):
+        nxt, epochs, looped = [], [], []
+        for mm, fn in frontier:
+            for cm, c in (f.p.callers(mm, fn) if fn is not None else []):
+                g = cm.enclosing(c)
+                if g is not None and _counts_epochs(g):
+                    epochs.append((cm, c))
+                if g is not None and any(isinstance(n, (ast.For, ast.While)) and any(
+                        isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in ast.walk(g)):
+                    looped.append((cm, c))
+                nxt.append((cm, g))
+        if epochs or looped:
+            return (epochs or looped)[0]
+        frontier = nxt
+    return None
+
+
+def _counts_epochs(fn: ast.AST) -> bool:
+    """A `for epoch in ...` loop in the function."""
+    return any(isinstance(n, ast.For) and any(isinstance(t, ast.Name) and re.search(r"epoch", t.id, re.I)
+                                              for t in ast.walk(n.target)) for n in ast.walk(fn))
+
+
+def has_epoch_loop(m: Module) -> bool:
+    """The module runs an epoch loop itself (a loop around a loop): set_epoch would go there. A script that hands
+    the loader to a trainer in another file has its epoch loop, and the fix, elsewhere."""
+    return any(isinstance(n, (ast.For, ast.While)) and any(
+        isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in m.nodes)

@@ -61,10 +61,8 @@ class Guards:
             kinds.update(switched_off_elsewhere(self, m, kinds))
             kinds.update({n: "rank0" for n in cleared_off_rank0(self, m, False) if n not in kinds})
             self.flags[m.rel] = {n for n, k in kinds.items() if k == "rank0"}
-        # a base class's `self.verbose` flag holds in the subclasses of the modules that import it (VL-T5's
-        # TrainerBase and its VQA Trainer)
-        # ... and a flag set on an object a helper is handed (`def init_dist(opt): ... opt.log = True`) holds
-        # wherever a module that imports the helper tests it (`if opt.log:` in HybrIK's training script)
+        # a base class's `self.verbose` flag holds in its subclasses (VL-T5), and a flag set on an object a helper
+        # is handed (`def init_dist(opt): ... opt.log = True`) where its importers test it (`if opt.log:`, HybrIK)
         for m in project.modules.values():
             inherited = {n for n in self.flags[m.rel] if n.startswith("self.")}
             handed = {n for n in self.flags[m.rel] if "." in n and not n.startswith("self.")
@@ -475,11 +473,14 @@ class Guards:
 
     def _rank0_decorated(self, m: Module, fn: ast.AST) -> bool:
         """`@master_only` / `@main_process` / `@rank_zero_only`, or a project decorator whose wrapper calls the
-        function only on rank 0 (SALMONN's `def main_process(func): ... if rank == 0: return func(*args)`)."""
+        function only on rank 0 (SALMONN's `def main_process(func): ... if rank == 0: return func(*args)`), or one
+        the class body defines (SMDE's `def _parallel_mask(func)`, whose inner calls it `if self.rank_id == 0:`)."""
         for d in fn.decorator_list:
             if RANK0_NAME.search(dotted(d.func if isinstance(d, ast.Call) else d).split(".")[-1]):
                 return True
-            for dm, dfn in self.p.resolve(m, ast.Call(func=d, args=[], keywords=[])):
+            cls = m.classes.get(m.class_of(fn) or "") if isinstance(d, ast.Name) else None  # (or one in the class
+            own = [(m, x) for x in getattr(cls, "body", []) if getattr(x, "name", "") == d.id]  # body: SMDE's mask)
+            for dm, dfn in own or self.p.resolve(m, ast.Call(func=d, args=[], keywords=[])):
                 first = dfn.args.args[0].arg if dfn.args.args else None
                 if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == first and
                        self.kind(dm, c) == "rank0" for c in ast.walk(dfn)):
@@ -507,8 +508,7 @@ class Guards:
                     # (`if args.eval_first and is_main_process(): ...; return`, ODLab's FCOS: past it every rank
                     # goes on whenever the option is off; only a test of the rank alone splits the ranks)
                     return "rank0" if k == "not0" else "not0"
-                # `if args.rank != 0 or epoch % freq != 0: return` (VICRegL's checkpoint): past it, every operand
-                # of the `or` was false, the rank test too
+                # `if args.rank != 0 or epoch % freq != 0: return` (VICRegL): past it every operand was false
                 if isinstance(s.test, ast.BoolOp) and isinstance(s.test.op, ast.Or):
                     kinds = {self.classify(m, v) for v in s.test.values}
                     named = any(self.classify(m, v) == "not0" and involves_rank(v) for v in s.test.values)

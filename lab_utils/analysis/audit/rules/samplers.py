@@ -10,7 +10,9 @@ from ..evaluation import dedups_gathered_ids
 from ..facts import Facts
 from ..loaders import (
     called_in_a_loop,
+    epoch_loop_caller,
     handed_to_an_unseen_engine,
+    has_epoch_loop,
     late_for_persistent,
     loader_places,
     loop_over_own_loader,
@@ -154,9 +156,9 @@ def set_epoch_missing(f: Facts, m: Module):
         if calls and all(_asks_for_evaluation(c) for c in calls):
             return  # every call asks the builder for an evaluation split (BiSeNet's `get_data_loader(cfg,
             # mode='val')`): that loader goes over its shard once per evaluation, order immaterial
-        if site is None or not _has_epoch_loop(site[0]):
-            site = _epoch_loop_caller(f, m, made[0])
-        if site is not None and _has_epoch_loop(site[0]):
+        if site is None or not has_epoch_loop(site[0]):
+            site = epoch_loop_caller(f, m, made[0])
+        if site is not None and has_epoch_loop(site[0]):
             # One defect, one finding: shown in the script whose epoch loop never calls set_epoch (the fix goes
             # there), with the helper's sampler as its related place.
             never = "" if stale else " whose set_epoch nothing in the project calls"
@@ -258,31 +260,6 @@ def _sampler_left_out(m: Module, made: list[ast.Call], set_epochs) -> tuple[ast.
                 isinstance(m.parent.get(id(n)), ast.keyword) and m.parent.get(id(n)).arg == "sampler" for n in uses):
             return c, name, sorted(set(given))
     return None
-
-
-def _epoch_loop_caller(f: Facts, m: Module, node: ast.AST, depth: int = 3):
-    """(module, call): the nearest call, up the callers of the builder that makes `node`, made in a function that
-    runs an epoch loop (Timer's `self._get_data(flag='train')` in Exp_Forecast.train, two helpers above the
-    sampler): where the loader comes into the loop that set_epoch belongs in."""
-    frontier = [(m, m.enclosing(node))]
-    for _ in range(depth):
-        nxt = []
-        for mm, fn in frontier:
-            for cm, c in (f.p.callers(mm, fn) if fn is not None else []):
-                g = cm.enclosing(c)
-                if g is not None and any(isinstance(n, (ast.For, ast.While)) and any(
-                        isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in ast.walk(g)):
-                    return cm, c
-                nxt.append((cm, g))
-        frontier = nxt
-    return None
-
-
-def _has_epoch_loop(m: Module) -> bool:
-    """The module runs an epoch loop itself (a loop around a loop): set_epoch would go there. A script that hands
-    the loader to a trainer in another file has its epoch loop, and the fix, elsewhere."""
-    return any(isinstance(n, (ast.For, ast.While)) and any(
-        isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in m.nodes)
 
 
 @rule("set-epoch-late", "03_samplers", "set_epoch after the loader's iterator exists (a persistent iterator): the "
@@ -501,14 +478,22 @@ def _pads(f: Facts, name: str) -> bool:
         return True  # torch's, or a class the audited files do not hold
     for _mm, cd in found:
         own_iter = any(isinstance(d, ast.FunctionDef) and d.name == "__iter__" for d in cd.body)
-        if any("DistributedSampler" in dotted(b) for b in cd.bases) and not own_iter:
-            return True
+        if any("DistributedSampler" in dotted(b) for b in cd.bases) and not own_iter and not _total_is_length(cd):
+            return True  # (unless it sets total_size to the set's length: torch's __iter__ then pads nothing,
+            # GDKD's DistributedEvalSampler, which gives the first ranks one sample more)
         if _extends_by_its_own_head(cd):
             return True  # the padding itself (code only: NeWCRFs's sampler keeps torch's line commented out)
         text = ast.unparse(cd)
-        if not own_iter and ("ceil" in text or "total_size" in text):
+        if not own_iter and ("ceil" in text or "total_size" in text) and not _total_is_length(cd):
             return True
     return False
+
+
+def _total_is_length(cd: ast.ClassDef) -> bool:
+    """`self.total_size = len(self.dataset)` in the class: the padding torch's __iter__ adds is total_size minus
+    the length, none."""
+    return any(isinstance(n, ast.Assign) and any(dotted(t) == "self.total_size" for t in n.targets)
+               and isinstance(n.value, ast.Call) and callee(n.value) == "len" for n in ast.walk(cd))
 
 
 def _extends_by_its_own_head(cd: ast.ClassDef) -> bool:

@@ -28,6 +28,16 @@ def _loaded_into_wrapped(m: Module, owner: str, wrap_line: int, f: Facts | None 
     return direct if direct is not None or f is None else _helper_loads_into(f, m, owner, wrap_line)
 
 
+def _reloaded_in_a_method(m: Module, c: ast.Call, owner: str) -> bool:
+    """`self.distiller.load_state_dict(...)` in a method other than __init__ (GDKD's Trainer.train, whose
+    distiller the script wrapped before building the trainer, in another file): the run resumes its own wrapped
+    checkpoint after the wrap, whatever the line numbers of two files say; with the plain weights exported apart
+    (`self.distiller.module.student.state_dict()`), the wrapped file is only its resume point."""
+    fn = m.enclosing(c)
+    return isinstance(c.func, ast.Attribute) and callee(c) == "load_state_dict" and dotted(c.func.value) == owner \
+        and owner.startswith("self.") and fn is not None and getattr(fn, "name", "__init__") != "__init__"
+
+
 def _helper_loads_into(f: Facts, m: Module, owner: str, wrap_line: int) -> ast.Call | None:
     """A project helper handed the wrapper after the wrap that loads into it (V-JEPA's `load_checkpoint(...,
     encoder=encoder, ...)`, whose body calls `encoder.load_state_dict(checkpoint['encoder'])`): the same round trip."""
@@ -201,7 +211,8 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
             load = load if load is not None and ((m.rel, owner) not in f.inherited or _subclass_loads(f, m, owner)) \
                 else None
             if load is not None and (_exports_plain_weights(m, owner) or single_run_wrapped(m, wrapped[owner])) or \
-                    single_run_data_parallel(f.p, m, wrapped[owner]):
+                    single_run_data_parallel(f.p, m, wrapped[owner]) or _exports_plain_weights(m, owner) and any(
+                        _reloaded_in_a_method(m, x, owner) for x in m.calls):
                 continue  # (or the single run wraps it too: the same keys go out and come back)
             yield c, owner, (f"{owner}.state_dict() where {owner} holds the DDP wrapper ({f.wrap_site(m, owner)}): "
                              "every key gets a 'module.' prefix and the checkpoint does not load into the plain model "
