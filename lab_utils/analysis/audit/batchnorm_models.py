@@ -21,7 +21,9 @@ def is_batchnorm(m: Module, c: ast.Call) -> bool:
     name = callee(c)
     imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
     own = m.classes.get(name) if isinstance(c.func, ast.Name) else None  # `class ContBatchNorm3d(_BatchNorm)`
-    return bool(re.fullmatch(r"BatchNorm[123]d", name) or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1])
+    # (MinkowskiEngine's MinkowskiBatchNorm, a BatchNorm1d over the sparse features: DSPv2's point-cloud encoder)
+    return bool(re.fullmatch(r"BatchNorm[123]d|MinkowskiBatchNorm", name)
+                or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1])
                 or own is not None and any(re.fullmatch(r"_BatchNorm|BatchNorm[123]d", dotted(b).split(".")[-1])
                                            for b in own.bases))
 

@@ -286,8 +286,11 @@ class Project:
             if name in mod.functions:
                 out.append((mod, mod.functions[name]))
             elif name in mod.classes:
+                n = len(out)
                 out.extend((mod, mod.functions[k]) for k in mod.functions if k.startswith(name + ".")
                            and (not exact or k == f"{name}.__init__"))
+                if len(out) == n:  # a subclass of no methods of its own (DSPv2's ResNet14): its bases' __init__
+                    out.extend(self.methods(mod, name, "__init__"))
 
         if isinstance(f, ast.Name):
             if f.id in m.functions or f.id in m.classes:

@@ -1,13 +1,16 @@
 """The seed a seeding call's argument gives, for chapter 02's seed-per-rank rule (rules/seeds.py): at rank 0 of the
 DDP run and in the single run, with the rank and world-size names set, and the names that only carry a rank
-inlined, so `seed + 1 + RANK` (RANK = -1 alone) reads as the two different seeds it is."""
+inlined, so `seed + 1 + RANK` (RANK = -1 alone) reads as the two different seeds it is; and the assignment the
+single run keeps where a distributed switch replaces the seed with a rank."""
 
 from __future__ import annotations
 
 import ast
+import copy
 import warnings
 
 from .project import Module
+from .switches import distributed_switch
 from .syntax import RANKISH, WORLDISH, const_str, dotted, involves_rank, is_rankish_node
 
 
@@ -54,3 +57,26 @@ def inline_rank_name(m: Module, expr: ast.AST, depth: int = 3) -> ast.AST:
     if len(defs) > 1:  # (`seed = args.seed`, then `seed = args.seed + idr_torch.rank` on GPUs: the one with the rank)
         defs = [d for d in defs if involves_rank(d, m.rank_tainted)]
     return inline_rank_name(m, defs[0], depth - 1) if len(defs) == 1 else expr
+
+
+def rank_seed_under_switch(m: Module, arg: ast.AST):
+    """(the rank-bearing assignment, the earlier one the single run keeps, the switch) for `seed = config.seed`
+    then `if engine.distributed: seed = engine.local_rank` (TorchSeg): under DDP the seed is replaced, and rank 0's
+    value need not be the single run's."""
+    if not isinstance(arg, ast.Name):
+        return None
+    binds = sorted((a for a in m.nodes if isinstance(a, ast.Assign) and len(a.targets) == 1
+                    and dotted(a.targets[0]) == arg.id), key=lambda a: a.lineno)
+    ranked = [a for a in binds if involves_rank(a.value, m.rank_tainted) and distributed_switch(m, a) is not None]
+    bases = [a for a in binds if not involves_rank(a.value, m.rank_tainted) and distributed_switch(m, a) is None]
+    if len(ranked) != 1 or not bases or bases[0].lineno > ranked[0].lineno:
+        return None
+    return ranked[0], bases[0], distributed_switch(m, ranked[0])
+
+
+def with_name(expr: ast.AST, name: str, value: ast.AST) -> ast.AST:
+    """`expr` with the name `name` replaced by `value` (`seed + local_rank` after `seed = 12345`)."""
+    class Put(ast.NodeTransformer):
+        def visit_Name(self, n):
+            return value if n.id == name else n
+    return Put().visit(copy.deepcopy(expr))

@@ -145,13 +145,19 @@ def _json_config_url(f: Facts, url: ast.AST) -> tuple[str, str] | None:
 
 
 def _address_and_port(url: ast.AST | None):
-    """(the constant text before the port, the port's expression) of `f'tcp://127.0.0.1:{args.port}'` or
-    `'tcp://127.0.0.1:' + args.port`; (None, None) otherwise."""
+    """(the constant text before the port, the port's expression) of `f'tcp://127.0.0.1:{args.port}'`,
+    `'tcp://127.0.0.1:' + args.port` or `'tcp://{}:{}'.format(addr, args.port)`; (None, None) otherwise."""
     if isinstance(url, ast.JoinedStr) and len(url.values) >= 2 and isinstance(url.values[-1], ast.FormattedValue):
         return "".join(str(p.value) if isinstance(p, ast.Constant) else "{}" for p in url.values[:-1]), \
             url.values[-1].value
     if isinstance(url, ast.BinOp) and isinstance(url.op, ast.Add):
         return const_str(url.left), url.right
+    # `'tcp://{}:{}'.format(args.master_addr, args.port)` (CASS-NAT's train_asr.py)
+    if isinstance(url, ast.Call) and isinstance(url.func, ast.Attribute) and url.func.attr == "format" and \
+            const_str(url.func.value) is not None and url.func.value.value.endswith(":{}") and url.args and \
+            url.func.value.value.count("{}") == len(url.args):
+        head = url.func.value.value[:-2]
+        return (head if head.count("{}") <= 1 else None), url.args[-1]
     return None, None
 
 

@@ -13,7 +13,7 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
 from ..seed_gates import failed_by_default, gated, helper_gated, single_run_value
-from ..seed_values import inline_rank_name, seed_value
+from ..seed_values import inline_rank_name, rank_seed_under_switch, seed_value, with_name
 from ..switches import is_switch_test
 from ..syntax import (
     ITERABLE_NOT_LOADER,
@@ -439,9 +439,19 @@ def seed_per_rank(f: Facts, m: Module):
         if arg is None or failed_by_default(f, m, c):
             continue  # (a seed only where the default fails the test, genforce's `if config.seed is not None:`,
             # seeds nothing in the default run: no-seed's finding)
+        switched_seed, seed_name = rank_seed_under_switch(m, arg), dotted(arg)
         arg = inline_rank_name(m, arg)
         if not involves_rank(arg, m.rank_tainted, skip_conditional=True) or _handed_in(m, c, arg):
             continue
+        if switched_seed is not None:
+            ranked, base, test = switched_seed
+            if seed_value(m, with_name(ranked.value, seed_name, base.value), lambda name: 0) != seed_value(
+                    m, base.value, lambda name, c=c: single_run_value(m, name, c, p=f.p) or 0, world=1):
+                yield Hit(c, f"{ast.unparse(c)} seeds with {ast.unparse(ranked.value)} under `{ast.unparse(test)}` "
+                          f"(line {ranked.lineno}), where the single run seeds {ast.unparse(base.value)} (line "
+                          f"{base.lineno}): rank 0's seed is not the single run's, so its init, which DDP broadcasts, "
+                          f"and its draws differ — seed with {ast.unparse(base.value)} + rank", related=((m, ranked),))
+                continue
         at0 = seed_value(m, arg, lambda name: 0)
         single = seed_value(m, arg, lambda name, c=c: single_run_value(m, name, c, p=f.p) or 0, world=1)
         arm = _distributed_arm(f, m, c)
