@@ -16,7 +16,7 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
     in a helper it calls, or in one that helper calls (`test_sample_depth` -> `reduce_scalar_outputs`)."""
     out = []
     for mm in facts.p.modules.values():
-        for f in mm.functions.values():
+        for f in [*mm.functions.values(), *_script_body(mm)]:
             named = EVALISH.search(f.name) or any(EVAL_WORD.fullmatch(w) for w in f.name.split("_"))
             if _drops_the_padding(f):
                 continue
@@ -30,7 +30,7 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
                     isinstance(n, ast.Call) and callee(n) in REDUCING and any(
                         dotted(x) in evaluated for a in n.args for x in ast.walk(a)) for n in ast.walk(f)):
                 continue
-            if not facts.p.callers(mm, f) and f.name.split(".")[-1] not in facts.all_names():
+            if not facts.p.callers(mm, f) and f.name.split(".")[-1] not in facts.all_names() and f.name != "<script>":
                 continue  # an evaluation nothing calls (Point-MAE's validate(), its call commented out)
             # in a function not named for evaluation, only what its evaluation loops (or the evaluated values)
             # reduce: SSD's do_train reduces its training losses, and loops over eval_results elsewhere
@@ -56,6 +56,15 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
                     and not _helper_scatters(facts, mm, n) and not _reduces_unseen_result(facts, mm, f, n)
                     and not any(_drops_the_padding(tf) for _, tf in facts.p.resolve(mm, n))]
     return sorted(out, key=lambda x: (x[0].rel, x[1].lineno))
+
+
+def _script_body(m: Module) -> list:
+    """A script's top-level code as one scope named '<script>' (HPNN's run_ddp.py validates in its `__main__`
+    block, with the epoch loop): its evaluation loops count like a function's."""
+    body = [s for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return [ast.FunctionDef(name="<script>", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
+                                                                kw_defaults=[], defaults=[]),
+                            body=body, decorator_list=[], lineno=1)] if m.entry and body else []
 
 
 def _unfed_meter(m: Module, fn: ast.AST, c: ast.Call) -> bool:
@@ -240,15 +249,34 @@ def _unseen_gather(facts, m: Module, c: ast.Call) -> bool:
         not m.imports[c.func.id][0].startswith("torch") and not facts.p.resolve(m, c)
 
 
-def dedups_gathered_ids(facts) -> bool:
+def dedups_gathered_ids(facts, used_by: set | None = None) -> bool:
     """Some project function gathers results over ranks and keeps one per sample id (DETR's coco_eval.merge:
     `all_gather(img_ids)`, then `np.unique(merged_img_ids, return_index=True)`): the evaluation's metric counts
-    each sample once, padded duplicates included."""
-    return any(any(isinstance(x, ast.Call) and callee(x) == "all_gather" for x in ast.walk(fn)) and any(
-        isinstance(x, ast.Call) and callee(x) == "unique" and any(k.arg == "return_index" for k in x.keywords)
-        for x in ast.walk(fn)) for mm in facts.p.modules.values() for fn in mm.functions.values()) or any(
-        _keyed_by_sample_id(facts.p, mm, d) for mm in facts.p.modules.values() for d in mm.nodes
-        if isinstance(d, ast.DictComp))
+    each sample once, padded duplicates included. `used_by`: reach() keys of the functions that evaluate the
+    loader in question; a dedup none of them runs is another evaluation's (ReferFormer's COCO-style evaluator,
+    while its A2D evaluation gathers the padded predictions as they are)."""
+    def ran(mm, fn):
+        return used_by is None or (mm.rel, id(fn)) in used_by
+    return any(ran(mm, fn) and any(isinstance(x, ast.Call) and callee(x) == "all_gather" for x in ast.walk(fn))
+               and any(isinstance(x, ast.Call) and callee(x) == "unique" and any(
+                   k.arg == "return_index" for k in x.keywords) for x in ast.walk(fn))
+               for mm in facts.p.modules.values() for fn in mm.functions.values()) or any(
+        _keyed_by_sample_id(facts.p, mm, d) and (mm.enclosing(d) is None or ran(mm, mm.enclosing(d)))
+        for mm in facts.p.modules.values() for d in mm.nodes if isinstance(d, ast.DictComp))
+
+
+def evaluations_of(p, loader_names: set[str]) -> set | None:
+    """reach() keys of the project functions handed one of the loaders (`evaluate_a2d(model, data_loader_val,
+    ...)`), with those functions' own callees; None when no call hands one on (the loader is iterated where it
+    is built, or the names are not known): the caller then asks about the whole project."""
+    keys: set = set()
+    for mm in p.modules.values():
+        for c in mm.calls:
+            if any(isinstance(a, (ast.Name, ast.Attribute)) and dotted(a) in loader_names
+                   for a in [*c.args, *(k.value for k in c.keywords)]):
+                for tm, tf in p.resolve(mm, c):
+                    keys |= p.reach(tm, tf)
+    return keys or None
 
 
 SAMPLE_ID = re.compile(r"^(image_|img_|sample_|video_|utt_|doc_)?ids?$")

@@ -27,6 +27,10 @@ PORT_VARIABLE = re.compile(r"^\s*(?:export\s+)?(\w+)=[\"']?(\d{2,5})[\"']?\s*(?:
 # `PORT=${3:-29000}`: a fallback for the script's third argument, not for the environment: a command that passes
 # two arguments (STEERER's README: `sh train.sh CONFIG GPUS`) rendezvouses on the fixed port
 POSITIONAL_PORT = re.compile(r"^\s*(?:export\s+)?(\w+)=[\"']?\$\{\d:-(\d{2,5})\}[\"']?\s*(?:#.*)?$")
+# ... or a URL variable built with a fixed port (SSL4EO-S12's `dist_url+=:40000`), then `--dist-url $dist_url`
+URL_VARIABLE = re.compile(r"^\s*(?:export\s+)?(\w*(?:url|addr|endpoint|init)\w*)\+?=[\"']?[^\s\"'#]*:(\d{2,5})[\"']?\s*"
+                          r"(?:#.*)?$", re.I)
+VARIABLE_URL = re.compile(r"(--(?:dist[_-]url|init[_-]method)[= ]+)[\"']?\$(?:\{(\w+)\}|(\w+))")
 
 
 def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Finding]:
@@ -42,6 +46,7 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
         # `PORT=9996` set in the script, then `--master_port=${PORT}` (YouReID's cmd.sh): the variable is the port
         fixed = {v.group(1): v.group(2) for v in [*map(PORT_VARIABLE.match, lines), *map(POSITIONAL_PORT.match, lines)]
                  if v is not None}
+        urls = {v.group(1): v.group(2) for v in map(URL_VARIABLE.match, lines) if v is not None}
         for i, line in enumerate(lines, 1):
             code = re.sub(r"(^|\s)#.*$", "", line)  # a comment, not `${#gpu_ids[@]}` (Copy-is-all-you-need's)
             hit = FIXED_PORT.search(code) or FIXED_URL.search(code) or FIXED_ENDPOINT.search(code)
@@ -49,6 +54,11 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
             name = via.group(2) or via.group(3) if via is not None else None
             if hit is None and name in fixed:
                 hit = via
+            url = VARIABLE_URL.search(code)
+            if hit is None and url is not None and (url.group(2) or url.group(3)) in urls:
+                hit = via = url
+                name = url.group(2) or url.group(3)
+                fixed = {**fixed, name: urls[name]}
             if hit is None:
                 continue
             text = "`" + re.sub(r"[\"']", "", hit.group(0).strip()) + "`"  # (MT-DNN's quotes left out)

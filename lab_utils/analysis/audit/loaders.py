@@ -33,6 +33,11 @@ def _mentions(node: ast.AST, names: set[str]) -> bool:
                for x in ast.walk(node))
 
 
+def loader_names(p, m: Module, sampler: ast.Call) -> set[str]:
+    """The names the loaders built on `sampler` are held under (see _loader_names)."""
+    return _loader_names(p, m, sampler)[0]
+
+
 def _loader_names(p, m: Module, sampler: ast.Call) -> tuple[set[str], list]:
     """(the names the loaders built on `sampler` are held under, here or by the callers of a builder that returns
     one; those callers' calls)."""

@@ -168,7 +168,8 @@ class DefaultOptions(YamlConfigs):
                         return ast.unparse(t), n  # `cfg['training_cfg'].get('use_pretrainedD', False)`, no YAML sets it
                     if isinstance(t, ast.Attribute) and OPTIONAL_PATH.match(t.attr) and self._never_defined(t.attr):
                         return f"{dotted(t)} (a path option these files never define)", n
-                    if isinstance(t, ast.Attribute) and MODE_FLAG.match(t.attr) and self._never_defined(t.attr):
+                    if isinstance(t, ast.Attribute) and MODE_FLAG.match(t.attr) and self._never_defined(t.attr) and \
+                            not self._yaml_turns_on(t.attr):  # (SphereFormer's YAML config: `evaluate: True`)
                         return f"{dotted(t)} (a mode switch these files never define)", n
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 break
@@ -209,6 +210,13 @@ class DefaultOptions(YamlConfigs):
         defaults = [a.value for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
                     and len(a.targets) == 1 and dotted(a.targets[0]).split(".", 1)[-1] == tail
                     and dotted(a.targets[0]).count(".") == len(parts) - 1 and len(parts) > 2]
+        # (or a node built with its keys: `_C.SOLVER.SWA = CN({"ENABLED": False})`, RCAN-it's defaults.py)
+        defaults += [v for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
+                     and len(a.targets) == 1 and len(parts) > 2 and dotted(a.targets[0]).split(".", 1)[-1] ==
+                     ".".join(parts[1 + (parts[0] == "self"):-1]) and isinstance(a.value, ast.Call) and a.value.args
+                     and isinstance(a.value.args[0], ast.Dict) for k, v in zip(a.value.args[0].keys,
+                                                                              a.value.args[0].values, strict=True)
+                     if const_str(k) == parts[-1]]
         if CONFIGISH.search(parts[-2]):
             defaults += self.config_defaults(parts[-1])
         sets = [(mm, a) for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) and len(

@@ -8,7 +8,7 @@ import re
 
 # a rank value's name; `per_rank`, `negative_all_rank` (BLIP's flag: negatives from every rank) name no rank
 RANKISH = re.compile(r"(^|(?<!per)(?<!all)(?<!each)(?<!every)(?<!cross)_)rank$|^rank|local_rank|master_process"
-                     r"|is_main|is_master|main_process|is_rank_zero|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d"
+                     r"|is_main|is_master|main_process|is_rank_zero|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d|^dist_id$"
                      r"|^[A-Z_]*(?<!PER)(?<!ALL)(?<!EACH)(?<!EVERY)(?<!CROSS)_RANK$")  # (yacs: GPU_WORLD_RANK)
 WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus?|NUM_GPUS|get_world_size|num_processes|nprocs"
                       r"|WORLD_SIZE|device_count")  # (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS

@@ -49,6 +49,9 @@ def _assignments(m) -> list[tuple[bool, set[str], ast.AST, list[str]]]:
                    for name in ([dotted(e) for e in t.elts] if isinstance(t, (ast.Tuple, ast.List)) else [dotted(t)])
                    if name and not WORLDISH.search(name) and not DIST_SWITCH.search(name.split(".")[-1])
                    and "device" not in name.lower()]  # a placement, not a rank
+        # (nor the GPUs a process may see: `os.environ['CUDA_VISIBLE_DEVICES'] = args.gpu`, TransBTS's test.py)
+        targets = [] if any(isinstance(t, ast.Subscript) and "VISIBLE_DEVICES" in str(getattr(t.slice, "value", ""))
+                            for t in (a.targets if isinstance(a, ast.Assign) else [a.target])) else targets
         if targets and not _object_on_one_rank(a.value):
             names = {dotted(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))
                      and not WORLDISH.search(dotted(n).split(".")[-1])}  # (as is_rankish_node reads them)

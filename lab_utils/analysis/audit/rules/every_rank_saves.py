@@ -76,7 +76,8 @@ def _saves_on_every_rank(f: Facts, m: Module):
             continue  # per-rank file names, or an in-memory buffer: no shared file is written
         fn = m.enclosing(c)
         kind = f.g.effective(m, c)
-        if kind in ("rank0", "not0") or f.guarded_inside(m, c) or one_process_arm(m, c):
+        if kind in ("rank0", "not0") or f.guarded_inside(m, c) or one_process_arm(m, c) or _gated_off_for_others(
+                f, m, c) or any(_needs_an_optional_attribute(f, tm, tf) for tm, tf in f.p.resolve(m, c)):
             continue  # rank 0's alone, or the arm that runs only when the run is not distributed
         sites = f.p.callers(m, fn) if fn is not None else []
         if fn is not None and not sites and m.enclosing(fn) is not None:  # a closure (VoCo's `def save_ckp(state,
@@ -102,6 +103,49 @@ def _saves_on_every_rank(f: Facts, m: Module):
         else:
             yield c, (f"{ast.unparse(c.func)}(...) runs on every rank: world_size processes write one file at once "
                       "(a torn or mixed checkpoint) — save on rank 0 only, then barrier outside the if")
+
+
+def _gated_off_for_others(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The save sits under `if not cfg.X:` in a function whose every call that is not rank 0's sits in an arm that
+    `cfg.X` is true (RCAN-it's Trainer.test saves `if not self.cfg.SOLVER.TEST_ONLY:`; the script runs `t.test()
+    if cfg.SOLVER.TEST_ONLY else t.train()` on every rank, and train() calls test() on rank 0 alone): the ranks
+    that reach the function without the rank-0 guard never reach the save."""
+    def tail(n):
+        return re.sub(r"^self\.", "", dotted(n))
+    gates, child, n = set(), c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(n, ast.If) and any(child is x for x in n.body) and isinstance(n.test, ast.UnaryOp) and \
+                isinstance(n.test.op, ast.Not) and isinstance(n.test.operand, ast.Attribute):
+            gates.add(tail(n.test.operand))
+        child, n = n, m.parent.get(id(n))
+    sites = f.p.callers(m, n) if n is not None and gates else []
+
+    def in_gated_arm(cm, cc):
+        child, up = cc, cm.parent.get(id(cc))
+        while up is not None and not isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(up, (ast.If, ast.IfExp)) and tail(up.test) in gates and (
+                    child is up.body or isinstance(up.body, list) and any(child is x for x in up.body)):
+                return True
+            child, up = up, cm.parent.get(id(up))
+        return False
+    return bool(sites) and all(f.g.effective(cm, cc) == "rank0" or in_gated_arm(cm, cc) or f.off_in_default_run(
+        cm, cc) or _needs_an_optional_attribute(f, cm, cm.enclosing(cc)) for cm, cc in sites)
+
+
+def _needs_an_optional_attribute(f: Facts, m: Module, fn) -> bool:
+    """`if not hasattr(self, 'swa_model'): return` first in the function, and the class sets `self.swa_model`
+    only under an option off by default (RCAN-it's `if self.cfg.SOLVER.SWA.ENABLED and ...:`): the default run
+    leaves the function at once."""
+    first = next((s for s in getattr(fn, "body", []) if not (isinstance(s, ast.Expr) and isinstance(
+        s.value, ast.Constant))), None)
+    if not (isinstance(first, ast.If) and isinstance(first.test, ast.UnaryOp) and isinstance(first.test.op, ast.Not)
+            and isinstance(first.test.operand, ast.Call) and callee(first.test.operand) == "hasattr"
+            and len(first.test.operand.args) == 2 and first.body and isinstance(first.body[-1], ast.Return)):
+        return False
+    attr = first.test.operand.args[1].value if isinstance(first.test.operand.args[1], ast.Constant) else None
+    sets = [a for a in m.nodes if isinstance(a, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and dotted(t) == f"self.{attr}" for x in a.targets for t in ast.walk(x))]
+    return bool(attr) and bool(sets) and all(f.off_by_default(m, a) for a in sets)
 
 
 def _launches_the_ranks(m: Module) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..evaluation import dedups_gathered_ids
+from ..evaluation import dedups_gathered_ids, evaluations_of
 from ..facts import Facts
 from ..loaders import (
     called_in_a_loop,
@@ -14,6 +14,7 @@ from ..loaders import (
     handed_to_an_unseen_engine,
     has_epoch_loop,
     late_for_persistent,
+    loader_names,
     loader_places,
     loop_over_own_loader,
     not_built_for,
@@ -550,7 +551,7 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue  # the evaluation split is asked for only under an option off by default (VICRegL's --evaluate)
         if m.enclosing(c) is not None and f.p.overridden(m, m.enclosing(c)):
             continue  # a base class's loader builder the run's own subclass replaces: reported in that one
-        if f.eval_loop_reduces() and not dedups_gathered_ids(f):
+        if f.eval_loop_reduces() and not dedups_gathered_ids(f, evaluations_of(f.p, loader_names(f.p, m, c))):
             # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
             near = {mm.rel for mm in f.p.related(m)}
             # (up to three: UniTS's test() reduces in one helper per task kind; each helper's collective too)

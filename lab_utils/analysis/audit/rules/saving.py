@@ -420,10 +420,12 @@ def load_without_map_location(f: Facts, m: Module):
 
 
 def _in_a_dataset(m: Module, c: ast.Call) -> bool:
-    """A load in a dataset's own method (ESD's `image, label = torch.load(... '_batch.pt')` in __getitem__): a
-    sample read in the loader, not a checkpoint onto the rank's GPU."""
+    """A load in a dataset's own method (ESD's `image, label = torch.load(... '_batch.pt')` in __getitem__, or
+    HPNN's PyG InMemoryDataset reading its processed file in __init__): data read in the loader, not a checkpoint
+    onto the rank's GPU."""
     cls = m.classes.get(m.class_of(m.enclosing(c)) or "") if m.enclosing(c) is not None else None
-    return cls is not None and any(isinstance(d, ast.FunctionDef) and d.name == "__getitem__" for d in cls.body)
+    return cls is not None and (any(isinstance(d, ast.FunctionDef) and d.name == "__getitem__" for d in cls.body)
+                                or any(dotted(b).endswith("Dataset") for b in cls.bases))
 
 
 def _option_names_a_torch_file(f: Facts, c: ast.Call) -> bool:
