@@ -426,7 +426,7 @@ def wrapped_from_unseen_factories(f: Facts, m: Module):
     project factories whose files are not here (WeSpeaker's `get_speaker_model(configs['model'])(**args)`;
     3D-Speaker's `nn.Sequential(build('embedding_model', config), build('classifier', config))`) and every model
     class these files define that no other project class builds reaches BatchNorm: the likely model has it."""
-    packages = {mm.rel.split("/")[0] for mm in f.p.modules.values()}
+    packages = {part for mm in f.p.modules.values() for part in mm.rel.split("/")[:-1]}  # (any folder: xorcist's)
     for w in sorted((c for c in m.calls if f.is_ddp_call(m, c) and c.args), key=lambda c: c.lineno):
         arg = w.args[0]
         if isinstance(arg, ast.Name):  # (not its rebindings: `model = model.to(device)`, HiSup)
@@ -514,8 +514,10 @@ def _config_named_batchnorm(f: Facts):
             continue
         named |= {hit.group(1).split(".")[-1] for line in text.splitlines() if (hit := CONFIG_NAMES.match(line))}
     for mm in f.p.modules.values():
+        lowered = {k.lower(): k for k in mm.classes}  # (`name: gtcrn` for class GTCRN, noise-xorcist's registry)
         for name in sorted(named):
-            if name in mm.classes and (bn := _class_batchnorm(f, mm, mm.classes[name])) is not None:
+            cls = name if name in mm.classes else lowered.get(name.lower())
+            if cls and (bn := _class_batchnorm(f, mm, mm.classes[cls])) is not None:
                 return name, bn
             if name in mm.functions and (bn := _bn_in(f, f.p.reach(mm, mm.functions[name]))) is not None:
                 return name, bn

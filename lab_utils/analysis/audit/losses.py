@@ -285,9 +285,14 @@ def packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
 
 
 def holding_a_loss(fn: ast.AST) -> set[str]:
-    """Names in fn that hold a loss: named so, or fed from one (`acc += loss.item()`), to a fixpoint."""
+    """Names in fn that hold a loss: named so, or fed from one (`acc += loss.item()`), to a fixpoint. A parameter
+    whose default is True or False is a switch named for a loss (RF-DETR's populate_args(aux_loss=True,
+    use_varifocal_loss=False, ...)), not one."""
+    args = getattr(fn, "args", None)
+    switches = {a.arg for a, d in zip(args.args[len(args.args) - len(args.defaults):], args.defaults, strict=True)
+                if isinstance(d, ast.Constant) and isinstance(d.value, bool)} if args is not None else set()
     held = {root(n) for n in ast.walk(fn) if isinstance(n, (ast.Name, ast.Attribute))
-            and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}
+            and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) and root(n) not in switches}
     assigns = [a for a in ast.walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None]
     for _ in range(3):
         for a in assigns:

@@ -442,7 +442,8 @@ def _gathered_as_objects(f: Facts, m: Module):
 
 
 LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)
-NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone", re.I)
+# (nor a batch size or step count named for the lr schedule it sizes: RF-DETR's `total_batch_size_for_lr`)
+NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone|batch_size|_steps?(_|$)", re.I)
 
 
 def _leaf(t: ast.AST) -> str:
