@@ -49,6 +49,11 @@ def test_the_gpus_a_process_may_see_are_no_rank(tmp_path):
                       "load-without-map-location")
     ranked = test.replace("RANKED", "rank = int(os.environ['RANK'])\n")
     assert _rules(_project(tmp_path / "ranked", {"train.py": train, "test.py": ranked}), "load-without-map-location")
+    # (a rank only read, MedCoSS's `torch.cuda.set_device(args.local_rank)` under a launcher engine these copies
+    # lack, makes a distributed script too)
+    read = test.replace("RANKED", "os.environ['CUDA_VISIBLE_DEVICES'] = args.gpu\n"
+                        "torch.cuda.set_device(args.local_rank)\n")
+    assert _rules(_project(tmp_path / "read", {"train.py": train, "test.py": read}), "load-without-map-location")
 
 
 def test_a_dataset_class_reading_its_processed_file(tmp_path):

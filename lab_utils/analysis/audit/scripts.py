@@ -14,7 +14,7 @@ from .files import project_files, shell_scripts
 from .options import UNKNOWN
 from .project import Module
 from .switches import is_switch_test, one_process_arm
-from .syntax import EVAL_WORD, callee, const_str, dotted, kw, mentions_ddp
+from .syntax import EVAL_WORD, RANKISH, callee, const_str, dotted, kw, mentions_ddp
 
 
 def demo_block(f: Facts, m: Module, node: ast.AST) -> bool:
@@ -351,6 +351,14 @@ def undistributed_script(p, m: Module) -> bool:
     if m.rel not in kept:
         mods = [m, *(p.modules[r] for r in p.imports_of(m) if r in p.modules)]
         mods += [tm for c in m.calls for tm, _ in p.resolve(m, c)]  # (`import pfns.train`, `pfns.train.train()`)
-        kept[m.rel] = not any(mentions_ddp(x) or x.rank_tainted or any(
+        kept[m.rel] = not any(mentions_ddp(x) or x.rank_tainted or reads_a_rank(x) or any(
             re.match(r"(torch\.)?dist(ributed)?\.", dotted(c.func)) for c in x.calls) for x in mods)
     return kept[m.rel]
+
+
+def reads_a_rank(m: Module) -> bool:
+    """The module reads a rank by name (`torch.cuda.set_device(args.local_rank)` in MedCoSS's script, whose
+    launcher engine sets up the group in a file these copies lack), not just `args.gpu`, which names the GPUs a
+    one-process script may see (TransBTS's test.py)."""
+    return any(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and n.attr != "gpu"
+               and RANKISH.search(n.attr) for n in m.nodes)

@@ -10,6 +10,7 @@ from ..facts import Facts
 from ..hierarchy import method_never_called
 from ..project import Module
 from ..registry import Hit, rule
+from ..scripts import reads_a_rank
 from ..switches import LAUNCH_KEYS, is_switch_test, one_process_arm
 from ..syntax import callee, const_str, dotted, involves_rank, kw, mentions_ddp
 from ..wrappers import single_run_data_parallel, single_run_wrapped
@@ -388,7 +389,7 @@ def _unseen_torch_load(f: Facts, m: Module, c: ast.Call) -> bool:
 @rule("load-without-map-location", "08_checkpoints", "torch.load of a checkpoint without map_location in rank "
       "code: every rank maps the tensors to the GPU that saved them, so all ranks fill GPU 0")
 def load_without_map_location(f: Facts, m: Module):
-    if not (mentions_ddp(m) or m.rank_tainted):
+    if not (mentions_ddp(m) or m.rank_tainted or reads_a_rank(m)):
         return
     per_fn: dict[int, Hit] = {}  # one defect, one finding: a function's loads (CogKGE's model, optimizer and
     for c in m.calls:  # scheduler files, one after another) are one finding at the first, naming the others
