@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from .project import Module
-from .syntax import callee, dotted, kw
+from .syntax import EVALISH, callee, dotted, kw
 
 if TYPE_CHECKING:
     from .facts import Facts
@@ -316,8 +316,8 @@ def epoch_loop_caller(f: Facts, m: Module, node: ast.AST, depth: int = 3):
         for mm, fn in frontier:
             for cm, c in (f.p.callers(mm, fn) if fn is not None else []):
                 g = cm.enclosing(c)
-                if g is not None and _counts_epochs(g):
-                    epochs.append((cm, c))
+                if g is not None and _counts_epochs(g) and not EVALISH.search(callee(c)):
+                    epochs.append((cm, c))  # (not its evaluation's call: svoice's evaluate(..., self.tt_loader))
                 if g is not None and any(isinstance(n, (ast.For, ast.While)) and any(
                         isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in ast.walk(g)):
                     looped.append((cm, c))
