@@ -12,7 +12,7 @@ from .facts import Facts
 from .files import project_files
 from .model_names import NO_BN_ARCH, arch_default, unseen_package_bn_model, vision_get_model, vision_lib
 from .project import Module
-from .syntax import callee, const_str, dotted, kw, root
+from .syntax import callee, const_str, dotted, kw, root, walk
 
 
 def is_batchnorm(m: Module, c: ast.Call) -> bool:
@@ -75,7 +75,7 @@ def _handed_builder_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
         return None
     params = [a.arg for a in init.args.args][1:]
     called = {i for i, p in enumerate(params) if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                                                     and c.func.id == p for c in ast.walk(init))}
+                                                     and c.func.id == p for c in walk(init))}
     for sm, site in f.p.callers(cm, init):
         for i in called:
             given = site.args[i] if i < len(site.args) else kw(site, params[i])
@@ -114,7 +114,7 @@ def _held_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
         return None
     params = [a.arg for a in init.args.args][1:]
     held = [i for i, p in enumerate(params) if any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Name)
-                                                   and a.value.id == p for a in ast.walk(init))]
+                                                   and a.value.id == p for a in walk(init))]
     for sm, site in f.p.callers(cm, init):
         for i in held:
             given = site.args[i] if i < len(site.args) else None
@@ -135,7 +135,7 @@ def _bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
     `Block(norm=nn.BatchNorm2d)`), not an isinstance() or == test of one."""
     for mm, fn in f.p.nodes(keys):
         defaults = fn.args.defaults + [d for d in fn.args.kw_defaults if d is not None]
-        for n in ast.walk(fn):
+        for n in walk(fn):
             if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)):
                 return mm, n
             if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
@@ -202,7 +202,7 @@ def _built_by_callers(f: Facts, m: Module, w: ast.Call, name: str) -> list[tuple
     if fn is None or isinstance(fn, ast.ClassDef) or name not in [a.arg for a in fn.args.args]:
         return []
     if any(isinstance(a, ast.Assign) and a.lineno < w.lineno and any(
-            isinstance(t, ast.Name) and t.id == name for t in a.targets) for a in ast.walk(fn)):
+            isinstance(t, ast.Name) and t.id == name for t in a.targets) for a in walk(fn)):
         return []  # rebound in the function before the wrap: _built_from looked there
     i = [a.arg for a in fn.args.args].index(name)
     out = []
@@ -219,7 +219,7 @@ def _built_from(m: Module, w: ast.Call, name: str) -> list[ast.Call]:
     first), through `.to()/.cuda()` chains."""
     scope = m.enclosing(w) or m.tree
     out = []
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if isinstance(a, ast.Assign) and a.lineno < w.lineno and any(
                 isinstance(t, ast.Name) and t.id == name or isinstance(t, (ast.Tuple, ast.List)) and t.elts
                 and isinstance(t.elts[0], ast.Name) and t.elts[0].id == name for t in a.targets):  # (`model, c = ...`)
@@ -283,7 +283,7 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
     if isinstance(fn, ast.Attribute) and not f.p.resolve(m, c):  # `self.exp.get_model()`, exp loaded at run time:
         for tm in f.p.modules.values():  # a project method of that name that tunes the BatchNorm layers of the
             for tf in (d for k, d in tm.functions.items() if k.split(".")[-1] == fn.attr):  # model (YOLOX)
-                bn = next((x for x in ast.walk(tf) if isinstance(x, ast.Call) and callee(x) == "isinstance"
+                bn = next((x for x in walk(tf) if isinstance(x, ast.Call) and callee(x) == "isinstance"
                            and len(x.args) == 2 and PLAIN_BN.search(ast.unparse(x.args[1]))), None)
                 if bn is not None:
                     return tm, bn
@@ -396,7 +396,7 @@ def handed_to_a_wrap_helper(f: Facts, m: Module):
             if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             params = [a.arg for a in tf.args.args]
-            wraps = {root(w.args[0]): w for w in ast.walk(tf) if isinstance(w, ast.Call) and f.is_ddp_call(tm, w)
+            wraps = {root(w.args[0]): w for w in walk(tf) if isinstance(w, ast.Call) and f.is_ddp_call(tm, w)
                      and w.args}  # DDP(model), DDP(model.cuda())
             for i, a in enumerate(c.args):
                 if i < len(params) and params[i] in wraps and isinstance(a, ast.Name):
@@ -408,7 +408,7 @@ def handed_to_a_wrap_helper(f: Facts, m: Module):
 
 def _unseen_factory(f: Facts, m: Module, c: ast.Call, name: str, packages: set[str]) -> str | None:
     scope = m.enclosing(c) or m.tree
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if not (isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(a.value, ast.Call)
                 and isinstance(a.value.func, ast.Name)):
             continue
@@ -485,7 +485,7 @@ def _uncalled_builder_batchnorm(f: Facts):
                                                                   name):
                 continue
             bn = _bn_in(f, f.p.reach(mm, fn))
-            if bn is not None and any(isinstance(r, ast.Return) and r.value is not None for r in ast.walk(fn)):
+            if bn is not None and any(isinstance(r, ast.Return) and r.value is not None for r in walk(fn)):
                 return name, bn
     return None
 
@@ -560,7 +560,7 @@ def _unseen_held(f: Facts, m: Module, parts: list):
         return None
     cm, cd = cls[0]
     init = cm.functions.get(f"{cd.name}.__init__")
-    for a in ast.walk(init) if init is not None else ():
+    for a in walk(init) if init is not None else ():
         if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and isinstance(a.value.func, ast.Attribute) \
                 and any(re.search(r"backbone|model|net|encoder|trunk", dotted(t).split(".")[-1], re.I)
                         and dotted(t).startswith("self.") for t in a.targets) and not f.p.resolve(cm, a.value) \

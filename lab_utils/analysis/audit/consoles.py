@@ -11,7 +11,7 @@ import re
 from .facts import Facts
 from .logger_names import handed_logger_name, held_logger_name, named_consoles_on_every_rank, root_console_on_every_rank
 from .project import Module
-from .syntax import LOG_CALLS, callee, const_str, dotted, involves_rank, kw
+from .syntax import LOG_CALLS, callee, const_str, dotted, involves_rank, kw, walk
 
 
 def rank0_loggers(f: Facts, m: Module) -> set[str]:
@@ -30,7 +30,7 @@ LOGGER_MAKER = re.compile(r"^(get|create|setup|set_up|build|init|make)_?logger$|
 
 
 def _kept_rank0_loggers(f: Facts, m: Module) -> set[str]:
-    kept = {f"self.{t.attr}" for fn in m.functions.values() if fn.name == "__init__" for a in ast.walk(fn)
+    kept = {f"self.{t.attr}" for fn in m.functions.values() if fn.name == "__init__" for a in walk(fn)
             if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and re.search(r"logger", a.value.id)
             and a.value.id in [x.arg for x in fn.args.args] for t in a.targets
             if isinstance(t, ast.Attribute) and dotted(t.value) == "self"}
@@ -46,7 +46,7 @@ def _returned_there(m: Module, a: ast.Assign) -> bool:
     """The assignment is a logger helper's own (`logger = logging.getLogger(__name__) ... return logger`)."""
     fn = m.enclosing(a)
     return fn is not None and any(isinstance(r, ast.Return) and r.value is not None and dotted(r.value) in {
-        dotted(t) for t in a.targets} for r in ast.walk(fn))
+        dotted(t) for t in a.targets} for r in walk(fn))
 
 
 def _made_rank0_loggers(f: Facts, m: Module) -> set[str]:
@@ -112,7 +112,7 @@ def _consoles_on_rank0(f: Facts, m: Module, c: ast.Call) -> bool:
     """A project set-up whose console handlers only rank 0 adds (IRRA's setup_logger: `if distributed_rank > 0:
     return logger` before its StreamHandler)."""
     for tm, tf in f.p.resolve(m, c):
-        consoles = [x for x in ast.walk(tf) if isinstance(x, ast.Call)
+        consoles = [x for x in walk(tf) if isinstance(x, ast.Call)
                     and callee(x) in ("StreamHandler", "basicConfig") and not _to_a_file(x)]
         if consoles and all(f.g.effective(tm, x) == "rank0" for x in consoles):
             return True
@@ -121,7 +121,7 @@ def _consoles_on_rank0(f: Facts, m: Module, c: ast.Call) -> bool:
         if consoles and any(callee(x) == "setLevel" and x.args and isinstance(e := x.args[0], ast.IfExp) and (
                 f.g.classify(tm, e.test) == "rank0" and _quiet(e.orelse) or
                 f.g.classify(tm, e.test) == "not0" and _quiet(e.body))
-                            for x in ast.walk(tf) if isinstance(x, ast.Call)):
+                            for x in walk(tf) if isinstance(x, ast.Call)):
             return True
     return False
 
@@ -180,7 +180,7 @@ def _root_console_added_on_rank0(f: Facts) -> bool:
         found = False
         for mm in f.p.modules.values():
             for fn in mm.functions.values():
-                calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+                calls = [c for c in walk(fn) if isinstance(c, ast.Call)]
                 roots = any(callee(c) == "getLogger" and not c.args for c in calls)
                 consoles = [c for c in calls if callee(c) == "StreamHandler" and not _to_a_file(c)]
                 if roots and consoles and all(f.g.kind(mm, c) == "rank0" for c in consoles) and f.p.callers(mm, fn):
@@ -272,7 +272,7 @@ def _set_under_rank_test(m: Module, c: ast.Call, a: ast.AST) -> bool:
     scope = m.enclosing(c) or m.tree
     return isinstance(a, ast.Name) and any(isinstance(x, ast.Assign) and any(
         isinstance(t, ast.Name) and t.id == a.id for t in x.targets) and _under_rank_test(m, x)
-        for x in ast.walk(scope))
+        for x in walk(scope))
 
 
 def _under_rank_test(m: Module, node: ast.AST) -> bool:
@@ -362,7 +362,7 @@ def _logs(fn: ast.AST, x: ast.Call) -> bool:
     in an ALBEF-style MetricLogger.log_every, eP-ALM)."""
     if callee(x) in LOG_CALLS:
         return True
-    bound = [dotted(a.value).split(".")[-1] for a in ast.walk(fn) if isinstance(x.func, ast.Name) and isinstance(
+    bound = [dotted(a.value).split(".")[-1] for a in walk(fn) if isinstance(x.func, ast.Name) and isinstance(
         a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == x.func.id for t in a.targets)
              and isinstance(a.value, (ast.Name, ast.Attribute))]
     if bound and all(b in LOG_CALLS for b in bound):
@@ -391,7 +391,7 @@ def _arm_for_a_missing_part(f: Facts, m: Module, cls: str, meth: ast.AST, x: ast
                 isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value is None and \
                 dotted(t.left).startswith("self.") and (child in n.body) == isinstance(t.ops[0], ast.Is):
             attr = dotted(t.left)
-            pairs = [(tt, v) for a in ast.walk(init) if isinstance(a, ast.Assign) for tt in a.targets
+            pairs = [(tt, v) for a in walk(init) if isinstance(a, ast.Assign) for tt in a.targets
                      for tt, v in (zip(tt.elts, a.value.elts, strict=False) if isinstance(tt, ast.Tuple) and
                                    isinstance(a.value, ast.Tuple) else [(tt, a.value)])]  # (`self.a, self.b = a, b`)
             param = next((v.id for tt, v in pairs if isinstance(v, ast.Name) and dotted(tt) == attr), None)
@@ -440,7 +440,7 @@ def _helper_print_calls(f: Facts, m: Module, c: ast.Call) -> list:
         params |= {fn.args.vararg.arg} if fn.args.vararg else set()
         # the parameter itself is printed (`print(content)`, `print(*args)`), not a part of it: `print(
         # loss_dict['loss'])` in a helper is a log the rule reads inside the helper, where it sees the value's source
-        out += [(hm, x) for x in ast.walk(fn) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS and any(
+        out += [(hm, x) for x in walk(fn) if isinstance(x, ast.Call) and callee(x) in LOG_CALLS and any(
             isinstance(a.value if isinstance(a, ast.Starred) else a, ast.Name) and
             (a.value if isinstance(a, ast.Starred) else a).id in params for a in x.args)]
     return out
@@ -450,9 +450,9 @@ def _a_print_wrapper(fn: ast.AST) -> bool:
     """A few statements and no loop (`if is_main_process(): print(content)`), printing to a console: a function
     that also trains or writes files (UFLD's `train(net, loader, ..., logger)`, llm.c's `write_state`) is not a
     log of what it is handed."""
-    stmts = [x for x in ast.walk(fn) if isinstance(x, ast.stmt) and x is not fn]
+    stmts = [x for x in walk(fn) if isinstance(x, ast.stmt) and x is not fn]
     return len(stmts) <= 6 and not any(isinstance(x, (ast.For, ast.While, ast.With)) for x in stmts) and not any(
-        isinstance(x, ast.Call) and log_name(x) in ("write", "add_scalar", "add_scalars") for x in ast.walk(fn))
+        isinstance(x, ast.Call) and log_name(x) in ("write", "add_scalar", "add_scalars") for x in walk(fn))
 
 
 def log_name(c: ast.Call) -> str:
@@ -507,10 +507,10 @@ def bar_on_every_rank(m: Module, c: ast.Call) -> bool:
     if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("set_description", "set_postfix")):
         return False
     name, scope = dotted(c.func.value), m.enclosing(c) or m.tree
-    made = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and any(
+    made = [a.value for a in walk(scope) if isinstance(a, ast.Assign) and any(
         dotted(t) == name for t in a.targets)]
     # `with tqdm(total=len(loader)) as pbar:` (RawNeXt's trainer)
-    made += [i.context_expr for w in ast.walk(scope) if isinstance(w, ast.With) for i in w.items
+    made += [i.context_expr for w in walk(scope) if isinstance(w, ast.With) for i in w.items
              if i.optional_vars is not None and dotted(i.optional_vars) == name]
     return bool(made) and all(isinstance(v, ast.Call) and callee(v) == "tqdm" and kw(v, "disable") is None
                               for v in made)
@@ -525,7 +525,7 @@ def forwarded_log(m: Module, c: ast.Call) -> ast.Call | None:
     scope = m.enclosing(c)
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None  # (a module-level function is the project's own, which the rules follow as such)
-    for d in ast.walk(scope):
+    for d in walk(scope):
         if isinstance(d, ast.FunctionDef) and d.name == c.func.id and m.enclosing(d) is scope and (
                 d.args.vararg or d.args.args):
             given = {a.arg for a in d.args.args} | {d.args.vararg.arg if d.args.vararg else ""}

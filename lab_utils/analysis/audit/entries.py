@@ -9,7 +9,7 @@ import ast
 import re
 from pathlib import Path
 
-from .syntax import ENTRY_CALLS, callee, dotted
+from .syntax import ENTRY_CALLS, callee, dotted, walk
 
 # calls in a `__main__` block that make it a run, not a module's self-test
 SELF_TEST_SIGNS = {"parse_args", "step", "fit", "launch", "init_process_group", "Trainer", "main_worker"}
@@ -115,7 +115,7 @@ def chosen_by_name(p, m, c: ast.Call, name: str) -> list:
         return []
     scope = m.enclosing(c) or m.tree
     if not any(isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and _from_own_globals(a.value)
-               for a in ast.walk(scope)):
+               for a in walk(scope)):
         return []
     own = [(m, fn) for k, fn in m.functions.items() if "." not in k]
     return own + [t for local, (_, attr, _) in m.imports.items() if attr

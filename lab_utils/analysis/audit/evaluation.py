@@ -7,7 +7,18 @@ import ast
 import re
 
 from .project import Module
-from .syntax import EVAL_WORD, EVALISH, REDUCING, WORLDISH, callee, const_str, dict_view, dotted, reduces_or_gathers
+from .syntax import (
+    EVAL_WORD,
+    EVALISH,
+    REDUCING,
+    WORLDISH,
+    callee,
+    const_str,
+    dict_view,
+    dotted,
+    reduces_or_gathers,
+    walk,
+)
 
 
 def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
@@ -77,12 +88,12 @@ def _unfed_meter(m: Module, fn: ast.AST, c: ast.Call) -> bool:
     elif isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name):
         held = bound.targets[0].id
         if not any(isinstance(x, ast.Call) and callee(x) == "log_every" and dotted(x.func.value) == held
-                   for x in ast.walk(fn)):
+                   for x in walk(fn)):
             return False
     else:
         return False
     return not any(isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr != "log_every"
-                   and dotted(x.func.value) == held for x in ast.walk(fn))
+                   and dotted(x.func.value) == held for x in walk(fn))
 
 
 def _counts_through(facts, m: Module, fn: ast.AST, depth: int, seen: frozenset = frozenset()) -> bool:
@@ -91,7 +102,7 @@ def _counts_through(facts, m: Module, fn: ast.AST, depth: int, seen: frozenset =
     misc.gather_tensors brings back)."""
     if _drops_the_padding(fn) or id(fn) in seen:
         return False
-    calls = [c for c in ast.walk(fn) if isinstance(c, ast.Call)]
+    calls = [c for c in walk(fn) if isinstance(c, ast.Call)]
     return any(reduces_or_gathers(m, c) for c in calls) or depth > 0 and any(
         _counts_through(facts, tm, tf, depth - 1, seen | {id(fn)}) for c in calls for tm, tf in facts.p.resolve(m, c))
 
@@ -114,7 +125,7 @@ def _reduces_unseen_result(facts, m: Module, fn: ast.AST, c: ast.Call) -> bool:
             continue
         seen.add(name)
         found = False
-        for n in (x for x in ast.walk(fn) if getattr(x, "lineno", c.lineno) < c.lineno):  # what came before it
+        for n in (x for x in walk(fn) if getattr(x, "lineno", c.lineno) < c.lineno):  # what came before it
             if isinstance(n, ast.Assign) and any(isinstance(x, ast.Name) and x.id == name for t in n.targets
                                                  for x in ast.walk(t)):
                 value = n.value
@@ -155,32 +166,32 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
     if callee(c) in ("all_reduce", "reduce") and c.args and _scattered_by_index(fn, dotted(c.args[0])):
         return True
     if callee(c) == "all_gather" and any(isinstance(x, ast.Call) and callee(x) == "unique" and any(
-            k.arg == "return_index" for k in x.keywords) for x in ast.walk(fn)):
+            k.arg == "return_index" for k in x.keywords) for x in walk(fn)):
         return True  # the gathered ids deduplicated (DETR's coco_eval merge: `np.unique(ids, return_index=True)`)
     assign = m.parent.get(id(c))
     names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
     if callee(c) == "all_gather" and c.args:
         names.add(dotted(c.args[0]))  # `dist.all_gather(gathered_indexes, indexes)`: the list it fills
     if any(isinstance(r, ast.Call) and callee(r) == "reduce" and len(r.args) > 1 and dotted(r.args[1]) in names
-           and isinstance(r.args[0], ast.Lambda) and "update" in ast.unparse(r.args[0]) for r in ast.walk(fn)):
+           and isinstance(r.args[0], ast.Lambda) and "update" in ast.unparse(r.args[0]) for r in walk(fn)):
         return True  # `reduce(lambda a, b: a.update(b) or a, all_res, {})`, dicts keyed by video (VidChapters)
-    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
+    for loop in (n for n in walk(fn) if isinstance(n, ast.For)):
         over = {dotted(x) for x in ast.walk(loop.iter)}
         if not (names & over or any(x is c for x in ast.walk(loop.iter))):
             continue
         each = {x.id for x in ast.walk(loop.target) if isinstance(x, ast.Name)}
         if any(isinstance(a, ast.Call) and callee(a) == "update" and isinstance(a.func, ast.Attribute) and a.args
-               and dotted(a.args[0]) in each for a in ast.walk(loop)):
+               and dotted(a.args[0]) in each for a in walk(loop)):
             return True  # `for p in all_predictions: predictions.update(p)`, dicts keyed by image index (SSD)
         if any(isinstance(a, ast.If) and isinstance(a.test, ast.Compare) and isinstance(a.test.ops[0], ast.NotIn)
                and isinstance(a.test.left, ast.Name) and a.test.left.id in each and any(
                    isinstance(x, ast.Assign) and isinstance(x.value, ast.Name) and x.value.id in each and any(
                        isinstance(t, ast.Subscript) and dotted(t.slice) == a.test.left.id for t in x.targets)
-                   for x in ast.walk(a)) for a in ast.walk(loop)):
+                   for x in ast.walk(a)) for a in walk(loop)):
             return True  # `for key, value in zip(gathered ids, gathered values): if key not in unique: unique[key] =
             # value` (OpenStereo): one entry per sample, not `losses_tracker[key] = AverageMeter()` (OpenTAD)
         if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) or
-               isinstance(a, ast.Call) and callee(a) == "update" for inner in ast.walk(loop)
+               isinstance(a, ast.Call) and callee(a) == "update" for inner in walk(loop)
                if isinstance(inner, ast.For) and inner is not loop and isinstance(inner.iter, ast.Call)
                and callee(inner.iter) == "items" for a in ast.walk(inner)):
             return True
@@ -191,11 +202,11 @@ def _scattered_by_index(fn: ast.AST, buf: str) -> bool:
     """`dataset_feats[indices] = feats` in the loop over the loader, `indices` a loop value, then
     all_reduce(dataset_feats) (OpenSphere): each sample has its own slot, so a padded duplicate lands on its own
     sample's slot instead of adding a row to the set the metric is computed on."""
-    for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):
+    for loop in (n for n in walk(fn) if isinstance(n, ast.For)):
         taken = {x.id for x in ast.walk(loop.target) if isinstance(x, ast.Name)}
         if any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == buf and {
                 x.id for x in ast.walk(t.slice) if isinstance(x, ast.Name)} & taken for t in a.targets)
-               for a in ast.walk(loop)):
+               for a in walk(loop)):
             return True
     return False
 
@@ -207,7 +218,7 @@ def _helper_scatters(facts, m: Module, c: ast.Call, depth: int = 2) -> bool:
     through up to `depth` helpers."""
     verdicts = []
     for tm, tf in facts.p.resolve(m, c):
-        for r in (x for x in ast.walk(tf) if isinstance(x, ast.Call)):
+        for r in (x for x in walk(tf) if isinstance(x, ast.Call)):
             if callee(r) in ("all_reduce", "reduce", "all_gather") and r.args:
                 verdicts.append(_merged_by_key(tm, tf, r) if callee(r) == "all_gather" else
                                 _scattered_by_index(tf, dotted(r.args[0])))
@@ -220,7 +231,7 @@ def _helper_scatters(facts, m: Module, c: ast.Call, depth: int = 2) -> bool:
 def _drops_the_padding(fn: ast.AST) -> bool:
     """The evaluation works out how many samples the sampler padded (`len(dataloader.dataset) % world_size`) and
     drops them from what it gathered (CBIM's validation_ddp pops `padding_size` results): nothing counted twice."""
-    lengths = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+    lengths = {dotted(t) for a in walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                and callee(a.value) == "len" for t in a.targets}  # dataset_len = len(dataloader.dataset)
     # ... or cuts what it gathered back to the set's size (BSQ-ViT's `np.vstack(reorg)[:cfg.fid.num_samples]`,
     # mmdet's `ordered_results[:size]` with size = len(dataset)): the padded tail is dropped
@@ -229,13 +240,13 @@ def _drops_the_padding(fn: ast.AST) -> bool:
                                           dotted(n.slice.upper) in lengths or re.search(
                                               r"num_samples|n_samples|num_examples|dataset_size|dataset_len|"
                                               r"len_ds|ds_len|len_dataset|data_len|len_data",  # (ContrastiveCrop)
-                                              dotted(n.slice.upper))) for n in ast.walk(fn)):
+                                              dotted(n.slice.upper))) for n in walk(fn)):
         return True
     return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) and any(
         isinstance(x, ast.Call) and callee(x) == "len" or isinstance(x, ast.Name) and x.id in lengths
         for x in ast.walk(n.left)) and any(
         isinstance(x, (ast.Name, ast.Attribute, ast.Call)) and WORLDISH.search(dotted(x.func) if isinstance(
-            x, ast.Call) else dotted(x)) for x in ast.walk(n.right)) for n in ast.walk(fn))
+            x, ast.Call) else dotted(x)) for x in ast.walk(n.right)) for n in walk(fn))
 
 
 GATHERS = {"gather", "all_gather", "all_gather_object", "gather_object"}
@@ -257,9 +268,9 @@ def dedups_gathered_ids(facts, used_by: set | None = None) -> bool:
     while its A2D evaluation gathers the padded predictions as they are)."""
     def ran(mm, fn):
         return used_by is None or (mm.rel, id(fn)) in used_by
-    return any(ran(mm, fn) and any(isinstance(x, ast.Call) and callee(x) == "all_gather" for x in ast.walk(fn))
+    return any(ran(mm, fn) and any(isinstance(x, ast.Call) and callee(x) == "all_gather" for x in walk(fn))
                and any(isinstance(x, ast.Call) and callee(x) == "unique" and any(
-                   k.arg == "return_index" for k in x.keywords) for x in ast.walk(fn))
+                   k.arg == "return_index" for k in x.keywords) for x in walk(fn))
                for mm in facts.p.modules.values() for fn in mm.functions.values()) or any(
         _keyed_by_sample_id(facts.p, mm, d) and (mm.enclosing(d) is None or ran(mm, mm.enclosing(d)))
         for mm in facts.p.modules.values() for d in mm.nodes if isinstance(d, ast.DictComp))

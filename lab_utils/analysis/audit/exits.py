@@ -10,7 +10,7 @@ import ast
 from .facts import Facts
 from .project import Module
 from .registry import Hit
-from .syntax import callee, dotted
+from .syntax import callee, dotted, walk
 
 EXITS = ("sys.exit", "exit", "quit", "os._exit")
 
@@ -21,7 +21,7 @@ def _steps(mm: Module, c: ast.Call) -> bool:
 
 def _trains(f: Facts, m: Module, loop: ast.AST) -> bool:
     """The loop runs backward or an optimizer step, itself or through the project functions it calls."""
-    calls = [c for c in ast.walk(loop) if isinstance(c, ast.Call)]
+    calls = [c for c in walk(loop) if isinstance(c, ast.Call)]
     return any(_steps(m, c) for c in calls) or any(
         f.p.function_does(tm, tf, _steps, depth=2) for c in calls for tm, tf in f.p.resolve(m, c))
 
@@ -70,7 +70,7 @@ def rank0_loop_exits(f: Facts, m: Module):
     """(node, message) for each training loop that only rank 0 leaves."""
     for loop in (n for n in m.nodes if isinstance(n, (ast.For, ast.While))):
         # (cheap first: a break or an exit of this loop directly under an `if` on an attribute of an object)
-        exits = [x for x in ast.walk(loop) if _leaves(m, loop, x) and isinstance(m.parent.get(id(x)), ast.If)
+        exits = [x for x in walk(loop) if _leaves(m, loop, x) and isinstance(m.parent.get(id(x)), ast.If)
                  and any(isinstance(n, ast.Attribute) for n in ast.walk(m.parent[id(x)].test))]
         if not exits or f.g.effective(m, loop) == "rank0" or not _trains(f, m, loop):
             continue

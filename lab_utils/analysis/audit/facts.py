@@ -38,6 +38,7 @@ from .syntax import (
     not_a_forward,
     rank_reducing_name,
     root,
+    walk,
 )
 from .wrappers import is_ddp_call, wrapped_names
 
@@ -140,18 +141,18 @@ class Facts(DefaultOptions):
         def collective_helper(c):
             return self.collective_helper(m, c)
         red: set[str] = set()
-        for c in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
+        for c in (n for n in walk(scope) if isinstance(n, ast.Call)):
             if callee(c) in ("all_reduce", "reduce", "all_gather") and c.args and not functools_reduce(m, c):
                 red.add(root(c.args[0]))
                 # `for v in logs.values(): dist.reduce(v.div_(world_size), 0)` (VICRegL): each value in place
-                loop = next((x for x in ast.walk(scope) if isinstance(x, ast.For) and isinstance(x.target, ast.Name)
+                loop = next((x for x in walk(scope) if isinstance(x, ast.For) and isinstance(x.target, ast.Name)
                              and x.target.id == root(c.args[0]) and any(y is c for y in ast.walk(x))), None)
                 if loop is not None and isinstance(loop.iter, ast.Call) and callee(loop.iter) == "values":
                     red.add(root(loop.iter.func.value))
             red |= {root(c.args[i]) for _, tf in self.p.resolve(m, c) for i in reduced_in_place(tf) if i < len(c.args)}
         # a model is no reduced value (DDP(model) makes no model(x) loss an average: forward_reduced judges that)
         models = self.model_names(m)
-        nodes = list(ast.walk(scope))
+        nodes = list(walk(scope))
         local = self._local_names(m, nodes, models)
         # meters fed a loss by keyword (`metric_logger.update(loss=...)`): another keyword's reduced value (fewture's
         # `update(acc=acc)`, acc from gathered labels) does not make their loss reduced
@@ -346,7 +347,7 @@ class Facts(DefaultOptions):
                 if (tm.rel, id(tf)) in keys:
                     continue
                 keys.add((tm.rel, id(tf)))
-                todo += [(tm, cc) for cc in ast.walk(tf) if isinstance(cc, ast.Call)]
+                todo += [(tm, cc) for cc in walk(tf) if isinstance(cc, ast.Call)]
         return keys
 
     def _handed(self, m: Module, c: ast.Call, a: ast.AST) -> list[tuple[Module, ast.AST]]:
@@ -407,12 +408,12 @@ class Facts(DefaultOptions):
             loop = m.enclosing(node, (ast.For, ast.While))
             return loop is not None and any(isinstance(c, ast.Call) and any(
                 self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2)
-                for tm, tf in self.p.resolve(m, c) or self.one_method(c)) for c in ast.walk(loop))
+                for tm, tf in self.p.resolve(m, c) or self.one_method(c)) for c in walk(loop))
         if self.p.function_does(m, fn, lambda mm, cc: steps(cc), depth=2) or self._hook_of_a_step_loop(m, fn, steps):
             return True
         if any(isinstance(c, ast.Call) and not self.p.resolve(m, c) and self.methods_named(c) and all(
                 self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=1) for tm, tf in self.methods_named(c))
-               for c in ast.walk(fn)):  # (KAIR's model.optimize_parameters(), R-ESM's loss_scale_and_backward())
+               for c in walk(fn)):  # (KAIR's model.optimize_parameters(), R-ESM's loss_scale_and_backward())
             return True  # (one_method: the project's one method of that name, the object untyped)
         # a closure the training loop defines and calls (MSN's `def log_stats(): logger.info(...)` next to its
         # `def train_step(): ... loss.backward()`): the loop around it is what trains
@@ -455,10 +456,10 @@ class Facts(DefaultOptions):
                 loop = cm.enclosing(call, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef))
                 if isinstance(loop, (ast.For, ast.While)) and any(steps(n) or isinstance(n, ast.Call) and any(
                         self.p.function_does(tm, tf, lambda mm, cc: steps(cc), depth=2)
-                        for tm, tf in self.p.resolve(cm, n)) for n in ast.walk(loop)) and not any(
+                        for tm, tf in self.p.resolve(cm, n)) for n in walk(loop)) and not any(
                         isinstance(n, ast.Call) and n.lineno < call.lineno and any(
                             self.evaluates(tm, tf) for tm, tf in self.p.resolve(cm, n)) and not any(
-                            steps(x) and x.lineno > n.lineno for x in ast.walk(loop)) for n in ast.walk(loop)):
+                            steps(x) and x.lineno > n.lineno for x in walk(loop)) for n in walk(loop)):
                     # (a hook after an evaluation that ends the loop's work, WeNet's log_per_epoch after
                     # executor.cv, may log what that evaluation returned; a forward named `inference` that the
                     # loop's backward follows is training)
@@ -477,7 +478,7 @@ class Facts(DefaultOptions):
             "no_grad" in dotted(d) or "inference_mode" in dotted(d) for d in fn.decorator_list) or any(
             isinstance(s, ast.With) and any(re.search(r"no_grad|inference_mode", dotted(i.context_expr))
                                             for i in s.items)
-            and any(isinstance(x, (ast.For, ast.While)) for x in ast.walk(s)) for s in ast.walk(fn))
+            and any(isinstance(x, (ast.For, ast.While)) for x in ast.walk(s)) for s in walk(fn))
 
     def callees(self, m: Module, c: ast.Call) -> list[tuple[Module, ast.AST]]:
         """The project functions `c` may run, and a closure an enclosing function defines (VoCo's and I-JEPA's
@@ -524,7 +525,7 @@ class Facts(DefaultOptions):
         must sit under a rank-0 guard, or go through a helper that guards itself."""
         if dotted(c.func) in ("torch.save", "th.save") or depth == 0:
             return False
-        saves = [(tm, cc) for tm, tf in self.callees(m, c) for cc in ast.walk(tf) if isinstance(cc, ast.Call)
+        saves = [(tm, cc) for tm, tf in self.callees(m, c) for cc in walk(tf) if isinstance(cc, ast.Call)
                  and (dotted(cc.func) in ("torch.save", "th.save") or self.is_save(tm, cc))]
         return bool(saves) and all(self.g.kind(tm, cc) == "rank0" or self.guarded_inside(tm, cc, depth - 1)
                                    for tm, cc in saves)
@@ -537,14 +538,14 @@ class Facts(DefaultOptions):
         # (at the top level, only the top level's own code: the script's `model` is not the one a function it calls
         # rebinds to its wrapper, X-ray denoising's train_model_ddp(model, ...))
         top = [n for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-               for n in ast.walk(s)] if fn is None else ast.walk(fn)
+               for n in ast.walk(s)] if fn is None else walk(fn)
         if any(isinstance(a, ast.Assign) and a.lineno == line for a in top):
             return True
         # a function reading the script's global wrapper (`def estimate_loss(): ... model(X, Y)`), binding none
         wrap = next((a for a in m.tree.body if isinstance(a, (ast.Assign, ast.If)) and
                      any(isinstance(x, ast.Assign) and x.lineno == line for x in ast.walk(a))), None)
-        binds = {x.arg for x in ast.walk(fn) if isinstance(x, ast.arg)} | {
-            t.id for x in ast.walk(fn) if isinstance(x, (ast.Assign, ast.For, ast.With)) for t in ast.walk(x)
+        binds = {x.arg for x in walk(fn) if isinstance(x, ast.arg)} | {
+            t.id for x in walk(fn) if isinstance(x, (ast.Assign, ast.For, ast.With)) for t in ast.walk(x)
             if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)} if fn is not None else set()
         outer = m.enclosing(fn) if fn is not None else None  # (or its outer function's: dialogue-generation's
         wrap = wrap or (outer if outer is not None and any(  # save_state closure reads main's wrapped model)

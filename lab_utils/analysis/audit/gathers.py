@@ -10,7 +10,7 @@ import re
 
 from .facts import Facts
 from .project import Module
-from .syntax import LOSSISH, callee, dotted, root
+from .syntax import LOSSISH, callee, dotted, root, walk
 
 GATHERS = {"all_gather", "all_gather_into_tensor"}
 
@@ -40,7 +40,7 @@ def global_model_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     def targets(a):
         return a.targets if isinstance(a, ast.Assign) else [a.target]
     out: set[str] = set()
-    for a in ast.walk(scope):
+    for a in walk(scope):
         v = a.value if isinstance(a, (ast.Assign, ast.AnnAssign)) else None
         if not (isinstance(v, ast.Call) and isinstance(v.func, (ast.Name, ast.Attribute))):
             continue
@@ -49,7 +49,7 @@ def global_model_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
                 r"model|net", dotted(v.func).split(".")[-1], re.I) and not f.p.resolve(m, v):
             out |= {root(t) for t in targets(a) if isinstance(t, (ast.Name, ast.Attribute))}
     for _ in range(3):  # loss = loss.mean(); total_loss += float(loss); loss_am.update(loss.item())
-        for a in ast.walk(scope):
+        for a in walk(scope):
             if isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr == "update" and a.args:
                 a = ast.Assign(targets=[a.func.value], value=a.args[0])
             if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and a.value is not None:
@@ -108,10 +108,10 @@ def grad_free(scope: ast.AST, x: ast.AST, seen: frozenset = frozenset()) -> bool
         return all(grad_free(scope, e, seen) for e in x.elts)
     if not isinstance(x, ast.Name) or x.id in seen:  # (`x = x.to(device)` names itself: not known free)
         return False
-    values = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+    values = [a.value for a in walk(scope) if isinstance(a, ast.Assign)
               and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]
     # ... and what is appended to it (`boxes = []`, `boxes.append(torch.tensor([h0, w0, h1, w1]))`)
-    values += [c.args[0] for c in ast.walk(scope) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+    values += [c.args[0] for c in walk(scope) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
                and c.func.attr == "append" and dotted(c.func.value) == x.id and c.args]
     # (a rebinding from itself, `boxes = torch.stack(boxes).cuda()`, is as free as its other bindings)
     values = [v for v in values if not _restacks(v, x.id)]
@@ -127,7 +127,7 @@ def _restacks(v: ast.AST, name: str) -> bool:
 def assigned_without_grad(m: Module, scope: ast.AST, x: ast.AST) -> bool:
     """Every assignment of the gathered name is made under no_grad or from a fresh tensor (GALIP's CLIP score:
     `clip_cos = torch.FloatTensor([0.0])`, then `clip_cos = clip_cos + clip_sim` in a `with torch.no_grad():`)."""
-    assigns = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(x, ast.Name)
+    assigns = [a for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(x, ast.Name)
                and any(isinstance(t, ast.Name) and t.id == x.id for t in a.targets)]
     return bool(assigns) and all(no_grad_at(m, a) or grad_free(scope, a.value) for a in assigns)
 
@@ -153,7 +153,7 @@ def called_only_without_grad(f: Facts, m: Module, fn: ast.AST, depth: int = 2) -
         if not (isinstance(bound, ast.Assign) and len(bound.targets) == 1 and isinstance(bound.targets[0], ast.Name)):
             return False
         name, scope = bound.targets[0].id, cm.enclosing(c) or cm.tree
-        reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+        reads = [n for n in walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
         return bool(reads) and all(no_grad_at(cm, r) for r in reads)
     def handed_without_grad(cm: Module, c: ast.Call) -> bool:
         # (`dist.gather_concat(z.detach()...)`, `gather_concat(torch.tensor(v))`: TarFlow's metrics and prior)

@@ -10,7 +10,7 @@ import re
 from .facts import Facts
 from .project import Module
 from .scripts import off_the_default_path
-from .syntax import WORLDISH, callee, const_str, dotted, involves, root
+from .syntax import WORLDISH, callee, const_str, dotted, involves, root, walk
 
 
 def never_read(f: Facts, m: Module, a: ast.Assign) -> bool:
@@ -53,7 +53,7 @@ def _count_helpers(f: Facts) -> set[str]:
     if "count_helpers" not in f.cache:
         f.cache["count_helpers"] = {fn.name for mm in f.p.modules.values() for fn in mm.functions.values()
                                     if isinstance(fn, ast.FunctionDef) and (rets := [
-                                        r.value for r in ast.walk(fn) if isinstance(r, ast.Return)]) and all(
+                                        r.value for r in walk(fn) if isinstance(r, ast.Return)]) and all(
                                         r is not None and a_count(r, set()) for r in rets)}
     return f.cache["count_helpers"]
 

@@ -9,7 +9,7 @@ import ast
 
 from .files import project_files
 from .project import Module, Project
-from .syntax import callee, dotted
+from .syntax import callee, dotted, walk
 
 
 def replaced_where_built(p: Project, m: Module, fn: ast.AST) -> bool:
@@ -128,7 +128,7 @@ def never_named(p: Project, m: Module, fn: ast.AST) -> bool:
     """`fn` is named nowhere: not in its own module outside its body (a call, `mp.spawn(fn)`, `fire.Fire(fn)`),
     and no other module imports it by name (a star import brings every name): dead code in these files."""
     name = getattr(fn, "name", "")
-    inside = {id(n) for n in ast.walk(fn)}
+    inside = {id(n) for n in walk(fn)}
     if any(isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inside and dotted(n).split(".")[-1] == name
            for n in m.nodes):
         return False
@@ -152,7 +152,7 @@ def method_never_called(p: Project, m: Module, fn: ast.AST) -> bool:
     name = getattr(fn, "name", "")
     if not m.class_of(fn) or name.startswith("__"):
         return False
-    inside = {id(n) for n in ast.walk(fn)}
+    inside = {id(n) for n in walk(fn)}
     for mm in p.modules.values():
         for n in mm.nodes:
             if id(n) in inside:

@@ -11,7 +11,7 @@ import re
 from .facts import Facts
 from .project import Module
 from .registry import Hit
-from .syntax import callee, const_value, dotted
+from .syntax import callee, const_value, dotted, walk
 
 SETUP_USE = re.compile(r"update|requires_grad|^eval$|^train$|^to$|cuda|half|float|load")
 
@@ -24,7 +24,7 @@ def _read_by_rank0_only(f: Facts, m: Module, fn: ast.AST, copy: ast.Call) -> boo
     if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)):
         return False
     name, reads = a.targets[0].id, []
-    for n in ast.walk(fn):
+    for n in walk(fn):
         if not (isinstance(n, ast.Name) and n.id == name and n.lineno > a.lineno and isinstance(n.ctx, ast.Load)):
             continue
         inner = m.enclosing(n)
@@ -54,9 +54,9 @@ def _only_updates(f: Facts, m: Module, call: ast.Call, n: ast.AST) -> bool:
         param = key or (params[i] if i is not None and i < len(params) else None)
         if param is None:
             return False
-        uses = [x for x in ast.walk(tf) if isinstance(x, ast.Name) and x.id == param and isinstance(x.ctx, ast.Load)]
+        uses = [x for x in walk(tf) if isinstance(x, ast.Name) and x.id == param and isinstance(x.ctx, ast.Load)]
         for x in uses:
-            up = next((p for p in ast.walk(tf) if any(c is x for c in ast.iter_child_nodes(p))), None)
+            up = next((p for p in walk(tf) if any(c is x for c in ast.iter_child_nodes(p))), None)
             ok = isinstance(up, ast.Compare) or isinstance(up, ast.Attribute) and SETUP_USE.search(up.attr)
             if not ok:
                 return False
@@ -78,11 +78,11 @@ def _into_a_rank0_save(f: Facts, m: Module, n: ast.AST) -> bool:
 
 def copy_before_wrap(f: Facts, m: Module, c: ast.Call, fn: ast.AST, after: int):
     """A per-rank init copied (EMA, deepcopy) in `fn` after line `after`, before `fn`'s DDP wrap."""
-    wrap = min((a.lineno for a in ast.walk(fn) if isinstance(a, ast.Call) and f.is_ddp_call(m, a)),
+    wrap = min((a.lineno for a in walk(fn) if isinstance(a, ast.Call) and f.is_ddp_call(m, a)),
                default=None)
-    wrapped = {dotted(a.args[0]) for a in ast.walk(fn) if isinstance(a, ast.Call) and f.is_ddp_call(m, a)
+    wrapped = {dotted(a.args[0]) for a in walk(fn) if isinstance(a, ast.Call) and f.is_ddp_call(m, a)
                and a.args}
-    copies = [a for a in ast.walk(fn) if isinstance(a, ast.Call) and a.lineno > after and
+    copies = [a for a in walk(fn) if isinstance(a, ast.Call) and a.lineno > after and
               (wrap is None or a.lineno < wrap) and (callee(a) in ("deepcopy", "ModelEMA", "ModelEmaV2",
                                                                      "ExponentialMovingAverage", "EMA")
                                                      or "ema" in callee(a).lower())
@@ -114,7 +114,7 @@ def _resynced_after(m: Module, fn: ast.AST, copy: ast.Call, wrap: int) -> bool:
                                                          for k in c.keywords)
             or callee(c) == "load_state_dict" and isinstance(c.func, ast.Attribute) and dotted(c.func.value) == name
             and "module" in ast.unparse(c.args[0] if c.args else c))
-        for c in ast.walk(fn))
+        for c in walk(fn))
 
 
 def _after_a_wrapped_pass(f: Facts, m: Module, copy: ast.Call) -> bool:
@@ -131,7 +131,7 @@ def _after_a_wrapped_pass(f: Facts, m: Module, copy: ast.Call) -> bool:
             break
         n = m.parent.get(id(n))
     if loop is None or not guarded or not any(isinstance(a, ast.Call) and f.is_ddp_call(m, a)
-                                             and a.lineno > copy.lineno for a in ast.walk(loop)):
+                                             and a.lineno > copy.lineno for a in walk(loop)):
         return False
     counters = {x.id for x in ast.walk(loop.target) if isinstance(x, ast.Name)}
     test = guarded.test

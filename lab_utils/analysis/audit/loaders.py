@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from .project import Module
-from .syntax import EVALISH, callee, dotted, kw
+from .syntax import EVALISH, callee, dotted, kw, walk
 
 if TYPE_CHECKING:
     from .facts import Facts
@@ -69,7 +69,7 @@ def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST
         return handed[:1]
     for mm in p.modules.values():
         for loop in (n for n in mm.nodes if isinstance(n, ast.For)):
-            inner = [x for x in ast.walk(loop) if x is not loop and (
+            inner = [x for x in walk(loop) if x is not loop and (
                 isinstance(x, ast.For) and _mentions(x.iter, names) or isinstance(x, ast.Assign) and isinstance(
                     x.value, ast.Call) and _mentions(x.value, names))]
             if inner:  # an epoch loop around the place that iterates (or wraps, `tqdm(self.dataset.train_loader)`)
@@ -103,10 +103,10 @@ def rebuilt_after(m: Module, c: ast.Call) -> bool:
         loop = m.parent.get(id(loop))
     if not isinstance(loop, (ast.For, ast.While)):
         return False
-    binds = [a.lineno for a in ast.walk(loop) if isinstance(a, ast.Assign) and a.lineno > c.lineno
+    binds = [a.lineno for a in walk(loop) if isinstance(a, ast.Assign) and a.lineno > c.lineno
              and isinstance(a.value, ast.Call) and any(dotted(t) == name for t in a.targets)]
     return bool(binds) and not any(isinstance(x, ast.Call) and callee(x) == "set_epoch" and isinstance(
-        x.func, ast.Attribute) and dotted(x.func.value) == name and x.lineno > min(binds) for x in ast.walk(loop))
+        x.func, ast.Attribute) and dotted(x.func.value) == name and x.lineno > min(binds) for x in walk(loop))
 
 
 def set_once(p, m: Module, c: ast.Call) -> bool:
@@ -230,7 +230,7 @@ def persistent_loaders(f: Facts, m: Module) -> list[str]:
             init = mm.functions.get(f"{name}.__init__")
             if init is None or not any(dotted(b).endswith("DataLoader") for b in cls.bases) or not any(
                     isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
-                        callee(a.value) == "iter" or callee(a.value) == "__iter__") for a in ast.walk(init)):
+                        callee(a.value) == "iter" or callee(a.value) == "__iter__") for a in walk(init)):
                 continue
             # a loader class the default run never picks (`if use_multi_epochs_loader: loader_class = ...`,
             # off unless --use-multi-epochs-loader) leaves the default run's order right
@@ -278,7 +278,7 @@ def rebound_before_use(m: Module, c: ast.Call) -> bool:
     later = [b.lineno for b in fn.body if isinstance(b, ast.Assign) and b.lineno > c.lineno and any(
         isinstance(t, ast.Name) and t.id == name for t in b.targets)]
     return bool(later) and not any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-                                   and c.lineno < n.lineno < min(later) for n in ast.walk(fn))
+                                   and c.lineno < n.lineno < min(later) for n in walk(fn))
 
 
 def handed_to_an_unseen_engine(p, m: Module, sampler: ast.Call) -> bool:
@@ -331,7 +331,7 @@ def epoch_loop_caller(f: Facts, m: Module, node: ast.AST, depth: int = 3):
 def _counts_epochs(fn: ast.AST) -> bool:
     """A `for epoch in ...` loop in the function."""
     return any(isinstance(n, ast.For) and any(isinstance(t, ast.Name) and re.search(r"epoch", t.id, re.I)
-                                              for t in ast.walk(n.target)) for n in ast.walk(fn))
+                                              for t in ast.walk(n.target)) for n in walk(fn))
 
 
 def has_epoch_loop(m: Module) -> bool:

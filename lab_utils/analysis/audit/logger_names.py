@@ -9,7 +9,7 @@ import ast
 
 from .facts import Facts
 from .project import Module
-from .syntax import callee, const_str, dotted, kw
+from .syntax import callee, const_str, dotted, kw, walk
 
 
 def held_logger_name(m: Module, c: ast.Call, name: str, f: Facts | None = None) -> str | None:
@@ -21,7 +21,7 @@ def held_logger_name(m: Module, c: ast.Call, name: str, f: Facts | None = None) 
     fn = m.enclosing(c)
     top = [x for s in m.tree.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
            for x in ast.walk(s)]  # (the module's own code, its `__main__` block included)
-    for a in [*top, *(ast.walk(fn) if fn is not None else [])]:
+    for a in [*top, *(walk(fn) if fn is not None else [])]:
         if not (isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets) and isinstance(
                 a.value, ast.Call)):
             continue
@@ -29,7 +29,7 @@ def held_logger_name(m: Module, c: ast.Call, name: str, f: Facts | None = None) 
             given = const_str(a.value.args[0]) if a.value.args else None
             return given if given else ""
         for _, tf in f.p.resolve(m, a.value) if f is not None else []:
-            made = [x.value for x in ast.walk(tf) if isinstance(x, ast.Assign) and isinstance(x.value, ast.Call)
+            made = [x.value for x in walk(tf) if isinstance(x, ast.Assign) and isinstance(x.value, ast.Call)
                     and callee(x.value) == "getLogger"]
             if len(made) == 1:
                 given = _logger_name_given(tf, made[0], a.value)
@@ -79,8 +79,8 @@ def handed_logger_name(f: Facts, m: Module, c: ast.Call, name: str) -> str | Non
         if len(made) != 1:
             return None
         for _tm, tf in f.p.resolve(cm, made[0]):
-            rets = {dotted(r.value) for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None}
-            names |= {const_str(a.value.args[0]) if a.value.args else "" for a in ast.walk(tf)
+            rets = {dotted(r.value) for r in walk(tf) if isinstance(r, ast.Return) and r.value is not None}
+            names |= {const_str(a.value.args[0]) if a.value.args else "" for a in walk(tf)
                       if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and callee(a.value) ==
                       "getLogger" and {dotted(t) for t in a.targets} & rets}
     return names.pop() if len(names) == 1 and None not in names else None
@@ -97,11 +97,11 @@ def named_consoles_on_every_rank(f: Facts) -> set[str]:
     out = set()
     for mm in f.p.modules.values():
         for fn in mm.functions.values():
-            made = {dotted(t): a.value.args[0] for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(
+            made = {dotted(t): a.value.args[0] for a in walk(fn) if isinstance(a, ast.Assign) and isinstance(
                 a.value, ast.Call) and callee(a.value) == "getLogger" and a.value.args for t in a.targets}
-            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+            consoles = {dotted(t) for a in walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                         and callee(a.value) == "StreamHandler" for t in a.targets}
-            for c in ast.walk(fn):
+            for c in walk(fn):
                 if not (isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute)
                         and dotted(c.func.value) in made and c.args and dotted(c.args[0]) in consoles
                         and f.g.effective(mm, c) is None):
@@ -127,14 +127,14 @@ def root_console_on_every_rank(f: Facts) -> bool:
     for mm in f.p.modules.values():
         for fn in mm.functions.values():
             # (or `getLogger(name)` with a name some caller leaves at its None default: baby-llama2's get_logger)
-            roots = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+            roots = {dotted(t) for a in walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                      and callee(a.value) == "getLogger" and (not a.value.args or any(
                          _logger_name_given(fn, a.value, site) == "" for _, site in f.p.callers(mm, fn)))
                      for t in a.targets}
-            consoles = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+            consoles = {dotted(t) for a in walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                         and callee(a.value) == "StreamHandler" for t in a.targets}
             if any(isinstance(c, ast.Call) and callee(c) == "addHandler" and isinstance(c.func, ast.Attribute) and
                    dotted(c.func.value) in roots and c.args and dotted(c.args[0]) in consoles and
-                   f.g.effective(mm, c) is None for c in ast.walk(fn)):
+                   f.g.effective(mm, c) is None for c in walk(fn)):
                 return True
     return False

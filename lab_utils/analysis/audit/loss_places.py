@@ -10,7 +10,7 @@ from .facts import Facts
 from .losses import assigned_roots
 from .project import Module
 from .returned_losses import reads_a_loss
-from .syntax import LOSSISH, callee, dotted, root
+from .syntax import LOSSISH, callee, dotted, root, walk
 
 
 def rank0_guard(f: Facts, m: Module, c: ast.AST) -> tuple:
@@ -38,7 +38,7 @@ def handed_from(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> tuple:
         out.append((cm, call))
         given = {root(a) for a in call.args} | {root(k.value) for k in call.keywords}
         scope = cm.enclosing(call) or cm.tree
-        out += [(cm, a) for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < call.lineno
+        out += [(cm, a) for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < call.lineno
                 and assigned_roots(a) & given][:1]
     return tuple(out)
 
@@ -72,7 +72,7 @@ def value_lines(m: Module, c: ast.Call, lossy) -> tuple:
     scope = m.enclosing(c) or m.tree
     # ... and where the logged value was taken from the loss (llama2.c: `lossf = loss.item() *
     # gradient_accumulation_steps` before the print): the line that makes it this rank's own
-    took = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and a.lineno not in names
+    took = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and a.lineno not in names
             and any(isinstance(t, ast.Name) and t.id in lossy for t in a.targets)
             and any(isinstance(x, ast.Call) and callee(x) == "item" for x in ast.walk(a.value))]
     taken = ((m, max(took, key=lambda a: a.lineno)),) if took else ()
@@ -83,7 +83,7 @@ def value_lines(m: Module, c: ast.Call, lossy) -> tuple:
     # a text that carries the loss (`desc_str += f' | Loss {loss_meter.val:4f}'`, then pbar.set_description(
     # desc_str), VL-T5): the line that put the loss into it
     scope = m.enclosing(c) or m.tree
-    built = [a for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.lineno < c.lineno
+    built = [a for a in walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.lineno < c.lineno
              and any(dotted(t) in lossy for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))
              and (isinstance(a, ast.AugAssign) or reads_a_loss(a.value))]  # (+=: AOT-GAN adds each loss)
     if built:
@@ -92,7 +92,7 @@ def value_lines(m: Module, c: ast.Call, lossy) -> tuple:
         # ... and the line that took the loss it reads off the tensor (landmark-attention's `train_loss =
         # loss.detach().cpu().item()`, then `print_string = f"... loss={train_loss:.3f} ..."`)
         read = {x.id for x in ast.walk(text.value) if isinstance(x, ast.Name) and LOSSISH.search(x.id)}
-        took = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < text.lineno and any(
+        took = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < text.lineno and any(
             isinstance(t, ast.Name) and t.id in read for t in a.targets) and any(
             isinstance(x, ast.Call) and callee(x) == "item" for x in ast.walk(a.value))]
         # (the text's own line that reads the loss, when it runs over several: RangeViT's `log_str += 'LR {} Loss
@@ -103,7 +103,7 @@ def value_lines(m: Module, c: ast.Call, lossy) -> tuple:
             ((m, max(took, key=lambda a: a.lineno)),) if took else ())
     # ... or a record filled key by key (NVIDIA's TinyBERT: `result['loss'] = mean_loss`, then each key logged):
     # the first key that takes a loss
-    filled = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(
+    filled = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(
         isinstance(t, ast.Subscript) and root(t) in lossy for t in a.targets) and any(
         isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "")
         for x in ast.walk(a.value))]

@@ -21,6 +21,7 @@ from .syntax import (
     dotted,
     rank_reducing_name,
     root,
+    walk,
 )
 
 
@@ -33,9 +34,9 @@ def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
     params = [a.arg for a in scope.args.args]
     if name not in params:  # a text built from such parameters (`msg = "Loss %.4f" % loss.avg`), also through a
         # meter this function feeds one (HaGRID's `self.loss_averager.update(loss)`, `log_str += f"{...value}"`)
-        built = [a.value for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and name in {
+        built = [a.value for a in walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and name in {
             dotted(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}]
-        fed = {dotted(c.func.value): root(c.args[0]) for c in ast.walk(scope) if isinstance(c, ast.Call) and isinstance(
+        fed = {dotted(c.func.value): root(c.args[0]) for c in walk(scope) if isinstance(c, ast.Call) and isinstance(
             c.func, ast.Attribute) and c.func.attr in ("update", "append") and c.args}
         reads = {root(n) for v in built for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
         lossy = {r for r in reads | {fed[r] for r in reads if r in fed} if r in params and LOSSISH.search(r)}
@@ -58,7 +59,7 @@ def returned_reduced(f: Facts, m: Module, scope: ast.AST, name: str, depth: int 
     (`val_loss, val_cer, val_wer = test(...)`, whose test() runs `meters.sync()`, an all_reduce, before `return
     meters.avg_loss, ...`: gtn_applications), or is computed from such names and constants (`min_val_loss =
     min(val_loss, min_val_loss)`)."""
-    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and name in assigned_roots(a)]
+    binds = [a for a in walk(scope) if isinstance(a, ast.Assign) and name in assigned_roots(a)]
     if not binds or depth < 0:
         return False
     found = False
@@ -85,7 +86,7 @@ def backwarded(scope: ast.AST) -> set[str]:
     """Names a backward runs from in `scope`, whatever they are called: `errorE.backward()` (SMI-SSED's
     LossE/LossD), `scaler.scale(err).backward()`, `accelerator.backward(err)`: each one is a loss."""
     out = set()
-    for c in ast.walk(scope):
+    for c in walk(scope):
         if not (isinstance(c, ast.Call) and callee(c) == "backward" and isinstance(c.func, ast.Attribute)):
             continue
         held = c.func.value
@@ -104,10 +105,10 @@ def loss_terms(scope: ast.AST, losses: set[str]) -> set[str]:
     """The terms a backwarded loss is summed from, each computed by a criterion (AdaBins' `l_dense =
     criterion_ueff(...)`, `l_chamfer = criterion_bins(...)`, `loss = l_dense + args.w_chamfer * l_chamfer`): each is
     a loss of the micro-batch, whatever it is called."""
-    made = {t.id for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+    made = {t.id for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
             and re.search(r"crit|loss|objective", dotted(a.value.func), re.I) for t in a.targets
             if isinstance(t, ast.Name)}
-    return {n.id for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
+    return {n.id for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
             and any(dotted(t) in losses for t in a.targets)
             for n in ast.walk(a.value) if isinstance(n, ast.Name) and n.id in made}
 
@@ -115,10 +116,10 @@ def loss_terms(scope: ast.AST, losses: set[str]) -> set[str]:
 def returns_reduced(f: Facts, m: Module, fn: ast.AST, slot: int | None = None) -> bool:
     """Every return of `fn` (its tuple's `slot` when given) reads only names reduced over ranks before it: a
     collective on them, or a reducing method (`meters.sync()`) called on them."""
-    rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+    rets = [r.value for r in walk(fn) if isinstance(r, ast.Return) and r.value is not None]
     if slot is not None and rets and all(isinstance(r, ast.Tuple) and len(r.elts) > slot for r in rets):
         rets = [r.elts[slot] for r in rets]
-    synced = {root(c.func.value) for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(
+    synced = {root(c.func.value) for c in walk(fn) if isinstance(c, ast.Call) and isinstance(
         c.func, ast.Attribute) and REDUCEISH.search(c.func.attr)} | f.reduced_names(m, fn)
     reads = [{root(n) for n in ast.walk(r) if isinstance(n, (ast.Name, ast.Attribute))} - {""} for r in rets]
     return bool(rets) and all(rd and rd <= synced for rd in reads)
@@ -128,7 +129,7 @@ def holds_a_loss_module(m: Module, scope: ast.AST, c: ast.Call, name: str) -> bo
     """At the log `c`, `name` still holds the loss function its last binding built (`loss =
     LOSS_DICT[name].cuda(gpu)`, then `print("{} Loss Generated".format(loss))`, CurricularFace): no loss value.
     A rebinding inside a loop around the log (`loss = criterion(out, y)`) would reach it."""
-    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno
+    binds = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno
              and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)]
     if not binds:
         return False
@@ -137,7 +138,7 @@ def holds_a_loss_module(m: Module, scope: ast.AST, c: ast.Call, name: str) -> bo
         v = v.func.value
     if isinstance(v, ast.Subscript) and isinstance(v.value, ast.Name):  # LOSS_DICT[cfg['LOSS_NAME']]
         table = v.value.id
-        v = next((d.value.values[0] for d in ast.walk(scope) if isinstance(d, ast.Assign) and isinstance(
+        v = next((d.value.values[0] for d in walk(scope) if isinstance(d, ast.Assign) and isinstance(
             d.value, ast.Dict) and d.value.values and any(dotted(t) == table for t in d.targets)), v)
     n = m.parent.get(id(c))
     while n is not None and n is not scope:
@@ -151,7 +152,7 @@ def holds_a_loss_module(m: Module, scope: ast.AST, c: ast.Call, name: str) -> bo
 
 def origins(scope: ast.AST, lossy) -> set[str]:
     """Each logged name, or the name it was copied from (`epoch_loss = losses.avg`): one loss, one finding."""
-    copied = {dotted(a.targets[0]): root(a.value) for a in ast.walk(scope) if isinstance(a, ast.Assign)
+    copied = {dotted(a.targets[0]): root(a.value) for a in walk(scope) if isinstance(a, ast.Assign)
               and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
               and isinstance(a.value, (ast.Name, ast.Attribute))}
     return {copied.get(n) or n for n in lossy}
@@ -162,7 +163,7 @@ def loss_roots(scope: ast.AST, lossy) -> set[str]:
     loss.item()`, then `epoch_loss += loss_step_avg`, are one loss with `loss` (one defect, one finding)."""
     bw = backwarded(scope)
     steps: dict[str, set[str]] = {}
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None:
             reads = {root(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))} - {""}
             for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
@@ -187,9 +188,9 @@ def loaded_from_a_checkpoint(f: Facts, m: Module, scope: ast.AST, c: ast.Call, n
     """Before the log `c`, `name` is only assigned what a project function that torch.loads a checkpoint returns
     (`ep_start, performance_desc = misc.load_checkpoint(...)`, SparK's "PT already done" print): a value this run
     read back, not a loss it computed."""
-    binds = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and name in {
+    binds = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and name in {
         dotted(x) for t in a.targets for x in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}]
-    loaded = {dotted(t) for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+    loaded = {dotted(t) for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
               and callee(a.value) == "load" and "torch" in dotted(a.value.func) for t in a.targets}
     # (or read off what torch.load returned: SimpleAICV's `best_metric, test_loss, lr = checkpoint['best_metric'],
     # checkpoint['test_loss'], checkpoint['lr']` for its resume message)
@@ -216,14 +217,14 @@ def over_gathered_labels(m: Module, scope: ast.AST) -> set[str]:
     loss_g, one_hot = criterion(output, target, x_norm)` (MagFace's model-parallel classifier): the loss covers the
     global batch on every rank, so rank 0's value is the run's. Names assigned from a call handed the gathered
     labels, and sums of them (`loss = loss_id + lam * loss_g`)."""
-    gathered = {dotted(t) for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+    gathered = {dotted(t) for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                 and "gather" in callee(a.value) and "dist" in dotted(a.value.func) and a.value.args
                 and dotted(a.value.args[0]).split(".")[-1] in LABELISH for t in a.targets}
     if not gathered:
         return set()
     out: set[str] = set()
     for _ in range(2):
-        for a in ast.walk(scope):
+        for a in walk(scope):
             if not isinstance(a, ast.Assign):
                 continue
             reads = {dotted(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))}
@@ -239,7 +240,7 @@ def every_loss_over_gathered_labels(m: Module, scope: ast.AST) -> bool:
     """Every loss the function computes (a loss-named result of a call, or a sum of such) is over every rank's
     labels (over_gathered_labels): so is each meter or record fed from them."""
     over = over_gathered_labels(m, scope)
-    computed = {dotted(x) for a in ast.walk(scope) if isinstance(a, ast.Assign) and isinstance(
+    computed = {dotted(x) for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(
         a.value, (ast.Call, ast.BinOp)) for t in a.targets
         for x in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])
         if LOSSISH.search(dotted(x)) and not (isinstance(a.value, ast.Call) and (
@@ -268,7 +269,7 @@ def packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
     """Losses packed into a record that is then logged: `stats = dict(epoch=epoch, loss=loss.item())` ...
     `print(json.dumps(stats))`; the loss values' own names."""
     out = set()
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if not (isinstance(a, ast.Assign) and any(dotted(t) in names for t in a.targets)
                 and isinstance(a.value, (ast.Call, ast.Dict))):
             continue
@@ -291,9 +292,9 @@ def holding_a_loss(fn: ast.AST) -> set[str]:
     args = getattr(fn, "args", None)
     switches = {a.arg for a, d in zip(args.args[len(args.args) - len(args.defaults):], args.defaults, strict=True)
                 if isinstance(d, ast.Constant) and isinstance(d.value, bool)} if args is not None else set()
-    held = {root(n) for n in ast.walk(fn) if isinstance(n, (ast.Name, ast.Attribute))
+    held = {root(n) for n in walk(fn) if isinstance(n, (ast.Name, ast.Attribute))
             and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) and root(n) not in switches}
-    assigns = [a for a in ast.walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None]
+    assigns = [a for a in walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None]
     for _ in range(3):
         for a in assigns:
             if any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held for n in ast.walk(a.value)):
@@ -335,20 +336,20 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     the instance's records that other methods feed (`self.stats[k].append(loss.item())`)."""
     out = set(seed)
     binds: dict = {}
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if isinstance(a, ast.Assign):
             for t in a.targets:
                 if isinstance(t, ast.Name):
                     binds.setdefault(t.id, []).append(a)
     out |= _fed_records(scope, out)
-    out |= {a.target.id for a in ast.walk(scope) if isinstance(a, ast.AugAssign) and isinstance(a.target, ast.Name)
+    out |= {a.target.id for a in walk(scope) if isinstance(a, ast.AugAssign) and isinstance(a.target, ast.Name)
             and isinstance(a.op, ast.Add) and a_loss_value(a.value)}
-    out |= {dotted(a.target.value) for a in ast.walk(scope) if isinstance(a, ast.AugAssign) and isinstance(
+    out |= {dotted(a.target.value) for a in walk(scope) if isinstance(a, ast.AugAssign) and isinstance(
         a.target, ast.Subscript) and isinstance(a.op, ast.Add) and a_loss_value(a.value)} - {""}  # (KAN-TTS's
     # `self.total_train_loss["train/..._loss"] += sc_loss.item()`)
     # ... and a running sum of it, whatever its name (`total += loss.item()`, printed as `total / len(loader)`)
     # a record filled by key: `scalars_to_log['level_0/loss'] = rgb_loss.item()` (NeRF++), logged key by key
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(
                 LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
                 if isinstance(n, (ast.Name, ast.Attribute))) and not loss_module(a.value):
@@ -360,7 +361,7 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
     # the statistics returned beside the loss (`loss, stats = self.actor(data)`, OSTrack), and the values a loop
     # takes out of a record (`for name, val in self.stats[split].items():`)
     for _ in range(2):
-        for a in ast.walk(scope):
+        for a in walk(scope):
             if isinstance(a, ast.Assign) and isinstance(a.targets[0], ast.Tuple):
                 names = [e.id for e in a.targets[0].elts if isinstance(e, ast.Name)]
                 if any(LOSSISH.search(n) and not NOT_A_LOSS.search(n) for n in names):
@@ -417,7 +418,7 @@ def _fed_records(scope: ast.AST, out: set[str]) -> set[str]:
     `metric_logger.update(loss=loss_value)`, `self.stats[name].update(val)` in `for name, val in
     new_stats.items()`."""
     fed_to = set()
-    for c in ast.walk(scope):
+    for c in walk(scope):
         if not (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and (c.func.attr in (
                 "update", "append", "add_", "add", "put", "extend") or re.match(r"(update|record|push)_\w*loss",
                                                                                 c.func.attr))):
@@ -434,7 +435,7 @@ def _fed_records(scope: ast.AST, out: set[str]) -> set[str]:
 def _texts_of_losses(scope: ast.AST, out: set[str]) -> set[str]:
     """A line of text built from a loss prints it: `log_str += 'loss {:.6f} '.format(loss_dict['loss'])`, or
     from a value a loop took out of a loss record (`print_str += '%s: %.5f' % (name, val.avg)`)."""
-    return {dotted(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and text_of(a.value)
+    return {dotted(t) for a in walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and text_of(a.value)
             and any(LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) or root(n) in out
                     for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute)))
             for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} - {""}
@@ -469,7 +470,7 @@ def _instance_carriers(m: Module, cls: str) -> frozenset:
         for name, fn in methods.items():
             held = loss_carriers(fn, frozenset(seeds[name]) | frozenset(found))
             found |= {n.split("[")[0] for n in held if n.startswith("self.")}  # self.stats[] is self.stats
-            for c in ast.walk(fn):  # self.meth(record, ...): the parameter that receives it holds the record
+            for c in walk(fn):  # self.meth(record, ...): the parameter that receives it holds the record
                 if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self" \
                         and c.func.attr in methods:
                     params = [x.arg for x in methods[c.func.attr].args.args][1:]
@@ -486,7 +487,7 @@ def instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     out: set[str] = set()
     for fn in (m.functions[k] for k in m.functions if cls and k.startswith(cls + ".")):
         held, red = holding_a_loss(fn), f.reduced_names(m, fn)
-        for a in ast.walk(fn):
+        for a in walk(fn):
             if isinstance(a, ast.Assign) and any(dotted(t).startswith("self.") for t in a.targets) and any(
                     isinstance(n, (ast.Name, ast.Attribute)) and root(n) in held and root(n) not in red
                     for n in ast.walk(a.value)) and not any(
@@ -504,7 +505,7 @@ def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
              and callee(a.value) == "DataLoader" and len(a.value.args) < 4 and not any(
                  k.arg in ("sampler", "batch_sampler") for k in a.value.keywords) for t in a.targets}
     feeds: dict[str, list[bool]] = {}
-    for n in ast.walk(scope):
+    for n in walk(scope):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "append") \
                 and n.args:
             name, fed = dotted(n.func.value), n.args
@@ -522,7 +523,7 @@ def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
         while isinstance(it, ast.Call) and it.args and callee(it) in ("enumerate", "tqdm", "iter"):
             it = it.args[0]
         feeds.setdefault(name, []).append(it is not None and dotted(it) in whole and not any(
-            isinstance(c, ast.Call) and callee(c) == "backward" for c in ast.walk(loop)))
+            isinstance(c, ast.Call) and callee(c) == "backward" for c in walk(loop)))
     return {name for name, whole_loops in feeds.items() if all(whole_loops)}
 
 
@@ -546,7 +547,7 @@ def _emptied_before(scope: ast.AST, c: ast.AST, name: str) -> bool:
     return not any(isinstance(n, (ast.Name, ast.Attribute)) and root(n) == name and since < n.lineno < c.lineno
                    and isinstance(s, (ast.Expr, ast.AugAssign, ast.Assign)) and any(
                        LOSSISH.search(root(x)) for x in ast.walk(s) if isinstance(x, (ast.Name, ast.Attribute)))
-                   for s in ast.walk(scope) if getattr(s, "lineno", 0) and since < s.lineno < c.lineno
+                   for s in walk(scope) if getattr(s, "lineno", 0) and since < s.lineno < c.lineno
                    for n in ast.walk(s))
 
 
@@ -554,7 +555,7 @@ def walked_from(scope: ast.AST, records: set[str]) -> set[str]:
     """The names a loop or comprehension takes out of one of `records` (`for k, v in track_losses.items()`):
     what they hold came from the record (UniDepth logs `{f"Train/{k}": v ...}` after aggregate_sync_losses)."""
     out = set()
-    for n in ast.walk(scope):
+    for n in walk(scope):
         if isinstance(n, (ast.For, ast.comprehension)) and isinstance(n.iter, ast.Call) and isinstance(
                 n.iter.func, ast.Attribute) and n.iter.func.attr in ("items", "values") and dotted(
                     n.iter.func.value) in records:

@@ -8,7 +8,7 @@ import re
 
 from .facts import Facts
 from .project import Module
-from .syntax import callee, dotted, functools_reduce
+from .syntax import callee, dotted, functools_reduce, walk
 
 
 def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
@@ -16,7 +16,7 @@ def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     `loss_m = AverageMeter(dist=True)`, whose update calls _dist_reduce): what they print is the global batch's.
     When update() reduces only in one branch, the meter must be built with a keyword set True."""
     out = set()
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if isinstance(a, ast.Assign) and len(a.targets) == 1 and read_reduced(f, m, a.value):
             out.add(dotted(a.targets[0]))  # `metrics_dict = {'lr': lr, **metrics.compute(dist)}` (TarFlow)
         if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.value, ast.Call)):
@@ -24,7 +24,7 @@ def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
         name = dotted(a.targets[0])
         if name and _torchmetrics(m, a.value):
             out.add(name)  # (and what its compute() returns: MineSegSAT's `ep_loss = epoch_loss.compute()`)
-            out |= {dotted(b.targets[0]) for b in ast.walk(scope) if isinstance(b, ast.Assign) and len(
+            out |= {dotted(b.targets[0]) for b in walk(scope) if isinstance(b, ast.Assign) and len(
                 b.targets) == 1 and isinstance(b.value, ast.Call) and callee(b.value) == "compute" and isinstance(
                 b.value.func, ast.Attribute) and dotted(b.value.func.value) == name}
             continue

@@ -9,7 +9,7 @@ import re
 
 from .facts import Facts
 from .project import Module
-from .syntax import callee, const_str, dotted, kw
+from .syntax import callee, const_str, dotted, kw, walk
 
 # torchvision's classification families: BatchNorm in resnet/resnext/wide_resnet/densenet/mobilenet/efficientnet/
 # regnet/shufflenet/mnasnet/googlenet/inception/vgg*_bn/maxvit; none in alexnet, plain vgg, squeezenet, vit, swin,
@@ -60,7 +60,7 @@ def unseen_package_bn_model(f: Facts, m: Module, c: ast.Call) -> bool:
     fn = c.func
     if isinstance(fn, ast.Name):  # the name's one binding in the call's function
         scope = m.enclosing(c) or m.tree
-        binds = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and len(a.targets) == 1
+        binds = [a.value for a in walk(scope) if isinstance(a, ast.Assign) and len(a.targets) == 1
                  and isinstance(a.targets[0], ast.Name) and a.targets[0].id == fn.id]
         fn = binds[0] if len(binds) == 1 else fn
     if isinstance(fn, ast.Call) and callee(fn) == "getattr" and len(fn.args) == 2 and isinstance(fn.args[0], ast.Name):

@@ -9,7 +9,7 @@ import re
 
 from .files import UNKNOWN, launch_flags
 from .project import Module
-from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root
+from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root, walk
 from .yaml_configs import YamlConfigs
 
 CONFIGISH = re.compile(r"^(cfg|config|conf|opt|hparams)$", re.I)
@@ -43,7 +43,7 @@ def _bound_in(fn: ast.AST | None, name: str) -> bool:
         return False
     params = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)} if hasattr(fn, "args") else set()
     return name in params or any(isinstance(x, ast.Name) and x.id == name and isinstance(x.ctx, ast.Store)
-                                 for x in ast.walk(fn))
+                                 for x in walk(fn))
 
 
 def _option_default(c: ast.Call):
@@ -305,11 +305,11 @@ class DefaultOptions(YamlConfigs):
             todo += self.p.bases_of(cm, name)
             if any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Attribute) and any(
                     dotted(x) == f"self.{attr}" for x in a.targets) and self._config_default_off(a.value)
-                    for fn in cm.functions.values() if cm.class_of(fn) == name for a in ast.walk(fn)):
+                    for fn in cm.functions.values() if cm.class_of(fn) == name for a in walk(fn)):
                 return True  # `self.sync_bn = cfg.sync_bn` in a setup method, the key False in the defaults
             if init is None:
                 continue
-            set_from = {a.value.id for a in ast.walk(init) if isinstance(a, ast.Assign) and isinstance(
+            set_from = {a.value.id for a in walk(init) if isinstance(a, ast.Assign) and isinstance(
                 a.value, ast.Name) and any(dotted(x) == f"self.{attr}" for x in a.targets)}
             args = init.args.args
             defaults = dict(zip([a.arg for a in args][len(args) - len(init.args.defaults):], init.args.defaults,
@@ -420,7 +420,7 @@ class DefaultOptions(YamlConfigs):
             if made:  # `accelerator = Accelerator(gradient_accumulation_steps=1)`: what the object was built with
                 return _one([self.default_value(m, x, depth) for x in made])
             prop = [r.value for fn in m.functions.values() if getattr(fn, "name", "") == v.attr and any(
-                dotted(d) == "property" for d in fn.decorator_list) for r in ast.walk(fn)
+                dotted(d) == "property" for d in fn.decorator_list) for r in walk(fn)
                 if isinstance(r, ast.Return) and r.value is not None]
             if prop and dotted(v.value) == "self" and depth:  # a property: what it returns (MiniGPT-4's runner,
                 return _one([self.default_value(m, x, depth - 1) for x in prop])  # `int(run_cfg.get(key, 1))`)
@@ -441,7 +441,7 @@ class DefaultOptions(YamlConfigs):
             return UNKNOWN
         fn = m.enclosing(v)
         scope = fn if fn is not None else m.tree
-        sets = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign) and len(a.targets) == 1
+        sets = [a.value for a in walk(scope) if isinstance(a, ast.Assign) and len(a.targets) == 1
                 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == v.id]
         # (`epochs = int(epochs)` keeps what the name held before: its parameter's value)
         sets = [x for x in sets if not any(isinstance(n, ast.Name) and n.id == v.id for n in ast.walk(x))]
@@ -545,7 +545,7 @@ class DefaultOptions(YamlConfigs):
             return None
         if isinstance(v, ast.Name):
             scope = m.enclosing(t) or m.tree
-            bound = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+            bound = [a.value for a in walk(scope) if isinstance(a, ast.Assign)
                      and any(isinstance(x, ast.Name) and x.id == v.id for x in a.targets)]
             v = bound[0] if len(bound) == 1 else None
         key = None
@@ -574,7 +574,7 @@ def _configish(x: ast.AST) -> bool:
 def _copied_option(m: Module, at: ast.AST, t: ast.Name) -> str | None:
     """The option a local name copies, when the function around `at` binds it once, from `args.<option>`."""
     fn = m.enclosing(at)
-    binds = [a for a in ast.walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
+    binds = [a for a in walk(fn) if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and any(
         isinstance(x, ast.Name) and x.id == t.id for x in (a.targets if isinstance(a, ast.Assign) else [a.target]))
              ] if fn is not None else []
     v = binds[0].value if len(binds) == 1 and isinstance(binds[0], ast.Assign) else None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .entries import demote_self_tests
 from .module import AuditError, Module
-from .syntax import callee, dotted, mentions_ddp
+from .syntax import callee, dotted, mentions_ddp, walk
 from .taint import taint_parameters
 
 
@@ -395,8 +395,8 @@ class Project:
             if not key.endswith(".__init__"):
                 continue
             params = [a.arg for a in init.args.args][1:]
-            pairs = [(t, a.value) for a in ast.walk(init) if isinstance(a, ast.Assign) for t in a.targets] + [
-                p for a in ast.walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Tuple)
+            pairs = [(t, a.value) for a in walk(init) if isinstance(a, ast.Assign) for t in a.targets] + [
+                p for a in walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Tuple)
                 for t in a.targets if isinstance(t, (ast.Tuple, ast.List)) and len(t.elts) == len(a.value.elts)
                 for p in zip(t.elts, a.value.elts, strict=True)]  # (`self.model, self.ckp = model, ckp`)
             held = [v.id for t, v in pairs if isinstance(v, ast.Name) and v.id in params and dotted(t) == name]
@@ -418,7 +418,7 @@ class Project:
                 else None
             if at is not None:  # `logging, writer = utils.common_init(rank, ...)`, which builds both (LSGM)
                 for tm, tf in self.resolve(m, a.value):
-                    r = next((r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and isinstance(
+                    r = next((r.value for r in walk(tf) if isinstance(r, ast.Return) and isinstance(
                         r.value, ast.Tuple) and len(r.value.elts) > at), None)
                     if r is not None and isinstance(r.elts[at], ast.Name):
                         return self.instance_class(tm, r.elts[at].id)

@@ -85,15 +85,20 @@ def _made_only_from(v: ast.AST, own: set[str]) -> bool:
     return text and bool(reads & own) and not any(LOSSISH.search(r) for r in reads - own)
 
 
-def own_walk(scope: ast.AST):
+def own_walk(scope: ast.AST) -> list[ast.AST]:
     """The nodes of a scope without the bodies of the functions and classes defined in it: a helper's local
-    `losses = torch.zeros(n)` is another variable than the script's `losses = estimate_loss()`."""
-    todo = [scope]
-    while todo:
-        n = todo.pop()
-        yield n
-        todo += [c for c in ast.iter_child_nodes(n)
-                 if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
+    `losses = torch.zeros(n)` is another variable than the script's `losses = estimate_loss()`. Listed once and kept
+    on the scope, as syntax.walk does."""
+    got = scope.__dict__.get("_own_walked")
+    if got is None:
+        got, todo = [], [scope]
+        while todo:
+            n = todo.pop()
+            got.append(n)
+            todo += [c for c in ast.iter_child_nodes(n)
+                     if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda))]
+        scope._own_walked = got
+    return got
 
 
 def of_the_weights_alone(f: Facts, m: Module, c: ast.Call, name: str) -> bool:

@@ -24,6 +24,7 @@ from .syntax import (
     leaves_block,
     negated,
     others_may_leave,
+    walk,
 )
 from .taint import resolved_past_super
 
@@ -116,7 +117,7 @@ class Guards:
                     params = params[1:] if params and params[0] in ("self", "cls") and tm.class_of(tf) else params
                     names = {params[slot] if isinstance(slot, int) and slot < len(params) else slot
                              for slot, _ in handed} & set(params)
-                    copies = {dotted(t) for a in ast.walk(tf) if isinstance(a, ast.Assign) and isinstance(
+                    copies = {dotted(t) for a in walk(tf) if isinstance(a, ast.Assign) and isinstance(
                         a.value, ast.Name) and a.value.id in names for t in a.targets}
                     # (over the taint's reading: a rank *test*'s answer, not the rank number it seemed)
                     self.flags[tm.rel] |= names | copies
@@ -158,11 +159,10 @@ class Guards:
                 out.add(name)
             elif (isinstance(v, ast.Call) or isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(
                     v.orelse, ast.Constant) and v.orelse.value is None) and self.kind(m, a) == "rank0" and not any(
-                    isinstance(b, ast.Assign) and b is not a and dotted(b.targets[0]) == name and not (
-                        isinstance(b.value, ast.Constant) and b.value.value is None) and not (
-                        isinstance(b.value, ast.Call) and self.kind(m, b) == "rank0") for b in m.nodes
-                    if isinstance(b, ast.Assign) and len(b.targets) == 1 and m.enclosing(b) is m.enclosing(a)
-                    and not _used_between(m, name, a, b)):
+                    b is not a and not (isinstance(b.value, ast.Constant) and b.value.value is None) and not (
+                        isinstance(b.value, ast.Call) and self.kind(m, b) == "rank0")
+                    for b in m.single_assignments(name)
+                    if m.enclosing(b) is m.enclosing(a) and not _used_between(m, name, a, b)):
                 # (another function's `writer = csv.writer(f)`, or one bound after the object's uses, is another name)
                 out.add(name)  # (another arm building it under the same guard, VALL-E's two SummaryWriters, too)
             elif isinstance(v, ast.Call) and self._builds_rank0_writer(m, v):
@@ -189,7 +189,7 @@ class Guards:
             init = tm.functions.get(f"{cls.name}.__init__") if cls is not None else None
             if init is None:
                 continue
-            kept = {dotted(t) for a in ast.walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name)
+            kept = {dotted(t) for a in walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name)
                     and a.value.id in given for t in a.targets}
             if any(isinstance(n, ast.If) and dotted(n.test) in kept for d in cls.body if isinstance(d, ast.FunctionDef)
                    and re.search(r"print|log|info", d.name) for n in ast.walk(d)):
@@ -208,9 +208,9 @@ class Guards:
                 continue
             if depth == 0 or not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            made = {dotted(t): a.value for a in ast.walk(tf) if isinstance(a, ast.Assign)
+            made = {dotted(t): a.value for a in walk(tf) if isinstance(a, ast.Assign)
                     and isinstance(a.value, ast.Call) for t in a.targets}
-            rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
+            rets = [r.value for r in walk(tf) if isinstance(r, ast.Return) and r.value is not None]
             if rets and all(isinstance(r, ast.Call) and self._builds_rank0_writer(tm, r, depth - 1) or
                             dotted(r) in made and self._builds_rank0_writer(tm, made[dotted(r)], depth - 1)
                             for r in rets):
@@ -573,15 +573,13 @@ def _a_parameter(m: Module, t: ast.AST, name: str) -> bool:
     fn = m.enclosing(t)
     return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in {
         a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]} and any(
-        isinstance(a, ast.Assign) and any(dotted(x) == name for x in a.targets) for a in ast.walk(fn))
+        isinstance(a, ast.Assign) and any(dotted(x) == name for x in a.targets) for a in walk(fn))
 
 
 def _used_between(m: Module, name: str, a: ast.AST, b: ast.AST) -> bool:
     """`name` is read after `a` binds it and before `b` rebinds it (PointNeXt's rank-0 SummaryWriter, used for the
     epoch's scalars, then `writer = csv.writer(f)` for the results table): `b` starts another object."""
-    return b.lineno > a.lineno and any(
-        isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load) and dotted(n) == name
-        and a.lineno < n.lineno < b.lineno for n in m.nodes)
+    return b.lineno > a.lineno and any(a.lineno < line < b.lineno for line in m.read_lines(name))
 
 
 def _periodic(m: Module, name: str) -> bool:

@@ -10,7 +10,7 @@ import ast
 from .facts import Facts
 from .losses import assigned_roots, backwarded, holding_a_loss, loss_terms
 from .project import Module
-from .syntax import LOSSISH, NOT_A_LOSS, callee, const_str, dotted, rank_reducing_name, root
+from .syntax import LOSSISH, NOT_A_LOSS, callee, const_str, dotted, rank_reducing_name, root, walk
 
 
 def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set[str]:
@@ -20,11 +20,11 @@ def returned_losses(f: Facts, m: Module, scope: ast.AST, names: set[str]) -> set
     out = set()
     sources = built_from(scope, names)
     asked = set().union(*sources.values()) if sources else set()
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and assigned_roots(a) & asked):
             continue
         for tm, tf in f.p.resolve(m, a.value, exact=True) or f.one_method(a.value):
-            rets = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None]
+            rets = [r.value for r in walk(tf) if isinstance(r, ast.Return) and r.value is not None]
             # a getter (`def get_current_log(self): return self.log_dict`) returns what its class filled elsewhere;
             # only then is a text built from what it returns (KAIR's message, key by key) followed back to it
             getter = _getter(tf)
@@ -69,7 +69,7 @@ def _steps(scope: ast.AST) -> dict[str, set[str]]:
     if steps is not None:
         return steps
     steps = {}
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if isinstance(a, (ast.Assign, ast.AugAssign)) and a.value is not None:
             targets, value = (a.targets if isinstance(a, ast.Assign) else [a.target]), a.value
         elif isinstance(a, (ast.For, ast.comprehension)):
@@ -100,7 +100,7 @@ def _loss_attributes(tm: Module, tf: ast.AST) -> set[str]:
             continue
         backward = backwarded(fn)
         terms = backward | loss_terms(fn, backward)  # (IRN's l_forw_fit, a term of the loss it backwards)
-        for a in ast.walk(fn):
+        for a in walk(fn):
             if not isinstance(a, ast.Assign):
                 continue
             names = {root(t) for t in a.targets if root(t).startswith("self.")}
@@ -126,7 +126,7 @@ def _positions_holding(a: ast.Assign, rets: list, holding: set[str]) -> set[str]
 
 def _texts_reading_loss_of(scope: ast.AST, names: set[str], records: set[str]) -> set[str]:
     """Names bound from a value that reads a loss key or attribute off one of `records` (`metrics['loss']`)."""
-    return {root(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and any(
+    return {root(t) for a in walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and any(
         isinstance(x, (ast.Subscript, ast.Attribute)) and root(x.value) in records and (
             LOSSISH.search(const_str(x.slice) or "") if isinstance(x, ast.Subscript) else LOSSISH.search(x.attr))
         for x in ast.walk(a.value)) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} & names
@@ -158,17 +158,17 @@ def _text_facts(scope: ast.AST) -> tuple[set[str], set[str], set[str]]:
         return isinstance(v, ast.JoinedStr) or isinstance(v, ast.Constant) and isinstance(v.value, str) or \
             isinstance(v, ast.Call) and callee(v) in ("format", "join") or \
             isinstance(v, ast.BinOp) and isinstance(v.op, (ast.Add, ast.Mod)) and (texty(v.left) or texty(v.right))
-    texts = {root(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and texty(a.value)
+    texts = {root(t) for a in walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and texty(a.value)
              for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
     # ... from the entries of a loss record walked in a loop (`for k, v in loss_dict.items()`), not from any name
     # two steps back (a text beside a loss is no loss: AdaptiveSpan's span stats, SVoice's replayed history)
-    records = {root(n.iter.func.value) for n in ast.walk(scope) if isinstance(n, (ast.For, ast.comprehension))
+    records = {root(n.iter.func.value) for n in walk(scope) if isinstance(n, (ast.For, ast.comprehension))
                and isinstance(n.iter, ast.Call) and isinstance(n.iter.func, ast.Attribute) and n.iter.func.attr in (
                    "items", "values") and LOSSISH.search(root(n.iter.func.value))
                and not NOT_A_LOSS.search(root(n.iter.func.value))}
     # ... or from a call handed a loss record in the text's own statement (Panoptic-DeepLab's `msg +=
     # get_loss_info_str(model.loss_meter_dict)`)
-    handed = {root(t) for a in ast.walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and any(
+    handed = {root(t) for a in walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign)) and any(
         isinstance(c, ast.Call) and any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(
             dotted(x).split(".")[-1]) and not NOT_A_LOSS.search(dotted(x).split(".")[-1]) for x in c.args)
         for c in ast.walk(a.value)) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}

@@ -21,6 +21,7 @@ from .syntax import (
     involves,
     is_switch_value,
     kw,
+    walk,
 )
 
 
@@ -91,8 +92,8 @@ def launch_switch_function(p: Project, m: Module, c: ast.AST) -> bool:
     if not isinstance(c, ast.Call):
         return False
     for _, tf in p.resolve(m, c, exact=True):
-        asked = [r.value for r in ast.walk(tf) if isinstance(r, ast.Return) and r.value is not None
-                 and not isinstance(r.value, ast.Constant)] + [n.test for n in ast.walk(tf) if isinstance(n, ast.If)]
+        asked = [r.value for r in walk(tf) if isinstance(r, ast.Return) and r.value is not None
+                 and not isinstance(r.value, ast.Constant)] + [n.test for n in walk(tf) if isinstance(n, ast.If)]
         if asked and all(group_check(x) or "environ" in ast.unparse(x) and (involves(x, WORLDISH) or any(
                 const_str(k) in LAUNCH_KEYS for k in ast.walk(x))) for x in asked):
             return True

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 
-from .syntax import DIST_SWITCH, RANKISH, WORLDISH, callee, dotted, involves_rank, is_switch_value, placement_only
+from .syntax import DIST_SWITCH, RANKISH, WORLDISH, callee, dotted, involves_rank, is_switch_value, placement_only, walk
 
 
 def module_taint(m, seed: frozenset = frozenset(), opaque: frozenset = frozenset()) -> set[str]:
@@ -112,7 +112,7 @@ def _kwargs_reads(tf: ast.AST, keys: set[str]) -> set[str]:
     if kwarg is None:
         return set()
     out = set()
-    for a in ast.walk(tf):
+    for a in walk(tf):
         v = a.value if isinstance(a, ast.Assign) and len(a.targets) == 1 else None
         key = v.slice if isinstance(v, ast.Subscript) and dotted(v.value) == kwarg else v.args[0] if isinstance(
             v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "get" and dotted(
@@ -165,13 +165,13 @@ def returns_rank(m, fn: ast.AST, call: ast.Call) -> bool:
         params = params[1:]
     tainted = {params[i] for i, a in enumerate(call.args) if i < len(params) and involves_rank(a, m.rank_tainted)}
     tainted |= {k.arg for k in call.keywords if k.arg and involves_rank(k.value, m.rank_tainted)}
-    assigns = [a for a in ast.walk(fn) if isinstance(a, ast.Assign)]
+    assigns = [a for a in walk(fn) if isinstance(a, ast.Assign)]
     for _ in range(3):
         tainted |= {dotted(t) for a in assigns if involves_rank(a.value, tainted) and not placement_only(
             a.value, tainted) and not _read_from_a_file(a.value) for x in a.targets for t in ast.walk(x)
             if isinstance(t, (ast.Name, ast.Attribute))}
     return any(isinstance(r, ast.Return) and r.value is not None and involves_rank(r.value, tainted)
-               for r in ast.walk(fn))
+               for r in walk(fn))
 
 
 def spawned_index(project, seeds: dict[str, set[str]]):

@@ -10,7 +10,7 @@ import re
 
 from .project import Module
 from .switches import is_switch_test, one_process_arm
-from .syntax import DDP_NAMES, RANKISH, always_raises, callee, const_str, dotted
+from .syntax import DDP_NAMES, RANKISH, always_raises, callee, const_str, dotted, walk
 
 
 def is_ddp_call(m: Module, c: ast.Call) -> bool:
@@ -75,9 +75,9 @@ def _wrapping_functions(p) -> dict[str, set[int] | None]:
     for _ in range(2):  # (a function returning what a wrapping function returned)
         for m in p.modules.values():
             for fn in m.functions.values():
-                held = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
+                held = {dotted(t) for a in walk(fn) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                         and (is_ddp_call(m, a.value) or found.get(callee(a.value), 0) is None) for t in a.targets}
-                rets = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+                rets = [r.value for r in walk(fn) if isinstance(r, ast.Return) and r.value is not None]
                 # (a tuple of wrappers wins over a single one: create_model's training arm returns the three)
                 slots = next(({i for i, e in enumerate(v.elts) if dotted(e) in held} for v in rets if isinstance(
                     v, (ast.Tuple, ast.List)) and any(dotted(e) in held for e in v.elts)), None)
@@ -133,15 +133,15 @@ def _handed_to_constructors(f, out: dict[str, dict[str, int]], inherited: dict[t
                 handed = {params[i] for i, n in args.items() if i < len(params) and n in held and held[n] < c.lineno}
                 handed |= {k for k, n in kws.items() if k in params and n in held and held[n] < c.lineno}
                 for _ in range(3):  # ... and on through `super().__init__(cfg, model)`
-                    handed -= {t.id for a in ast.walk(init) if isinstance(a, ast.Assign) and "module" in ast.unparse(
+                    handed -= {t.id for a in walk(init) if isinstance(a, ast.Assign) and "module" in ast.unparse(
                         a.value) for t in a.targets if isinstance(t, ast.Name)}  # `model = model.module` (fast-reid)
-                    for a in ast.walk(init):
+                    for a in walk(init):
                         if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and a.value.id in handed:
                             for t in a.targets:
                                 if dotted(t).startswith("self.") and dotted(t) not in out.setdefault(hm.rel, {}):
                                     out[hm.rel][dotted(t)] = 0
                                     inherited[(hm.rel, dotted(t))] = f"{m.rel}:{c.lineno}"
-                    up = next(((x, y) for x in ast.walk(init) if isinstance(x, ast.Call) and callee(x) == "__init__"
+                    up = next(((x, y) for x in walk(init) if isinstance(x, ast.Call) and callee(x) == "__init__"
                                and isinstance(x.func.value, ast.Call) and callee(x.func.value) == "super"
                                for y in p.resolve(hm, x, exact=True)), None)
                     if up is None:
@@ -232,7 +232,7 @@ def single_run_data_parallel(p, m: Module, line: int) -> bool:
     helpers = [tf for tm, tf in p.resolve(m, a.value)] if isinstance(a.value, ast.Call) else []
     if any(isinstance(n, ast.If) and _plain_data_parallel(n.orelse) and any(
             isinstance(x, ast.Call) and callee(x) in DDP_NAMES for b in n.body for x in ast.walk(b))
-            for tf in helpers for n in ast.walk(tf)):
+            for tf in helpers for n in walk(tf)):
         return True
     child, n = a, m.parent.get(id(a))
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):

@@ -21,6 +21,7 @@ from ..syntax import (
     dotted,
     involves,
     kw,
+    walk,
 )
 
 
@@ -63,7 +64,7 @@ def _backward_each_iteration(loop: ast.AST) -> bool:
     # (or a backward helper handed the loss: UniTabE's `self.backward_loss(loss)`, R-ESM's
     # `training_scheduler.loss_scale_and_backward(loss)`)
     return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower() or re.search(
-        r"(^|_)backward(_|$)", callee(c)) and any("loss" in dotted(a).lower() for a in c.args)) for c in ast.walk(loop))
+        r"(^|_)backward(_|$)", callee(c)) and any("loss" in dotted(a).lower() for a in c.args)) for c in walk(loop))
 
 
 def _counts_micro_batches(test: ast.AST) -> bool:
@@ -85,22 +86,22 @@ def _accumulation_steps(f: Facts, m: Module) -> list[ast.AST]:
     # ... or a step function an engine calls once per micro-batch (ignite's `def update(engine, batch)`, gated by
     # `engine.state.iteration % accum`), with no loop of its own around the backward
     loops += [fn for fn in m.functions.values() if not any(isinstance(x, (ast.For, ast.While)) and any(
-        isinstance(b, ast.Call) and callee(b) == "backward" for b in ast.walk(x)) for x in ast.walk(fn))]
+        isinstance(b, ast.Call) and callee(b) == "backward" for b in ast.walk(x)) for x in walk(fn))]
     for loop in loops:
         if not _backward_each_iteration(loop):
             continue
-        gated = [n for n in ast.walk(loop) if isinstance(n, ast.If) and _counts_micro_batches(n.test)
+        gated = [n for n in walk(loop) if isinstance(n, ast.If) and _counts_micro_batches(n.test)
                  and any(_steps(c) and not _scheduler_step(m, c) for s in n.body for c in ast.walk(s))]
         # (a flush of the micro-batches left at the epoch's end, `if n_accumulate_bp > 0: step`, is gated too)
-        flushes = [n for n in ast.walk(loop) if isinstance(n, ast.If) and involves(n.test, ACCUMISH)]
+        flushes = [n for n in walk(loop) if isinstance(n, ast.If) and involves(n.test, ACCUMISH)]
         inside = {id(c) for g in [*gated, *flushes] for s in g.body for c in ast.walk(s)}
         # (the other arm of `if args.accu_grad: <gated steps> else: <a step each batch>`, ClearerVoice's: the
         # run takes one arm, and the accumulating one is judged; under `if ACCUMULATION_STEPS > 1:`, Swin's, only
         # when a launch script passes a count above one, HashTrans's `--accumulation-steps 2`)
-        inside |= {id(c) for n in ast.walk(loop) if isinstance(n, ast.If) and (
+        inside |= {id(c) for n in walk(loop) if isinstance(n, ast.If) and (
             not isinstance(n.test, ast.Compare) or _script_count_above_one(f)) and any(
             g is x for s in n.body for x in ast.walk(s) for g in gated) for s in n.orelse for c in ast.walk(s)}
-        free = {_stepped(c) for c in ast.walk(loop) if _steps(c) and id(c) not in inside and not any(
+        free = {_stepped(c) for c in walk(loop) if _steps(c) and id(c) not in inside and not any(
             k.arg == "update_grad" for k in c.keywords) and not _scheduler_step(m, c)}
         # every step of the loop is gated: it accumulates; or one optimizer's steps are, while another (a GAN's
         # discriminator, so-vits-svc's optim_d) steps every micro-batch
@@ -108,7 +109,7 @@ def _accumulation_steps(f: Facts, m: Module) -> list[ast.AST]:
             not free or re.search(r"optim|opt\b", _stepped(c), re.I)) for s in g.body for c in ast.walk(s))]
         if held and (not free or "" not in free):
             out += [g.test for g in held]  # (each gate: the run takes one, SLAM-LLM's fp16 arm or the plain one)
-        for n in ast.walk(loop):
+        for n in walk(loop):
             if isinstance(n, ast.Call) and any(k.arg == "update_grad" and any(
                     isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mod) for b in ast.walk(k.value))
                     for k in n.keywords):
@@ -152,8 +153,8 @@ def _draws_data(loop: ast.For) -> bool:
     batch: no micro-batches."""
     var = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     return any(isinstance(c, ast.Call) and (callee(c) == "next" or re.search(r"batch|load|fetch", callee(c)))
-               for c in ast.walk(loop)) or any(isinstance(x, ast.Subscript) and any(
-                   isinstance(n, ast.Name) and n.id in var for n in ast.walk(x.slice)) for x in ast.walk(loop))
+               for c in walk(loop)) or any(isinstance(x, ast.Subscript) and any(
+                   isinstance(n, ast.Name) and n.id in var for n in ast.walk(x.slice)) for x in walk(loop))
 
 
 def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
@@ -287,7 +288,7 @@ def accumulation_without_no_sync(f: Facts, m: Module):
         text = ast.unparse(first).splitlines()[0][:60]
         # the backward calls that all-reduce (MVSFormer's `loss.backward()` under the micro-batch loop)
         scope = m.enclosing(first) or m.tree
-        backwards = [c for c in ast.walk(scope) if isinstance(c, ast.Call) and callee(c) == "backward"][:3]
+        backwards = [c for c in walk(scope) if isinstance(c, ast.Call) and callee(c) == "backward"][:3]
         yield Hit(first, (f"gradients accumulate over micro-batches (line {first.lineno}: "
                           f"`{text}`), but no micro-batch runs under model.no_sync(): at two "
                           "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one "
@@ -310,9 +311,9 @@ def _of_gradients(m: Module, c: ast.Call) -> bool:
     def grads(x):
         return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(x))
     scope = m.enclosing(c) or m.tree
-    built = {t.id for a in ast.walk(scope) if isinstance(a, ast.Assign) and grads(a.value)
+    built = {t.id for a in walk(scope) if isinstance(a, ast.Assign) and grads(a.value)
              for t in a.targets if isinstance(t, ast.Name)}
-    built |= {a.target.id for a in ast.walk(scope) if isinstance(a, ast.For) and isinstance(a.target, ast.Name) and (
+    built |= {a.target.id for a in walk(scope) if isinstance(a, ast.For) and isinstance(a.target, ast.Name) and (
         grads(a.iter) or isinstance(a.iter, ast.Name) and a.iter.id in built)}  # (`for g in grads: all_reduce(g)`)
     return any(grads(a) or isinstance(a, ast.Name) and a.id in built for a in c.args)
 

@@ -19,7 +19,7 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
 from ..switches import is_switch_test
-from ..syntax import callee, const_str, const_value, dotted, kw
+from ..syntax import callee, const_str, const_value, dotted, kw, walk
 
 
 @rule("batchnorm-without-sync", "07_batchnorm", "BatchNorm under DDP without SyncBatchNorm: each rank normalises "
@@ -115,10 +115,10 @@ def _trains_in_eval_mode(m: Module, related) -> bool:
     never back in train mode: a linear probe over a frozen backbone (MoCo's and PCL's main_lincls), whose BatchNorm
     normalises with its running statistics, the same on every rank as in the single run."""
     steps = [fn for mm in {m, *related} for fn in mm.functions.values()
-             if any(isinstance(c, ast.Call) and callee(c) == "backward" for c in ast.walk(fn))]
+             if any(isinstance(c, ast.Call) and callee(c) == "backward" for c in walk(fn))]
 
     def modes(fn, name):
-        return [c for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+        return [c for c in walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
                 and c.func.attr == name and not (name == "train" and c.args and const_value(c.args[0]) is False)]
     return bool(steps) and all(modes(fn, "eval") and not modes(fn, "train") for fn in steps)
 

@@ -20,6 +20,7 @@ from ..syntax import (
     kw,
     local_def,
     root,
+    walk,
 )
 
 
@@ -33,7 +34,7 @@ def collective_under_rank0(f: Facts, m: Module):
         fn = m.enclosing(c) or m.tree
         other = "not0" if kind == "rank0" else "rank0"
         if any(isinstance(o, ast.Call) and callee(o) == callee(c) and o is not c and f.g.kind(m, o) in (other, None)
-               for o in ast.walk(fn)):
+               for o in walk(fn)):
             continue  # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: every rank meets once
         who = "rank 0 only" if kind == "rank0" else "every rank but 0"
         yield c, (f"{ast.unparse(c.func)}(...) runs on {who} (its guard, or an early return of the others): the "
@@ -105,7 +106,7 @@ def _rank0_forwards(f: Facts, m: Module):
         fn = m.enclosing(c) or m.tree
         other_arms = {id(x) for n in _ancestor_ifs(m, c) for s in n.orelse for x in ast.walk(s)}
         if handed and not any(isinstance(o, ast.Call) and callee(o) == callee(c) and (
-                f.g.kind(m, o) == "not0" or id(o) in other_arms) for o in ast.walk(fn)):
+                f.g.kind(m, o) == "not0" or id(o) in other_arms) for o in walk(fn)):
             # (`if rank == 0: train(..., logger) else: train(...)`; not the training call every rank makes at
             # another time, FastAutoAugment's run_epoch over the train loader)
             name, inner, tm = handed
@@ -254,9 +255,9 @@ def _forwarded_in_callee(f: Facts, m: Module, c: ast.Call, wrapped: dict[str, in
             if params[:1] in (["self"], ["cls"]):
                 params = params[1:]
             param = i if isinstance(i, str) else params[i] if i < len(params) else None
-            if any(isinstance(x, ast.Assign) and param in {dotted(t) for t in x.targets} for x in ast.walk(tf)):
+            if any(isinstance(x, ast.Assign) and param in {dotted(t) for t in x.targets} for x in walk(tf)):
                 continue  # `net = net.module` first: what it calls is no longer the wrapper
-            inner = next((x for x in ast.walk(tf) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
+            inner = next((x for x in walk(tf) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
                           and x.func.id == param), None)
             if inner is not None:
                 return name, inner, tm
@@ -272,7 +273,7 @@ def _wrapper_parameter(f: Facts, m: Module, c: ast.Call):
         return None  # (a function only rank 0 calls is judged where rank 0 hands it the wrapper)
     params = [x.arg for x in fn.args.args]
     if c.func.id not in params or any(isinstance(x, (ast.Assign, ast.AugAssign)) and c.func.id in {
-            dotted(t) for t in (x.targets if isinstance(x, ast.Assign) else [x.target])} for x in ast.walk(fn)):
+            dotted(t) for t in (x.targets if isinstance(x, ast.Assign) else [x.target])} for x in walk(fn)):
         return None
     return _param_holds_wrapper(f, m, fn, c.func.id)
 
@@ -321,7 +322,7 @@ def _self_forward_in_method(f: Facts, m: Module, c: ast.Call):
         params = [x.arg for x in tf.args.args][1:]
         consts = {params[j]: a.value for j, a in enumerate(c.args) if j < len(params) and isinstance(a, ast.Constant)}
         consts.update({k.arg: k.value.value for k in c.keywords if isinstance(k.value, ast.Constant)})
-        for x in ast.walk(tf):
+        for x in walk(tf):
             name = dotted(x.func) if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) else ""
             if name.startswith("self.") and name in held and not _arm_ruled_out(tm, x, tf, consts) and \
                     not _other_arm_unwraps(tm, x, name) and \

@@ -11,7 +11,7 @@ from ..hierarchy import never_named
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import one_process_arm
-from ..syntax import callee, dotted, involves_rank, kw, mentions_ddp
+from ..syntax import callee, dotted, involves_rank, kw, mentions_ddp, walk
 
 
 def _crash_dump(m: Module, c: ast.Call) -> bool:
@@ -54,7 +54,7 @@ def _writes_of(f: Facts, m: Module, c: ast.Call) -> tuple:
             if (tm.rel, id(tf)) in seen:
                 continue
             seen.add((tm.rel, id(tf)))
-            for x in (x for x in ast.walk(tf) if isinstance(x, ast.Call)):
+            for x in (x for x in walk(tf) if isinstance(x, ast.Call)):
                 if dotted(x.func) in ("torch.save", "th.save"):
                     out.append((tm, x))
                 else:
@@ -172,7 +172,7 @@ def _per_rank_target(m: Module, c: ast.Call) -> bool:
 def _per_rank_helper(f: Facts, m: Module, c: ast.Call) -> bool:
     """A save helper every torch.save of which writes a per-rank file (llm-baselines' save_worker_state:
     `torch.save(worker_state, ckpt_dir / f"worker_{rank}.pt")`): each rank writes its own."""
-    saves = [(tf, x) for _, tf in f.callees(m, c) for x in ast.walk(tf) if isinstance(x, ast.Call)
+    saves = [(tf, x) for _, tf in f.callees(m, c) for x in walk(tf) if isinstance(x, ast.Call)
              and dotted(x.func) in ("torch.save", "th.save")]
     # (the helper's own rank, not the module's flow-insensitive taint: Timer's EarlyStopping.save_checkpoint
     # writes path + '/checkpoint.pth', a `path` that some other function of utils/tools.py derives from a rank)
@@ -191,12 +191,12 @@ def _rank0_of_handed(m: Module, c: ast.Call, fn: ast.AST, x: ast.Call) -> bool:
         isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.Name)
         and n.test.left.id in ranked and isinstance(n.test.ops[0], ast.Eq)
         and isinstance(n.test.comparators[0], ast.Constant) and n.test.comparators[0].value == 0
-        and any(y is x for s in n.body for y in ast.walk(s)) for n in ast.walk(fn))
+        and any(y is x for s in n.body for y in ast.walk(s)) for n in walk(fn))
 
 
 def _names_its_rank(fn: ast.AST, c: ast.Call) -> bool:
     target = c.args[1] if len(c.args) > 1 else kw(c, "f")
-    ranked = {dotted(t) for a in ast.walk(fn) if isinstance(a, ast.Assign) and any(
+    ranked = {dotted(t) for a in walk(fn) if isinstance(a, ast.Assign) and any(
         isinstance(x, (ast.Name, ast.Attribute, ast.Call)) and re.search(r"rank", dotted(
             x.func if isinstance(x, ast.Call) else x), re.I) for x in ast.walk(a.value)) for t in a.targets}
     return target is not None and any(isinstance(x, (ast.Name, ast.Attribute)) and (

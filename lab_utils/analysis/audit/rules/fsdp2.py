@@ -12,7 +12,7 @@ import re
 from ..facts import Facts
 from ..project import Module
 from ..registry import rule
-from ..syntax import callee, dotted, kw, root
+from ..syntax import callee, dotted, kw, root, walk
 
 CHAPTER = "14_fsdp2"
 SHARD = "fully_shard"
@@ -37,7 +37,7 @@ def _own_calls(m: Module, scope: ast.AST) -> list[ast.Call]:
         nodes = [n for s in scope.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                  for n in ast.walk(s)]
     else:
-        nodes = list(ast.walk(scope))
+        nodes = list(walk(scope))
     return [n for n in nodes if isinstance(n, ast.Call) and (m.enclosing(n) or m.tree) is scope]
 
 
@@ -62,7 +62,7 @@ def _loop_target_origin(m: Module, name: str, node: ast.AST) -> tuple[str, ast.F
                     return (roots.pop(), n) if len(roots) == 1 else None
                 if isinstance(it, ast.Name):  # `for model in model_parts:` walks whole models, unless the list
                     scope = m.enclosing(n) or m.tree  # is a model's own (`blocks = model.layers`)
-                    held = [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+                    held = [a.value for a in walk(scope) if isinstance(a, ast.Assign)
                             and any(dotted(t) == it.id for t in a.targets)
                             and isinstance(a.value, (ast.Attribute, ast.Subscript, ast.Call))]
                     origins = {root(v) for v in held if not isinstance(v, ast.Call) or isinstance(
@@ -227,7 +227,7 @@ def _optimizer_models(f: Facts, m: Module, c: ast.Call, param_names: dict[str, s
 def _param_lists(m: Module, scope: ast.AST) -> dict[str, str]:
     """`params = [p for p in model.parameters() if p.requires_grad]`: a name holding a model's parameters."""
     out = {}
-    nodes = ast.walk(scope) if not isinstance(scope, ast.Module) else (
+    nodes = walk(scope) if not isinstance(scope, ast.Module) else (
         n for s in scope.body if not isinstance(s, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(s))
     for a in nodes:
         if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name):
@@ -362,9 +362,9 @@ def sync_left_off(f: Facts, m: Module):
             loop = _loop_of(m, c)
             if loop is None:
                 continue
-            inside = [o for o in on if any(o is n for n in ast.walk(loop))]
-            steps = [n for n in ast.walk(loop) if isinstance(n, ast.Call) and callee(n) == "step"]
-            backwards = [n for n in ast.walk(loop) if isinstance(n, ast.Call) and callee(n) == "backward"
+            inside = [o for o in on if any(o is n for n in walk(loop))]
+            steps = [n for n in walk(loop) if isinstance(n, ast.Call) and callee(n) == "step"]
+            backwards = [n for n in walk(loop) if isinstance(n, ast.Call) and callee(n) == "backward"
                          and n.lineno > c.lineno]
             if inside and steps and backwards and len(inside) == len(on) and \
                     min(o.lineno for o in inside) > max(s.lineno for s in steps):
@@ -435,7 +435,7 @@ def _shard_state(m: Module, expr: ast.AST, names: set[str], scope: ast.AST) -> s
     if hit:
         return hit
     read = {dotted(n) for n in ast.walk(expr) if isinstance(n, ast.Name)}
-    for a in ast.walk(scope):
+    for a in walk(scope):
         if isinstance(a, ast.Assign) and any(dotted(t) in read for t in a.targets):
             hit = direct(a.value)
             if hit:

@@ -22,6 +22,7 @@ from ..syntax import (
     involves,
     involves_rank,
     kw,
+    walk,
 )
 
 
@@ -37,7 +38,7 @@ def _divided_later(m: Module, c: ast.Call) -> bool:
         return False
     names = {dotted(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
     scope = m.enclosing(c) or m.tree
-    for x in ast.walk(scope):
+    for x in walk(scope):
         if isinstance(x, ast.AugAssign) and isinstance(x.op, ast.Div) and dotted(x.target) in names:
             return True
         if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Div) and any(
@@ -136,7 +137,7 @@ MATMUL = {"matmul", "mm", "bmm", "einsum", "cosine_similarity"}
 
 def _uses_in_similarity(fn: ast.AST) -> bool:
     return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) or isinstance(n, ast.Call)
-               and callee(n) in MATMUL for n in ast.walk(fn))
+               and callee(n) in MATMUL for n in walk(fn))
 
 
 # calls that make a new leaf tensor: what they return has no autograd history, so gathering it loses nothing
@@ -209,7 +210,7 @@ def _read_out(m: Module, c: ast.Call) -> bool:
         return True  # `self.gather_distributed_data(preds).cpu()` (Vesper's evaluation)
     names = {t.id for t in getattr(a, "targets", []) if isinstance(t, ast.Name)} if isinstance(a, ast.Assign) else set()
     scope = m.enclosing(c) or m.tree
-    uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+    uses = [n for n in walk(scope) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
             and n.lineno > c.lineno]
     if not names or not uses:
         return False
@@ -233,7 +234,7 @@ def _chained_read_out(m: Module, c: ast.Call) -> bool:
 def _concatenated_then_read_out(m: Module, scope: ast.AST, lst: str) -> bool:
     """Every concatenation of the gathered list is read out on the spot (`torch.cat(gathered).cpu()`): the
     gathered features go to a metric, not into a loss."""
-    cats = [n for n in ast.walk(scope) if isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args
+    cats = [n for n in walk(scope) if isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args
             and dotted(n.args[0]) == lst]
     return bool(cats) and all(_chained_read_out(m, n) for n in cats)
 
@@ -281,9 +282,9 @@ def _gather_hits(f: Facts, m: Module):
             # callers' to judge; one called only under no_grad (AVID's memory-bank update) feeds no gradient
         own = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == lst and
                                                     involves_rank(t.slice, m.rank_tainted) for t in a.targets)
-                  for a in ast.walk(scope))
+                  for a in walk(scope))
         if own and any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args and dotted(n.args[0]) == lst
-                       for n in ast.walk(scope)):
+                       for n in walk(scope)):
             # gathered under no_grad, then `all_z[rank] = z` (hyp_metric's training loop): the gather looks
             # deliberate, but every rank's loss over the global batch reaches only its own rows, and DDP's mean
             # then takes 1/world_size of the single run's gradient
@@ -322,9 +323,9 @@ def _gather_hits(f: Facts, m: Module):
                       related=tuple(applications(f, owner.name)))
             continue
         used = into or any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args
-                           and dotted(n.args[0]) == lst for n in ast.walk(scope)) or any(
+                           and dotted(n.args[0]) == lst for n in walk(scope)) or any(
             isinstance(r, ast.Return) and r.value is not None and lst in {dotted(n) for n in ast.walk(r.value)}
-            for r in ast.walk(scope))  # returned to a caller that concatenates it
+            for r in walk(scope))  # returned to a caller that concatenates it
         if not used or _concatenated_then_read_out(m, scope, lst) or _into_metrics_only(m, scope, lst, c):
             continue  # (Simple-CCReID's test-time concat_all_gather: `torch.cat(tensors_gather, dim=0).cpu()`)
         if _in_a_loss(f, m, fn):
@@ -352,7 +353,7 @@ def _into_metrics_only(m: Module, scope: ast.AST, lst: str, gather: ast.Call) ->
     """After the gather, the gathered list (or its concatenation under the same name) is read only as an argument
     of metric calls (RealNet's `all_preds = torch.cat(all_preds)` then `compute_top_k(all_preds, all_labels, 1)`):
     an accuracy, no loss, so no gradient is lost."""
-    reads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == lst and isinstance(n.ctx, ast.Load)
+    reads = [n for n in walk(scope) if isinstance(n, ast.Name) and n.id == lst and isinstance(n.ctx, ast.Load)
              and n.lineno > gather.lineno]
     def use(n: ast.AST) -> bool:
         up = m.parent.get(id(n))
@@ -380,13 +381,13 @@ def _after_the_steps_backward(m: Module, c: ast.Call) -> bool:
     metrics once the step is taken): what it gathers feeds no gradient of this step."""
     loop = m.enclosing(c, (ast.For, ast.While))
     return loop is not None and any(isinstance(n, ast.Call) and callee(n) == "backward" and n.lineno < c.lineno
-                                    for n in ast.walk(loop))
+                                    for n in walk(loop))
 
 
 def _grad_disabled_before(scope: ast.AST, c: ast.Call) -> bool:
     """`torch.set_grad_enabled(False)` earlier in the function, not turned back on before the gather (an
     evaluation loop): the gathered tensors carry no gradient in any case."""
-    sets = sorted((n.lineno, const_value(n.args[0])) for n in ast.walk(scope) if isinstance(n, ast.Call)
+    sets = sorted((n.lineno, const_value(n.args[0])) for n in walk(scope) if isinstance(n, ast.Call)
                   and callee(n) == "set_grad_enabled" and n.args and n.lineno < c.lineno)
     return bool(sets) and sets[-1][1] is False
 
@@ -411,7 +412,7 @@ def _detached(scope: ast.AST, v: ast.AST) -> bool:
     """A value that is a detached copy, or a container holding one (`[q.detach(), ctx.cpu().detach_()]`),
     directly or through the names assigned in the scope."""
     names = {n.id for n in ast.walk(v) if isinstance(n, ast.Name)}
-    sources = [v] + [a.value for a in ast.walk(scope) if isinstance(a, ast.Assign)
+    sources = [v] + [a.value for a in walk(scope) if isinstance(a, ast.Assign)
                      and any(isinstance(t, ast.Name) and t.id in names for t in a.targets)]
     return any(isinstance(n, ast.Attribute) and n.attr in ("detach", "detach_") for s in sources for n in ast.walk(s))
 
@@ -428,11 +429,11 @@ def _gathered_as_objects(f: Facts, m: Module):
             continue
         if not any(_detached(fn, a) for a in c.args):
             continue
-        target = next((dotted(a.targets[0]) for a in ast.walk(fn) if isinstance(a, ast.Assign)
+        target = next((dotted(a.targets[0]) for a in walk(fn) if isinstance(a, ast.Assign)
                        and a.value is c), None) or (dotted(c.args[0]) if callee(c) == "all_gather_object" else None)
         own_slot = any(isinstance(loop, ast.For) and target and target in {dotted(n) for n in ast.walk(loop.iter)}
-                       and any(isinstance(i, ast.If) and involves_rank(i.test, m.rank_tainted) for i in ast.walk(loop))
-                       for loop in ast.walk(fn))
+                       and any(isinstance(i, ast.If) and involves_rank(i.test, m.rank_tainted) for i in walk(loop))
+                       for loop in walk(fn))
         if own_slot and _in_a_loss(f, m, fn):
             yield c, (f"{ast.unparse(c)[:60]} exchanges detached copies, and only this rank's own slot is put back "
                       "from its live tensors: every rank computes the loss over the global batch, but the other "

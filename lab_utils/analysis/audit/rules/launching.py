@@ -13,7 +13,7 @@ from ..files import project_files, shell_scripts
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import one_process_arm
-from ..syntax import callee, const_str, dotted, kw
+from ..syntax import callee, const_str, dotted, kw, walk
 
 TCP_PORT = re.compile(r"tcp://[^:]+:\d+")
 LOOPBACK_PORT = re.compile(r"tcp://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):\d+")
@@ -55,7 +55,7 @@ def _default_kept(f: Facts, m: Module, v: ast.AST):
     defaults = dict(zip([a.arg for a in args][len(args) - len(fn.args.defaults):], fn.args.defaults, strict=True))
     default = defaults.get(v.id)
     if not (isinstance(default, ast.Constant) and isinstance(default.value, (int, str))) or any(
-            isinstance(x, ast.Assign) and v.id in {dotted(t) for t in x.targets} for x in ast.walk(fn)):
+            isinstance(x, ast.Assign) and v.id in {dotted(t) for t in x.targets} for x in walk(fn)):
         return None
     position = [a.arg for a in args if a.arg not in ("self", "cls")].index(v.id)
     sites = f.p.callers(m, fn)
@@ -241,7 +241,7 @@ def _parameter_port(f: Facts, m: Module, v: ast.AST):
         return None
     names = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
     if v.id not in names or any(isinstance(x, ast.Assign) and v.id in {dotted(t) for t in x.targets}
-                                for x in ast.walk(fn)):
+                                for x in walk(fn)):
         return None
     position, ports = names.index(v.id), set()
     sites = f.p.callers(m, fn)

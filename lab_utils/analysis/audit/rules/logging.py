@@ -41,7 +41,19 @@ from ..project import Module
 from ..rank0_values import of_the_weights_alone, own_walk, rank0_own
 from ..registry import Hit, rule
 from ..returned_losses import built_from, returned_losses, texts_of_losses
-from ..syntax import LOG_CALLS, LOSSISH, NOT_A_LOSS, REDUCEISH, callee, const_str, dotted, kw, rank_reducing_name, root
+from ..syntax import (
+    LOG_CALLS,
+    LOSSISH,
+    NOT_A_LOSS,
+    REDUCEISH,
+    callee,
+    const_str,
+    dotted,
+    kw,
+    rank_reducing_name,
+    root,
+    walk,
+)
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
 NONFINITE = {"isfinite", "isnan", "isinf"}
@@ -79,7 +91,7 @@ def _set_only_before_spawn(f: Facts, attr: str) -> bool:
             isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name) for t in a.targets)]
         cache[attr] = bool(sets) and all(
             (fn := mm.enclosing(a)) is not None and any(isinstance(s, ast.Call) and callee(s) == "spawn" and
-                                                        s.lineno > a.lineno for s in ast.walk(fn))
+                                                        s.lineno > a.lineno for s in walk(fn))
             for mm, a in sets)
     return cache[attr]
 
@@ -161,7 +173,7 @@ def _fed_at(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | Non
     meter = root(c.func.value)
     scope = m.enclosing(c) or m.tree
     feeds = []
-    for x in sorted((x for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute)
+    for x in sorted((x for x in walk(scope) if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute)
                      and root(x.func.value) == meter and x is not c), key=lambda x: x.lineno):
         if meter_print_calls(f, m, x):
             continue  # another log through the same object (WaveGrad's log_training beside log_test), not a feed
@@ -190,7 +202,7 @@ def _fed_reduced_only(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
     # (its own class's methods and its subclasses': KAN-TTS's `self.total_train_loss[k] += loss.item()`)
     owners = {cls} | {k for k, c in m.classes.items() if any(dotted(b).split(".")[-1] == cls for b in c.bases)}
     feeds = [(fn, c.args[0] if isinstance(c, ast.Call) else c.value) for k, fn in m.functions.items()
-             if cls and k.split(".")[0] in owners for c in ast.walk(fn)
+             if cls and k.split(".")[0] in owners for c in walk(fn)
              if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in ("update", "append")
              and dotted(c.func.value).split("[")[0] == name and c.args and (
                  LOSSISH.search(ast.unparse(c.func.value)) or LOSSISH.search(ast.unparse(c.args[0])))
@@ -206,14 +218,14 @@ def _fed_by_helpers(f: Facts, m: Module, scope: ast.AST) -> frozenset:
     cache = f.cache.setdefault("fed_by_helpers", {})
     if (m.rel, id(scope)) not in cache:
         out = set()
-        for c in (c for c in ast.walk(scope) if isinstance(c, ast.Call) and c.args):
+        for c in (c for c in walk(scope) if isinstance(c, ast.Call) and c.args):
             for _, tf in f.p.resolve(m, c):
                 params = [a.arg for a in tf.args.args]
                 params = params[1:] if params[:1] in (["self"], ["cls"]) else params
                 # (a helper that reduces a loss is left alone; a gather of the keys, or an all_reduce of a
                 # memory bank's gradient, makes no loss global)
                 if any(isinstance(x, ast.Call) and rank_reducing_name(x) and "gather" not in callee(x) and any(
-                        LOSSISH.search(root(a)) for a in x.args) for x in ast.walk(tf)):
+                        LOSSISH.search(root(a)) for a in x.args) for x in walk(tf)):
                     continue
                 fed = loss_carriers(tf)
                 out |= {a.id for a, p in zip(c.args, params, strict=False) if isinstance(a, ast.Name) and p in fed}
@@ -255,7 +267,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         synced = {r for line, r in sc["reduce_calls"] if line < c.lineno}  # synced before
         # ... and what is read off it after (`running_val_loss.synchronize_between_processes(device)`, then
         # `epoch_val_loss = running_val_loss.global_avg`: Birder)
-        synced |= {dotted(t) for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(
+        synced |= {dotted(t) for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(
             isinstance(x, ast.Attribute) and any(r == dotted(x.value) and r not in m.imports and line < a.lineno
                                                  for line, r in sc["reduce_calls"])  # (an object, not torch.*)
             for x in ast.walk(a.value)) for t in a.targets if dotted(t)} - {""}
@@ -278,7 +290,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         # a loss function handed on (`val.run(..., compute_loss=self.compute_loss)`); not a bare name the log reads,
         # a value of its own scope (revisitSR's `loss.item()` in log_train, beside the criterion `self.loss`)
         lossy -= m.called_attributes() - {n.id for v in values for n in ast.walk(v) if isinstance(n, ast.Name)}
-        own = {dotted(n) for n in ast.walk(scope) if isinstance(n, ast.Attribute)} & instance_losses(f, m, scope) \
+        own = {dotted(n) for n in walk(scope) if isinstance(n, ast.Attribute)} & instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)
                              and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))) or \
@@ -358,7 +370,7 @@ def _scope_facts(f: Facts, m: Module, scope: ast.AST, per_scope: dict) -> dict:
             "backwarded": bw, "terms": loss_terms(scope, bw), "rank0_own": rank0_own(f, m, scope),
             "global": global_model_losses(f, m, scope), "whole_set": whole_set_meters(m, scope),
             "reducing": reducing_meters(f, m, scope), "over_gathered": every_loss_over_gathered_labels(m, scope),
-            "reduce_calls": [(x.lineno, root(x.func.value)) for x in ast.walk(scope) if isinstance(x, ast.Call)
+            "reduce_calls": [(x.lineno, root(x.func.value)) for x in walk(scope) if isinstance(x, ast.Call)
                              and isinstance(x.func, ast.Attribute) and REDUCEISH.search(x.func.attr)]}
     return sc
 

@@ -19,6 +19,7 @@ from ..syntax import (
     callee,
     dotted,
     involves,
+    walk,
 )
 
 
@@ -47,7 +48,7 @@ def _alias_calls(m: Module, fn: ast.AST) -> list:
         if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and a.value.id == fn.name and len(
                 a.targets) == 1 and isinstance(a.targets[0], ast.Name):
             scope = m.enclosing(a) or m.tree
-            out += [(m, x) for x in ast.walk(scope) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
+            out += [(m, x) for x in walk(scope) if isinstance(x, ast.Call) and isinstance(x.func, ast.Name)
                     and x.func.id == a.targets[0].id]
     return out
 
@@ -161,8 +162,8 @@ def _entry_sites(f: Facts, m: Module, fn: ast.AST, depth: int = 3) -> list[tuple
 def _group_checked_before(m: Module, fn: ast.AST, c: ast.Call) -> bool:
     """The function asks whether the group exists around `c` or before it (`if not dist.is_initialized(): return`
     in a helper); a check elsewhere in a long main() (Oscar's, around another call) does not cover `c`."""
-    checks = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and callee(n) in GROUP_CHECKS]
-    small = sum(isinstance(n, ast.stmt) for n in ast.walk(fn)) <= 15
+    checks = [n for n in walk(fn) if isinstance(n, ast.Call) and callee(n) in GROUP_CHECKS]
+    small = sum(isinstance(n, ast.stmt) for n in walk(fn)) <= 15
     return bool(checks) and (small or any(n.lineno <= c.lineno and any(
         isinstance(up, ast.If) and any(x is n for x in ast.walk(up.test)) and (
             any(y is c for y in ast.walk(up)) or always_returns(up.body)) for up in m.nodes) for n in checks))
@@ -272,8 +273,8 @@ def _group_flags(f: Facts) -> set[str]:
         out = set()
         for mm in f.p.modules.values():
             for fn in mm.functions.values():
-                if any(isinstance(n, ast.Call) and callee(n) == "init_process_group" for n in ast.walk(fn)):
-                    out |= {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and isinstance(
+                if any(isinstance(n, ast.Call) and callee(n) == "init_process_group" for n in walk(fn)):
+                    out |= {t.id for n in walk(fn) if isinstance(n, ast.Assign) and isinstance(
                         n.value, ast.Constant) and n.value.value is True for t in n.targets if isinstance(t, ast.Name)}
         f._group_flags = out
     return f._group_flags

@@ -43,6 +43,7 @@ from ..syntax import (
     dotted,
     kw,
     rank_reducing_name,
+    walk,
 )
 
 
@@ -305,16 +306,16 @@ def set_epoch_late(f: Facts, m: Module):
         fn = mm.enclosing(c)
         if fn is None:
             continue
-        iters = [s for s in ast.walk(fn) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+        iters = [s for s in walk(fn) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
                  and callee(s.value) in ("iter", "cycle", "sample_data", "infinite_loader")
                  and mm.enclosing(s, (ast.For, ast.While)) is None]
         nexts = any(isinstance(n, ast.Call) and callee(n) == "next" and n.args
                     and any(dotted(n.args[0]) == dotted(t) for s in iters for t in s.targets)
-                    for n in ast.walk(fn))
+                    for n in walk(fn))
         names = {dotted(t) for s in iters for t in s.targets}
         remade = any(isinstance(s, ast.Assign) and isinstance(s.value, ast.Call) and callee(s.value) in (
             "iter", "cycle") and s.lineno > c.lineno and any(dotted(t) in names for t in s.targets)
-            for s in ast.walk(fn))  # (CoMatch: `except StopIteration: set_epoch(...); it = iter(loader)`)
+            for s in walk(fn))  # (CoMatch: `except StopIteration: set_epoch(...); it = iter(loader)`)
         if iters and nexts and not remade:
             yield mm, c, (f"set_epoch inside the loop, but the loader's iterator is made once (line "
                           f"{iters[0].lineno}) and never re-made: the new epoch's order never reaches it, so epoch 1 "
@@ -370,7 +371,7 @@ def _collective_inside(f: Facts, mm: Module, call: ast.Call) -> tuple:
     self.test_long_term_forecast(...)`, whose gather_tensors_from_all_gpus all-gathers the predictions), as a
     second related place: where the duplicates are merged in."""
     for tm, tf in f.p.resolve(mm, call):
-        for x in ast.walk(tf):
+        for x in walk(tf):
             if isinstance(x, ast.Call) and (callee(x) in REDUCING or rank_reducing_name(x)
                                             and f.p.resolve(tm, x)):
                 return ((tm, x),)  # dist.all_gather(...), or a project helper named so (gather_tensors_from_all_gpus)

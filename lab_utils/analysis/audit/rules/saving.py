@@ -12,7 +12,7 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import reads_a_rank
 from ..switches import LAUNCH_KEYS, is_switch_test, one_process_arm
-from ..syntax import callee, const_str, dotted, involves_rank, kw, mentions_ddp
+from ..syntax import callee, const_str, dotted, involves_rank, kw, mentions_ddp, walk
 from ..wrappers import single_run_data_parallel, single_run_wrapped
 
 
@@ -52,7 +52,7 @@ def _helper_loads_into(f: Facts, m: Module, owner: str, wrap_line: int) -> ast.C
             params = params[1:] if params[:1] in (["self"], ["cls"]) else params
             names = named | {params[i] for i in handed if i < len(params)}
             if any(isinstance(x, ast.Call) and callee(x) == "load_state_dict" and isinstance(x.func, ast.Attribute)
-                   and dotted(x.func.value) in names for x in ast.walk(tf)):
+                   and dotted(x.func.value) in names for x in walk(tf)):
                 return c
     return None
 
@@ -68,7 +68,7 @@ def _subclass_loads(f: Facts, m: Module, owner: str) -> bool:
     resumes its own wrapped checkpoint, so the `module.` prefix round-trips."""
     loaders = {fn.name for fn in m.functions.values() if any(
         isinstance(c, ast.Call) and callee(c) == "load_state_dict" and isinstance(c.func, ast.Attribute)
-        and dotted(c.func.value) == owner for c in ast.walk(fn))}
+        and dotted(c.func.value) == owner for c in walk(fn))}
     return any((mm.rel, owner) not in f.inherited and owner in f.ddp_wrapped.get(mm.rel, {}) and any(
         isinstance(c.func, ast.Attribute) and dotted(c.func.value) == "self" and c.func.attr in loaders
         and c.lineno > f.ddp_wrapped[mm.rel][owner] for c in mm.calls) for mm in f.p.modules.values())
@@ -78,7 +78,7 @@ def _subclass_loads(f: Facts, m: Module, owner: str) -> bool:
 def _unwrapped_between(m: Module, c: ast.AST, owner: str) -> bool:
     fn = m.enclosing(c) or m.tree
     return any(isinstance(a, ast.Assign) and any(dotted(t) == owner for t in a.targets) and
-               dotted(a.value).endswith(".module") and a.lineno < c.lineno for a in ast.walk(fn))
+               dotted(a.value).endswith(".module") and a.lineno < c.lineno for a in walk(fn))
 
 
 def _branch_on_wrapper(m: Module, c: ast.AST) -> bool:
@@ -274,7 +274,7 @@ def _builds_unwrapping_state_dict(f: Facts, m: Module, call: ast.Call, depth: in
             return True
         if depth > 1 and not tm.class_of(fn) or depth > 1 and getattr(fn, "name", "") != "__init__":
             if any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and _builds_unwrapping_state_dict(
-                    f, tm, a.value, depth - 1) for a in ast.walk(fn)):
+                    f, tm, a.value, depth - 1) for a in walk(fn)):
                 return True
     return False
 
@@ -322,18 +322,18 @@ def _saves_parameter(f: Facts, m: Module, c: ast.Call, i: int | str, depth: int)
         param = params[i] if isinstance(i, int) else i
         if any(isinstance(a, ast.Assign) and any(dotted(t) == param for t in a.targets) and (
                 "module" in ast.unparse(a.value) or isinstance(a.value, ast.Call) and any(
-                    _returns_module(g) for _, g in f.p.resolve(hm, a.value))) for a in ast.walk(fn)):
+                    _returns_module(g) for _, g in f.p.resolve(hm, a.value))) for a in walk(fn)):
             continue  # (`model = model.module`, or MeMOTR's `model = get_model(model)`, which returns its .module)
         # its state_dict() in a torch.save, or in a function that saves one with a helper (MAE's save_model:
         # `to_save = {'model': model_without_ddp.state_dict(), ...}`, then `save_on_master(to_save, path)`)
-        saves = any(isinstance(y, ast.Call) and "save" in callee(y) for y in ast.walk(fn))
-        inner = next((x for x in ast.walk(fn) if isinstance(x, ast.Call) and callee(x) == "state_dict"
+        saves = any(isinstance(y, ast.Call) and "save" in callee(y) for y in walk(fn))
+        inner = next((x for x in walk(fn) if isinstance(x, ast.Call) and callee(x) == "state_dict"
                       and dotted(x.func) == f"{param}.state_dict" and saves and not f.off_by_default(hm, x)
                       and not _branch_on_wrapper(hm, x)), None)  # (glow-tts: `if hasattr(model, 'module')`)
         if inner is not None:
             return hm, inner
         if depth > 1:
-            for cc in ast.walk(fn):
+            for cc in walk(fn):
                 if isinstance(cc, ast.Call) and callee(cc) not in ("save", "state_dict") and not f.off_by_default(
                         hm, cc):  # (SLAM-LLM's FSDP save, called under `elif train_config.enable_fsdp:`)
                     j = next((k for k, a in enumerate(cc.args) if isinstance(a, ast.Name) and a.id == param), None)
@@ -361,7 +361,7 @@ def _loaded_into_a_state_dict(m: Module, c: ast.Call) -> bool:
     name, scope = dotted(a.targets[0]), m.enclosing(c) or m.tree
     return any(isinstance(n, ast.Call) and callee(n) == "load_state_dict" and any(
         isinstance(x, (ast.Name, ast.Attribute)) and dotted(x) == name for arg in n.args for x in ast.walk(arg))
-        for n in ast.walk(scope)) and not _saves_cpu_tensors(m)
+        for n in walk(scope)) and not _saves_cpu_tensors(m)
 
 
 def _synced_from_rank0(f: Facts, m: Module, c: ast.Call) -> bool:
@@ -374,8 +374,8 @@ def _synced_from_rank0(f: Facts, m: Module, c: ast.Call) -> bool:
 def _saves_cpu_tensors(m: Module) -> bool:
     """The module writes its checkpoints as CPU tensors (`state_dict[k] = param.cpu()` then torch.save, KAIR's
     save_network): loading them back maps nothing to the GPU that saved them."""
-    return any(any(isinstance(c, ast.Call) and dotted(c.func) in ("torch.save", "th.save") for c in ast.walk(fn))
-               and any(isinstance(c, ast.Call) and callee(c) == "cpu" for c in ast.walk(fn))
+    return any(any(isinstance(c, ast.Call) and dotted(c.func) in ("torch.save", "th.save") for c in walk(fn))
+               and any(isinstance(c, ast.Call) and callee(c) == "cpu" for c in walk(fn))
                for fn in m.functions.values())
 
 

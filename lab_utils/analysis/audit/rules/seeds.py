@@ -26,6 +26,7 @@ from ..syntax import (
     involves_rank,
     is_switch_value,
     kw,
+    walk,
 )
 
 
@@ -158,7 +159,7 @@ def _built_at(f: Facts, wraps: list) -> list:
     (mm, c), name = wraps[0], wraps[0][1].args[0].id
     for _ in range(2):
         scope = mm.enclosing(c) or mm.tree
-        built = [a for a in ast.walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(
+        built = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(
             a.value, ast.Call) and name in {t.id for x in a.targets for t in ast.walk(x) if isinstance(t, ast.Name)}
             and name not in {dotted(x) for x in a.value.args}]  # (not `model = amp.initialize(model, ...)`)
         params = [a.arg for a in scope.args.args] if isinstance(scope, ast.FunctionDef) else []
@@ -181,7 +182,7 @@ def _calls_of(f: Facts, at) -> tuple:
 def _before_a_spawn(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> bool:
     """`c` runs before an mp.spawn in its function, or in a helper called so (AdCo's Config_Environment(args))."""
     scope = m.enclosing(c) or m.tree
-    return any(isinstance(x, ast.Call) and callee(x) in SPAWNS and x.lineno > c.lineno for x in ast.walk(scope)) or \
+    return any(isinstance(x, ast.Call) and callee(x) in SPAWNS and x.lineno > c.lineno for x in walk(scope)) or \
         bool(depth and m.enclosing(c)) and any(_before_a_spawn(f, cm, cc, depth - 1)
                                                for cm, cc in f.p.callers(m, m.enclosing(c)))
 
@@ -204,10 +205,10 @@ def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
     node = f.setup_line(m)
     fn = m.enclosing(node) if isinstance(node, ast.Call) and callee(node) == "init_process_group" else None
     if fn is None or fn.name == "__init__" or any(isinstance(n, (ast.For, ast.While)) or isinstance(
-            n, ast.Call) and f.is_ddp_call(m, n) for n in ast.walk(fn)):
+            n, ast.Call) and f.is_ddp_call(m, n) for n in walk(fn)):
         return node  # (a constructor: sssegmentation's Trainer.__init__ sets up the group, start() builds the model)
     if not re.search(r"setup|init|dist|ddp", fn.name, re.I) and (m.class_of(fn) or
-            sum(isinstance(n, ast.stmt) for n in ast.walk(fn)) > 12 or _builds_after(fn, node)):
+            sum(isinstance(n, ast.stmt) for n in walk(fn)) > 12 or _builds_after(fn, node)):
         return node  # the script's own main() (GCA-Matting's, which calls the trainer; DAMO-YOLO's short one,
         # which builds its Trainer after the setup): the seed goes there
     sites = [c for cm, c in f.p.callers(m, fn) if cm is m]
@@ -219,7 +220,7 @@ def _builds_after(fn: ast.AST, init: ast.AST) -> bool:
     a short main(), not a set-up helper whose call the flow makes."""
     return any(isinstance(c, ast.Call) and c.lineno > init.lineno and callee(c) not in (
         "set_device", "barrier", "synchronize", "print", "info", "debug", "warning", "get_rank", "get_world_size",
-        "is_initialized", "setup_for_distributed") for c in ast.walk(fn))
+        "is_initialized", "setup_for_distributed") for c in walk(fn))
 
 
 @rule("seed-before-spawn", "02_seeds", "seeded in the parent before mp.spawn: the workers never seed torch's CPU "
@@ -269,7 +270,7 @@ def _spawned_through(f: Facts, m: Module, c: ast.Call) -> ast.AST | None:
     parameter (WaveGrad): the function the workers run, as the call hands it."""
     for _, tf in f.p.resolve(m, c):
         params = [a.arg for a in tf.args.args]
-        for s in ast.walk(tf):
+        for s in walk(tf):
             if isinstance(s, ast.Call) and callee(s) in SPAWNS and s.args and isinstance(s.args[0], ast.Name) \
                     and s.args[0].id in params and params.index(s.args[0].id) < len(c.args):
                 return c.args[params.index(s.args[0].id)]
@@ -337,10 +338,10 @@ def _seed_argument(f: Facts, m: Module, c: ast.Call) -> ast.AST | None:
     tm, tf = targets[0]
     params = [a.arg for a in getattr(tf, "args", ast.arguments()).args]
     positional = params[1:] if params[:1] in (["self"], ["cls"]) else params
-    for inner in (n for n in ast.walk(tf) if isinstance(n, ast.Call) and n.args and f.seed_kind(tm, n)):
+    for inner in (n for n in walk(tf) if isinstance(n, ast.Call) and n.args and f.seed_kind(tm, n)):
         name = inner.args[0].id if isinstance(inner.args[0], ast.Name) else None
         if name not in positional or any(isinstance(a, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == name for t in a.targets) for a in ast.walk(tf)):
+                isinstance(t, ast.Name) and t.id == name for t in a.targets) for a in walk(tf)):
             continue
         given = kw(c, name)
         if given is None and positional.index(name) < len(c.args):
