@@ -33,6 +33,7 @@ from .syntax import (
     dotted,
     functools_reduce,
     handed_a_seed,
+    is_stub,
     kw,
     layer_call,
     not_a_forward,
@@ -441,7 +442,7 @@ class Facts(DefaultOptions):
                 for k, fn in mm.functions.items():
                     if "." in k and mm.class_of(fn):
                         index.setdefault(k.rsplit(".", 1)[1], []).append((mm, fn))
-        return [(mm, fn) for mm, fn in index.get(call.func.attr, []) if not _stub(fn)]
+        return [(mm, fn) for mm, fn in index.get(call.func.attr, []) if not is_stub(fn)]
 
     def _hook_of_a_step_loop(self, m: Module, fn: ast.AST, steps) -> bool:
         """A hook that a training loop calls next to its step (`for self.iter in ...: self.train_one_iter();
@@ -555,13 +556,14 @@ class Facts(DefaultOptions):
 
     def collective(self, m: Module, c: ast.Call, by: str | None = None) -> bool:
         """A collective, or a helper that runs one; `by` ('rank0'): one that rank 0 reaches (a helper's
-        barrier under `if args.local_rank not in [-1, 0]:` is never reached when rank 0 alone calls it)."""
+        barrier under `if args.local_rank not in [-1, 0]:` is never reached when rank 0 alone calls it). A class
+        called runs its __init__ alone (StyleGAN-T's FeatureStats.load builds one; only its append_torch broadcasts)."""
         if callee(c) in COLLECTIVES and ("dist" in dotted(c.func) or dotted(c.func) in COLLECTIVES
                                           or "distributed" in dotted(c.func)):
             return not (isinstance(c.func, ast.Attribute) and root(c.func.value) in ("MPI", "comm", "self"))
         return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in dotted(
-            cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2)
-            for tm, tf in self.p.resolve(m, c))
+            cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2, True)
+            for tm, tf in self.p.resolve(m, c, exact=True))
 
 
 def _unseen_gather(p, m: Module, c: ast.Call) -> bool:
@@ -569,12 +571,6 @@ def _unseen_gather(p, m: Module, c: ast.Call) -> bool:
     not for a device sync (`torch.cuda.synchronize`) or an average (`np.average`)."""
     return bool(re.search(r"gather|reduce", callee(c))) and rank_reducing_name(c) and not p.resolve(m, c) and \
         dotted(c.func).split(".")[0] not in ("np", "numpy", "torch", "functools", "math")
-
-
-def _stub(fn: ast.AST) -> bool:
-    """A method with no body of its own: `pass`, `...`, a docstring, `raise NotImplementedError`."""
-    return all(isinstance(b, (ast.Pass, ast.Raise)) or isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
-               for b in fn.body)
 
 
 def _enclosers(m: Module, node: ast.AST) -> list[ast.AST]:

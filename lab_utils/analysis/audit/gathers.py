@@ -74,7 +74,7 @@ def gathering_loss_models(f: Facts) -> list[str]:
                         isinstance(n, ast.Name) and LOSSISH.search(n.id) for n in ast.walk(r.value))
                         for r in ast.walk(fwd)):
                     continue
-                for rm, c in f.p.calls_in(f.p.reach(mm, fwd)):
+                for rm, c in _calls_feeding(f, mm, fwd):
                     applied = dotted(c.func).removesuffix(".apply") if dotted(c.func).endswith(".apply") else next(
                         (dotted(a.value).removesuffix(".apply") for a in rm.nodes if isinstance(a, ast.Assign)
                          and dotted(a.value).endswith(".apply") and isinstance(c.func, ast.Name)
@@ -84,6 +84,25 @@ def gathering_loss_models(f: Facts) -> list[str]:
                         break
         f.cache["gathering_models"] = out
     return f.cache["gathering_models"]
+
+
+def _calls_feeding(f: Facts, m: Module, fwd: ast.AST) -> list[tuple[Module, ast.Call]]:
+    """The calls a forward makes, and those of the project functions it calls for their results: a helper called
+    as a statement (MoBY's `self._dequeue_and_enqueue(keys1, keys2)`, which gathers the keys into the negatives'
+    queue under no_grad) returns nothing the forward's loss is computed from."""
+    seen, todo, out = {id(fwd)}, [(m, fwd)], []
+    while todo:
+        mm, fn = todo.pop()
+        calls = [c for c in walk(fn) if isinstance(c, ast.Call)]
+        out += [(mm, c) for c in calls]
+        for c in calls:
+            if isinstance(mm.parent.get(id(c)), ast.Expr):
+                continue
+            for tm, tf in f.p.resolve(mm, c):
+                if id(tf) not in seen:
+                    seen.add(id(tf))
+                    todo.append((tm, tf))
+    return out
 
 
 FRESH = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",

@@ -578,8 +578,9 @@ class Project:
             todo = nxt
         return tuple(out[:2])
 
-    def function_does(self, m: Module, fn: ast.AST, pred, depth: int = 4) -> bool:
-        """Whether fn, or a project function it calls (to `depth`), has a call satisfying pred(module, call)."""
+    def function_does(self, m: Module, fn: ast.AST, pred, depth: int = 4, exact: bool = False) -> bool:
+        """Whether fn, or a project function it calls (to `depth`), has a call satisfying pred(module, call);
+        `exact`: a class called is its __init__ alone (what the call runs), not every method of the class."""
         todo, seen = [(m, fn, 0)], set()
         while todo:
             mod, f, d = todo.pop()
@@ -590,6 +591,6 @@ class Project:
                 if pred(mod, c):
                     return True
                 if d < depth:
-                    todo += [(tm, tf, d + 1) for tm, tf in self.resolve(mod, c)]
+                    todo += [(tm, tf, d + 1) for tm, tf in self.resolve(mod, c, exact)]
         return False
 

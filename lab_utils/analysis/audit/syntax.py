@@ -375,3 +375,9 @@ def others_may_leave(s: ast.AST) -> bool:
     """The shape of ranks.Guards._only_rank0_goes_on: an if whose else leaves, or an if without else around one."""
     return isinstance(s, ast.If) and (leaves_block(s.orelse) and not leaves_block(s.body) or not s.orelse and any(
         others_may_leave(x) for x in s.body))
+
+
+def is_stub(fn: ast.AST) -> bool:
+    """A method with no body of its own: `pass`, `...`, a docstring, `raise NotImplementedError`."""
+    return all(isinstance(b, (ast.Pass, ast.Raise)) or isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+               for b in fn.body)

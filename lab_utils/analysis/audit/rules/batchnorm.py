@@ -60,7 +60,7 @@ def batchnorm_without_sync(f: Facts, m: Module):
                 return
         if wrap is None:
             unseen = wrapped_from_unseen_factories(f, m)
-            if unseen is not None:
+            if unseen is not None and not _a_model_converts_itself(f):
                 w, factory, (bm, node), why = unseen
                 yield Hit(w, (f"the model wrapped here comes from {factory}(), whose class these files do not name "
                               f"in code, and {why} ({bm.rel}:{node.lineno}); nothing "
@@ -163,4 +163,12 @@ def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | Non
 
 
 SYNC_NAMES = {"SyncBatchNorm", "convert_sync_batchnorm", "convert_syncbn_model"}
+
+
+def _a_model_converts_itself(f: Facts) -> bool:
+    """A project class converts its own layers (MoBY's __init__: `nn.SyncBatchNorm.convert_sync_batchnorm(
+    self.projector)`, in place): the project syncs BatchNorm in model code, so a model from an unseen factory is
+    no evidence of plain BatchNorm."""
+    return any(callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model") and mm.class_of(mm.enclosing(c))
+               for mm in f.p.modules.values() for c in mm.calls if mm.enclosing(c) is not None)
 SYNC_OPTION = re.compile(r"sync_?bn|sync_?batch_?norm|syncbn")
