@@ -243,9 +243,17 @@ def level_chosen_by_rank(f: Facts) -> bool:
         cache[""] = any(callee(c) in ("setLevel", "basicConfig") and (not re.search(r"handler", dotted(
             c.func), re.I) or _console_handler(mm, c)) and (any(
             involves_rank(a, mm.rank_tainted) or _set_under_rank_test(mm, c, a)
-            for a in [*c.args, *(k.value for k in c.keywords)]) or _under_rank_test(
+            for a in _level_values(c)) or _under_rank_test(
             mm, c)) for mm in f.p.modules.values() for c in mm.calls)
     return cache[""]
+
+
+def _level_values(c: ast.Call) -> list[ast.AST]:
+    """What sets the level: setLevel's argument, basicConfig's `level=` (not its per-rank `filename=`, CvT's
+    `'{}_{}_rank{}.txt'.format(phase, time_str, rank)`, which chooses a file, not what reaches the console)."""
+    if callee(c) == "basicConfig":
+        return [k.value for k in c.keywords if k.arg == "level"]
+    return [*c.args, *(k.value for k in c.keywords)]
 
 
 def info_on_rank0_only(f: Facts, m: Module, c: ast.Call) -> bool:

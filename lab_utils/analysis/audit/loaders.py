@@ -241,6 +241,21 @@ def persistent_loaders(f: Facts, m: Module) -> list[str]:
     return out
 
 
+def timm_multi_epochs_loader(f: Facts, m: Module) -> tuple[Module, ast.AST] | None:
+    """timm's MultiEpochsDataLoader, built by the code running with `m` (CvT's `create_loader(...,
+    use_multi_epochs_loader=True)`): its __init__ makes its iterator once, over a repeating batch sampler, as
+    YOLOv5's InfiniteDataLoader does. (module, the keyword's value or the class's call): where the fix goes."""
+    for mm in f.p.related(m):
+        for c in mm.calls:
+            if not mm.imports.get(callee(c), ("",))[0].startswith("timm") or f.off_by_default(mm, c):
+                continue
+            on = kw(c, "use_multi_epochs_loader")
+            if callee(c) == "MultiEpochsDataLoader" or callee(c) == "create_loader" and isinstance(
+                    on, ast.Constant) and on.value is True:
+                return mm, on if callee(c) == "create_loader" else c
+    return None
+
+
 def late_for_persistent(name: str) -> str:
     return (f"set_epoch here, but the loader is {name}, whose iterator is made once in its __init__ and never "
             "re-made: its workers prefetch the next epoch's indices before this call, so the new epoch's order is "

@@ -207,12 +207,13 @@ def single_run_wrapped(m: Module, line: int) -> bool:
                 # the pytorch/examples layout's `elif args.gpu is not None:` arm keeps the plain model, TransGeo)
             # the other arm refuses to run (AdCo's `else: raise NotImplementedError('Only DistributedDataParallel
             # is supported.')`), shards it with FSDP (YANMTT's `if args.use_fsdp: FSDP(...) else: DDP(...)`), or is
-            # the absent arm of an option the single run takes too (`if args.distillation:`): look up. (An arm that
+            # an arm of an option the single run takes too (`if args.distillation:`, UniMiSS's `if
+            # utils.has_batchnorms(student):` around the teacher's wrap): look up. (An arm that
             # wraps in DDP too, `if args.gpu is not None: DDP(m, device_ids=...) else: DDP(m)`, is no single run:
             # labellers call the wrapper's checkpoint a defect there, CoMatch's and DAN's)
             wraps = any(isinstance(x, (ast.Assign, ast.Expr)) and isinstance(x.value, ast.Call) and callee(
                 x.value) in ("FSDP", "FullyShardedDataParallel") for x in other)
-            if not (always_raises(other) or wraps or not other and not is_switch_test(n.test) and not re.search(
+            if not (always_raises(other) or wraps or not is_switch_test(n.test) and not re.search(
                     r"ddp|\bdist\b|distributed|parallel|world|gpu|rank|launch", ast.unparse(n.test), re.I)):
                 # (DeepfakeBench's `if self.config['ddp'] == True:` is the switch, however it is spelt)
                 return False

@@ -24,6 +24,7 @@ from ..loaders import (
     rebuilt_after,
     set_once,
     single_pass,
+    timm_multi_epochs_loader,
     used_only_when_off,
 )
 from ..project import Module
@@ -302,6 +303,13 @@ def set_epoch_late(f: Facts, m: Module):
         persistent = persistent_loaders(f, mm)
         if persistent:
             yield mm, c, late_for_persistent(persistent[0])
+            continue
+        timm = timm_multi_epochs_loader(f, mm)
+        if timm is not None:  # (found where the fix goes: the option that picks it)
+            yield Hit(timm[1], late_for_persistent("timm's MultiEpochsDataLoader").replace(
+                "set_epoch here", f"set_epoch at {mm.rel}:{c.lineno}", 1).replace(
+                "or re-make the iterator each epoch", "or build a plain DataLoader (use_multi_epochs_loader=False)"),
+                module=timm[0], related=((mm, c),))
             continue
         fn = mm.enclosing(c)
         if fn is None:

@@ -51,10 +51,20 @@ def _helper_loads_into(f: Facts, m: Module, owner: str, wrap_line: int) -> ast.C
             params = [a.arg for a in getattr(tf, "args", ast.arguments(args=[])).args]
             params = params[1:] if params[:1] in (["self"], ["cls"]) else params
             names = named | {params[i] for i in handed if i < len(params)}
+            if named and getattr(tf, "args", None) and tf.args.kwarg and _loads_each_keyword(tf, tf.args.kwarg.arg):
+                return c  # DINO's restart_from_checkpoint(path, student=student, ...): each keyword's value loads
             if any(isinstance(x, ast.Call) and callee(x) == "load_state_dict" and isinstance(x.func, ast.Attribute)
                    and dotted(x.func.value) in names for x in walk(tf)):
                 return c
     return None
+
+
+def _loads_each_keyword(tf: ast.AST, kwargs: str) -> bool:
+    """`for key, value in kwargs.items(): value.load_state_dict(checkpoint[key])`: every keyword handed in loads."""
+    return any(isinstance(x, ast.For) and isinstance(x.iter, ast.Call) and dotted(x.iter.func) == f"{kwargs}.items"
+               and isinstance(x.target, ast.Tuple) and len(x.target.elts) == 2 and any(
+                   isinstance(y, ast.Call) and callee(y) == "load_state_dict" and isinstance(y.func, ast.Attribute)
+                   and dotted(y.func.value) == dotted(x.target.elts[1]) for y in ast.walk(x)) for x in walk(tf))
 
 
 def _exports_plain_weights(m: Module, owner: str) -> bool:
