@@ -9,7 +9,13 @@ import ast
 import re
 
 from .facts import Facts
-from .logger_names import handed_logger_name, held_logger_name, named_consoles_on_every_rank, root_console_on_every_rank
+from .logger_names import (
+    handed_logger_name,
+    held_logger_name,
+    named_consoles_on_every_rank,
+    root_console_on_every_rank,
+    self_logger_name,
+)
 from .project import Module
 from .syntax import LOG_CALLS, callee, const_str, dotted, involves_rank, kw, walk
 
@@ -201,11 +207,13 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     if root_console_on_stdout(f, m, c):
         return False
     if dotted(c.func.value) != "logging":
-        if not isinstance(c.func.value, ast.Name) or c.func.value.id in rank0_loggers(f, m):
+        held = self_logger_name(f, m, c) if dotted(c.func.value).startswith("self.") else None
+        if held is None and (not isinstance(c.func.value, ast.Name) or c.func.value.id in rank0_loggers(f, m)):
             return False
-        if _logger_class_on_every_rank(f, m, c):
+        if held is None and _logger_class_on_every_rank(f, m, c):
             return True
-        held = held_logger_name(m, c, c.func.value.id, f)
+        if held is None:
+            held = held_logger_name(m, c, c.func.value.id, f)
         if held is None:
             held = handed_logger_name(f, m, c, c.func.value.id)
         # a named logger propagates its records to the root's handlers, and to those of the loggers above it

@@ -232,6 +232,11 @@ def persistent_loaders(f: Facts, m: Module) -> list[str]:
                     isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
                         callee(a.value) == "iter" or callee(a.value) == "__iter__") for a in walk(init)):
                 continue
+            if any(isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and callee(a.value) in (
+                    "iter", "__iter__") for k, fn in mm.functions.items() if k.startswith(f"{name}.")
+                    and k != f"{name}.__init__" for a in walk(fn)):
+                continue  # re-made when it runs out (ResRep's `except StopIteration: self.dataset_iterator =
+                # super().__iter__()`): the next pass's iterator starts after the epoch's set_epoch
             # a loader class the default run never picks (`if use_multi_epochs_loader: loader_class = ...`,
             # off unless --use-multi-epochs-loader) leaves the default run's order right
             used = any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)

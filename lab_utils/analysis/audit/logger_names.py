@@ -58,10 +58,12 @@ def _logger_name_given(fn: ast.AST, make: ast.Call, site: ast.Call) -> str | Non
     return const_str(given)
 
 
-def handed_logger_name(f: Facts, m: Module, c: ast.Call, name: str) -> str | None:
+def handed_logger_name(f: Facts, m: Module, c: ast.AST, name: str, depth: int = 2) -> str | None:
     """`logger` a parameter of the logging function (WeSpeaker's run_epoch(..., logger)) that every project caller
     hands a logger a project helper made (`logger = get_logger(exp_dir, 'train.log')`, whose body returns
-    `logging.getLogger("Pyobj, f")`): that logger's name; None when a caller hands anything else."""
+    `logging.getLogger("Pyobj, f")`), or made with getLogger itself, or was handed one in turn (MetaICL's
+    `__main__` block: `logger = logging.getLogger(__name__)`, `main(logger, args)`, whose
+    `MetaICLModel(logger, ...)` keeps it): that logger's name; None when a caller hands anything else."""
     fn = m.enclosing(c)
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return None
@@ -76,8 +78,14 @@ def handed_logger_name(f: Facts, m: Module, c: ast.Call, name: str) -> str | Non
         made = [a.value for a in cm.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
                 and cm.enclosing(a) is scope  # the caller's own bindings, not those of the functions it defines
                 and isinstance(given, ast.Name) and any(dotted(t) == given.id for t in a.targets)]
+        if not made and isinstance(given, ast.Name) and depth:  # handed on from the caller's own parameter
+            names.add(handed_logger_name(f, cm, site, given.id, depth - 1))
+            continue
         if len(made) != 1:
             return None
+        if callee(made[0]) == "getLogger":
+            names.add(const_str(made[0].args[0]) if made[0].args and const_str(made[0].args[0]) else "")
+            continue  # (`getLogger(__name__)`: its records reach the root's handlers)
         for _tm, tf in f.p.resolve(cm, made[0]):
             rets = {dotted(r.value) for r in walk(tf) if isinstance(r, ast.Return) and r.value is not None}
             names |= {const_str(a.value.args[0]) if a.value.args else "" for a in walk(tf)
@@ -138,3 +146,16 @@ def root_console_on_every_rank(f: Facts) -> bool:
                    f.g.effective(mm, c) is None for c in walk(fn)):
                 return True
     return False
+
+
+def self_logger_name(f: Facts, m: Module, c: ast.Call) -> str | None:
+    """The logger a `self.logger.info(...)` call logs through, when the class's __init__ keeps a logger its
+    callers hand it (`self.logger = logger`, MetaICLModel): handed_logger_name of that parameter."""
+    fn = m.enclosing(c)
+    held = dotted(c.func.value) if isinstance(c.func, ast.Attribute) else ""
+    cls = m.class_of(fn) if fn is not None else None
+    init = m.functions.get(f"{cls}.__init__") if cls and held.startswith("self.") else None
+    keep = [a for a in walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and any(
+        dotted(t) == held for t in a.targets)] if init is not None else []
+    return handed_logger_name(f, m, keep[0], keep[0].value.id) if len(keep) == 1 else None
+

@@ -130,6 +130,25 @@ def kw(call: ast.Call, name: str):
     return next((k.value for k in call.keywords if k.arg == name), None)
 
 
+def spread_kw(m, call: ast.Call, name: str) -> list:
+    """The values keyword `name` takes at `call`: given directly, or through `**params` where the function binds
+    `params = dict(..., name=...)` or `{'name': ...}` (Openpilot-Deepdive's `DistributedSampler(val,
+    **dist_sampler_params)`, whose dict sets drop_last=True): one value per binding that sets it."""
+    if kw(call, name) is not None:
+        return [kw(call, name)]
+    spreads = {k.value.id for k in call.keywords if k.arg is None and isinstance(k.value, ast.Name)}
+    scope = m.enclosing(call) or m.tree
+    out = []
+    for a in walk(scope) if spreads else []:
+        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id in spreads for t in a.targets):
+            v = a.value
+            if isinstance(v, ast.Call) and callee(v) == "dict" and kw(v, name) is not None:
+                out.append(kw(v, name))
+            elif isinstance(v, ast.Dict):
+                out += [val for k, val in zip(v.keys, v.values, strict=True) if const_str(k) == name]
+    return out
+
+
 def const_str(node) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 

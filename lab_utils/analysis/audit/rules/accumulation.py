@@ -60,11 +60,16 @@ def _scheduler_step(m: Module, c: ast.Call) -> bool:
                for a in m.nodes)
 
 
-def _backward_each_iteration(loop: ast.AST) -> bool:
+def _backward_each_iteration(loop: ast.AST, gate: ast.If | None = None) -> bool:
+    """A backward in the loop, outside `gate`'s body: with every backward under the step's own gate
+    (Openpilot-Deepdive sums the loss over `optimize_per_n_step` steps and runs one backward before the step), the
+    loss accumulates, not the gradients, and nothing all-reduces between steps."""
+    inside = {id(x) for s in gate.body for x in ast.walk(s)} if gate is not None else set()
     # (or a backward helper handed the loss: UniTabE's `self.backward_loss(loss)`, R-ESM's
     # `training_scheduler.loss_scale_and_backward(loss)`)
-    return any(isinstance(c, ast.Call) and (callee(c) == "backward" or "scaler" in callee(c).lower() or re.search(
-        r"(^|_)backward(_|$)", callee(c)) and any("loss" in dotted(a).lower() for a in c.args)) for c in walk(loop))
+    return any(isinstance(c, ast.Call) and id(c) not in inside and (
+        callee(c) == "backward" or "scaler" in callee(c).lower() or re.search(
+            r"(^|_)backward(_|$)", callee(c)) and any("loss" in dotted(a).lower() for a in c.args)) for c in walk(loop))
 
 
 def _counts_micro_batches(test: ast.AST) -> bool:
@@ -91,7 +96,8 @@ def _accumulation_steps(f: Facts, m: Module) -> list[ast.AST]:
         if not _backward_each_iteration(loop):
             continue
         gated = [n for n in walk(loop) if isinstance(n, ast.If) and _counts_micro_batches(n.test)
-                 and any(_steps(c) and not _scheduler_step(m, c) for s in n.body for c in ast.walk(s))]
+                 and any(_steps(c) and not _scheduler_step(m, c) for s in n.body for c in ast.walk(s))
+                 and _backward_each_iteration(loop, n)]
         # (a flush of the micro-batches left at the epoch's end, `if n_accumulate_bp > 0: step`, is gated too)
         flushes = [n for n in walk(loop) if isinstance(n, ast.If) and involves(n.test, ACCUMISH)]
         inside = {id(c) for g in [*gated, *flushes] for s in g.body for c in ast.walk(s)}

@@ -44,6 +44,7 @@ from ..syntax import (
     dotted,
     kw,
     rank_reducing_name,
+    spread_kw,
     walk,
 )
 
@@ -545,7 +546,8 @@ def eval_padding_duplicates(f: Facts, m: Module):
         if callee(c) not in f.sampler_classes() or not (c.args or kw(c, "dataset")) or not _pads(f, callee(c)):
             continue
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
-        if not (EVALISH.search(_label(m, c)) or asked) or const_value(kw(c, "drop_last")) or _trains_over(m, c):
+        if not (EVALISH.search(_label(m, c)) or asked) or any(const_value(v) for v in spread_kw(
+                m, c, "drop_last")) or _trains_over(m, c):
             continue
         flag = f.off_by_default(m, c)
         if flag and not DIST_SWITCH.search(flag):  # (`--distributed` itself is how the DDP run is asked for)
