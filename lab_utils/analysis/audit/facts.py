@@ -11,6 +11,7 @@ import re
 from .entries import chosen_by_name
 from .evaluation import eval_loop_reduces
 from .helper_returns import reduced_in_place, returns_a_local_value, returns_own_slice
+from .none_arms import untaken_none_arm
 from .options import DefaultOptions
 from .project import Module, Project
 from .ranks import Guards
@@ -527,7 +528,8 @@ class Facts(DefaultOptions):
         if dotted(c.func) in ("torch.save", "th.save") or depth == 0:
             return False
         saves = [(tm, cc) for tm, tf in self.callees(m, c) for cc in walk(tf) if isinstance(cc, ast.Call)
-                 and (dotted(cc.func) in ("torch.save", "th.save") or self.is_save(tm, cc))]
+                 and (dotted(cc.func) in ("torch.save", "th.save") or self.is_save(tm, cc))
+                 and not untaken_none_arm(self.p, tm, cc)]  # (RETFound's save_model: its loss_scaler None arm)
         return bool(saves) and all(self.g.kind(tm, cc) == "rank0" or self.guarded_inside(tm, cc, depth - 1)
                                    for tm, cc in saves)
 

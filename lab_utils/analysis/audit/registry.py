@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .hierarchy import never_called, replaced_where_built
+from .none_arms import untaken_none_arm
 from .scripts import demo_block, off_the_default_path, one_process_only, shadowed, unchosen, undistributed_script
 
 SEVERITIES = ("defect", "check-by-hand")
@@ -107,12 +108,13 @@ def run_rules(facts, modules) -> list[Finding]:
                 if demo_block(facts, where, node) or shadowed(where, node) or unchosen(facts, where, node) or \
                         off_the_default_path(facts, where, node) or replaced_where_built(
                             facts.p, where, where.enclosing(node)) or never_called(facts.p, where, node) or (
-                            r.id != "collective-outside-switch" and one_process_only(facts, where, node)):
+                            r.id != "collective-outside-switch" and one_process_only(facts, where, node)) or \
+                        untaken_none_arm(facts.p, where, node):
                     continue  # a library's own demo under its main guard, a function the module defines again
                     # later, a class the default settings never pick, a function called only in arms they
                     # skip, a base class's method every subclass the project builds replaces, or a function
-                    # nothing calls, or one called only on the one-process path: the default DDP run never
-                    # executes it
+                    # nothing calls, or one called only on the one-process path, or the None arm of a parameter
+                    # every caller fills: the default DDP run never executes it
                 line = getattr(node, "lineno", 0) or 1
                 found.setdefault((str(where.path), line, r.id),
                                  Finding(line, r.id, message, severity, str(where.path), related))

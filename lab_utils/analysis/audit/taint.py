@@ -52,12 +52,24 @@ def _assignments(m) -> list[tuple[bool, set[str], ast.AST, list[str]]]:
         # (nor the GPUs a process may see: `os.environ['CUDA_VISIBLE_DEVICES'] = args.gpu`, TransBTS's test.py)
         targets = [] if any(isinstance(t, ast.Subscript) and "VISIBLE_DEVICES" in str(getattr(t.slice, "value", ""))
                             for t in (a.targets if isinstance(a, ast.Assign) else [a.target])) else targets
-        if targets and not _object_on_one_rank(a.value):
-            names = {dotted(n) for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))
-                     and not WORLDISH.search(dotted(n).split(".")[-1])}  # (as is_rankish_node reads them)
-            kept.append((involves_rank(a.value), names, a.value, targets))
+        for value, names_to in _paired(a, targets):
+            if names_to and not _object_on_one_rank(value):
+                names = {dotted(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))
+                         and not WORLDISH.search(dotted(n).split(".")[-1])}  # (as is_rankish_node reads them)
+                kept.append((involves_rank(value), names, value, names_to))
     m.__dict__["_taint_assignments"] = kept
     return kept
+
+
+def _paired(a: ast.AST, targets: list[str]) -> list[tuple[ast.AST, list[str]]]:
+    """(value, the names it may taint): `a, b = x, y` pairs each name with its own value (YOLOR's and YOLOv5's
+    `save_dir, epochs, ..., rank = Path(opt.save_dir), opt.epochs, ..., opt.global_rank`: only `rank` holds the
+    rank, not the run's folder); any other assignment taints all its names from its whole value."""
+    t = a.targets[0] if isinstance(a, ast.Assign) and len(a.targets) == 1 else None
+    if isinstance(t, (ast.Tuple, ast.List)) and isinstance(a.value, (ast.Tuple, ast.List)) and len(t.elts) == len(
+            a.value.elts) and not any(isinstance(e, ast.Starred) for e in [*t.elts, *a.value.elts]):
+        return [(v, [dotted(e)] if dotted(e) in targets else []) for e, v in zip(t.elts, a.value.elts, strict=True)]
+    return [(a.value, targets)]
 
 
 def _object_on_one_rank(v: ast.AST) -> bool:
