@@ -44,3 +44,21 @@ def test_a_tuple_assignment_taints_only_the_rank(tmp_path):
     assert [h.line for h in hits] == [_line(shared, "torch.save(model.module")]
     per_rank = train.replace("FOLDER", "Path(opt.save_dir) / str(opt.global_rank)")
     assert not _rules(_project(tmp_path / "per_rank", {"train.py": per_rank}), "save-on-every-rank")
+
+
+def test_a_model_built_anew_after_the_wrap_is_no_wrapper(tmp_path):
+    """SpikingResformer (found by the full regression after round 330's change to what a class call runs): `del
+    model`, then `model = create_model(...)` and `if is_main_process(): test(model, ...)`: rank 0 alone runs the
+    plain model built anew, no DDP forward (no ddp-forward-under-rank0). Handing it the wrapper is one."""
+    train = SEED_ONLY + ("def create_model():\n    return torch.nn.BatchNorm1d(2)\n"
+                         "def test(net):\n    with torch.no_grad():\n        return net(torch.ones(4, 2))\n"
+                         "dist.init_process_group('gloo')\nmodel = DDP(create_model())\n"
+                         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor step in range(3):\n"
+                         "    loss = model(torch.ones(4, 2)).sum()\n    opt.zero_grad()\n    loss.backward()\n"
+                         "    opt.step()\nREBUILD"
+                         "if dist.get_rank() == 0:\n    test(model)\n")
+    rebuilt = train.replace("REBUILD", "del model\nmodel = create_model()\n")
+    assert not _rules(_project(tmp_path / "rebuilt", {"train.py": rebuilt}), "ddp-forward-under-rank0")
+    kept = train.replace("REBUILD", "")
+    hits = _rules(_project(tmp_path / "kept", {"train.py": kept}), "ddp-forward-under-rank0")
+    assert [h.line for h in hits] == [_line(kept, "    test(model)")]

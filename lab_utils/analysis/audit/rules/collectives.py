@@ -375,9 +375,16 @@ def _no_buffer_broadcast(m: Module, line: int) -> bool:
 def _wrap_reaches(m: Module, c: ast.Call, owner: str, line: int) -> bool:
     """Whether the wrapping assignment (at `line`) has run when `c` calls the name: `c` comes after it in the
     function's flow, or sits in a loop that also holds the wrap (the next turn sees the wrapper). A forward of the
-    plain model before `model = DDP(model)` (a rank-0 reference pass) broadcasts nothing."""
-    if owner.startswith("self.") or c.lineno > line:
+    plain model before `model = DDP(model)` (a rank-0 reference pass) broadcasts nothing; nor does one after the
+    name is bound again to a model built anew (SpikingResformer's `model = create_model(...)` for the final test)."""
+    if owner.startswith("self."):
         return True
+    if c.lineno > line:
+        scope = m.enclosing(c) or m.tree
+        return not any(isinstance(a, ast.Assign) and line < a.lineno < c.lineno and owner in {
+            dotted(t) for t in a.targets} and isinstance(a.value, ast.Call) and "DistributedDataParallel" not in (
+            dotted(a.value.func)) and callee(a.value) != "DDP" and owner not in {
+            dotted(x) for x in ast.walk(a.value) if isinstance(x, (ast.Name, ast.Attribute))} for a in walk(scope))
     n = m.parent.get(id(c))
     while n is not None:
         if isinstance(n, (ast.For, ast.While)) and any(
