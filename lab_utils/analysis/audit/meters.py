@@ -8,7 +8,7 @@ import re
 
 from .facts import Facts
 from .project import Module
-from .syntax import callee, dotted, functools_reduce, walk
+from .syntax import LOSSISH, callee, dotted, functools_reduce, root, walk
 
 
 def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
@@ -66,3 +66,16 @@ def _torchmetrics(m: Module, v: ast.Call) -> bool:
     return bool(imp) and imp[0].split(".")[0] == "torchmetrics" and not any(
         k.arg == "sync_on_compute" and isinstance(k.value, ast.Constant) and k.value.value is False
         for k in v.keywords)
+
+
+def feeds_handed_meter(f: Facts, m: Module, x: ast.Call, meter: str) -> bool:
+    """`x` hands `meter` to a project function whose body feeds that parameter a loss by keyword."""
+    at = [i for i, a in enumerate(x.args) if isinstance(a, ast.Name) and a.id == meter]
+    for _tm, tf in f.p.resolve(m, x, exact=True) if at else []:
+        params = [a.arg for a in getattr(tf, "args", ast.arguments(args=[])).args]
+        params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+        names = {params[i] for i in at if i < len(params)}
+        if any(isinstance(y, ast.Call) and isinstance(y.func, ast.Attribute) and root(y.func.value) in names
+               and any(LOSSISH.search(k.arg or "") for k in y.keywords) for y in walk(tf)):
+            return True
+    return False

@@ -478,6 +478,9 @@ def lr_grows_with_world_size(f: Facts, m: Module):
             found.append((n, n, ast.unparse(n)))
         elif isinstance(n, ast.Call) and kw(n, "lr") is not None and grows(kw(n, "lr"), holding):
             found.append((kw(n, "lr"), kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))  # (at the scaling line)
+        elif isinstance(n, ast.Dict):  # a parameter group (TSP's `{'params': ..., 'lr': args.fc_lr * args.world_size}`)
+            found += [(v, v, f"'lr': {ast.unparse(v)}") for k, v in zip(n.keys, n.values, strict=True)
+                      if const_str(k) == "lr" and grows(v, holding)]
     # the scaling itself (`lr = base_lr * bs * get_world_size() / 512`) before a copy of a name it writes later
     # (`base_lr = args.lr` read before DyTox's loop assigns the scaled lr back to args.lr)
     # ... and the one that names the count itself (XNAS's `init_lr = cfg.OPTIM.BASE_LR * cfg.NUM_GPUS`) before one

@@ -36,7 +36,7 @@ from ..losses import (
     walked_from,
     whole_set_meters,
 )
-from ..meters import reducing_meters
+from ..meters import feeds_handed_meter, reducing_meters
 from ..project import Module
 from ..rank0_values import of_the_weights_alone, own_walk, rank0_own
 from ..registry import Hit, rule
@@ -181,6 +181,10 @@ def _fed_at(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> ast.Call | Non
         if any(LOSSISH.search(k.arg or "") and not NOT_A_LOSS.search(k.arg or "") for k in x.keywords) or any(
                 isinstance(n, (ast.Name, ast.Attribute)) and root(n) in lossy for v in fed for n in ast.walk(v)):
             feeds.append(x)
+        # ... or a project helper handed the meter that feeds it a loss (TSP's `compute_accuracies_and_log_metrics(
+        # metric_logger, loss, ...)`, whose body runs `metric_logger.update(loss=loss.item())`): the call is the line
+    feeds += [x for x in walk(scope) if isinstance(x, ast.Call) and x is not c and feeds_handed_meter(f, m, x, meter)]
+    feeds.sort(key=lambda x: x.lineno)
     # the feed every step runs before one under an option (WeakTr's `logger.update(loss=loss.item())` at the end
     # of the step, not the `mean_loss` fed only `if GradientClipping is not None:`)
     return next((x for x in feeds if _on_the_path(m, scope, x, c)), feeds[0] if feeds else None)

@@ -104,9 +104,11 @@ def no_seed(f: Facts, m: Module):
         if not gated and not failed:  # the seeds it does set, which leave torch's CPU RNG alone (GNS's cuda seed),
             wraps += [(mm, c) for mm, c in entry[0] if f.seed_kind(mm, c) in ("cuda", "other")][:1]  # and the spawn
         wraps += [(mm, c) for mm, c in entry[0] if callee(c) == "spawn" and mm is m][:1]  # (ODTK builds the model)
-        yield Hit(_setup_in_flow(f, m), f"{what} (in this script or the helpers it calls): rank 0's initial weights "
+        where_m, where = _spawned_setup(f, m) or (None, _setup_in_flow(f, m))
+        yield Hit(where, f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
+                  module=where_m,
                   related=tuple(wraps) + ((_test_of(*at, failed),) if at else ()) + _calls_of(f, at))  # (and
         # the seed the default run skips: the test that skips it, and the call of the helper it sits in)
 
@@ -213,6 +215,19 @@ def _setup_in_flow(f: Facts, m: Module) -> ast.AST:
         # which builds its Trainer after the setup): the seed goes there
     sites = [c for cm, c in f.p.callers(m, fn) if cm is m]
     return min(sites, key=lambda c: c.lineno) if sites else node
+
+
+def _spawned_setup(f: Facts, m: Module) -> tuple[Module, ast.Call] | None:
+    """(module, init_process_group) of the worker function the script spawns in another file, when that worker
+    sets up the group itself (PerAct's `mp.spawn(run_seed_fn.run_seed, ...)`, whose run_seed calls
+    init_process_group): the worker's flow is where the model is built and the seed belongs."""
+    for c in m.calls:
+        if callee(c) in SPAWNS and c.args and isinstance(c.args[0], (ast.Name, ast.Attribute)):
+            for tm, tf in f.p.resolve(m, ast.Call(func=c.args[0], args=[], keywords=[]), exact=True):
+                inits = [x for x in walk(tf) if isinstance(x, ast.Call) and callee(x) == "init_process_group"]
+                if tm is not m and inits:
+                    return tm, inits[0]
+    return None
 
 
 def _builds_after(fn: ast.AST, init: ast.AST) -> bool:
