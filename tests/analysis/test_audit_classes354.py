@@ -70,3 +70,64 @@ def test_no_seed_in_a_worker_another_file_holds(tmp_path):
         ("run_seed_fn.py", _line(unseeded, "dist.init_process_group("))]
     seeded = worker.replace("SEED", "    torch.manual_seed(0)\n")
     assert not _rules(_project(tmp_path / "seeded", {"train.py": train, "run_seed_fn.py": seeded}), "no-seed")
+
+
+def test_a_training_loop_left_under_rank_0s_own_test(tmp_path):
+    """DUSTGaussian: `if args.local_rank == 0: ... global_step += 1; if global_step > n_iters: break` inside the
+    training loop: rank 0 alone leaves, the other ranks go on into DDP all-reduces it never joins
+    (collective-under-rank0, at the test). Joey NMT's `if (is_min_lr or is_max_update) and self.rank == 0: break`,
+    in the batch loop and again in the epoch loop, is one finding. A break every rank takes is quiet."""
+    train = SEED_ONLY + ("dist.init_process_group('gloo')\nrank = dist.get_rank()\n"
+                         "model = DDP(torch.nn.Linear(2, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                         "global_step = 0\nwhile True:\n    for step in range(4):\n"
+                         "        loss = model(torch.ones(2)).sum()\n        opt.zero_grad()\n"
+                         "        loss.backward()\n        opt.step()\nEXIT")
+    rank0 = train.replace("EXIT", "        if rank == 0:\n            print(loss.item())\n"
+                                  "            global_step += 1\n            if global_step > 10:\n"
+                                  "                break\n    if global_step > 10 and rank == 0:\n        break\n")
+    hits = _rules(_project(tmp_path / "rank0", {"train.py": rank0}), "collective-under-rank0")
+    assert [h.line for h in hits] == [_line(rank0, "            if global_step > 10:")]
+    every = train.replace("EXIT", "        global_step += 1\n        if global_step > 10:\n            break\n"
+                                  "    if global_step > 10:\n        break\n")
+    assert not _rules(_project(tmp_path / "every", {"train.py": every}), "collective-under-rank0")
+
+
+def test_settings_an_unseen_parser_builds_from_the_rank_hold_no_rank(tmp_path):
+    """Joey NMT: `args = parse_global_args(cfg, rank=rank, mode='train')` from a module the copies lack returns the
+    settings: `self.args = args.train`, then `if (i + 1) % self.args.batch_multiplier == 0:` is no rank test, so
+    the validation every rank calls under it is no collective-under-rank0. A rank-named helper's result is a
+    rank: `if (i + 1) % get_rank_of(cfg, rank=rank) == 0:` gates it to some ranks."""
+    train = SEED_ONLY + ("from config import parse_global_args, get_rank_of\n"
+                         "def validate(model):\n    t = torch.zeros(1)\n    dist.all_reduce(t)\n    return t\n"
+                         "dist.init_process_group('gloo')\nrank = dist.get_rank()\n"
+                         "args = MAKER(cfg={}, rank=rank)\nmodel = DDP(torch.nn.Linear(2, 2))\n"
+                         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor i in range(4):\n"
+                         "    loss = model(torch.ones(2)).sum()\n    opt.zero_grad()\n    loss.backward()\n"
+                         "    opt.step()\n    if (i + 1) % args.freq == 0:\n        validate(model)\n")
+    parsed = train.replace("MAKER", "parse_global_args")
+    assert not _rules(_project(tmp_path / "parsed", {"train.py": parsed}), "collective-under-rank0")
+    ranked = train.replace("MAKER", "get_rank_of")
+    assert _rules(_project(tmp_path / "ranked", {"train.py": ranked}), "collective-under-rank0")
+
+
+def test_a_sampler_drawing_from_the_generator_it_keeps(tmp_path):
+    """Joey NMT's DistributedSubsetSampler: `torch.randperm(n, generator=self.generator)` in __iter__, the
+    generator seeded once and never again: each pass draws the next permutation, so no set_epoch is missed
+    (no set-epoch-missing). One that re-seeds it in __iter__ (`self.generator.manual_seed(self.seed)`) repeats
+    epoch 0's order: found."""
+    sampler = ("import torch\nfrom torch.utils.data import DistributedSampler\n"
+               "class SubsetSampler(DistributedSampler):\n    def __init__(self, dataset, generator):\n"
+               "        self.data = dataset\n        self.generator = generator\n        self.seed = 0\n"
+               "    def __iter__(self):\nRESEED"
+               "        perm = torch.randperm(len(self.data), generator=self.generator).tolist()\n"
+               "        return iter(perm[self.rank::self.num_replicas])\n")
+    train = SEED_ONLY + ("from sampler import SubsetSampler\ndist.init_process_group('gloo')\n"
+                         "model = DDP(torch.nn.Linear(2, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                         "g = torch.Generator()\ng.manual_seed(0)\ndata = list(range(16))\n"
+                         "loader = torch.utils.data.DataLoader(data, batch_size=4, sampler=SubsetSampler(data, g))\n"
+                         "for epoch in range(2):\n    for x in loader:\n        loss = model(x.float()[:2]).sum()\n"
+                         "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n")
+    kept = sampler.replace("RESEED", "")
+    assert not _rules(_project(tmp_path / "kept", {"train.py": train, "sampler.py": kept}), "set-epoch-missing")
+    reseeded = sampler.replace("RESEED", "        self.generator.manual_seed(self.seed)\n")
+    assert _rules(_project(tmp_path / "reseeded", {"train.py": train, "sampler.py": reseeded}), "set-epoch-missing")

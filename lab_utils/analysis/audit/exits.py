@@ -66,22 +66,47 @@ def _decided_on_rank0(f: Facts, m: Module, loop: ast.AST, test: ast.AST) -> tupl
     return None
 
 
+def _under_rank0_guard(f: Facts, m: Module, loop: ast.AST, x: ast.AST) -> tuple | None:
+    """The exit sits in rank 0's own block inside the loop (DUSTGaussian's `if args.local_rank == 0: ...
+    global_step += 1; if global_step > ...: break`; Joey NMT's `if (is_min_lr or is_max_update) and self.rank ==
+    0: break`): rank 0 alone can take it, whatever its test reads."""
+    n = m.parent.get(id(x))
+    while n is not None and n is not loop:
+        if isinstance(n, ast.If) and f.g.classify(m, n.test) == "rank0":
+            return f"it sits under rank 0's own test `{ast.unparse(n.test)[:60]}` (line {n.lineno})", (m, n)
+        n = m.parent.get(id(n))
+    return None
+
+
 def rank0_loop_exits(f: Facts, m: Module):
-    """(node, message) for each training loop that only rank 0 leaves."""
+    """(node, message) for each training loop that only rank 0 leaves; the exits of nested loops in one function
+    under rank 0's own tests (Joey NMT's batch loop and epoch loop) are one finding, at the first test."""
+    first: dict = {}
+    for hit in sorted(_rank0_loop_exits(f, m), key=lambda h: h.node.lineno):
+        key = id(m.enclosing(hit.node)) if isinstance(hit.node, ast.If) else id(hit)
+        first[key] = first[key]._replace(related=(*first[key].related, (m, hit.node))) if key in first else hit
+    yield from first.values()
+
+
+def _rank0_loop_exits(f: Facts, m: Module):
     for loop in (n for n in m.nodes if isinstance(n, (ast.For, ast.While))):
         # (cheap first: a break or an exit of this loop directly under an `if` on an attribute of an object)
         exits = [x for x in walk(loop) if _leaves(m, loop, x) and isinstance(m.parent.get(id(x)), ast.If)
-                 and any(isinstance(n, ast.Attribute) for n in ast.walk(m.parent[id(x)].test))]
+                 and (any(isinstance(n, ast.Attribute) for n in ast.walk(m.parent[id(x)].test))
+                      or f.g.kind(m, x) == "rank0")]  # (or under rank 0's own test: the guard case below)
         if not exits or f.g.effective(m, loop) == "rank0" or not _trains(f, m, loop):
             continue
         for x in exits:
             what = "exits the process" if isinstance(x, ast.Call) else "leaves the training loop"
             decided = _decided_on_rank0(f, m, loop, m.parent[id(x)].test)
-            if decided is not None:
-                why, where = decided
-                yield Hit(x, (f"this {'exit' if isinstance(x, ast.Call) else 'break'} {what} on a test only rank 0 can "
-                          f"pass: {why}; the other ranks go on into the next step, whose gradient all-reduce rank 0 "
-                          "never joins, and wait forever (a hang the single run cannot have) — broadcast the "
-                          "decision from rank 0 (dist.broadcast of a stop flag) so every rank leaves together"),
-                          related=(where,))
+            guard = _under_rank0_guard(f, m, loop, x) if decided is None else None
+            if decided is not None or guard is not None:
+                why, where = decided or guard
+                at = m.parent[id(x)] if guard else x
+                yield Hit(at, (f"this {'exit' if isinstance(x, ast.Call) else 'break'} {what} on a test only rank 0 "
+                               f"can pass: {why}; the other ranks go on into the next step, whose gradient all-reduce "
+                               "rank 0 never joins, and wait forever (a hang the single run cannot have) — "
+                               "broadcast the decision from rank 0 (dist.broadcast of a stop flag) so every rank "
+                               "leaves together"),
+                          related=(where,) if where[1] is not at else ())
                 break

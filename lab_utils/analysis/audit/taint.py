@@ -159,12 +159,23 @@ def untaint_opaque_calls(project, seeds: dict[str, set[str]]):
                     a.value.func, m.rank_tainted) or not involves_rank(a.value, m.rank_tainted):
                 continue
             targets = project._resolve(m, a.value, True)
-            if targets and all(isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)) and not tm.class_of(tf)
+            if not targets and _unseen_config_maker(m, a.value):
+                opaque.add(id(a.value))
+            elif targets and all(isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)) and not tm.class_of(tf)
                                and not returns_rank(m, tf, a.value) for tm, tf in targets):
                 opaque.add(id(a.value))
         if opaque or m.__dict__.get("_opaque"):
             m.__dict__["_opaque"] = frozenset(opaque)  # (kept: a later re-taint from new seeds keeps them out)
             m.rank_tainted = m._taint(frozenset(seeds[m.rel]), frozenset(opaque))
+
+
+def _unseen_config_maker(m, c: ast.Call) -> bool:
+    """A function these files lack, named for the options or the config it builds and handed the rank by keyword
+    (Joey NMT's `args = parse_global_args(cfg, rank=rank, mode="train")`): it returns settings, not a rank; whole
+    objects made from it (`self.args`) are no rank tests."""
+    name = callee(c)
+    return bool(re.search(r"(^|_)(parse|config|cfg|args|options|settings)(_|$)", name)) and not RANKISH.search(
+        name) and not any(involves_rank(a, m.rank_tainted) for a in c.args)
 
 
 def returns_rank(m, fn: ast.AST, call: ast.Call) -> bool:

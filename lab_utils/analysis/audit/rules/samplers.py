@@ -75,7 +75,15 @@ def _order_matters(m: Module, c: ast.Call) -> bool:
 
 def _advances_itself(f: Facts, name: str) -> bool:
     """A project sampler class that moves its own epoch on each reshuffle (TFace's MultiDistributedSampler:
-    `self.current_epoch[name] += 1` before seeding its generator): every pass gets a new order without set_epoch."""
+    `self.current_epoch[name] += 1` before seeding its generator), or draws each pass from a generator it keeps
+    and never re-seeds there (Joey NMT's DistributedSubsetSampler: `torch.randperm(n, generator=self.generator)`
+    in __iter__, the state moving on): every pass gets a new order without set_epoch."""
+    it = [fn for mm in f.p.modules.values() if name in mm.classes for k, fn in mm.functions.items()
+          if k == f"{name}.__iter__"]
+    if any(any(isinstance(c, ast.Call) and dotted(kw(c, "generator") or ast.Constant(0)).startswith("self.")
+               for c in walk(fn)) and not any(isinstance(c, ast.Call) and callee(c) in ("manual_seed", "seed")
+                                              for c in walk(fn)) for fn in it):
+        return True
     return any(isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add) and re.search(
         r"epoch", dotted(a.target.value if isinstance(a.target, ast.Subscript) else a.target)) and dotted(
         a.target.value if isinstance(a.target, ast.Subscript) else a.target).startswith("self.")
