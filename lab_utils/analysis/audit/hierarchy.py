@@ -109,6 +109,9 @@ def _named_in_text(p: Project, name: str) -> bool:
         listed = {id(x) for mm in p.modules.values() for a in mm.nodes if isinstance(a, (ast.Assign, ast.AugAssign))
                   and "__all__" in {dotted(t) for t in getattr(a, "targets", [getattr(a, "target", None)])}
                   for x in ast.walk(a.value)}  # (`__all__ = ["Trainer", "DartsTrainer"]` exports, builds nothing)
+        listed |= {id(d.value) for mm in p.modules.values() for d in mm.nodes if isinstance(d, ast.Expr)}  # (a
+        # docstring, or a bare string between statements, builds nothing: Mellotron's distributed.py says "This
+        # version of DistributedDataParallel is designed ..." above the class no code builds)
         texts = [n.value for mm in p.modules.values() for n in mm.nodes
                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in listed]
         if p.on_disk:

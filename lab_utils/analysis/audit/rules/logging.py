@@ -102,9 +102,12 @@ def _keyed_not_loss(values: list, name: str) -> bool:
     reads = [n for v in values for n in ast.walk(v) if isinstance(n, ast.Name) and n.id == name]
     keys = [const_str(n.slice) for v in values for n in ast.walk(v) if isinstance(n, ast.Subscript)
             and isinstance(n.value, ast.Name) and n.value.id == name]
+    # (or its key set alone, Sparse DETR's `set(loss_dict.keys()) - set(weight_dict.keys())`: names, no values)
+    names = [n for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute) and n.attr == "keys"
+             and isinstance(n.value, ast.Name) and n.value.id == name]
     # ... unless the record is itself named a loss (RALF's `train_loss_dict["G/total"]`): there a key is a setting
     # only when it says so
-    return bool(reads) and len(keys) == len(reads) and all(k and not LOSSISH.search(k) and (
+    return bool(reads) and len(keys) + len(names) == len(reads) and all(k and not LOSSISH.search(k) and (
         not LOSSISH.search(name) or re.search(r"lr|learning|accum|grad|epoch|step|iter|time|acc|top|scale|norm|"
                                               r"batch|num|count|size", k, re.I)) for k in keys)
 

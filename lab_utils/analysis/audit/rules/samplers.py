@@ -27,6 +27,7 @@ from ..loaders import (
     timm_multi_epochs_loader,
     used_only_when_off,
 )
+from ..none_arms import untaken_none_arm
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import arm_off
@@ -80,12 +81,10 @@ def _advances_itself(f: Facts, name: str) -> bool:
     in __iter__, the state moving on): every pass gets a new order without set_epoch."""
     it = [fn for mm in f.p.modules.values() if name in mm.classes for k, fn in mm.functions.items()
           if k == f"{name}.__iter__"]
-    if any(any(isinstance(c, ast.Call) and dotted(kw(c, "generator") or ast.Constant(0)).startswith("self.")
-               for c in walk(fn)) and not any(isinstance(c, ast.Call) and callee(c) in ("manual_seed", "seed")
-                                              for c in walk(fn)) for fn in it):
-        return True
-    return any(isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add) and re.search(
-        r"epoch", dotted(a.target.value if isinstance(a.target, ast.Subscript) else a.target)) and dotted(
+    return any(not any(isinstance(c, ast.Call) and callee(c) in ("manual_seed", "seed") for c in walk(fn)) and any(
+        isinstance(c, ast.Call) and dotted(kw(c, "generator") or ast.Constant(0)).startswith("self.")
+        for c in walk(fn)) for fn in it) or any(isinstance(a, ast.AugAssign) and isinstance(a.op, ast.Add) and (
+        re.search(r"epoch", dotted(a.target.value if isinstance(a.target, ast.Subscript) else a.target))) and dotted(
         a.target.value if isinstance(a.target, ast.Subscript) else a.target).startswith("self.")
         for mm in f.p.modules.values() if name in mm.classes for a in ast.walk(mm.classes[name]))
 
@@ -130,7 +129,8 @@ def _sampler_context(f: Facts, m: Module):
     entries = [mm for mm in f.p.modules.values() if mm.entry]
     loaded = [mm for mm in f.p.modules.values() if mm not in related and not mm.entry
               and not any(mm in f.p.related(e) for e in entries)]
-    return made, [(mm, c) for mm in [*related, *loaded] for c in mm.calls if callee(c) == "set_epoch"]
+    return made, [(mm, c) for mm in [*related, *loaded] for c in mm.calls if callee(c) == "set_epoch"
+                  and not untaken_none_arm(f.p, mm, c)]
 
 
 @rule("set-epoch-missing", "03_samplers", "a shuffling DistributedSampler whose set_epoch is never called (or only "

@@ -143,6 +143,11 @@ def _unlinked_runner_seeds(f: Facts, calls: list) -> bool:
             isinstance(t, ast.Name) and t.id == c.func.value.id for t in a.targets)]
         if not made or any(f.p.resolve(mm, v) for v in made):
             continue
+        # (or built from a project class of that name whose __init__, or its base's, seeds: FGT's `trainer =
+        # pkg.Network(opt, rank)` from `pkg = import_module('networks.' + name)`, Trainer.__init__ -> setSeed())
+        if any(f.seed_kind(xm, x) == "torch" for v in made for om in f.p.modules.values() if callee(v) in om.classes
+               for im, init in f.p.methods(om, callee(v), "__init__") for xm, x in f.p.calls_in(f.p.reach(im, init))):
+            return True
         for om in f.p.modules.values():
             for cd in om.classes.values():
                 meth = next((d for d in cd.body if isinstance(d, ast.FunctionDef) and d.name == c.func.attr), None)
