@@ -412,7 +412,7 @@ class Project:
         return None
 
     def _instance_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
-        for a in m.nodes:
+        for a in m.built(name):
             at = next((i for t in a.targets if isinstance(t, ast.Tuple) for i, e in enumerate(t.elts)
                        if dotted(e) == name), None) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) \
                 else None
