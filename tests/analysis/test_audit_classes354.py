@@ -90,6 +90,10 @@ def test_a_training_loop_left_under_rank_0s_own_test(tmp_path):
     every = train.replace("EXIT", "        global_step += 1\n        if global_step > 10:\n            break\n"
                                   "    if global_step > 10:\n        break\n")
     assert not _rules(_project(tmp_path / "every", {"train.py": every}), "collective-under-rank0")
+    # (KAPAO's `if RANK == -1 and stopper(...): break`: the stop of a run of one process; the full regression)
+    single = train.replace("EXIT", "        global_step += 1\n        if rank == -1 and global_step > 10:\n"
+                                   "            break\n")
+    assert not _rules(_project(tmp_path / "single", {"train.py": single}), "collective-under-rank0")
 
 
 def test_settings_an_unseen_parser_builds_from_the_rank_hold_no_rank(tmp_path):

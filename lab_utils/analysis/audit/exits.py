@@ -10,7 +10,8 @@ import ast
 from .facts import Facts
 from .project import Module
 from .registry import Hit
-from .syntax import callee, dotted, walk
+from .switches import one_process_arm
+from .syntax import callee, dotted, involves_rank, walk
 
 EXITS = ("sys.exit", "exit", "quit", "os._exit")
 
@@ -72,7 +73,13 @@ def _under_rank0_guard(f: Facts, m: Module, loop: ast.AST, x: ast.AST) -> tuple 
     0: break`): rank 0 alone can take it, whatever its test reads."""
     n = m.parent.get(id(x))
     while n is not None and n is not loop:
-        if isinstance(n, ast.If) and f.g.classify(m, n.test) == "rank0":
+        if isinstance(n, ast.If) and f.g.classify(m, n.test) == "rank0" and involves_rank(n.test) and not (
+                f.off_by_default(m, x) or f.off_by_default(m, m.parent[id(x)]) or one_process_arm(m, x) or any(
+                    isinstance(c, ast.Compare) and involves_rank(c.left) and isinstance(c.ops[0], ast.Eq) and
+                    ast.unparse(c.comparators[0]) == "-1" for c in ast.walk(m.parent[id(x)].test))):
+            # (nor an option's early stop, nor KAPAO's `if RANK == -1 and stopper(...): break`, one process's)
+            # (a test that names the rank: not a flag only rank 0 computes, YOLOv5's `if stop: break`, which a
+            # broadcast hands every rank first)
             return f"it sits under rank 0's own test `{ast.unparse(n.test)[:60]}` (line {n.lineno})", (m, n)
         n = m.parent.get(id(n))
     return None

@@ -71,7 +71,12 @@ def _torchmetrics(m: Module, v: ast.Call) -> bool:
 def feeds_handed_meter(f: Facts, m: Module, x: ast.Call, meter: str) -> bool:
     """`x` hands `meter` to a project function whose body feeds that parameter a loss by keyword."""
     at = [i for i, a in enumerate(x.args) if isinstance(a, ast.Name) and a.id == meter]
-    for _tm, tf in f.p.resolve(m, x, exact=True) if at else []:
+    # (and handed the loss: X2-VLM's run_mixed_iter(model, batch, ..., metric_logger) computes its own loss and
+    # feeds it inside, where the reduction goes; TSP's helper gets the step's `loss` to log)
+    stepped = {root(c.func.value) for c in walk(m.enclosing(x) or m.tree) if isinstance(c, ast.Call)
+               and isinstance(c.func, ast.Attribute) and c.func.attr == "backward"}  # (the step's own loss)
+    handed = any(root(a) in stepped for a in [*x.args, *(k.value for k in x.keywords)])
+    for _tm, tf in f.p.resolve(m, x, exact=True) if at and handed else []:
         params = [a.arg for a in getattr(tf, "args", ast.arguments(args=[])).args]
         params = params[1:] if params[:1] in (["self"], ["cls"]) else params
         names = {params[i] for i in at if i < len(params)}
