@@ -13,7 +13,6 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..switches import one_process_arm
 from ..syntax import (
-    COLLECTIVES,
     callee,
     const_str,
     const_value,
@@ -34,11 +33,9 @@ def collective_under_rank0(f: Facts, m: Module):
             continue  # (`if args.local_rank == -1: evaluate(...)`: a run of one process, no rank to wait for)
         fn = m.enclosing(c) or m.tree
         other = "not0" if kind == "rank0" else "rank0"
-        direct = callee(c) in COLLECTIVES
-        if any(isinstance(o, ast.Call) and callee(o) == callee(c) and o is not c and f.g.kind(m, o) in (
-                (other, None) if direct else (other,)) for o in walk(fn)):
-            continue  # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: every rank meets once (a helper
-            # every rank calls at other times, TRELLIS's periodic self.snapshot(), meets no rank-0-only final one)
+        if any(isinstance(o, ast.Call) and callee(o) == callee(c) and o is not c and f.g.kind(m, o) in (other, None)
+               for o in walk(fn)):
+            continue  # `if rank != 0: barrier()` ... `if rank == 0: barrier()`: every rank meets once
         who = "rank 0 only" if kind == "rank0" else "every rank but 0"
         yield c, (f"{ast.unparse(c.func)}(...) runs on {who} (its guard, or an early return of the others): the "
                   "ranks that skip it never join, so the ones that call it wait forever (a hang) — move it outside "
