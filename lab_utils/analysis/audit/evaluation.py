@@ -54,10 +54,12 @@ def eval_loop_reduces(facts) -> list[tuple[Module, ast.Call]]:
             # (a reduction after the evaluation loop, Depth Anything's all_reduce of the metric sums, counts)
             out += [(mm, n) for n in ast.walk(f) if isinstance(n, ast.Call) and (inside is None or id(n) in inside)
                     and (
-                    callee(n) in ("all_reduce", "reduce", "all_gather") and (
-                        "dist" in dotted(n.func) or isinstance(n.func, ast.Name) and mm.imports.get(
-                            n.func.id, ("",))[0].startswith("torch.distributed")) or  # `from torch.distributed
-                    # import all_gather` (the retina grader's eval)
+                    callee(n) in ("all_reduce", "reduce", "all_gather", "gather", "all_gather_object",
+                                  "gather_object", "all_gather_into_tensor") and (
+                        "dist" in dotted(n.func) and callee(n) != "gather" or dotted(n.func) in (
+                            "dist.gather", "torch.distributed.gather") or isinstance(n.func, ast.Name)
+                        and mm.imports.get(n.func.id, ("",))[0].startswith("torch.distributed")) or
+                    # (`from torch.distributed import all_gather`: the retina grader's eval)
                     _unseen_gather(facts, mm, n) or
                     any(facts.p.function_does(tm, tf, reduces_or_gathers, 2) and _counts_through(facts, tm, tf, 2)
                         for tm, tf in facts.p.resolve(mm, n) or facts.one_method(n)))

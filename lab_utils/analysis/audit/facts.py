@@ -163,6 +163,7 @@ class Facts(DefaultOptions):
                                                                        for k in a.keywords)}
         keys = {x.id for a in nodes if isinstance(a, ast.For) and isinstance(a.iter, ast.Call) and callee(
             a.iter) == "keys" for x in ast.walk(a.target) if isinstance(x, ast.Name)}  # (loop keys: no values)
+        def own(ts): return {root(e) for t in ts for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
         changed = True
         while changed:
             changed = False
@@ -200,7 +201,8 @@ class Facts(DefaultOptions):
                                                        and not functools_reduce(m, n)
                                                        or collective_helper(n)
                                                        or self.forward_reduced(m, n))
-                          for n in ast.walk(value)) or (read & red and not read & (local - red))
+                          for n in ast.walk(value)) or (read & red and not read & (local - red - own(targets)))
+                # (`train_loss = train_loss + reduced / world_size`: its own old value is no local one, LNO)
                 if not hit:
                     continue
                 for t in targets:

@@ -74,7 +74,8 @@ def value_lines(m: Module, c: ast.Call, lossy) -> tuple:
     # gradient_accumulation_steps` before the print): the line that makes it this rank's own
     took = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and a.lineno not in names
             and any(isinstance(t, ast.Name) and t.id in lossy for t in a.targets)
-            and any(isinstance(x, ast.Call) and callee(x) == "item" for x in ast.walk(a.value))]
+            and any(isinstance(x, ast.Call) and callee(x) == "item" or isinstance(x, ast.Attribute) and x.attr in (
+                "avg", "val", "value", "global_avg", "median") for x in ast.walk(a.value))]  # (or a meter, MonoFlex)
     taken = ((m, max(took, key=lambda a: a.lineno)),) if took else ()
     if names:
         return tuple((m, names[line]) for line in sorted(names)[:1]) + taken

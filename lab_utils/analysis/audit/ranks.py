@@ -10,6 +10,7 @@ import re
 from .files import launch_flags
 from .hierarchy import off_the_run
 from .project import Module, Project
+from .rank0_flags import enabled_on_rank0
 from .switched_off import cleared_off_rank0, none_or_bare_iterable, switched_off_elsewhere
 from .switches import conjuncts, is_switch_test, launch_switch_function, one_process_arm, set_by_launch, unlaunched
 from .syntax import (
@@ -169,7 +170,7 @@ class Guards:
                 out.add(name)
             elif isinstance(v, ast.Call) and self._off_but_rank0(m, v):
                 out.add(name)  # `pbar = tqdm(loader, disable=rank != 0)`: only rank 0's bar shows what it is given
-            elif isinstance(v, ast.Call) and self._enabled_on_rank0(m, v):
+            elif isinstance(v, ast.Call) and enabled_on_rank0(self, m, v):
                 out.add(name)
         return out
 
@@ -179,22 +180,6 @@ class Guards:
         v = kw(c, "disable")
         return v is not None and any(self.classify(m, x) == "not0" for x in (
             v.values if isinstance(v, ast.BoolOp) and isinstance(v.op, ast.Or) else [v]))
-
-    def _enabled_on_rank0(self, m: Module, c: ast.Call) -> bool:
-        """`logger = Logger(..., enable=is_main)` (SIMPL): a project class handed a rank-0 flag that its __init__
-        keeps (`self.enable = enable`) and its printing method tests (`def print(self, info): if self.enable:`)."""
-        given = [k.arg for k in c.keywords if k.arg and self.classify(m, k.value) == "rank0"]
-        for tm, tf in self.p.resolve(m, c) if given else []:
-            cls = tm.classes.get(tm.class_of(tf) or "")
-            init = tm.functions.get(f"{cls.name}.__init__") if cls is not None else None
-            if init is None:
-                continue
-            kept = {dotted(t) for a in walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name)
-                    and a.value.id in given for t in a.targets}
-            if any(isinstance(n, ast.If) and dotted(n.test) in kept for d in cls.body if isinstance(d, ast.FunctionDef)
-                   and re.search(r"print|log|info", d.name) for n in ast.walk(d)):
-                return True
-        return False
 
     def _builds_rank0_writer(self, m: Module, c: ast.Call, depth: int = 2) -> bool:
         """`logger = DistSummaryWriter(work_dir)`, or a factory returning one (`logger = get_logger(work_dir,
@@ -595,3 +580,4 @@ def _periodic(m: Module, name: str) -> bool:
     return bool(values) and all(isinstance(v, ast.Compare) and (not involves_rank(v.left, m.rank_tainted) or isinstance(
         v.left, ast.BinOp) and isinstance(v.left.op, ast.Mod) and isinstance(v.left.left, ast.Attribute)
         and not RANKISH.search(v.left.left.attr)) for v in values)  # (or `(i == 0)`, the first batch)
+

@@ -65,7 +65,44 @@ def failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
                 if not holds:
                     return ast.unparse(t)
         child, n = n, m.parent.get(id(n))
-    return _returned_before(f, m, node) or _drawn_fresh(f, m, node)
+    return _returned_before(f, m, node) or _drawn_fresh(f, m, node) or _none_arm_by_default(f, m, node)
+
+
+def _none_arm_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
+    """`seed_all_rng(None if cfg.SEED < 0 else cfg.SEED + rank)` (detectron2's default_setup, copied by MonoFlex
+    and X-modaler): None seeds from the clock and urandom. The default run takes that arm when the setting's default
+    fails the test, or when nothing here sets the setting at all (no assignment, option or YAML key: detectron2's
+    own config defaults SEED to -1, "negative to fully randomize")."""
+    e = node.args[0] if isinstance(node, ast.Call) and len(node.args) == 1 else None
+    if not (isinstance(e, ast.IfExp) and isinstance(e.test, ast.Compare) and len(e.test.ops) == 1 and isinstance(
+            e.test.left, (ast.Attribute, ast.Name)) and number(e.test.comparators[0]) is not None):
+        return None
+    none_if = True if const_value(e.body) is None and isinstance(e.body, ast.Constant) else False if \
+        isinstance(e.orelse, ast.Constant) and e.orelse.value is None else None
+    if none_if is None:
+        return None
+    key = dotted(e.test.left).split(".")[-1]
+    x = f.default_value(m, e.test.left)
+    if x is UNKNOWN:
+        if any(isinstance(a, (ast.Assign, ast.AnnAssign)) and any(dotted(t).split(".")[-1] == key for t in (
+                a.targets if isinstance(a, ast.Assign) else [a.target])) for mm in f.p.modules.values()
+               for a in mm.nodes) or f._yaml_names(key) or key.lower() in _launched_with(f) or any(
+                callee(c) == "add_argument" and any((const_str(o) or "").lstrip("-").lower() == key.lower()
+                                                    for o in c.args) for mm in f.p.modules.values() for c in mm.calls):
+            return None
+    else:
+        try:
+            if COMPARES[type(e.test.ops[0])](x, number(e.test.comparators[0])) != none_if:
+                return None
+        except (TypeError, KeyError):
+            return None
+    # (worded as the test that seeds: `cfg.SEED >= 0`; the None arm draws a fresh seed from the clock and urandom)
+    op = type(e.test.ops[0])
+    flipped = {ast.Lt: ">=", ast.LtE: ">", ast.Gt: "<=", ast.GtE: "<", ast.Eq: "!=", ast.NotEq: "=="}.get(op)
+    if none_if and flipped is None:
+        return None
+    return f"{ast.unparse(e.test.left)} {flipped} {ast.unparse(e.test.comparators[0])}" if none_if else \
+        ast.unparse(e.test)
 
 
 def _launched_with(f: Facts) -> set[str]:

@@ -18,7 +18,7 @@ BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
 ACCUMISH = re.compile(r"accum|accu_|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc
 # a loss by name, or a GAN loss by DCGAN's convention (`errD = errD_real + errD_fake`, `errG`)
 LOSSISH = re.compile(r"(?i:loss)|\berr_?[DG](?:_\w*)?\b")
-EVALISH = re.compile(r"val|eval|test", re.I)
+EVALISH = re.compile(r"val|eval|test|(?<![a-z])dev(?=_|\b)", re.I)  # (`dev_loader`, not `device`: Diffusion-BERT)
 # a whole word (a name part between _ or .) that names an evaluation: `val_loader`, `cfg.TEST.SPLIT`,
 # `evaluate`; not a word that merely holds the letters (`interval`, `value`)
 EVAL_WORD = re.compile(r"val|valid|validate|validation|eval|evaluate|evaluation|test|testing|inference", re.I)

@@ -411,7 +411,7 @@ def load_without_map_location(f: Facts, m: Module):
                 kw(c, "map_location") is None and not any(k.arg is None for k in c.keywords) and not (
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
                 not f.off_in_default_run(m, c) and not one_process_arm(m, c) and not _unlaunched_arm(m, c) and \
-                not _into_a_grad_scaler(m, c) and not _in_a_dataset(m, c) and \
+                not _into_a_grad_scaler(m, c) and not _in_a_dataset(m, c) and not _a_data_file(c) and \
                 f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c) and not _in_the_launcher(
                     f, m, c) and not (
                     m.enclosing(c) is not None and method_never_called(f.p, m, m.enclosing(c))) and not (
@@ -437,6 +437,20 @@ def _in_a_dataset(m: Module, c: ast.Call) -> bool:
     cls = m.classes.get(m.class_of(m.enclosing(c)) or "") if m.enclosing(c) is not None else None
     return cls is not None and (any(isinstance(d, ast.FunctionDef) and d.name == "__getitem__" for d in cls.body)
                                 or any(dotted(b).endswith("Dataset") for b in cls.bases))
+
+
+def _a_data_file(c: ast.Call) -> bool:
+    """The path's own text names data, not weights (Diffusion-BERT's `torch.load(f'./word_freq/{name}_{task}.pt')`,
+    the annotated Transformer's `torch.load('vocab.pt')`): counts or a vocabulary a preprocessing step saved, which
+    no rank's GPU held; `model` in a variable beside it (`args.model_name_or_path`) does not make it a checkpoint."""
+    text = " ".join(n.value for n in ast.walk(c.args[0]) if isinstance(n, ast.Constant) and isinstance(
+        n.value, str)) if c.args else ""
+    return bool(DATA_FILE.search(text)) and not CKPT_WORDS.search(text)
+
+
+DATA_FILE = re.compile(r"vocab|freq|stat(s|istic)|token|dictionary|mean|std|index|cache|label", re.I)
+CKPT_WORDS = re.compile(r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|optim|epoch|best|last|net",
+                        re.I)
 
 
 def _option_names_a_torch_file(f: Facts, c: ast.Call) -> bool:

@@ -1,0 +1,55 @@
+"""Objects told at construction that they run on rank 0 alone: a project class handed a rank-0 flag (`Logger(...,
+enable=is_main)`, `Progbar(..., verbose=1 if rank == 0 else 0)`) that its __init__ keeps and whose printing code
+tests. Every rank holds the object; only rank 0's prints anything, so what it shows is rank 0's console line."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .project import Module
+from .syntax import callee, dotted, walk
+
+
+def enabled_on_rank0(g, m: Module, c: ast.Call) -> bool:
+    """`c` builds a project object handed a rank-0 flag by keyword that its __init__ keeps (`self.enable =
+    enable`) and a method tests before it prints (`def print(self, info): if self.enable:`, SIMPL; Keras-style
+    `def update(...): if self.verbose == 1: sys.stdout.write(...)`, ZITS's Progbar). `g`: the rank Guards."""
+    given = [k.arg for k in c.keywords if k.arg and rank0_flag(g, m, k.value)]
+    for tm, tf in g.p.resolve(m, c) if given else []:
+        cls = tm.classes.get(tm.class_of(tf) or "")
+        init = tm.functions.get(f"{cls.name}.__init__") if cls is not None else None
+        if init is None:
+            continue
+        kept = {dotted(t) for a in walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name)
+                and a.value.id in given for t in a.targets}
+        if any(isinstance(n, ast.If) and _tests_kept(n.test, kept) and (
+                re.search(r"print|log|info", d.name) or _writes_stdout(n))
+               for d in cls.body if isinstance(d, ast.FunctionDef) for n in ast.walk(d)):
+            return True
+    return False
+
+
+def rank0_flag(g, m: Module, v: ast.expr) -> bool:
+    """A value true on rank 0 alone: a rank-0 test, or a constant picked by one (`1 if rank == 0 else 0`)."""
+    if isinstance(v, ast.IfExp) and isinstance(v.body, ast.Constant) and isinstance(v.orelse, ast.Constant):
+        side = g.classify(m, v.test)
+        if side not in ("rank0", "not0"):
+            return False
+        on, off = (v.body.value, v.orelse.value) if side == "rank0" else (v.orelse.value, v.body.value)
+        return bool(on) and not off
+    return g.classify(m, v) == "rank0"
+
+
+def _tests_kept(t: ast.expr, kept: set) -> bool:
+    """`if self.enable:`, or `if self.verbose == 1:` / `> 0`: a test true only when the kept flag is."""
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.Gt, ast.GtE)):
+        k = t.comparators[0]
+        return dotted(t.left) in kept and isinstance(k, ast.Constant) and type(k.value) is int and (
+            k.value > 0 or isinstance(t.ops[0], ast.Gt))
+    return dotted(t) in kept
+
+
+def _writes_stdout(n: ast.If) -> bool:
+    return any(isinstance(c, ast.Call) and (callee(c) == "print" or dotted(c.func) == "sys.stdout.write")
+               for c in ast.walk(n))
