@@ -520,7 +520,8 @@ def _opened_file(m: Module, w: ast.Call) -> ast.Call | None:
 def bar_on_every_rank(m: Module, c: ast.Call) -> bool:
     """`pbar = tqdm(enumerate(train_loader))` with no `disable=`, then `pbar.set_description(f"Loss {...}")`
     (PointNeXt): every rank draws its own bar with its own loss."""
-    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("set_description", "set_postfix")):
+    if not (isinstance(c.func, ast.Attribute) and c.func.attr in ("set_description", "set_postfix",
+                                                                     "set_description_str", "set_postfix_str")):
         return False
     name, scope = dotted(c.func.value), m.enclosing(c) or m.tree
     made = [a.value for a in walk(scope) if isinstance(a, ast.Assign) and any(

@@ -165,7 +165,8 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
     """The gathered results are merged into a dict by their sample's key (`for qid2ans in all_gather(quesid2ans):
     for k, v in qid2ans.items(): quesid2ans[k] = v`, VL-T5): a padded duplicate overwrites its own entry, so
     nothing is counted twice."""
-    if callee(c) in ("all_reduce", "reduce") and c.args and _scattered_by_index(fn, dotted(c.args[0])):
+    if callee(c) in ("all_reduce", "reduce") and c.args and dotted(c.args[0]) and _scattered_by_index(
+            fn, dotted(c.args[0])):
         return True
     if callee(c) == "all_gather" and any(isinstance(x, ast.Call) and callee(x) == "unique" and any(
             k.arg == "return_index" for k in x.keywords) for x in walk(fn)):
@@ -177,8 +178,9 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
     if any(isinstance(r, ast.Call) and callee(r) == "reduce" and len(r.args) > 1 and dotted(r.args[1]) in names
            and isinstance(r.args[0], ast.Lambda) and "update" in ast.unparse(r.args[0]) for r in walk(fn)):
         return True  # `reduce(lambda a, b: a.update(b) or a, all_res, {})`, dicts keyed by video (VidChapters)
+    names.discard("")  # (a tuple target, `top1_err, top5_err = du.all_reduce([...])`, names nothing: TAdaConv)
     for loop in (n for n in walk(fn) if isinstance(n, ast.For)):
-        over = {dotted(x) for x in ast.walk(loop.iter)}
+        over = {dotted(x) for x in ast.walk(loop.iter)} - {""}
         if not (names & over or any(x is c for x in ast.walk(loop.iter))):
             continue
         each = {x.id for x in ast.walk(loop.target) if isinstance(x, ast.Name)}
@@ -258,6 +260,11 @@ def _unseen_gather(facts, m: Module, c: ast.Call) -> bool:
     """`data_list = gather(data_list, dst=0)` with `gather` imported from the project's own distributed utilities
     outside the audited files (YOLOX's yolox.utils): a gather of every rank's predictions, not torch.gather (a
     tensor method or `torch.gather(input, dim, index)`)."""
+    if isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name) and c.func.attr in (
+            *GATHERS, "all_reduce") and c.func.value.id in m.imports and not facts.p.resolve(m, c):
+        # (`du.all_reduce([top1_err, top5_err])`, du the project's utils.distributed these files lack: TimeSformer)
+        mod = m.imports[c.func.value.id]
+        return "dist" in ".".join(x or "" for x in mod[:2]) and not mod[0].startswith("torch")
     return isinstance(c.func, ast.Name) and c.func.id in GATHERS and c.func.id in m.imports and \
         not m.imports[c.func.id][0].startswith("torch") and not facts.p.resolve(m, c)
 

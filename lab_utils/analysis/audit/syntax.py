@@ -33,7 +33,7 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "br
 REDUCING = {"all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
             "reduce_scatter_tensor", "gather", "gather_object"}
 LOG_CALLS = {"print", "info", "log", "write", "add_scalar", "add_scalars", "set_description", "set_postfix",
-             "log_metrics", "warning", "debug"}
+             "set_description_str", "set_postfix_str", "log_metrics", "warning", "debug"}
 TORCH_SEEDS = {"torch.manual_seed", "torch.random.manual_seed", "manual_seed", "seed_everything", "set_seed",
                "pl.seed_everything", "L.seed_everything", "transformers.set_seed", "accelerate.utils.set_seed"}
 CUDA_SEEDS = {"torch.cuda.manual_seed", "torch.cuda.manual_seed_all", "cuda.manual_seed", "cuda.manual_seed_all"}

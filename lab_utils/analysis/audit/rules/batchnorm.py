@@ -90,7 +90,7 @@ def batchnorm_without_sync(f: Facts, m: Module):
     # a flag that gates the DDP wrap as well (`if args.distributed:` around both) is the distributed switch, not an
     # opt-in to SyncBatchNorm: every DDP run converts
     gates = [g if g is None or not any(isinstance(w, ast.Call) and f.is_ddp_call(m, w) for w in ast.walk(g[1]))
-             else None for g in (f.flag_gate(m, c) for c in converts)]
+             and not _gates_the_process_group(f, g[1]) else None for g in (f.flag_gate(m, c) for c in converts)]
     if converts and all(gates):  # offering --sync-bn says the model has BatchNorm; the default run goes without
         flag, test = gates[0]
         # (named with it: the wrap that takes the unconverted model, and the option's definition)
@@ -108,6 +108,16 @@ def batchnorm_without_sync(f: Facts, m: Module):
                      "elsewhere): if it is off by default, as such switches usually are, the default DDP run "
                      "normalises each rank's micro-batch with its own statistics, unlike the single run — check "
                      "its default; turn it on when you compare the port"), "check-by-hand"
+
+
+def _gates_the_process_group(f: Facts, test: ast.If) -> bool:
+    """The same test gates init_process_group or a DDP wrap elsewhere in the project (MatteFormer's `if
+    CONFIG.dist:` in main.py and around convert_sync_batchnorm in the trainer): the distributed switch, which every
+    DDP run turns on, not an opt-in to SyncBatchNorm."""
+    text = dotted(test.test) if isinstance(test, ast.If) else ""
+    return bool(text) and any(isinstance(i, ast.If) and dotted(i.test) == text and any(
+        isinstance(w, ast.Call) and (callee(w) == "init_process_group" or f.is_ddp_call(mm, w)) for w in ast.walk(i))
+        for mm in f.p.modules.values() for i in mm.nodes)
 
 
 def _trains_in_eval_mode(m: Module, related) -> bool:
@@ -144,21 +154,38 @@ def _unseen_option(f: Facts, m: Module, c: ast.Call) -> tuple[ast.If, str] | Non
     defines it (no add_argument, no assignment): Point-MAE's parser lives in a file the audit was not given."""
     child, n = c, m.parent.get(id(c))
     while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-        if isinstance(n, ast.If) and any(child is s for s in n.body) and isinstance(n.test, ast.Attribute) and \
-                isinstance(n.test.value, ast.Name) and not is_switch_test(n.test):
-            attr = n.test.attr
+        read = _option_read(m, n.test) if isinstance(n, ast.If) and any(child is s for s in n.body) else None
+        if read is not None and not is_switch_test(read):
+            attr = read.attr
             nodes = [(mm, a) for mm in f.p.modules.values() for a in mm.nodes]
             bound = {dotted(t).split(".")[-1] for _, a in nodes if isinstance(a, (ast.Assign, ast.AnnAssign))
                      for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
             defined = attr in bound or any(callee(a) == "add_argument" and any(
                 (const_str(x) or "").lstrip("-").replace("-", "_") == attr for x in a.args) or const_str(
                 kw(a, "dest")) == attr for _, a in nodes if isinstance(a, ast.Call)) or any(
-                isinstance(i, ast.If) and dotted(i.test) == dotted(n.test) and any(isinstance(
+                isinstance(i, ast.If) and dotted(i.test) == dotted(read) and any(isinstance(
                     w, ast.Call) and f.is_ddp_call(mm, w) for w in ast.walk(i)) for mm, i in nodes)
             # (the last: the distributed switch, which gates the DDP wrap too: GCA-Matting's CONFIG.dist; or the
             # project's YAML config sets it on, CRIS's `sync_bn: True` read into args)
-            return None if defined or f._yaml_turns_on(attr) else (n, dotted(n.test))
+            return None if defined or f._yaml_turns_on(attr) else (n, dotted(read))
         child, n = n, m.parent.get(id(n))
+    return None
+
+
+def _option_read(m: Module, test: ast.expr) -> ast.Attribute | None:
+    """The option a test reads: `args.sync_bn`, or the first conjunct of an `and` that reads one, through `==
+    True` and a local copy (TAdaConv's `sync_bn = cfg.BN.SYNC`, then `if sync_bn == True and cfg.NUM_GPUS * ... >
+    1:`)."""
+    for t in (test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test])[:1]:
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.Is)) and \
+                const_value(t.comparators[0]) is True:
+            t = t.left
+        if isinstance(t, ast.Name):
+            bound = [a.value for a in walk(m.enclosing(test) or m.tree) if isinstance(a, ast.Assign) and any(
+                isinstance(x, ast.Name) and x.id == t.id for x in a.targets) and a.lineno < test.lineno]
+            t = bound[0] if len(bound) == 1 else t
+        if isinstance(t, ast.Attribute) and isinstance(t.value, (ast.Name, ast.Attribute)):
+            return t
     return None
 
 

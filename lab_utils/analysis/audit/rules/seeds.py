@@ -91,7 +91,8 @@ def no_seed(f: Facts, m: Module):
             f"torch is seeded only when `{failed}`, which the option's default fails" if failed else \
             "only torch.cuda is seeded" if "cuda" in kinds else "only random and numpy are seeded" if \
             "other" in kinds else "nothing seeds torch"
-        if not gated and not failed and (_unlinked_runner_seeds(f, entry[0]) or _run_goes_on_unseen(f, m, entry[0])):
+        if not gated and not failed and (_unlinked_runner_seeds(f, entry[0]) or _run_goes_on_unseen(f, m, entry[0])
+                                         or _seeding_function_handed_on(f, m)):
             return
         # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
         wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)]
@@ -129,6 +130,23 @@ def _run_goes_on_unseen(f: Facts, m: Module, calls: list) -> bool:
         if any(any(f.is_ddp_call(om, x) for x in om.calls) and any(f.seed_kind(om, x) == "torch" for x in om.calls)
                for om in f.p.modules.values()):
             return True
+    return False
+
+
+def _seeding_function_handed_on(f: Facts, m: Module) -> bool:
+    """The script names a project function without calling it (`train_func = train`, put in a run list, then
+    `launch_task(cfg, init_method, func=run[1])`, which spawns workers that call `func`: TAdaConv), and that
+    function seeds torch and wraps the model in DDP: the run goes on there, seeded, through a value the audit does
+    not follow into the launcher's parameter."""
+    named = [n for n in m.nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and not (
+        isinstance(m.parent.get(id(n)), ast.Call) and m.parent.get(id(n)).func is n)]
+    for n in named:
+        for tm, tf in f.p.resolve(m, ast.Call(func=n, args=[], keywords=[])):
+            if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            calls = list(f.p.calls_in(f.p.reach(tm, tf)))
+            if any(f.seed_kind(xm, x) == "torch" for xm, x in calls) and any(f.is_ddp_call(xm, x) for xm, x in calls):
+                return True
     return False
 
 
