@@ -540,11 +540,13 @@ def forwarded_log(m: Module, c: ast.Call) -> ast.Call | None:
     if not isinstance(c.func, ast.Name):
         return None
     scope = m.enclosing(c)
-    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None  # (a module-level function is the project's own, which the rules follow as such)
-    for d in walk(scope):
-        if isinstance(d, ast.FunctionDef) and d.name == c.func.id and m.enclosing(d) is scope and (
-                d.args.vararg or d.args.args):
+    # (or a module-level printer of the same file: M3M's `def subprint(rank, content): print(f"Worker {rank}: " +
+    # content)`, called with the loss in its text)
+    defs = [d for d in walk(scope) if isinstance(d, ast.FunctionDef) and m.enclosing(d) is scope] if isinstance(
+        scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    defs += [d for d in m.tree.body if isinstance(d, ast.FunctionDef) and len(d.body) <= 3]
+    for d in defs:
+        if d.name == c.func.id and (d.args.vararg or d.args.args):
             given = {a.arg for a in d.args.args} | {d.args.vararg.arg if d.args.vararg else ""}
             for x in ast.walk(d):
                 if isinstance(x, ast.Call) and callee(x) in LOG_CALLS and any(

@@ -173,8 +173,11 @@ def _merged_by_key(m: Module, fn: ast.AST, c: ast.Call) -> bool:
         return True  # the gathered ids deduplicated (DETR's coco_eval merge: `np.unique(ids, return_index=True)`)
     assign = m.parent.get(id(c))
     names = {dotted(t) for t in assign.targets} if isinstance(assign, ast.Assign) else set()
-    if callee(c) == "all_gather" and c.args:
+    if callee(c) in ("all_gather", "all_gather_object") and c.args:
         names.add(dotted(c.args[0]))  # `dist.all_gather(gathered_indexes, indexes)`: the list it fills
+    if callee(c) in ("gather", "gather_object") and len(c.args) > 1:  # (`gather_object(obj, output if rank == 0
+        out = c.args[1]  # else None, dst=0)`, then `for d in output: merged.update(d)`: scimon's T5 trainer)
+        names.add(dotted(out.body if isinstance(out, ast.IfExp) else out))
     if any(isinstance(r, ast.Call) and callee(r) == "reduce" and len(r.args) > 1 and dotted(r.args[1]) in names
            and isinstance(r.args[0], ast.Lambda) and "update" in ast.unparse(r.args[0]) for r in walk(fn)):
         return True  # `reduce(lambda a, b: a.update(b) or a, all_res, {})`, dicts keyed by video (VidChapters)

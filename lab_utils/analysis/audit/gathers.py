@@ -121,6 +121,9 @@ def grad_free(scope: ast.AST, x: ast.AST, seen: frozenset = frozenset()) -> bool
         return grad_free(scope, x.func.value, seen)  # `torch.tensor(metric).unsqueeze(0).to(device)` (VAN)
     if isinstance(x, ast.Call) and callee(x) in ("stack", "cat") and x.args:
         return grad_free(scope, x.args[0], seen)  # a stack of fresh tensors (ContrastiveCrop's boxes)
+    if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and isinstance(x.func.value, ast.Attribute) \
+            and x.func.value.attr == "grad":
+        return True  # `p.grad.norm()`: a parameter's gradient, which no graph records (MeanFlow's sanity check)
     if isinstance(x, ast.Call):
         return callee(x) in FRESH and not any(k.arg == "requires_grad" for k in x.keywords)
     if isinstance(x, (ast.List, ast.Tuple)):

@@ -59,8 +59,9 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
                 hit = via = url
                 name = url.group(2) or url.group(3)
                 fixed = {**fixed, name: urls[name]}
-            if hit is None:
-                continue
+            if hit is None or re.search(r"--standalone\b", code) and hit.re is not FIXED_URL:
+                continue  # (torchrun --standalone rendezvouses on localhost:0, a free port: its --master_port is
+                # never used, torch/distributed/run.py's get_rdzv_endpoint; MeanFlow's scripts)
             text = "`" + re.sub(r"[\"']", "", hit.group(0).strip()) + "`"  # (MT-DNN's quotes left out)
             text += f" ({name}={fixed[name]} above)" if hit is via else ""
             found.append(Finding(i, "hard-coded-master-port", (

@@ -65,7 +65,7 @@ def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST
     """(the call that hands the loader to the training code, when a builder returns it; the first place an epoch
     loop iterates the loader; that epoch loop), as far as they are found."""
     names, handed = _loader_names(p, m, sampler)
-    if not names:
+    if not names and handed:
         return handed[:1]
     for mm in p.modules.values():
         for loop in (n for n in mm.nodes if isinstance(n, ast.For)):
@@ -76,6 +76,11 @@ def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST
                 return [*handed[:1], (mm, inner[0]), (mm, loop)]
     uses = [(mm, x) for mm in p.modules.values() for x in mm.nodes if isinstance(x, ast.Assign) and isinstance(
         x.value, ast.Call) and callee(x.value) in ("tqdm", "enumerate", "iter") and _mentions(x.value, names)]
+    if not uses and not handed:  # the loader goes on through a module these files lack (mdistiller's get_dataset):
+        # the loop over the project's training loader, `for idx, data in enumerate(self.train_loader):`
+        uses = [(mm, x) for mm in p.modules.values() for x in mm.nodes if isinstance(x, ast.For) and any(
+            isinstance(n, (ast.Name, ast.Attribute)) and re.fullmatch(r"train_?(data)?_?loader", dotted(n).split(
+                ".")[-1]) for n in ast.walk(x.iter))]
     return [*handed[:1], *uses[:1]]
 
 

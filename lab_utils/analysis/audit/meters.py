@@ -19,14 +19,17 @@ def reducing_meters(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     for a in walk(scope):
         if isinstance(a, ast.Assign) and len(a.targets) == 1 and read_reduced(f, m, a.value):
             out.add(dotted(a.targets[0]))  # `metrics_dict = {'lr': lr, **metrics.compute(dist)}` (TarFlow)
-        if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.value, ast.Call)):
+        # (or one taken out of a parameter typed so: MeanFlow's `meters: dict[str, MeanMetric]`, then `batch_loss =
+        # meters['batch_loss']`)
+        typed = isinstance(a, ast.Assign) and len(a.targets) == 1 and _typed_torchmetrics(m, scope, a.value)
+        if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and (isinstance(a.value, ast.Call) or typed)):
             continue
         name = dotted(a.targets[0])
-        if name and _torchmetrics(m, a.value):
+        if name and (typed or _torchmetrics(m, a.value)):
             out.add(name)  # (and what its compute() returns: MineSegSAT's `ep_loss = epoch_loss.compute()`)
             out |= {dotted(b.targets[0]) for b in walk(scope) if isinstance(b, ast.Assign) and len(
-                b.targets) == 1 and isinstance(b.value, ast.Call) and callee(b.value) == "compute" and isinstance(
-                b.value.func, ast.Attribute) and dotted(b.value.func.value) == name}
+                b.targets) == 1 and isinstance(v := _peeled(b.value), ast.Call) and callee(v) == "compute" and
+                isinstance(v.func, ast.Attribute) and dotted(v.func.value) == name}
             continue
         found = f.any_class(m, name) if name else None
         update = found[0].functions.get(f"{found[1].name}.update") if found else None
@@ -66,6 +69,25 @@ def _torchmetrics(m: Module, v: ast.Call) -> bool:
     return bool(imp) and imp[0].split(".")[0] == "torchmetrics" and not any(
         k.arg == "sync_on_compute" and isinstance(k.value, ast.Constant) and k.value.value is False
         for k in v.keywords)
+
+
+def _peeled(v: ast.AST) -> ast.AST:
+    """`metric.compute().detach().cpu().numpy()` -> `metric.compute()` (MeanFlow's loss_ave)."""
+    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in (
+            "detach", "cpu", "numpy", "item", "tolist", "float") and isinstance(v.func.value, ast.Call):
+        v = v.func.value
+    return v
+
+
+def _typed_torchmetrics(m: Module, scope: ast.AST, v: ast.AST) -> bool:
+    """`v` reads a parameter of `scope` whose annotation names a torchmetrics class (`meters: dict[str,
+    MeanMetric]`, then `meters['batch_loss']`; `loss_metric: MeanMetric`)."""
+    base = v.value if isinstance(v, ast.Subscript) else v
+    if not isinstance(base, ast.Name) or not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    arg = next((a for a in scope.args.args + scope.args.kwonlyargs if a.arg == base.id), None)
+    names = {n.id for n in ast.walk(arg.annotation) if isinstance(n, ast.Name)} if arg and arg.annotation else set()
+    return any(m.imports.get(n, ("",))[0].split(".")[0] == "torchmetrics" for n in names)
 
 
 def feeds_handed_meter(f: Facts, m: Module, x: ast.Call, meter: str) -> bool:

@@ -9,6 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .entries import demote_self_tests
+from .factory_instances import factory_classes
 from .module import AuditError, Module
 from .syntax import callee, dotted, mentions_ddp, walk
 from .taint import taint_parameters
@@ -340,6 +341,9 @@ class Project:
                     found = self.parameter_instance(m, call, base.id)
                 if found is not None:
                     out.extend(self.methods(found[0], found[1].name, f.attr))
+                elif isinstance(base, ast.Name):  # `trainer = build_trainer(...)`, then `trainer.train(model)`
+                    for cm, cd in factory_classes(self, m, base.id):
+                        out.extend(self.methods(cm, cd.name, f.attr))
         return out
 
     def parameter_instance(self, m: Module, node: ast.AST, name: str) -> tuple[Module, ast.ClassDef] | None:

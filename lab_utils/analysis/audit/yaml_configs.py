@@ -6,6 +6,7 @@ inherits them; `self.p` is the project, `self.cache` the audit's cache."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 from .files import UNKNOWN, json_scalar, project_files, yaml_scalar
 
@@ -52,6 +53,17 @@ class YamlConfigs:
         named = {bool(line.search(path.read_text(encoding="utf-8", errors="replace")))
                  for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)}
         return named.pop() if len(named) == 1 else None
+
+    def yaml_places(self, key: str) -> list:
+        """(file, line) places where a YAML file of the project sets `key`, as related places of a finding: shaped
+        like (module, node) for Hit.related (`.path`, `.lineno`); US3L's `SYNC_BN: False` in its cifar config."""
+        if not self.p.on_disk:
+            return []
+        line = re.compile(rf"^\s*{re.escape(key)}\s*:")
+        return [(SimpleNamespace(path=path), SimpleNamespace(lineno=i))
+                for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix)
+                for i, text in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+                if line.match(text)]
 
     def _yaml_value(self, key: str):
         return self._cached("_yaml_value", key, self._yaml_value_uncached)

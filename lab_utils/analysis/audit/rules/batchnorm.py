@@ -96,7 +96,8 @@ def batchnorm_without_sync(f: Facts, m: Module):
         # (named with it: the wrap that takes the unconverted model, and the option's definition)
         places = [(m, w) for w in m.calls if f.is_ddp_call(m, w)] + [
             (mm, a) for mm in {m, *f.p.related(m)} for a in mm.calls if callee(a) == "add_argument" and any(
-                (const_str(x) or "").lstrip("-").replace("-", "_") == flag.replace("-", "_") for x in a.args)]
+                (const_str(x) or "").lstrip("-").replace("-", "_") == flag.replace("-", "_") for x in a.args)] + \
+            f.yaml_places(flag.split(".")[-1])[:2]  # (where a config turns it off: US3L's `SYNC_BN: False`)
         yield Hit(test, (f"SyncBatchNorm only with {option_text(flag)}, which is off by default: the default DDP run "
                          "normalises each rank's micro-batch with its own statistics, unlike the single run — "
                          "turn the flag on when you compare the port"), related=tuple(places))

@@ -8,6 +8,7 @@ import ast
 
 from ..consoles import (
     bar_on_every_rank,
+    forwarded_log,
     info_on_rank0_only,
     meter_print_calls,
     meter_prints,
@@ -75,7 +76,10 @@ def _every_rank_hits(f: Facts, m: Module):
                           "none of them the global batch's loss — all_reduce it, then write on rank 0"),
                       related=((wm, w),) if w is not c else ()), lossy
             continue
-        if kind is None and ((callee(c) == "print" or meter_prints(f, m, c) == "print") and not f.print_override
+        inner = forwarded_log(m, c)  # (a printer of the file it calls: M3M's subprint)
+        printed = callee(c) == "print" or meter_prints(f, m, c) == "print" or inner is not None and callee(
+            inner) == "print"
+        if kind is None and (printed and not f.print_override
                              or root_logger_on_every_rank(f, m, c) and not info_on_rank0_only(f, m, c)
                              or bar_on_every_rank(m, c) and not f.stderr_silenced):
             # (a child of a logger whose level is INFO on rank 0 alone, Simple-CCReID's 'reid.train' under
