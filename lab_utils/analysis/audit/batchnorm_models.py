@@ -10,6 +10,7 @@ import re
 
 from .facts import Facts
 from .files import project_files
+from .handed_models import handed_builder_batchnorm, handed_module_batchnorm, handed_to_unseen_batchnorm
 from .model_names import NO_BN_ARCH, arch_default, unseen_package_bn_model, vision_get_model, vision_lib
 from .project import Module
 from .syntax import callee, const_str, dotted, kw, root, walk
@@ -51,7 +52,8 @@ def wrapped_batchnorm(f: Facts, m: Module):
         if isinstance(arg, ast.Name):
             for bm, built in [(m, b) for b in _built_from(m, w, arg.id)] + _built_by_callers(f, m, w, arg.id):
                 cls = [(tm, tm.classes[tm.class_of(tf)]) for tm, tf in f.p.resolve(bm, built) if tm.class_of(tf)]
-                bn = _class_batchnorm(f, *cls[0]) if cls else _factory_batchnorm(f, bm, built)
+                bn = _class_batchnorm(f, *cls[0]) if cls else _factory_batchnorm(f, bm, built) or \
+                    handed_to_unseen_batchnorm(f, bm, built, _factory_batchnorm)
                 if bn is not None:
                     return w, bn
     return None, None
@@ -63,27 +65,8 @@ def _class_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
     for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
         keys |= f.p.reach(cm, meth)
     return _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _globals_batchnorm(f, cm, cdef) or \
-        _handed_builder_batchnorm(f, cm, cdef)
-
-
-def _handed_builder_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
-    """A class that builds its networks with a builder it is handed (MoCo's `self.encoder_q =
-    base_encoder(num_classes=dim)`), where a caller hands a torchvision factory of a BatchNorm family
-    (`AdCo(models.__dict__[args.arch], ...)` with --arch resnet50) or a project builder that reaches BatchNorm."""
-    init = cm.functions.get(f"{cdef.name}.__init__")
-    if init is None:
-        return None
-    params = [a.arg for a in init.args.args][1:]
-    called = {i for i, p in enumerate(params) if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                                                     and c.func.id == p for c in walk(init))}
-    for sm, site in f.p.callers(cm, init):
-        for i in called:
-            given = site.args[i] if i < len(site.args) else kw(site, params[i])
-            if isinstance(given, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
-                bn = _factory_batchnorm(f, sm, ast.Call(func=given, args=[], keywords=[]))
-                if bn is not None:
-                    return bn if hasattr(bn[1], "lineno") else (sm, site)  # (a torchvision name: the site)
-    return None
+        handed_builder_batchnorm(f, cm, cdef, _factory_batchnorm) or handed_module_batchnorm(
+            f, cm, cdef, _factory_batchnorm)
 
 
 def _globals_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
@@ -123,7 +106,8 @@ def _held_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
             for bm, built in [(sm, b) for b in _built_from(sm, site, given.id)] + \
                     _built_by_callers(f, sm, site, given.id):
                 cls = [(tm, tm.classes[tm.class_of(tf)]) for tm, tf in f.p.resolve(bm, built) if tm.class_of(tf)]
-                bn = _class_batchnorm(f, *cls[0]) if cls else _factory_batchnorm(f, bm, built)
+                bn = _class_batchnorm(f, *cls[0]) if cls else _factory_batchnorm(f, bm, built) or \
+                    handed_to_unseen_batchnorm(f, bm, built, _factory_batchnorm)
                 if bn is not None:
                     return bn
     return None

@@ -540,11 +540,18 @@ def forwarded_log(m: Module, c: ast.Call) -> ast.Call | None:
     if not isinstance(c.func, ast.Name):
         return None
     scope = m.enclosing(c)
-    # (or a module-level printer of the same file: M3M's `def subprint(rank, content): print(f"Worker {rank}: " +
-    # content)`, called with the loss in its text)
-    defs = [d for d in walk(scope) if isinstance(d, ast.FunctionDef) and m.enclosing(d) is scope] if isinstance(
-        scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
-    defs += [d for d in m.tree.body if isinstance(d, ast.FunctionDef) and len(d.body) <= 3]
+    # (or a small printer of the same file that prints a parameter unguarded, first thing in its body: M3M's `def
+    # subprint(rank, content): print(f"Worker {rank}: " + content)`, called with the loss in its text)
+    for d in (d for d in m.tree.body if isinstance(d, ast.FunctionDef) and d.name == c.func.id and len(d.body) <= 3):
+        given = {a.arg for a in d.args.args}
+        for s in d.body:
+            x = s.value if isinstance(s, ast.Expr) else None
+            if isinstance(x, ast.Call) and callee(x) == "print" and any(
+                    isinstance(n, ast.Name) and n.id in given for a in x.args for n in ast.walk(a)):
+                return x
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    defs = [d for d in walk(scope) if isinstance(d, ast.FunctionDef) and m.enclosing(d) is scope]
     for d in defs:
         if d.name == c.func.id and (d.args.vararg or d.args.args):
             given = {a.arg for a in d.args.args} | {d.args.vararg.arg if d.args.vararg else ""}

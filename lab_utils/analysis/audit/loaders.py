@@ -364,3 +364,30 @@ def has_epoch_loop(m: Module) -> bool:
     the loader to a trainer in another file has its epoch loop, and the fix, elsewhere."""
     return any(isinstance(n, (ast.For, ast.While)) and any(
         isinstance(x, (ast.For, ast.While)) and x is not n for x in ast.walk(n)) for n in m.nodes)
+
+
+def trimmed_to_ranks(m: Module, sampler: ast.Call) -> bool:
+    """The sampler's dataset was cut to a multiple of the world size before it was built (RoseTTAFold2's
+    `n = (n // world_size) * world_size`, then `Dataset(keys[:n], ...)`): nothing is padded, so no sample is
+    counted twice (the cut samples are another defect, not this one)."""
+    ds = sampler.args[0] if sampler.args else kw(sampler, "dataset")
+    scope = m.enclosing(sampler) or m.tree
+    made = [a.value for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(ds, ast.Name) and any(
+        isinstance(t, ast.Name) and t.id == ds.id for t in a.targets)]
+    bounds = {dotted(x.slice.upper) for v in made for x in ast.walk(v) if isinstance(x, ast.Subscript)
+              and isinstance(x.slice, ast.Slice) and x.slice.upper is not None} - {""}
+    return bool(bounds) and any(isinstance(a, ast.Assign) and any(dotted(t) in bounds for t in a.targets) and any(
+        isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mult) and isinstance(b.left, ast.BinOp) and isinstance(
+            b.left.op, ast.FloorDiv) and re.search(r"world|replica|num_gpus|ngpu", ast.unparse(b), re.I)
+        for b in ast.walk(a.value)) for a in walk(scope))
+
+
+def trains_over(m: Module, c: ast.Call) -> bool:
+    """A loop over the sampler's loader runs backward (TiPNN's training sampler in train_and_validate)."""
+    up = m.parent.get(id(c))
+    held = {dotted(t) for t in getattr(up, "targets", [])}
+    loaders = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+        dotted(k.value) in held for k in a.value.keywords if k.arg == "sampler") for t in a.targets}
+    return bool(held and loaders) and any(isinstance(n, ast.For) and {dotted(x) for x in ast.walk(n.iter)} & loaders
+                                          and any(callee(b) == "backward" for b in ast.walk(n) if isinstance(
+                                              b, ast.Call)) for n in ast.walk(m.enclosing(c) or m.tree))

@@ -17,6 +17,7 @@ from ..consoles import (
 from ..facts import Facts
 from ..gathers import global_model_losses
 from ..hierarchy import replaced_where_built
+from ..kv_loggers import kv_dump_hits
 from ..loss_places import handed_from, meter_feeds, rank0_guard, updates_of, value_lines
 from ..losses import (
     backwarded,
@@ -475,8 +476,7 @@ def _on_the_path(m: Module, scope: ast.AST, w: ast.AST, c: ast.AST) -> bool:
       "not the global batch's loss the single run logs")
 def rank0_local_loss(f: Facts, m: Module):
     hits = list(_rank0_local_loss_hits(f, m))
-    # one defect, one finding: a log of what a function with its own finding returns (`train_loss =
-    # fit_one_epoch(...)`, then `print(train_loss)` in main) is that finding's related place (docTR)
+    # one defect, one finding: a log of what a function with its own finding returns is its related place (docTR)
     merged = []
     for hit, scope, lossy in hits:
         source = next((i for i, (_, other, _) in enumerate(merged) if other is not None and other is not scope
@@ -501,6 +501,7 @@ def rank0_local_loss(f: Facts, m: Module):
                 f.p.callers(m, scope)[:2] if _handed_the_loss(scope, lossy) else ()))
             related = tuple({(id(x[0]), id(x[1])): x for x in related}.values())  # (each place once)
             yield hit._replace(related=(*related, *(s for s in f.p.script_calls(m, hit.node) if s not in related)))
+    yield from kv_dump_hits(f, m)  # (guided-diffusion's key-value logger, handed no communicator)
 
 
 def _handed_the_loss(fn: ast.AST, lossy) -> bool:

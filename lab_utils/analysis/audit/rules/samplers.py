@@ -25,6 +25,8 @@ from ..loaders import (
     set_once,
     single_pass,
     timm_multi_epochs_loader,
+    trains_over,
+    trimmed_to_ranks,
     used_only_when_off,
 )
 from ..none_arms import untaken_none_arm
@@ -535,17 +537,6 @@ def _extends_by_its_own_head(cd: ast.ClassDef) -> bool:
     return False
 
 
-def _trains_over(m: Module, c: ast.Call) -> bool:
-    """A loop over the sampler's loader runs backward (TiPNN's training sampler in train_and_validate)."""
-    up = m.parent.get(id(c))
-    held = {dotted(t) for t in getattr(up, "targets", [])}
-    loaders = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
-        dotted(k.value) in held for k in a.value.keywords if k.arg == "sampler") for t in a.targets}
-    return bool(held and loaders) and any(isinstance(n, ast.For) and {dotted(x) for x in ast.walk(n.iter)} & loaders
-                                          and any(callee(b) == "backward" for b in ast.walk(n) if isinstance(
-                                              b, ast.Call)) for n in ast.walk(m.enclosing(c) or m.tree))
-
-
 @rule("eval-padding-duplicates", "08_checkpoints", "a padding DistributedSampler in evaluation plus a reduction over "
       "ranks: the padded duplicates are counted, so the metric is not the single run's")
 def eval_padding_duplicates(f: Facts, m: Module):
@@ -555,7 +546,7 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
         if not (EVALISH.search(_label(m, c)) or asked) or any(const_value(v) for v in spread_kw(
-                m, c, "drop_last")) or _trains_over(m, c):
+                m, c, "drop_last")) or trains_over(m, c) or trimmed_to_ranks(m, c):
             continue
         flag = f.off_by_default(m, c)
         if flag and not DIST_SWITCH.search(flag):  # (`--distributed` itself is how the DDP run is asked for)

@@ -215,6 +215,8 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
         up = m.parent.get(id(c))
         if isinstance(up, ast.Attribute) and up.attr in ("items", "keys", "values") and not _filtered_copy(m, up):
             continue  # read, not saved: `for _, p in model.state_dict().items(): dist.broadcast(p, 0)` (RQ-VAE)
+        if _filled_for_loading(m, c):
+            continue
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
                 and not _branch_on_wrapper(m, c):
@@ -228,6 +230,25 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
             yield c, owner, (f"{owner}.state_dict() where {owner} holds the DDP wrapper ({f.wrap_site(m, owner)}): "
                              "every key gets a 'module.' prefix and the checkpoint does not load into the plain model "
                              f"(the single run, or a 1-GPU resume) — save {owner}.module.state_dict() on rank 0"), load
+
+
+def _filled_for_loading(m: Module, c: ast.Call) -> bool:
+    """`sd = model.state_dict()`, then `sd[k] = v` from a loaded checkpoint and `load...(sd)` (LN3Diff's EMA
+    resume): a dict filled to load, which no save, return or other record ever takes."""
+    up = m.parent.get(id(c))
+    if not (isinstance(up, ast.Assign) and len(up.targets) == 1 and isinstance(up.targets[0], ast.Name)):
+        return False
+    name, scope = up.targets[0].id, m.enclosing(c) or m.tree
+    uses = [n for n in walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+    for n in uses:
+        p = m.parent.get(id(n))
+        if isinstance(p, ast.Subscript) or isinstance(p, ast.Attribute) and p.attr in ("keys", "items", "values"):
+            continue
+        if isinstance(p, ast.Compare) or isinstance(p, ast.Call) and n in p.args and re.search(
+                r"load|master_params", callee(p), re.I):
+            continue
+        return False  # (saved, returned, or kept in another record: judged as a save)
+    return bool(uses)
 
 
 def _filtered_copy(m: Module, items: ast.Attribute) -> bool:
@@ -399,7 +420,7 @@ def _unseen_torch_load(f: Facts, m: Module, c: ast.Call) -> bool:
 @rule("load-without-map-location", "08_checkpoints", "torch.load of a checkpoint without map_location in rank "
       "code: every rank maps the tensors to the GPU that saved them, so all ranks fill GPU 0")
 def load_without_map_location(f: Facts, m: Module):
-    if not (mentions_ddp(m) or m.rank_tainted or reads_a_rank(m)):
+    if not (mentions_ddp(m) or m.rank_tainted or reads_a_rank(m) or _run_by_ddp_scripts(f, m)):
         return
     per_fn: dict[int, Hit] = {}  # one defect, one finding: a function's loads (CogKGE's model, optimizer and
     for c in m.calls:  # scheduler files, one after another) are one finding at the first, naming the others
@@ -412,6 +433,7 @@ def load_without_map_location(f: Facts, m: Module):
                     c.args and isinstance(c.args[0], ast.Call) and callee(c.args[0]) == "BytesIO") and \
                 not f.off_in_default_run(m, c) and not one_process_arm(m, c) and not _unlaunched_arm(m, c) and \
                 not _into_a_grad_scaler(m, c) and not _in_a_dataset(m, c) and not _a_data_file(c) and \
+                not _handed_to_a_dataset(f, m, c) and \
                 f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c) and not _in_the_launcher(
                     f, m, c) and not (
                     m.enclosing(c) is not None and method_never_called(f.p, m, m.enclosing(c))) and not (
@@ -428,6 +450,28 @@ def load_without_map_location(f: Facts, m: Module):
                               "that saved them (cuda:0), so all ranks fill GPU 0 — map_location='cpu' (or the rank's "
                               "own device)")
     yield from per_fn.values()
+
+
+def _handed_to_a_dataset(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The load's function is handed by name to a project Dataset class (RoseTTAFold2's `Dataset(keys, loader_pdb,
+    ...)`, whose __getitem__ calls it): data the loader reads per sample, not a checkpoint onto the rank's GPU."""
+    fn = m.enclosing(c)
+    if not isinstance(fn, ast.FunctionDef) or m.class_of(fn):
+        return False
+    for mm in f.p.modules.values():
+        for n in mm.nodes:
+            up = mm.parent.get(id(n)) if isinstance(n, ast.Name) and n.id == fn.name else None
+            if isinstance(up, ast.Call) and up.func is not n and any(
+                    any(isinstance(d, ast.FunctionDef) and d.name == "__getitem__" for d in tm.classes[cls].body)
+                    for tm, tf in f.p.resolve(mm, up, exact=True) if (cls := tm.class_of(tf))):
+                return True
+    return False
+
+
+def _run_by_ddp_scripts(f: Facts, m: Module) -> bool:
+    """A helper module (a model's pretrained-weight loader, an optimizer builder's resume) that a DDP entry script
+    imports: its functions run on every rank (MatteFormer's generators.py, RT-ODLab's solver/optimizer.py)."""
+    return not m.entry and any(e.entry and mentions_ddp(e) and m.rel in f.p.imports_of(e) for e in f.p.modules.values())
 
 
 def _in_a_dataset(m: Module, c: ast.Call) -> bool:
@@ -448,7 +492,7 @@ def _a_data_file(c: ast.Call) -> bool:
     return bool(DATA_FILE.search(text)) and not CKPT_WORDS.search(text)
 
 
-DATA_FILE = re.compile(r"vocab|freq|stat(s|istic)|token|dictionary|mean|std|index|cache|label", re.I)
+DATA_FILE = re.compile(r"vocab|freq|stat(s|istic)|token|dictionary|mean|std\b|index|indices|cache|label", re.I)
 CKPT_WORDS = re.compile(r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|optim|epoch|best|last|net",
                         re.I)
 

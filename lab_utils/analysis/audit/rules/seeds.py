@@ -145,8 +145,10 @@ def _seeding_function_handed_on(f: Facts, m: Module) -> bool:
             if not isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             calls = list(f.p.calls_in(f.p.reach(tm, tf)))
-            if any(f.seed_kind(xm, x) == "torch" for xm, x in calls) and any(f.is_ddp_call(xm, x) for xm, x in calls):
-                return True
+            if any(f.seed_kind(xm, x) == "torch" and not gated(f, xm, x) and not failed_by_default(f, xm, x) and (
+                    f.seed_kind(xm, x, True) and not f.p.resolve(xm, x) or not helper_gated(f, xm, x))
+                   for xm, x in calls) and any(f.is_ddp_call(xm, x) for xm, x in calls):
+                return True  # (seeded in the default run: not nlp-recipes' `if seed is not None:` in fit)
     return False
 
 
@@ -274,6 +276,9 @@ def seed_before_spawn(f: Facts, m: Module):
         if fn is None:
             continue
         target = f.p.resolve(m, ast.Call(func=fn, args=[], keywords=[]))
+        if not target and isinstance(fn, ast.Attribute) and dotted(fn.value) == "self" and m.class_of(
+                m.enclosing(c)):  # `mp.spawn(self.train_model, ...)`: the class's own method (RoseTTAFold2)
+            target = f.p.methods(m, m.class_of(m.enclosing(c)), fn.attr)
         if not target:
             continue
         tm, tf = target[0]
@@ -281,6 +286,12 @@ def seed_before_spawn(f: Facts, m: Module):
         parent = m.enclosing(c) or m.tree
         before = [cc for cc in ast.walk(parent) if isinstance(cc, ast.Call) and f.seed_kind(m, cc) == "torch"
                   and cc.lineno < c.lineno and not (_runs_on_import(m, cc) and not _runs_on_import(m, c))]
+        if not before and isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            # (the spawn in a method the script calls after seeding: RoseTTAFold2's `torch.manual_seed(args.seed)`
+            # in __main__, then `train.run_model_training(...)`, whose mp.spawn starts train_model)
+            before = [cc for sm, site in f.p.callers(m, parent) if sm is m for cc in ast.walk(
+                m.enclosing(site) or m.tree) if isinstance(cc, ast.Call) and f.seed_kind(m, cc) == "torch"
+                      and cc.lineno < site.lineno]
         if "torch" not in inside and before:
             yield Hit(c, f"{dotted(before[0].func)}(...) (line {before[0].lineno}) seeds "
                      f"the parent only: the processes mp.spawn starts run {tf.name}() in a fresh interpreter "
