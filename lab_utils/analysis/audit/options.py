@@ -91,6 +91,9 @@ class DefaultOptions(YamlConfigs):
             # on in the run judged: the distributed switch itself (P5's `--distributed`, which the DDP run passes),
             # and a flag the project's launch scripts pass (`--distributed --multiGPU` in its pretrain_*.sh)
             passed = self._passed_in_launch_scripts()
+            # ... and a flag `parser.set_defaults(sync_bn=True)` turns on (EfficientFormer's, DeiT's --sync-bn)
+            passed |= {k.arg for mm in self.p.modules.values() for a in mm.calls if callee(a) == "set_defaults"
+                       for k in a.keywords if k.arg and isinstance(k.value, ast.Constant) and k.value.value}
             self.cache["flags"] = {k: v for k, v in out.items() if k not in passed and v.replace("-", "_") not in
                                    passed and not DIST_SWITCH.search(k)}
         return self.cache["flags"]
