@@ -109,3 +109,10 @@ def value_lines(m: Module, c: ast.Call, lossy) -> tuple:
         isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x).split(".")[-1] or "")
         for x in ast.walk(a.value))]
     return ((m, min(filled, key=lambda a: a.lineno)),) if filled else ()
+
+
+def rebound(scope: ast.AST, name: str, after: int, before: int) -> bool:
+    """`name` is bound anew between the two lines (ST-Adapter's evaluation syncs its metric_logger, then the epoch
+    loop makes a fresh `metric_logger = MetricLogger()` it never syncs)."""
+    return any(isinstance(a, ast.Assign) and after < a.lineno < before and any(dotted(t) == name for t in a.targets)
+               for a in walk(scope))

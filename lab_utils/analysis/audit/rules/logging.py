@@ -18,7 +18,7 @@ from ..facts import Facts
 from ..gathers import global_model_losses
 from ..hierarchy import replaced_where_built
 from ..kv_loggers import kv_dump_hits
-from ..loss_places import handed_from, meter_feeds, rank0_guard, updates_of, value_lines
+from ..loss_places import handed_from, meter_feeds, rank0_guard, rebound, updates_of, value_lines
 from ..losses import (
     backwarded,
     every_loss_over_gathered_labels,
@@ -272,7 +272,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             m, c, names) | returned_losses(f, m, scope, names - lossy) | texts_of_losses(scope, names - lossy)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
-        synced = {r for line, r in sc["reduce_calls"] if line < c.lineno}  # synced before
+        synced = {r for line, r in sc["reduce_calls"] if line < c.lineno and not rebound(scope, r, line, c.lineno)}
         # ... and what is read off it after (`running_val_loss.synchronize_between_processes(device)`, then
         # `epoch_val_loss = running_val_loss.global_avg`: Birder)
         synced |= {dotted(t) for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and any(
