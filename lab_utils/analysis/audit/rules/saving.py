@@ -459,13 +459,22 @@ def _handed_to_a_dataset(f: Facts, m: Module, c: ast.Call) -> bool:
     if not isinstance(fn, ast.FunctionDef) or m.class_of(fn):
         return False
     for mm in f.p.modules.values():
+        if mm is not m and fn.name not in mm.imports:
+            continue  # (the function itself, not a local of that name: UnivNet's `train=True` flags)
         for n in mm.nodes:
-            up = mm.parent.get(id(n)) if isinstance(n, ast.Name) and n.id == fn.name else None
+            up = mm.parent.get(id(n)) if isinstance(n, ast.Name) and n.id == fn.name and not _bound_locally(
+                mm, n) else None
             if isinstance(up, ast.Call) and up.func is not n and any(
                     any(isinstance(d, ast.FunctionDef) and d.name == "__getitem__" for d in tm.classes[cls].body)
                     for tm, tf in f.p.resolve(mm, up, exact=True) if (cls := tm.class_of(tf))):
                 return True
     return False
+
+
+def _bound_locally(m: Module, n: ast.Name) -> bool:
+    fn = m.enclosing(n)
+    return fn is not None and (n.id in {a.arg for a in fn.args.args + fn.args.kwonlyargs} or any(
+        isinstance(t, ast.Name) and t.id == n.id for a in walk(fn) if isinstance(a, ast.Assign) for t in a.targets))
 
 
 def _run_by_ddp_scripts(f: Facts, m: Module) -> bool:
@@ -492,7 +501,8 @@ def _a_data_file(c: ast.Call) -> bool:
     return bool(DATA_FILE.search(text)) and not CKPT_WORDS.search(text)
 
 
-DATA_FILE = re.compile(r"vocab|freq|stat(s|istic)|token|dictionary|mean|std\b|index|indices|cache|label", re.I)
+DATA_FILE = re.compile(r"vocab|freq|stat(s|istic)|token|dictionary|mean|std\b|index|indices|cache|label|"
+                       r"(?<![a-z])log(?![a-z])", re.I)
 CKPT_WORDS = re.compile(r"ckpt|checkpoint|resume|weight|model|pretrain|snapshot|state|optim|epoch|best|last|net",
                         re.I)
 
@@ -573,6 +583,9 @@ def _into_a_grad_scaler(m: Module, c: ast.Call) -> bool:
     if not (isinstance(up, ast.Call) and callee(up) == "load_state_dict" and isinstance(up.func, ast.Attribute)):
         return False
     holder = dotted(up.func.value)
-    made = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(x) == holder for x in a.targets)]
-    return bool(made) and all(isinstance(v, ast.Call) and callee(v) == "GradScaler" for v in made)
+    made = [a.value for a in m.nodes if isinstance(a, ast.Assign) and any(dotted(x) == holder for x in a.targets)
+            and not (isinstance(a.value, ast.Constant) and a.value.value is None)]
+    return bool(made) and all(isinstance(v, ast.Call) and callee(v) == "GradScaler" for v in made) or not made and \
+        re.search(r"scaler", holder.split(".")[-1], re.I) is not None or holder.split(".")[-1] == "amp"
+    # (an AMP scaler handed in, or apex.amp's loss-scale state: Sockeye's)
 

@@ -291,7 +291,8 @@ def seed_before_spawn(f: Facts, m: Module):
             # in __main__, then `train.run_model_training(...)`, whose mp.spawn starts train_model)
             before = [cc for sm, site in f.p.callers(m, parent) if sm is m for cc in ast.walk(
                 m.enclosing(site) or m.tree) if isinstance(cc, ast.Call) and f.seed_kind(m, cc) == "torch"
-                      and cc.lineno < site.lineno]
+                      and cc.lineno < site.lineno and not _runs_on_import(m, cc)]  # (spawn re-imports the module:
+            # a seed at its top level runs in every worker too, NLSPN's)
         if "torch" not in inside and before:
             yield Hit(c, f"{dotted(before[0].func)}(...) (line {before[0].lineno}) seeds "
                      f"the parent only: the processes mp.spawn starts run {tf.name}() in a fresh interpreter "
