@@ -47,3 +47,19 @@ def test_a_meter_synced_before_a_fresh_one_of_the_same_name(tmp_path):
     assert _rules(fresh, "rank0-local-loss")
     synced = train.replace("SYNC", "        metric_logger.synchronize_between_processes()\n")
     assert not _rules(_project(tmp_path / "synced", {"train.py": synced, "utils.py": utils}), "rank0-local-loss")
+
+
+def test_an_lr_scaled_by_a_project_helper(tmp_path):
+    """asv-subtools: `optimizer_params['learn_rate'] = utils.auto_scale_lr(optimizer_params['learn_rate'])`, whose
+    DDP arm returns `lr * dist.get_world_size()`: the 2-rank run steps at twice the lr (lr-grows-with-world-size).
+    A helper that returns the lr as it is leaves it: quiet."""
+    utils = ("import torch.distributed as dist\ndef auto_scale_lr(lr):\n    if dist.is_initialized():\n"
+             "        return SCALED\n    return lr\n")
+    train = SEED_ONLY + ("import utils\ndist.init_process_group('gloo')\nmodel = DDP(torch.nn.Linear(2, 2))\n"
+                         "optimizer_params = {'learn_rate': 0.01}\n"
+                         "optimizer_params['learn_rate'] = utils.auto_scale_lr(optimizer_params['learn_rate'])\n"
+                         "opt = torch.optim.SGD(model.parameters(), lr=optimizer_params['learn_rate'])\n")
+    scaled = {"train.py": train, "utils.py": utils.replace("SCALED", "lr * dist.get_world_size()")}
+    assert _rules(_project(tmp_path / "scaled", scaled), "lr-grows-with-world-size")
+    kept = {"train.py": train, "utils.py": utils.replace("SCALED", "lr")}
+    assert not _rules(_project(tmp_path / "kept", kept), "lr-grows-with-world-size")

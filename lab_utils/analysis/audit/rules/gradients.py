@@ -442,7 +442,7 @@ def _gathered_as_objects(f: Facts, m: Module):
                       "torch.distributed.nn.functional.all_gather")
 
 
-LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate", re.I)
+LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate|learn_rate", re.I)
 # (nor a batch size or step count named for the lr schedule it sizes: RF-DETR's `total_batch_size_for_lr`)
 NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone|batch_size|_steps?(_|$)", re.I)
 
@@ -473,6 +473,9 @@ def lr_grows_with_world_size(f: Facts, m: Module):
                 dotted(t)) or _lr_factor_of_a_scheduler(t) for t in n.targets) and grows(n.value, holding) and \
                 not never_read(f, m, n):
             found.append((n, n.value, ast.unparse(n)))
+        elif isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and any(
+                LR_NAME.search(_leaf(t)) for t in n.targets) and _scales_by_the_count(f, m, n.value):
+            found.append((n, n.value, ast.unparse(n)))  # (asv-subtools' `lr = utils.auto_scale_lr(lr)`)
         elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Mult) and LR_NAME.search(_leaf(n.target)) and (
                 grows(n.value, holding) or a_count(n.value, holding)):  # `hp["learning_rate"] *= get_world_size()`
             found.append((n, n, ast.unparse(n)))
@@ -502,3 +505,11 @@ def lr_grows_with_world_size(f: Facts, m: Module):
                       "is a choice, not a port) — keep the lr and the global batch fixed when you check the port, and "
                       "scale both deliberately afterwards"), related=tuple(callers))
         return  # one finding: the lr is one value
+
+
+def _scales_by_the_count(f: Facts, m: Module, c: ast.Call) -> bool:
+    """A project helper that returns its argument times the GPU count in the arm a DDP run takes (asv-subtools'
+    `def auto_scale_lr(lr): ... elif use_ddp(): return lr * dist.get_world_size()`)."""
+    return any(isinstance(r, ast.Return) and r.value is not None and grows(r.value, world_holding(f, tm))
+               for tm, tf in f.p.resolve(m, c) for r in walk(tf))
+
