@@ -24,6 +24,14 @@ def factory_classes(p, m, name: str) -> list:
 
 def _factory_classes(p, m, name: str) -> list:
     for a in m.built(name):
+        v = a.value if isinstance(a, ast.Assign) else None
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Call) and isinstance(v.func.func, ast.Name) and \
+                v.func.func.id == "getattr" and v.func.args and isinstance(v.func.args[0], ast.Name) and \
+                v.func.args[0].id in m.imports:  # `runner = getattr(runners, config.get("runner"))(config)`
+            imp = m.imports[v.func.args[0].id]  # (HIRL): any class of that package
+            pkg = "/".join(x for x in (imp[0] or "").split(".") + [imp[1] or ""] if x)
+            return [(mm, cd) for mm in p.modules.values() if pkg and mm.rel.startswith(pkg + "/")
+                    for cd in mm.classes.values()]
         if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and isinstance(a.value.func, (
                 ast.Name, ast.Attribute)) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets)):
             continue

@@ -157,10 +157,14 @@ def _unlinked_runner_seeds(f: Facts, calls: list) -> bool:
     project class the audit cannot link (OpenOOD's TrainOEPipeline), and a project method of that name seeds torch
     (`torch.manual_seed(self.config.seed)` at the top of run()): whether torch is seeded is not known here."""
     for mm, c in calls:
-        if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name)) or f.p.resolve(mm, c):
+        # (or the object called itself, `trainer = get_obj_from_str(cfg.train.main)(cfg)`, then `trainer(0)` or
+        # mp.spawn(trainer): a project class's __call__, Versatile Diffusion's exec_container)
+        held = c.func.value if isinstance(c.func, ast.Attribute) else c.func
+        if not isinstance(held, ast.Name) or f.p.resolve(mm, c):
             continue
+        meth = c.func.attr if isinstance(c.func, ast.Attribute) else "__call__"
         made = [a.value for a in mm.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
-            isinstance(t, ast.Name) and t.id == c.func.value.id for t in a.targets)]
+            isinstance(t, ast.Name) and t.id == held.id for t in a.targets)]
         if not made or any(f.p.resolve(mm, v) for v in made):
             continue
         # (or built from a project class of that name whose __init__, or its base's, seeds: FGT's `trainer =
@@ -170,9 +174,9 @@ def _unlinked_runner_seeds(f: Facts, calls: list) -> bool:
             return True
         for om in f.p.modules.values():
             for cd in om.classes.values():
-                meth = next((d for d in cd.body if isinstance(d, ast.FunctionDef) and d.name == c.func.attr), None)
-                if meth is not None and any(f.seed_kind(xm, x) == "torch" for xm, x in f.p.calls_in(
-                        f.p.reach(om, meth))):
+                fn = next((d for d in cd.body if isinstance(d, ast.FunctionDef) and d.name == meth), None)
+                if fn is not None and any(f.seed_kind(xm, x) == "torch" for xm, x in f.p.calls_in(
+                        f.p.reach(om, fn))):
                     return True
     return False
 
