@@ -57,3 +57,17 @@ def test_a_runner_class_taken_from_a_package_by_getattr(tmp_path):
     quiet = {**loud, "runners/base.py": base.replace("GUARD", "          if dist.get_rank() == 0:\n").replace(
         "            self.save_model(model", "              self.save_model(model")}
     assert not _rules(_project(tmp_path / "quiet", quiet), "save-on-every-rank")
+
+
+def test_an_option_declared_with_configargparse_add(tmp_path):
+    """OpenNMT-py's opts.py: `group.add('--seed', '-seed', type=int, default=-1)` (configargparse), then
+    `if opt.seed > 0: torch.manual_seed(opt.seed)`: the default run never seeds (no-seed). A default of 3435 is
+    quiet."""
+    train = ("import configargparse, torch, torch.distributed as dist\n"
+             "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+             "parser = configargparse.ArgumentParser()\ngroup = parser.add_argument_group('General')\n"
+             "group.add('--seed', '-seed', type=int, default=SEED)\nopt = parser.parse_args()\n"
+             "if opt.seed > 0:\n    torch.manual_seed(opt.seed)\ndist.init_process_group('gloo')\n"
+             "model = DDP(torch.nn.Linear(2, 2))\n")
+    assert _rules(_project(tmp_path / "off", {"train.py": train.replace("SEED", "-1")}), "no-seed")
+    assert not _rules(_project(tmp_path / "on", {"train.py": train.replace("SEED", "3435")}), "no-seed")

@@ -93,7 +93,7 @@ def dotted(node: ast.AST) -> str:
 
 # option declarations under another name: optparse's add_option, a project's thin wrapper (CroCo's
 # `add_arg('--accum_iter', default=1, ...)`): read as argparse's add_argument by every rule that asks for defaults
-OPTION_DECLARERS = {"add_option", "add_arg"}
+OPTION_DECLARERS = {"add_option", "add_arg", "add"}  # (configargparse's `group.add("--seed", ...)`: OpenNMT-py)
 
 
 def callee(call: ast.Call) -> str:
