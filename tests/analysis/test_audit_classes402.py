@@ -8,20 +8,6 @@ SETUP = ("dist.init_process_group('gloo')\nrank = dist.get_rank()\n"
          "model = DDP(torch.nn.Linear(2, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
 
 
-def test_a_launch_command_built_and_run_by_a_python_launcher(tmp_path):
-    """AiATrack's tracking/train.py: `train_cmd = 'python -m torch.distributed.launch --nproc_per_node %d '
-    '--master_port 6666 lib/train/run_training.py ...' % n`, then `os.system(train_cmd)`: every 2-rank run binds
-    port 6666 (hard-coded-master-port). The command with torchrun --standalone is quiet."""
-    launcher = ("import os\nimport sys\nn = int(sys.argv[1])\ntrain_cmd = ('python -m torch.distributed.launch "
-                "--nproc_per_node %d ' 'PORT run_training.py') % n\nos.system(train_cmd)\n")
-    train = SEED_ONLY + SETUP
-    fixed = {"train.py": train, "launch.py": launcher.replace("PORT", "--master_port 6666")}
-    assert _rules(_project(tmp_path / "fixed", fixed), "hard-coded-master-port")
-    free = {"train.py": train, "launch.py": launcher.replace("torch.distributed.launch", "torch.distributed.run "
-                                                             "--standalone").replace("PORT", "--master_port 6666")}
-    assert not _rules(_project(tmp_path / "free", free), "hard-coded-master-port")
-
-
 def test_a_meter_synced_before_a_fresh_one_of_the_same_name(tmp_path):
     """ST-Adapter: the evaluation syncs its `metric_logger` (`synchronize_between_processes()`), then the epoch
     loop binds a fresh `metric_logger = MetricLogger()`, feeds it `loss.item()` and prints it on rank 0's console

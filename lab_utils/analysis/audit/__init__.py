@@ -41,7 +41,7 @@ from . import rules  # noqa: F401  (registers every rule)
 from .entries import unlaunched_lines
 from .facts import Facts
 from .files import shell_scripts
-from .launch_scripts import fixed_ports_in_launch_scripts, fixed_ports_in_python_launchers
+from .launch_scripts import fixed_ports_in_launch_scripts
 from .project import AuditError, Module, Project
 from .registry import REGISTRY, SEVERITIES, Finding, Rule, run_rules
 from .report import format_findings, to_json, to_sarif
@@ -103,8 +103,6 @@ def audit_paths(paths, skipped: list[str] | None = None) -> list[Finding]:
                       if callee(c) == "init_process_group" and isinstance(
                           kw(c, "init_method") or (c.args[1] if len(c.args) > 1 else None), (ast.Name, ast.Attribute)))
         found += [f for p in paths if Path(p).is_dir() for f in fixed_ports_in_launch_scripts(Path(p), sites)]
-        found += [f for f in fixed_ports_in_python_launchers(project) if (f.path, f.line, f.rule) not in {
-            (x.path, x.line, x.rule) for x in found}]
     return sorted(found, key=lambda f: (f.path, f.line, f.rule))
 
 

@@ -1,11 +1,9 @@
 """The project's files that are not Python but decide how a run starts: the shell scripts that launch it
 (`torchrun --master_port 12345 train.py`, `export MASTER_PORT=29500` sourced by a SLURM job) and the JSON
-configs a script reads its rendezvous address from, and the launch commands a Python launcher builds and runs
-(AiATrack's tracking/train.py). Chapter 09's port rule asks them."""
+configs a script reads its rendezvous address from. Chapter 09's port rule asks both."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
@@ -72,23 +70,5 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
                 "--master_port=${MASTER_PORT:-29500} so the environment can choose"), "check-by-hand", str(path),
                 url_sites[:3] if hit.re is FIXED_URL else ()))
             break  # one finding per script: its port is one choice
-    return found
-
-
-def fixed_ports_in_python_launchers(project) -> list[Finding]:
-    """A torch.distributed.launch / torchrun command a project module writes out with a fixed --master_port and
-    runs itself (`train_cmd = 'python -m torch.distributed.launch ... --master_port 6666 ...'`, then
-    `os.system(train_cmd)`: AiATrack): every 2-rank run it starts binds that port. One finding per module."""
-    found = []
-    for m in project.modules.values():
-        for n in m.nodes:
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.search(
-                    r"distributed\.(launch|run)\b|\btorchrun\b", n.value) and FIXED_PORT.search(n.value) and not \
-                    re.search(r"--standalone\b", n.value):
-                found.append(Finding(n.lineno, "hard-coded-master-port", (
-                    f"`{FIXED_PORT.search(n.value).group(0).strip()}` in the launch command this script runs fixes "
-                    "the rendezvous port: a second job on this host (or a stale one) collides on the port — "
-                    "torchrun --standalone, or read the port from the environment"), "defect", str(m.path)))
-                break
     return found
 

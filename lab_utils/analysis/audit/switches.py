@@ -331,6 +331,13 @@ def unset_rank_switch(p: Project, t: ast.AST) -> bool:
     own = _minus_one(t)
     if own is None or not own[1]:
         return False
+    kept = p.__dict__.setdefault("_unset_rank_switch", {})  # (per rank name: PL-Marker asked 1384 times, 30 s)
+    if own[0] not in kept:
+        kept[own[0]] = _unset_rank_switch(p, own)
+    return kept[own[0]]
+
+
+def _unset_rank_switch(p: Project, own: tuple) -> bool:
     for m in p.modules.values():
         for s in (n for n in m.nodes if isinstance(n, ast.If)):
             at = _minus_one(s.test)
