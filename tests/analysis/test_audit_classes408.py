@@ -2,7 +2,7 @@
 it, each quiet and loud; every test fails at the first look's code (802da55)."""
 
 from test_audit import _project
-from test_audit_classes246 import SEED_ONLY, _rules
+from test_audit_classes246 import _rules
 
 
 def test_a_runner_picked_by_a_config_string_whose_call_seeds(tmp_path):
@@ -23,20 +23,6 @@ def test_a_runner_picked_by_a_config_string_whose_call_seeds(tmp_path):
     assert not _rules(_project(tmp_path / "seeded", seeded), "no-seed")
     unseeded = {"main.py": main, "utils.py": utils.replace("SEED", "")}
     assert _rules(_project(tmp_path / "unseeded", unseeded), "no-seed")
-
-
-def test_a_batchnorm_layer_built_and_never_called(tmp_path):
-    """HBI's BanzhafModule: `self.bn = nn.BatchNorm2d(planes)` in __init__, never read by forward or anything
-    else: a layer built and never called normalises nothing (no batchnorm-without-sync). Calling it in forward
-    is found."""
-    model = ("import torch.nn as nn\nclass Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-             "        self.conv = nn.Conv2d(3, 3, 1)\n        self.bn = nn.BatchNorm2d(3)\n"
-             "    def forward(self, x):\n        return FORWARD\n")
-    train = SEED_ONLY + ("from net import Net\ndist.init_process_group('gloo')\nmodel = DDP(Net())\n")
-    unused = _project(tmp_path / "unused", {"train.py": train, "net.py": model.replace("FORWARD", "self.conv(x)")})
-    assert not _rules(unused, "batchnorm-without-sync")
-    used = _project(tmp_path / "used", {"train.py": train, "net.py": model.replace("FORWARD", "self.bn(self.conv(x))")})
-    assert _rules(used, "batchnorm-without-sync")
 
 
 def test_a_runner_class_taken_from_a_package_by_getattr(tmp_path):

@@ -120,8 +120,7 @@ def _bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
     for mm, fn in f.p.nodes(keys):
         defaults = fn.args.defaults + [d for d in fn.args.kw_defaults if d is not None]
         for n in walk(fn):
-            if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)) and not \
-                    _never_used(mm, n):
+            if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)):
                 return mm, n
             if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
                 continue
@@ -130,15 +129,6 @@ def _bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
                     up.value is n:
                 return mm, n
     return None
-
-
-def _never_used(m: Module, n: ast.Call) -> bool:
-    """`self.bn = nn.BatchNorm2d(planes)` in __init__ that no method of the module reads (HBI's BanzhafModule):
-    a layer built and never called normalises nothing."""
-    up = m.parent.get(id(n))
-    name = dotted(up.targets[0]) if isinstance(up, ast.Assign) and len(up.targets) == 1 else ""
-    return name.startswith("self.") and not any(isinstance(x, ast.Attribute) and isinstance(x.ctx, ast.Load)
-                                               and dotted(x) == name for x in m.nodes)
 
 
 BN_CLASS = re.compile(r"BatchNorm[123]d")
