@@ -87,6 +87,7 @@ def test_overlap_none_registers_the_blocking_hook(monkeypatch, tmp_path):
 
     monkeypatch.setattr(speed, "no_overlap_hook", counting)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    wrapped = None
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 4))
@@ -95,6 +96,10 @@ def test_overlap_none_registers_the_blocking_hook(monkeypatch, tmp_path):
         wrapped(torch.randn(8, 64)).sum().backward()
         grads = [p.grad.clone() for p in model.parameters()]
     finally:
+        # the DDP wrapper (its Reducer holds the gloo group) goes before the group: freed after
+        # destroy_process_group, ~ProcessGroupGloo joined a gloo thread that never ended (make test hung here once,
+        # py-spy: Reducer::~Reducer -> ProcessGroupGloo::~ProcessGroupGloo -> std::thread::join)
+        del wrapped
         dist.destroy_process_group()
     assert calls == [0], calls  # the first iteration's one bucket (DDP's first bucket holds up to 1 MiB)
     assert all(g.abs().sum() > 0 for g in grads)
