@@ -23,6 +23,10 @@ def is_batchnorm(m: Module, c: ast.Call) -> bool:
     imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
     own = m.classes.get(name) if isinstance(c.func, ast.Name) else None  # `class ContBatchNorm3d(_BatchNorm)`
     # (MinkowskiEngine's MinkowskiBatchNorm, a BatchNorm1d over the sparse features: DSPv2's point-cloud encoder)
+    # (mmcv's norm config, `norm_cfg = dict(type='BN', requires_grad=True)`, that ConvModule and build_norm_layer
+    # turn into nn.BatchNorm2d: NeWCRFs' and IEBins' PSP decoder)
+    if name == "dict" and re.fullmatch(r"BN[123]?d?|BatchNorm[123]?d?", const_str(kw(c, "type")) or ""):
+        return True
     return bool(re.fullmatch(r"BatchNorm[123]d|MinkowskiBatchNorm", name)
                 or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1])
                 or own is not None and any(re.fullmatch(r"_BatchNorm|BatchNorm[123]d", dotted(b).split(".")[-1])

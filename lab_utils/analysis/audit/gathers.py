@@ -185,3 +185,37 @@ def called_only_without_grad(f: Facts, m: Module, fn: ast.AST, depth: int = 2) -
     return bool(sites) and all(no_grad_at(cm, c) or result_without_grad(cm, c) or handed_without_grad(cm, c)
                                or f.off_by_default(cm, c) or depth > 1 and cm.enclosing(c) is not None
                                and called_only_without_grad(f, cm, cm.enclosing(c), depth - 1) for cm, c in sites)
+
+
+def fills_state_only(fn: ast.AST | None, out: str) -> bool:
+    """What a method gathers into `out` ends only in in-place writes to state and never leaves it: a memory bank's
+    slots (TOIST's `self.feature_bank[i][-n:] = feature_to_update`) or an optimizer's moments (modded-nanogpt's
+    `embed_state[key].copy_(full_lm.T[...])`). No value is returned, stored on an attribute or backpropagated, so
+    nothing a loss differentiates this step reads the gathered copy."""
+    if not isinstance(fn, ast.FunctionDef) or fn.name == "forward" or not out or any(
+            isinstance(r, (ast.Return, ast.Yield)) and r.value is not None for r in walk(fn)):
+        return False
+    tainted, stores = {out}, False
+
+    def reads(x: ast.AST | None) -> bool:
+        return x is not None and any(dotted(n) in tainted or root(n) in tainted for n in ast.walk(x)
+                                     if isinstance(n, (ast.Name, ast.Attribute)))
+    for _ in range(3):  # (names bound from names bound from the gather: a fixed point in a few passes)
+        for n in walk(fn):
+            if isinstance(n, ast.Assign) and reads(n.value):
+                tainted |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+            elif isinstance(n, ast.For) and reads(n.iter):
+                tainted |= {t.id for t in ast.walk(n.target) if isinstance(t, ast.Name)}
+            elif isinstance(n, ast.Call) and callee(n) == "append" and isinstance(n.func, ast.Attribute) and any(
+                    reads(a) for a in n.args):
+                tainted.add(root(n.func.value))
+    for n in walk(fn):
+        if isinstance(n, ast.Assign) and reads(n.value) and any(isinstance(t, ast.Attribute) for t in n.targets):
+            return False  # `self.features = torch.cat(gathered)`: another method may take a loss over it
+        if isinstance(n, ast.Assign) and reads(n.value) and any(isinstance(t, ast.Subscript) for t in n.targets) \
+                or isinstance(n, ast.Call) and callee(n) == "copy_" and any(reads(a) for a in n.args):
+            stores = True
+        if isinstance(n, ast.Call) and callee(n) == "backward" and isinstance(n.func, ast.Attribute) and reads(
+                n.func.value):
+            return False
+    return stores

@@ -308,12 +308,14 @@ def _gradients_synced_by_hand(f: Facts) -> bool:
     would skip."""
     names = f.all_names()
     return not any("DistributedDataParallel" in n or n == "DDP" for n in names) and any(
-        "all_reduce" in callee(c) and _of_gradients(mm, c) for mm in f.p.modules.values() for c in mm.calls)
+        re.search(r"all_reduce|reduce_scatter", callee(c)) and _of_gradients(mm, c, f)
+        for mm in f.p.modules.values() for c in mm.calls)
 
 
-def _of_gradients(m: Module, c: ast.Call) -> bool:
+def _of_gradients(m: Module, c: ast.Call, f: Facts | None = None) -> bool:
     """`c` is handed `.grad`s: `dist.all_reduce(p.grad)`, or a list built from them in its function (`grads =
-    [p.grad.data for p in model.parameters()]`)."""
+    [p.grad.data for p in model.parameters()]`), or a parameter every caller fills with one (modded-nanogpt's
+    `_launch_reduce(param, param.grad)`, whose `dist.all_reduce(grad, ...)`)."""
     def grads(x):
         return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(x))
     scope = m.enclosing(c) or m.tree
@@ -321,6 +323,11 @@ def _of_gradients(m: Module, c: ast.Call) -> bool:
              for t in a.targets if isinstance(t, ast.Name)}
     built |= {a.target.id for a in walk(scope) if isinstance(a, ast.For) and isinstance(a.target, ast.Name) and (
         grads(a.iter) or isinstance(a.iter, ast.Name) and a.iter.id in built)}  # (`for g in grads: all_reduce(g)`)
+    if f is not None and isinstance(scope, ast.FunctionDef):
+        params = [a.arg for a in scope.args.args]
+        sites = f.p.callers(m, scope)
+        built |= {p for i, p in enumerate(params) if sites and all(any(grads(x) for x in (
+            list(cc.args) + [None])[i - (params[:1] == ["self"]):][:1] if x is not None) for _, cc in sites)}
     return any(grads(a) or isinstance(a, ast.Name) and a.id in built for a in c.args)
 
 

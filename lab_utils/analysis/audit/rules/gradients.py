@@ -7,7 +7,7 @@ import ast
 import re
 
 from ..facts import Facts
-from ..gathers import applications, assigned_without_grad, called_only_without_grad, grad_free
+from ..gathers import applications, assigned_without_grad, called_only_without_grad, fills_state_only, grad_free
 from ..growth import a_count, grows, never_read, world_holding
 from ..hierarchy import never_named
 from ..project import Module
@@ -326,7 +326,8 @@ def _gather_hits(f: Facts, m: Module):
                            and dotted(n.args[0]) == lst for n in walk(scope)) or any(
             isinstance(r, ast.Return) and r.value is not None and lst in {dotted(n) for n in ast.walk(r.value)}
             for r in walk(scope))  # returned to a caller that concatenates it
-        if not used or _concatenated_then_read_out(m, scope, lst) or _into_metrics_only(m, scope, lst, c):
+        if not used or _concatenated_then_read_out(m, scope, lst) or _into_metrics_only(m, scope, lst, c) or \
+                fills_state_only(fn, lst):
             continue  # (Simple-CCReID's test-time concat_all_gather: `torch.cat(tensors_gather, dim=0).cpu()`)
         if _in_a_loss(f, m, fn):
             # one defect, one finding: at the gather (the fix), naming the losses that call the helper

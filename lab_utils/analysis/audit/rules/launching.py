@@ -245,11 +245,24 @@ def _parameter_port(f: Facts, m: Module, v: ast.AST):
         return None
     position, ports = names.index(v.id), set()
     sites = f.p.callers(m, fn)
-    for _, c in sites:
+    for cm, c in sites:
         passed = c.args[position] if len(c.args) > position and not any(
             isinstance(a, ast.Starred) for a in c.args[:position + 1]) else kw(c, v.id)
+        passed = _one_binding(cm, c, passed)
         ports.add(_option_port(f, passed) if passed is not None else None)
     return (ports.pop(), tuple(sites[:2])) if sites and len(ports) == 1 and None not in ports else None
+
+
+def _one_binding(m: Module, c: ast.Call, v: ast.AST | None) -> ast.AST | None:
+    """What a local name handed on holds when the caller binds it once (rfpp's `port = arg.port`, then
+    `ddp_setup(..., port)`); `v` itself otherwise."""
+    scope = m.enclosing(c)
+    if not isinstance(v, ast.Name) or scope is None:
+        return v
+    binds = [a for a in walk(scope) if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and v.id in {
+        dotted(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}]
+    return binds[0].value if len(binds) == 1 and isinstance(binds[0], ast.Assign) and len(binds[0].targets) == 1 \
+        else v
 
 
 def _default_text(f: Facts, m: Module, v: ast.AST) -> str | None:

@@ -355,8 +355,8 @@ def _set_before_without_loss(f: Facts, m: Module, scope: ast.AST, c: ast.Call, n
                     # `metrics['loss']`)
                     return not any((LOSSISH.search(r) or r in lossy) and not loaded_from_a_checkpoint(
                         f, m, scope, c, r) for r in read if r)
-                if any(isinstance(t, ast.Name) and t.id == name for t in ast.walk(s)):
-                    return False  # set (or read) in a block before: not straight-line
+                if any(isinstance(t, ast.Name) and t.id == name and not isinstance(t.ctx, ast.Load) for t in walk(s)):
+                    return False  # set in a block before (a read, rfpp's `print(log)`, changes no text)
         child = parent
     return False
 

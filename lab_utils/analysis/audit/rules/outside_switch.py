@@ -62,7 +62,7 @@ def _outside_switch_hits(f: Facts, m: Module):
         # a wrap outside the switch counts only where the project runs without the group (SEA-RAFT's `main(0, 1,
         # args, False)`): elsewhere the one-process run stops at the wrap, before any work
         wrap = f.is_ddp_call(m, c) and _runs_one_process(f)
-        if not wrap and (callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather")
+        if not wrap and (callee(c) not in ("barrier", "all_reduce", "broadcast", "all_gather", "new_group")
                          or "dist" not in dotted(c.func) or not _torch_distributed(m, c)):
             continue
         if switched(f.p, m, c) is not None or f.g.kind(m, c) is not None or m.enclosing(c) is None and \

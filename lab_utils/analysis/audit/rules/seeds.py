@@ -95,7 +95,8 @@ def no_seed(f: Facts, m: Module):
                                          or _seeding_function_handed_on(f, m)):
             return
         # the wrap that broadcasts rank 0's unseeded init is where the consequence happens: named as related
-        wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)]
+        wraps = [(mm, c) for mm, c in entry[0] if f.is_ddp_call(mm, c)] or [
+            (mm, c) for mm, c in entry[0] if _broadcasts_parameters(mm, c)][:1]  # (modded-nanogpt's own broadcast)
         # (and the script's call of a seeding helper the default run gets nothing from: torchdistill's set_seed)
         helpers = [(mm, c) for mm, c in entry[0] if mm is m and f.seed_kind(mm, c) == "torch"
                    and f.p.resolve(mm, c) and helper_gated(f, mm, c)]
@@ -526,3 +527,11 @@ def sampler_seed_per_rank(f: Facts, m: Module):
                       "shards, and that needs the same seed on every rank; a seed that differs per rank gives each "
                       "rank a slice of another permutation, so shards overlap and samples are lost — pass the "
                       "same seed on every rank (the rank picks the shard)")
+
+
+def _broadcasts_parameters(m: Module, c: ast.Call) -> bool:
+    """`for param in model.parameters(): dist.broadcast(param.detach(), 0)`: a script without a DDP wrap that
+    copies rank 0's init to the others itself (modded-nanogpt), where an unseeded init takes effect."""
+    loop = m.enclosing(c, (ast.For,))
+    return callee(c) == "broadcast" and loop is not None and isinstance(loop.iter, ast.Call) and callee(
+        loop.iter) in ("parameters", "named_parameters", "state_dict")
