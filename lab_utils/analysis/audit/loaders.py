@@ -74,13 +74,23 @@ def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST
                     x.value, ast.Call) and _mentions(x.value, names))]
             if inner:  # an epoch loop around the place that iterates (or wraps, `tqdm(self.dataset.train_loader)`)
                 return [*handed[:1], (mm, inner[0]), (mm, loop)]
+    def training_loader(x: ast.For) -> bool:
+        return any(isinstance(n, (ast.Name, ast.Attribute)) and re.fullmatch(
+            r"train_?(data)?_?(loader|dl)", dotted(n).split(".")[-1]) for n in ast.walk(x.iter))
+    unseen = not names and not handed  # (the loader goes on through a module these files lack: VidSitu's data)
+    for mm in p.modules.values():  # a method that iterates the loader once, called from another's epoch loop
+        for x in (n for n in mm.nodes if isinstance(n, ast.For) and (
+                _mentions(n.iter, names) or unseen and training_loader(n))):  # (VidSitu's train_epoch over
+            fn = mm.enclosing(x)  # self.data.train_dl, called in fit's `for epoch in mb:`)
+            outer = [(cm, loop) for cm, call in (p.callers(mm, fn) if fn is not None else [])
+                     if (loop := cm.enclosing(call, (ast.For, ast.While))) is not None]
+            if outer:
+                return [*handed[:1], (mm, x), outer[0]]
     uses = [(mm, x) for mm in p.modules.values() for x in mm.nodes if isinstance(x, ast.Assign) and isinstance(
         x.value, ast.Call) and callee(x.value) in ("tqdm", "enumerate", "iter") and _mentions(x.value, names)]
     if not uses and not handed:  # the loader goes on through a module these files lack (mdistiller's get_dataset):
         # the loop over the project's training loader, `for idx, data in enumerate(self.train_loader):`
-        uses = [(mm, x) for mm in p.modules.values() for x in mm.nodes if isinstance(x, ast.For) and any(
-            isinstance(n, (ast.Name, ast.Attribute)) and re.fullmatch(r"train_?(data)?_?loader", dotted(n).split(
-                ".")[-1]) for n in ast.walk(x.iter))]
+        uses = [(mm, x) for mm in p.modules.values() for x in mm.nodes if isinstance(x, ast.For) and training_loader(x)]
     return [*handed[:1], *uses[:1]]
 
 

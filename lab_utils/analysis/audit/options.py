@@ -96,6 +96,8 @@ class DefaultOptions(YamlConfigs):
                        for k in a.keywords if k.arg and isinstance(k.value, ast.Constant) and k.value.value}
             self.cache["flags"] = {k: v for k, v in out.items() if k not in passed and v.replace("-", "_") not in
                                    passed and not DIST_SWITCH.search(k)}
+            self.cache["launched_flags"] = {k: v for k, v in out.items() if k in self._passed_in_launch_scripts()
+                                            and not DIST_SWITCH.search(k)}
         return self.cache["flags"]
 
     def _passed_in_launch_scripts(self) -> set[str]:
@@ -119,6 +121,9 @@ class DefaultOptions(YamlConfigs):
                     isinstance(n.test.op, ast.Not) and isinstance(n.test.operand, ast.Attribute) and \
                     n.test.operand.attr in flags:
                 return flags[n.test.operand.attr], n  # the else of `if not args.load_model:` (RawNeXt's resume)
+            if isinstance(n, ast.If) and any(child is b for b in n.orelse) and isinstance(n.test, ast.Attribute) and \
+                    n.test.attr in self.cache["launched_flags"]:  # the else of `if args.distill:`, --distill in the
+                return f"not --{self.cache['launched_flags'][n.test.attr]}", n  # launch script (New-VRWKV)
             # (`torch.load(...) if args.use_clip else None`: the arm of a conditional expression too, DebiasPL)
             if isinstance(n, (ast.If, ast.IfExp)) and any(child is b for b in (
                     n.body if isinstance(n.body, list) else [n.body])):
@@ -152,6 +157,9 @@ class DefaultOptions(YamlConfigs):
                         return t.attr, n
                     if isinstance(t, ast.Attribute) and self._config_default_off(t):
                         return dotted(t), n
+                    if isinstance(t, ast.Attribute) and CONFIGISH.search(root(t)) and not DIST_SWITCH.search(t.attr) \
+                            and self._yaml_value(t.attr) is False and t.attr not in self._passed_in_launch_scripts():
+                        return dotted(t), n  # `if cfg.overfit_batch:`, `overfit_batch: false` in the YAML (VidSitu)
                     # (a yacs node's `_C.AUTO_RESUME = False` is what experiment YAMLs override: only a settings
                     # dataclass field counts for a config object)
                     if isinstance(t, ast.Attribute) and depth and not self._is_option(t.attr) and \

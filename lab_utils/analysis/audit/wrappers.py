@@ -59,6 +59,10 @@ def wrapped_names(f) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], s
                         names.update({dotted(e): a.lineno for i, e in enumerate(t.elts) if i in slots})
                     elif not isinstance(t, (ast.Tuple, ast.List)):
                         names[dotted(t)] = a.lineno
+        for fn in (d for d in m.functions.values() if any(dotted(x) == "property" for x in d.decorator_list)):
+            rets = [r.value for r in walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+            if rets and all(dotted(v) in names for v in rets):  # a property that hands out the wrapper (MolRep's
+                names[f"self.{fn.name}"] = names[dotted(rets[0])]  # `def model(self): ... return self._wrapped_model`)
         out[m.rel] = _aliases(f, m, names)
     inherited: dict[tuple[str, str], str] = {}
     _inherit(p, out, inherited)

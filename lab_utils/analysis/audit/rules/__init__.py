@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration)
     fsdp2,
     gradients,
     launching,
+    loading,
     logging,
     outside_switch,
     samplers,

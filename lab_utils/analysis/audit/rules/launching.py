@@ -390,6 +390,10 @@ def hard_coded_master_port(f: Facts, m: Module):
             # (or the port written into an f-string, `f'tcp://{master_ip}:23461'`: Color2Embed)
             shown = repr(url.value) if const_str(url) else ast.unparse(url)
             yield url, f"init_method={shown} fixes the rendezvous port: {advice}", "check-by-hand"
+        handed = kw(c, "init_method") if url is None and passed else None  # (VidSitu's `launch_job(cfg,
+        if handed is not None and LOOPBACK_PORT.search(const_str(handed) or ""):  # init_method='tcp://...:9997')`)
+            yield handed, (f"init_method={handed.value!r}, handed on to the init_process_group that rendezvouses with "
+                           f"it, fixes the rendezvous port: {advice}"), "check-by-hand"
         # an option whose default is a port on this very host (`--init_method default='tcp://localhost:9999'`),
         # in a project whose init_process_group takes its init_method from a variable: every single-host run that
         # keeps the default rendezvous there. A remote address as default must be replaced to run at all, so it
