@@ -154,6 +154,16 @@ def assigned_without_grad(m: Module, scope: ast.AST, x: ast.AST) -> bool:
     return bool(assigns) and all(no_grad_at(m, a) or grad_free(scope, a.value) for a in assigns)
 
 
+def features_without_grad(m: Module, scope: ast.AST, x: ast.AST) -> bool:
+    """The gathered value's own name (`proj_ecg_emb` of `proj_ecg_emb[0]`, a tuple's element too) is bound only
+    under no_grad (MERL's val: the model's outputs in a `with torch.no_grad():`): nothing there carries a gradient,
+    whatever slice the gather puts back."""
+    name = root(x)
+    assigns = [a for a in walk(scope) if isinstance(a, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == name for tg in a.targets for t in ast.walk(tg))]
+    return bool(name) and bool(assigns) and all(no_grad_at(m, a) for a in assigns)
+
+
 def no_grad_at(m: Module, node: ast.AST) -> bool:
     """`node` sits in a `with torch.no_grad():` block or a function decorated with no_grad."""
     n = m.parent.get(id(node))

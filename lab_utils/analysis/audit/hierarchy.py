@@ -9,7 +9,7 @@ import ast
 
 from .files import project_files
 from .project import Module, Project
-from .syntax import callee, dotted, walk
+from .syntax import callee, const_str, dotted, walk
 
 
 def replaced_where_built(p: Project, m: Module, fn: ast.AST) -> bool:
@@ -135,6 +135,10 @@ def never_named(p: Project, m: Module, fn: ast.AST) -> bool:
     if any(isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inside and dotted(n).split(".")[-1] == name
            for n in m.nodes):
         return False
+    if any(callee(c) == "getattr" and len(c.args) > 1 and const_str(c.args[1]) == name for mm in p.modules.values()
+           for c in mm.calls):
+        return False  # taken by its name from a module the config picks (DeepAVFusion's `getattr(importlib.
+        # import_module(args.worker), 'main_worker')`)
     # (imported under another name, `from exp.exp_sup import Exp_All_Task as Exp_All_Task_SUP` (UniTS): the alias)
     return not any(attr in (name, None) and p.module_for(mm, local) is m and _uses(p, mm, local if attr else name)
                    for mm in p.modules.values() if mm is not m for local, (_, attr, _) in mm.imports.items())

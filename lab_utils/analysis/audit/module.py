@@ -103,6 +103,9 @@ class Module:
                     isinstance(c, ast.Call) and (callee(c) in ENTRY_CALLS or "DistributedDataParallel" in (
                         self.imports.get(callee(c), ("", "", 0))[1] or "")) for c in ast.walk(n)):
                 return True
+            elif isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) \
+                    and self._sets_up_ranks(n.value.func.id):
+                return True  # a bare `ddp_main()` at the bottom, whose body sets up the group (MERL's main.py)
         # a console-script entry (`def main(): fire.Fire(train_from_folder)`, named in setup.py) whose module
         # spawns the ranks: the launcher's module is the script, though no `__main__` block says so
         # ... unless what the workers run is a function handed in (VQ-VAE-2's distributed/launch.py: `launch(fn,
@@ -110,6 +113,11 @@ class Module:
         return any(callee(c) == "spawn" and re.search(r"(^|\.)(mp|multiprocessing)$", dotted(c.func.value))
                    and not self._runs_a_parameter(c)
                    for c in ast.walk(self.tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute))
+
+    def _sets_up_ranks(self, name: str) -> bool:
+        fn = next((d for d in self.tree.body if isinstance(d, ast.FunctionDef) and d.name == name), None)
+        return fn is not None and any(isinstance(c, ast.Call) and callee(c) in (
+            "init_process_group", "spawn", "DistributedDataParallel", "DDP") for c in ast.walk(fn))
 
     def _runs_a_parameter(self, spawn: ast.Call) -> bool:
         # (a spawn inside `def launch_job(cfg, init_method, func)` handing `func` on: TimeSformer's misc.py)

@@ -9,10 +9,9 @@ import re
 
 from .files import UNKNOWN, launch_flags
 from .project import Module
+from .python_configs import CONFIGISH, PythonConfigs, unconditional
 from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root, walk
-from .yaml_configs import YamlConfigs
 
-CONFIGISH = re.compile(r"^(cfg|config|conf|opt|hparams)$", re.I)
 # options that name a file the user may give (a checkpoint to resume or start from): unset unless given
 OPTIONAL_PATH = re.compile(r"^(resume|resume_from|load|load_from|load_path|checkpoint|ckpt|init_from|pretrained|"
                            r"weights|finetune)$")
@@ -25,16 +24,6 @@ MODE_FLAG = re.compile(r"^(test|test_only|eval|eval_only|evaluate|inference|demo
 def _one(values: list):
     """The one value all of `values` agree on, else UNKNOWN (also when there are none)."""
     return values[0] if values and UNKNOWN not in values and len({repr(x) for x in values}) == 1 else UNKNOWN
-
-
-def _unconditional(m: Module, node: ast.AST) -> bool:
-    """`node` runs whenever its function (or module) does: no branch, loop or handler around it there."""
-    n = m.parent.get(id(node))
-    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
-        if isinstance(n, (ast.If, ast.For, ast.While, ast.Try, ast.ExceptHandler, ast.With)):
-            return False
-        n = m.parent.get(id(n))
-    return True
 
 
 def _bound_in(fn: ast.AST | None, name: str) -> bool:
@@ -63,7 +52,7 @@ def option_text(flag: str) -> str:
     return f"`{flag}` (False in the project's config defaults)" if "." in flag else f"--{flag}"
 
 
-class DefaultOptions(YamlConfigs):
+class DefaultOptions(PythonConfigs):
     """Mixed into Facts: needs `self.p` (the Project) and `self.cache`."""
 
     def store_true_flags(self) -> dict[str, str]:
@@ -155,7 +144,8 @@ class DefaultOptions(YamlConfigs):
                     if isinstance(t, ast.Attribute) and dotted(t) == f"self.{t.attr}" and \
                             self._attribute_off(m, n, t.attr):
                         return t.attr, n
-                    if isinstance(t, ast.Attribute) and self._config_default_off(t):
+                    if isinstance(t, ast.Attribute) and (self._config_default_off(t) or self._set_in_config(
+                            t) is False):
                         return dotted(t), n
                     if isinstance(t, ast.Attribute) and CONFIGISH.search(root(t)) and not DIST_SWITCH.search(t.attr) \
                             and self._yaml_value(t.attr) is False and t.attr not in self._passed_in_launch_scripts():
@@ -186,60 +176,6 @@ class DefaultOptions(YamlConfigs):
                 break
             child, n = n, m.parent.get(id(n))
         return None
-
-    def config_defaults(self, key: str) -> list[ast.AST]:
-        """The values a Python config file of the project gives `key` at its top level (`sync_bn = False`,
-        `gradient_accumulation_steps = 1` in Pointcept's configs/_base_/default_runtime.py), or to the config
-        object it builds there (`config = edict()`, `config.resume = False`: SwinFace's configs/config_train.py)."""
-        yacs_final = self.p.on_disk and self.yaml_files_naming(key) is False
-        return [a.value for mm in self.p.modules.values() if re.search(r"(^|/)configs?(/|_|\.)", mm.rel)
-                for a in mm.tree.body if isinstance(a, ast.Assign) and len(a.targets) == 1 and (
-                    isinstance(a.targets[0], ast.Name) and a.targets[0].id == key
-                    or isinstance(a.targets[0], ast.Attribute) and a.targets[0].attr == key
-                    and isinstance(a.targets[0].value, ast.Name) and (
-                        CONFIGISH.search(a.targets[0].value.id) or a.targets[0].value.id == "_C" and yacs_final))]
-        # (`_C.sync_bn = False`: a yacs defaults file, Efficient Teacher's configs/defaults.py, whose experiment
-        # YAMLs are there and none names the key; with no YAML at hand an experiment file may turn it on:
-        # HigherHRNet's AUTO_RESUME)
-
-    def _config_keywords(self, key: str) -> list[ast.AST]:
-        """What a Python config file of the project gives `key` inside its dicts: `dict(seed=1111)`, `{'seed': 1}`."""
-        mods = [mm for mm in self.p.modules.values() if re.search(r"(^|/)configs?(/|_|\.)", mm.rel)]
-        return [k.value for mm in mods for c in mm.calls if callee(c) == "dict" for k in c.keywords if k.arg == key] + [
-            val for mm in mods for d in mm.nodes if isinstance(d, ast.Dict) for k, val in zip(d.keys, d.values,
-                                                                                           strict=True)
-            if k is not None and const_str(k) == key]
-
-    def _config_default_off(self, t: ast.Attribute) -> bool:
-        """`cfg.MODEL.SYNC_BN` where the project's config defaults set `_C.MODEL.SYNC_BN = False` (a yacs
-        default.py, HigherHRNet), or `self.cfg.sync_bn` where a Python config file sets `sync_bn = False`
-        (Pointcept), and no YAML file of the project turns the key on."""
-        parts = dotted(t).split(".")
-        if len(parts) < 3 and not (len(parts) == 2 and CONFIGISH.search(parts[0])):
-            return False
-        tail = ".".join(parts[1:])
-        defaults = [a.value for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
-                    and len(a.targets) == 1 and dotted(a.targets[0]).split(".", 1)[-1] == tail
-                    and dotted(a.targets[0]).count(".") == len(parts) - 1 and len(parts) > 2]
-        # (or a node built with its keys: `_C.SOLVER.SWA = CN({"ENABLED": False})`, RCAN-it's defaults.py)
-        defaults += [v for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
-                     and len(a.targets) == 1 and len(parts) > 2 and dotted(a.targets[0]).split(".", 1)[-1] ==
-                     ".".join(parts[1 + (parts[0] == "self"):-1]) and isinstance(a.value, ast.Call) and a.value.args
-                     and isinstance(a.value.args[0], ast.Dict) for k, v in zip(a.value.args[0].keys,
-                                                                              a.value.args[0].values, strict=True)
-                     if const_str(k) == parts[-1]]
-        if CONFIGISH.search(parts[-2]):
-            defaults += self.config_defaults(parts[-1])
-        sets = [(mm, a) for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) and len(
-            a.targets) == 1 and dotted(a.targets[0]).count(".") == 1 and dotted(a.targets[0]).endswith(f".{parts[-1]}")]
-        if len(parts) == 2 and any(self.off_by_default(mm, a) for mm, a in sets):
-            # a yacs `_C.THROUGHPUT_MODE = False` only an option turns on (TinyViT's `if args.throughput:`)
-            defaults += [a.value for mm, a in sets if _unconditional(mm, a)]
-        if not defaults:  # (the defaults file not among these: every experiment YAML that sets the key sets it
-            return self._yaml_value(parts[-1]) is False  # off, CID's `SYNC_BN: False` in experiments/coco.yaml)
-        if not all(const_value(v) is False for v in defaults):
-            return False
-        return not self._yaml_turns_on(parts[-1])
 
     def empty_options(self) -> dict[str, str]:
         """Command-line options whose default is the empty string (`--load-model`, default=""): a path or name
@@ -529,7 +465,7 @@ class DefaultOptions(YamlConfigs):
         for mm in self.p.modules.values():
             for a in mm.nodes:
                 if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Attribute) \
-                        and a.targets[0].attr == attr and _unconditional(mm, a):
+                        and a.targets[0].attr == attr and unconditional(mm, a):
                     # (semseg's `args.sync_bn = False` for one GPU is no default)
                     if isinstance(a.value, ast.Call):  # a config read (OpenOCR's `self.accumulation_steps =
                         # self.cfg['Global'].get('accumulation_steps', 1)`); an object built is no setting

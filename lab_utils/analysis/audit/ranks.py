@@ -343,8 +343,10 @@ class Guards:
                 if has0:
                     return "rank0" if isinstance(op, ast.In) else "not0"
                 return None
-            if isinstance(right, (ast.Name, ast.Attribute)) and MAIN_RANK.search(dotted(right).split(".")[-1]):
-                right = ast.Constant(0)  # `dist.get_rank() != self.main_gpu` (IDDM): the main process's rank
+            if isinstance(right, (ast.Name, ast.Attribute)) and MAIN_RANK.search(dotted(right).split(".")[-1]) or \
+                    isinstance(right, ast.Name) and _module_zero(m, right.id):
+                right = ast.Constant(0)  # `dist.get_rank() != self.main_gpu` (IDDM): the main process's rank; a
+                # module constant (LMP's `HOST_RANK: Final[int] = 0`, then `if args.rank == HOST_RANK:`)
             if isinstance(right, ast.Constant) and right.value == "0":
                 right = ast.Constant(0)  # `self.rank == '0'`, the RANK variable's text (YouReID's Logger)
             if not (isinstance(right, ast.Constant) and isinstance(right.value, (int, float))):
@@ -581,3 +583,9 @@ def _periodic(m: Module, name: str) -> bool:
         v.left, ast.BinOp) and isinstance(v.left.op, ast.Mod) and isinstance(v.left.left, ast.Attribute)
         and not RANKISH.search(v.left.left.attr)) for v in values)  # (or `(i == 0)`, the first batch)
 
+
+def _module_zero(m: Module, name: str) -> bool:
+    """`name` is a module constant bound to the int 0 (`HOST_RANK: Final[int] = 0`)."""
+    return any(isinstance(a, (ast.Assign, ast.AnnAssign)) and type(const_value(a.value)) is int and const_value(
+        a.value) == 0 and name in {dotted(x) for x in (a.targets if isinstance(a, ast.Assign) else [a.target])}
+        for a in m.tree.body)

@@ -84,6 +84,7 @@ def taint_parameters(project):
     parameter that receives it rank-holding (`self.gpu_id = gpu_id` ... `if self.gpu_id == 0:`)."""
     seeds: dict[str, set[str]] = {rel: set() for rel in project.modules}
     spawned_index(project, seeds)
+    _shared_option_ranks(project, seeds)
     for _ in range(3):  # a rank passed on through two helpers
         # (what a helper handed the rank returns is no rank: untainted before the rank is passed on, or LSGM's
         # `logging = utils.Logger(args.global_rank, ...)` handed every parameter of its training loop a rank)
@@ -115,6 +116,21 @@ def taint_parameters(project):
         if not changed:
             break
     untaint_opaque_calls(project, seeds)
+
+
+def _shared_option_ranks(project, seeds: dict[str, set[str]]) -> None:
+    """A rank stored on the options object in one module (PersFormer's ddp.py: `args.proc_id = args.local_rank`) is
+    a rank wherever another module reads that option (runner.py's `if args.proc_id == 0:`): one namespace, handed
+    through the whole run."""
+    held = {n for m in project.modules.values() for n in m.rank_tainted if OPTIONS.match(n)}
+    for m in project.modules.values():
+        read = {n for n in held if n not in m.rank_tainted and m.read_lines(n)}
+        if read:
+            seeds[m.rel] |= read
+            m.rank_tainted = m._taint(frozenset(seeds[m.rel]))
+
+
+OPTIONS = re.compile(r"^(args|opt|opts|cfg|config|hparams)\.\w+$")
 
 
 def _kwargs_reads(tf: ast.AST, keys: set[str]) -> set[str]:

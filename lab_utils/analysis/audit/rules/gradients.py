@@ -7,7 +7,14 @@ import ast
 import re
 
 from ..facts import Facts
-from ..gathers import applications, assigned_without_grad, called_only_without_grad, fills_state_only, grad_free
+from ..gathers import (
+    applications,
+    assigned_without_grad,
+    called_only_without_grad,
+    features_without_grad,
+    fills_state_only,
+    grad_free,
+)
 from ..growth import a_count, grows, never_read, world_holding
 from ..hierarchy import never_named
 from ..project import Module
@@ -284,7 +291,7 @@ def _gather_hits(f: Facts, m: Module):
                                                     involves_rank(t.slice, m.rank_tainted) for t in a.targets)
                   for a in walk(scope))
         if own and any(isinstance(n, ast.Call) and callee(n) in ("cat", "stack") and n.args and dotted(n.args[0]) == lst
-                       for n in walk(scope)):
+                       for n in walk(scope)) and not features_without_grad(m, scope, x):
             # gathered under no_grad, then `all_z[rank] = z` (hyp_metric's training loop): the gather looks
             # deliberate, but every rank's loss over the global batch reaches only its own rows, and DDP's mean
             # then takes 1/world_size of the single run's gradient

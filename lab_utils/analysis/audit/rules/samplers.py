@@ -204,7 +204,7 @@ def set_epoch_missing(f: Facts, m: Module):
                       f"every epoch, unlike the single run — call {name}.set_epoch(epoch) at the top of each epoch"))
         return
     switches = [distributed_switch(mm, c) for mm, c in set_epochs]
-    if all(s is not None and not _tests_the_sampler_type(s) and not _constant_true(f, s) for s in switches) and \
+    if all(s is not None and not _tests_the_sampler_type(s) and not f.constant_true(s) for s in switches) and \
             not f.runs_only_distributed() \
             and any(
             switched(f.p, m, c) is None and m.enclosing(c, (ast.IfExp,)) is None for c in made) and not any(
@@ -590,14 +590,3 @@ def eval_padding_duplicates(f: Facts, m: Module):
                 yield Hit(c, f"{callee(c)}({ast.unparse(c.args[0] if c.args else kw(c, 'dataset'))}) {what}",
                           "check-by-hand",
                           related=(*others, *reduced))
-
-
-def _constant_true(f: Facts, s: ast.AST) -> bool:
-    """`if CFG.TRAIN_DDP:` where the config class says `TRAIN_DDP = True` and no code sets it otherwise (Pix2Poly):
-    a constant, not a switch, so what it guards runs in every run."""
-    test = s.test if isinstance(s, ast.If) else s
-    name = test.attr if isinstance(test, ast.Attribute) else test.id if isinstance(test, ast.Name) else None
-    binds = [a for mm in f.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) and any(
-        (t.attr if isinstance(t, ast.Attribute) else t.id if isinstance(t, ast.Name) else None) == name
-        for t in a.targets)] if name else []
-    return bool(binds) and all(const_value(a.value) is True for a in binds)
