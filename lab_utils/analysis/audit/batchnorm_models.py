@@ -20,6 +20,9 @@ def is_batchnorm(m: Module, c: ast.Call) -> bool:
     """nn.BatchNorm1d/2d/3d, under any import alias (`from torch.nn import BatchNorm1d as BatchNorm`), or a class
     of the module built on one (CLIP-Driven's ContBatchNorm3d(_BatchNorm), batch statistics always)."""
     name = callee(c)
+    alias = _module_alias(m, name) if isinstance(c.func, ast.Name) else None
+    if alias is not None:  # `BatchNorm2d = functools.partial(InPlaceABNSync, activation='identity')` (CCNet)
+        return bool(re.fullmatch(r"(nn\.|torch\.nn\.)?BatchNorm[123]d", alias))
     imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
     own = m.classes.get(name) if isinstance(c.func, ast.Name) else None  # `class ContBatchNorm3d(_BatchNorm)`
     # (MinkowskiEngine's MinkowskiBatchNorm, a BatchNorm1d over the sparse features: DSPv2's point-cloud encoder)
@@ -31,6 +34,15 @@ def is_batchnorm(m: Module, c: ast.Call) -> bool:
                 or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1])
                 or own is not None and any(re.fullmatch(r"_BatchNorm|BatchNorm[123]d", dotted(b).split(".")[-1])
                                            for b in own.bases))
+
+
+def _module_alias(m: Module, name: str) -> str | None:
+    """What a module-level `name = X` or `name = functools.partial(X, ...)` makes `name` stand for (dotted X)."""
+    for a in m.tree.body:
+        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets):
+            v = [*a.value.args, a][0] if isinstance(a.value, ast.Call) and callee(a.value) == "partial" else a.value
+            return dotted(v) if isinstance(v, (ast.Name, ast.Attribute)) else None
+    return None
 
 
 def wrapped_batchnorm(f: Facts, m: Module):

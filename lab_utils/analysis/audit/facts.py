@@ -257,8 +257,7 @@ class Facts(DefaultOptions):
 
     def forward_reduced(self, m: Module, c: ast.Call) -> bool:
         """`loss = model(x)` or `model.forward(x)` where the model's class computes its loss from a reduced value
-        (Barlow Twins all-reduces the cross-correlation before the loss): every value forward returns is
-        reduced there."""
+        (Barlow Twins all-reduces the cross-correlation before the loss): all forward returns is reduced there."""
         f = c.func
         if isinstance(f, ast.Attribute) and f.attr in ("forward", "module"):
             f = f.value  # model.forward(x), model.module(x)
@@ -395,8 +394,8 @@ class Facts(DefaultOptions):
         return min(wraps, key=lambda c: c.lineno) if wraps else (m.has_main_guard() or m.tree.body[0])
 
     # --- training, saving, collectives
-    def trains(self, m: Module, node: ast.AST) -> bool:
-        """Whether the code around `node` runs backward or an optimizer step (a training loop's loss)."""
+    def trains(self, m: Module, node: ast.AST, depth: int = 1) -> bool:
+        """Whether the code around `node` (or every caller of a helper) runs backward or an optimizer step."""
         fn = m.enclosing(node)
         scope = [fn] if fn is not None else [s for s in m.tree.body
                                              if not isinstance(s, (ast.FunctionDef, ast.ClassDef))]
@@ -421,8 +420,9 @@ class Facts(DefaultOptions):
             return True  # (one_method: the project's one method of that name, the object untyped)
         # a closure the training loop defines and calls (MSN's `def log_stats(): logger.info(...)` next to its
         # `def train_step(): ... loss.backward()`): the loop around it is what trains
-        outer = m.enclosing(fn)
-        return isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.trains(m, fn)
+        outer, sites = m.enclosing(fn), self.p.callers(m, fn) if depth > 0 and not m.class_of(fn) else []
+        return isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.trains(m, fn) or bool(sites) and all(
+            cm is not m and self.trains(cm, cc, depth - 1) for cm, cc in sites)  # (a logging helper: PepFlow's)
 
     def one_method(self, call: ast.Call) -> list[tuple[Module, ast.AST]]:
         """`model.optimize_parameters(step)`, `logs = model.get_current_log()` on an object the audit cannot type

@@ -114,7 +114,9 @@ def _config_values(f: Facts, key: str) -> dict[str, str]:
             d = todo.pop()
             if isinstance(d, dict):
                 if key in d:
-                    found[str(path.relative_to(f.p.root))] = d[key] if isinstance(d[key], str) else ""
+                    v = d[key]  # (a number too: DisCoder's `"master_port": 12359`)
+                    found[str(path.relative_to(f.p.root))] = str(v) if isinstance(v, (str, int)) and not isinstance(
+                        v, bool) else ""
                 todo += list(d.values())
             elif isinstance(d, list):
                 todo += d
@@ -249,8 +251,16 @@ def _parameter_port(f: Facts, m: Module, v: ast.AST):
         passed = c.args[position] if len(c.args) > position and not any(
             isinstance(a, ast.Starred) for a in c.args[:position + 1]) else kw(c, v.id)
         passed = _one_binding(cm, c, passed)
-        ports.add(_option_port(f, passed) if passed is not None else None)
+        ports.add((_option_port(f, passed) or _config_port(f, passed)) if passed is not None else None)
     return (ports.pop(), tuple(sites[:2])) if sites and len(ports) == 1 and None not in ports else None
+
+
+def _config_port(f: Facts, v: ast.AST) -> str | None:
+    """`config["backend"]["master_port"]` whose key the project's config files give one port (DisCoder's
+    configs/config_z.json: `"master_port": 12359`)."""
+    ports = set(_config_values(f, const_str(v.slice) or "").values()) if isinstance(v, ast.Subscript) and \
+        f.p.on_disk else set()
+    return ports.pop() if len(ports) == 1 and re.fullmatch(r"\d{2,6}", *ports) else None
 
 
 def _one_binding(m: Module, c: ast.Call, v: ast.AST | None) -> ast.AST | None:
