@@ -24,23 +24,6 @@ def test_set_epoch_under_a_config_constant_that_is_always_true(tmp_path):
                   "set-epoch-missing")
 
 
-def test_two_functions_losses_logged_in_one_loop_are_two_defects(tmp_path):
-    """Pix2Poly's train_eval prints what train_one_epoch returns and what valid_one_epoch returns, each a rank's
-    own average: two defects, each fixed where its loss is averaged (two rank0-local-loss findings, not one)."""
-    train = (DDP + "def train_one_epoch(model):\n    total = 0.0\n    for i in range(4):\n"
-             "        loss = model(torch.ones(2)).sum()\n        loss.backward()\n        total += loss.item()\n"
-             "    return {'total_loss': total / 4}\n"
-             "def valid_one_epoch(model):\n    total = 0.0\n    with torch.no_grad():\n        for i in range(4):\n"
-             "            total += model(torch.ones(2)).sum().item()\n    return {'total_loss': total / 4}\n"
-             "def train_eval(model):\n    for epoch in range(3):\n        train_loss_dict = train_one_epoch(model)\n"
-             "        if dist.get_rank() == 0:\n            print(f\"Train loss: {train_loss_dict['total_loss']}\")\n"
-             "        valid_loss_dict = valid_one_epoch(model)\n        if dist.get_rank() == 0:\n"
-             "            print(f\"Valid loss: {valid_loss_dict['total_loss']}\")\n"
-             "torch.manual_seed(0)\ndist.init_process_group('gloo')\ntrain_eval(DDP(torch.nn.Linear(2, 2)))\n")
-    hits = _rules(_project(tmp_path / "p", {"train.py": train}), "rank0-local-loss")
-    assert len(hits) == 2, [(h.line, h.message) for h in hits]
-
-
 def test_set_epoch_missing_names_the_epoch_loop_around_the_loaders_method(tmp_path):
     """VidSitu: the loader comes from a module the copies lack, `train_epoch` iterates `self.data.train_dl` once
     and fit's `for epoch in mb:` calls it: the set-epoch-missing finding names both places (where set_epoch

@@ -1,7 +1,6 @@
 """Where a logged loss comes from: the related places of a loss-log finding (rules/logging.py's rank0-local-loss)
 that a reader of the log line would point at: the guard that makes it rank 0's, the line that holds the loss in a
-log over several lines, the meter updates that feed it, the callers that hand a logging helper its loss; and
-whether two logs show what two different functions returned (two defects, not one)."""
+log over several lines, the meter updates that feed it, the callers that hand a logging helper its loss."""
 
 from __future__ import annotations
 
@@ -117,14 +116,3 @@ def rebound(scope: ast.AST, name: str, after: int, before: int) -> bool:
     loop makes a fresh `metric_logger = MetricLogger()` it never syncs)."""
     return any(isinstance(a, ast.Assign) and after < a.lineno < before and any(dotted(t) == name for t in a.targets)
                for a in walk(scope))
-
-
-def other_sources(f: Facts, m: Module, scope1, lossy1, scope2, lossy2) -> bool:
-    """The two logs show what two different project functions returned (Pix2Poly's train_eval prints
-    `train_one_epoch`'s loss and `valid_one_epoch`'s): two defects, each fixed where its loss is averaged."""
-    def sources(scope, lossy):
-        return {id(tf) for a in walk(scope or m.tree) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-                and {dotted(n) for t in a.targets for n in ast.walk(t)} & set(lossy)
-                for _, tf in f.p.resolve(m, a.value)}
-    one, two = sources(scope1, lossy1), sources(scope2, lossy2)
-    return bool(one) and bool(two) and not one & two

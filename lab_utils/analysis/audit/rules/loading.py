@@ -89,7 +89,7 @@ def _held_as_a_checkpoint(m: Module, c: ast.Call) -> bool:
     """The load is kept under a checkpoint's name, whatever its path's (VidSitu's `checkpoint = torch.load(f)`)."""
     a = m.parent.get(id(c))
     return isinstance(a, ast.Assign) and any(re.search(r"ckpt|checkpoint|state_?dict", dotted(t), re.I)
-                                             for t in a.targets)
+                                             for t in a.targets) and not _saves_cpu_tensors(m)
 
 
 def _handed_to_a_dataset(f: Facts, m: Module, c: ast.Call) -> bool:
@@ -190,8 +190,9 @@ def _in_the_launcher(f: Facts, m: Module, c: ast.Call) -> bool:
                 for k in f.p.reach(tm, tf)}
         return outer is not None and (sm.rel, id(outer)) not in workers and not any(
             isinstance(x, ast.Call) and (callee(x) == "init_process_group" or f.is_ddp_call(sm, x))
-            for x in ast.walk(outer)) and not any(  # (handed on by name, VidSitu's `launch_job(cfg, func=main_fn)`,
-            isinstance(v, ast.Name) and v.id == getattr(outer, "name", None)  # whose spawned run_job calls it)
+            for x in ast.walk(outer)) and not any(  # (handed by name to a launcher that spawns: VidSitu's
+            isinstance(v, ast.Name) and v.id == getattr(outer, "name", None) and any(  # launch_job(func=main_fn))
+                isinstance(s, ast.Call) and callee(s) == "spawn" for _, tf in f.p.resolve(mm, x) for s in walk(tf))
             for mm in f.p.modules.values() for x in mm.calls for v in (*x.args, *(k.value for k in x.keywords)))
     return bool(sites) and any(isinstance(s, ast.Call) and callee(s) == "spawn" for mm in f.p.modules.values()
                                for s in mm.calls) and all(one_process(sm, site) for sm, site in sites)

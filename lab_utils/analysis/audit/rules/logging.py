@@ -18,7 +18,7 @@ from ..facts import Facts
 from ..gathers import global_model_losses
 from ..hierarchy import replaced_where_built
 from ..kv_loggers import kv_dump_hits
-from ..loss_places import handed_from, meter_feeds, other_sources, rank0_guard, rebound, updates_of, value_lines
+from ..loss_places import handed_from, meter_feeds, rank0_guard, rebound, updates_of, value_lines
 from ..losses import (
     backwarded,
     every_loss_over_gathered_labels,
@@ -302,7 +302,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)
                              and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))) or \
-                _reports_an_abort(m, c) or f.off_in_default_run(m, c) or replaced_where_built(f.p, m, scope):
+                _reports_an_abort(m, c) or f.off_by_default(m, c) or replaced_where_built(f.p, m, scope):
             continue  # (an option unset unless given, DLRM's print of a loaded model's loss; a base's replaced step)
         outer = outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
         red = f.reduced_names(m, scope) | (f.reduced_names(m, outer) if outer not in (None, scope) else set())
@@ -558,8 +558,7 @@ def _rank0_local_loss_hits(f: Facts, m: Module):
     where the same fix (reduce before logging) goes."""
     out: list = []
     for hit, scope, lossy, where in _rank0_local_loss_logs(f, m):
-        i = next((i for i, o in enumerate(out) if o[3][0] is where[0] and where[0] is not None
-                  and not other_sources(f, m, o[1], o[2], scope, lossy)), None)
+        i = next((i for i, o in enumerate(out) if o[3][0] is where[0] and where[0] is not None), None)
         if i is None:
             out.append((hit, scope, lossy, where))
         elif len(out[i][0].related) < 4:
