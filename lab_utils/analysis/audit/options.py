@@ -18,6 +18,7 @@ OPTIONAL_PATH = re.compile(r"^(resume|resume_from|load|load_from|load_path|check
 
 # switches to a mode other than training (OpenSTL's `if self.args.test:`, its parser not among the files): a
 # training run leaves them off
+TRAIN_FLAG = re.compile(r"^(do_?)?train(ing)?$", re.I)
 MODE_FLAG = re.compile(r"^(test|test_only|eval|eval_only|evaluate|inference|demo|dry_run)$")
 
 
@@ -83,8 +84,9 @@ class DefaultOptions(PythonConfigs):
             # ... and a flag `parser.set_defaults(sync_bn=True)` turns on (EfficientFormer's, DeiT's --sync-bn)
             passed |= {k.arg for mm in self.p.modules.values() for a in mm.calls if callee(a) == "set_defaults"
                        for k in a.keywords if k.arg and isinstance(k.value, ast.Constant) and k.value.value}
+            # ... and a flag that asks for training (`--do_train`): the run judged is the training run
             self.cache["flags"] = {k: v for k, v in out.items() if k not in passed and v.replace("-", "_") not in
-                                   passed and not DIST_SWITCH.search(k)}
+                                   passed and not DIST_SWITCH.search(k) and not TRAIN_FLAG.match(k)}
             self.cache["launched_flags"] = {k: v for k, v in out.items() if k in self._passed_in_launch_scripts()
                                             and not DIST_SWITCH.search(k)}
         return self.cache["flags"]
@@ -233,6 +235,9 @@ class DefaultOptions(PythonConfigs):
             return off
         fn = m.enclosing(node)
         sites = self.p.callers(m, fn) if fn is not None else []
+        if any(isinstance(v, ast.Name) and v.id == fn.name for cm, c in sites for mm in [cm] for x in mm.calls
+               for v in (*x.args, *(k.value for k in x.keywords))):
+            return None  # also handed on by name (NLSPN's `mp.spawn(train, ...)` beside `if ...: train(0, args)`)
         offs = [self.off_in_default_run(cm, c, depth - 1) for cm, c in sites]
         return offs[0] if offs and all(offs) else None
 

@@ -302,7 +302,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)
                              and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))) or \
-                _reports_an_abort(m, c) or f.off_by_default(m, c) or replaced_where_built(f.p, m, scope):
+                _reports_an_abort(m, c) or f.off_in_default_run(m, c) or replaced_where_built(f.p, m, scope):
             continue  # (an option unset unless given, DLRM's print of a loaded model's loss; a base's replaced step)
         outer = outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)
         red = f.reduced_names(m, scope) | (f.reduced_names(m, outer) if outer not in (None, scope) else set())
