@@ -401,3 +401,19 @@ def trains_over(m: Module, c: ast.Call) -> bool:
     return bool(held and loaders) and any(isinstance(n, ast.For) and {dotted(x) for x in ast.walk(n.iter)} & loaders
                                           and any(callee(b) == "backward" for b in ast.walk(n) if isinstance(
                                               b, ast.Call)) for n in ast.walk(m.enclosing(c) or m.tree))
+
+
+def handed_sampler_class(f: Facts, m: Module, c: ast.Call) -> str | None:
+    """`sampler(validation_dataset)` where `sampler` is a parameter every caller fills with a sampler class
+    (PointConvFormer's getdataLoaders(cfg, torch.utils.data.distributed.DistributedSampler), RandomSampler in the
+    one-process arm): the class the DDP run's caller hands in, by name; None otherwise."""
+    fn = m.enclosing(c)
+    if not isinstance(c.func, ast.Name) or not isinstance(fn, ast.FunctionDef):
+        return None
+    params = [a.arg for a in fn.args.args]
+    if c.func.id not in params:
+        return None
+    i = params.index(c.func.id)
+    handed = [cc.args[i] if len(cc.args) > i else kw(cc, c.func.id) for _, cc in f.p.callers(m, fn)]
+    names = [dotted(h).split(".")[-1] for h in handed if h is not None]
+    return next((n for n in names if n in f.sampler_classes()), None)

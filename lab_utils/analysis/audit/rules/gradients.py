@@ -74,7 +74,7 @@ def sum_loss_unscaled(f: Facts, m: Module):
         return  # the sum is scaled by the world size somewhere
     for c in m.calls:
         if _sums(m, c) and not _divided_later(m, c) and not _in_a_function_nothing_uses(f, m, c) and \
-                not _kept_unread(f, m, c):
+                not _kept_unread(f, m, c) and not _read_out(m, c):
             how = "reduction='sum'" if kw(c, "reduction") is not None else \
                 f"{callee(c)}(...), which sums over the batch,"
             yield c, (f"{how} under DDP without a x world_size: DDP averages the gradients over ranks, so "

@@ -11,6 +11,7 @@ from ..facts import Facts
 from ..loaders import (
     called_in_a_loop,
     epoch_loop_caller,
+    handed_sampler_class,
     handed_to_an_unseen_engine,
     has_epoch_loop,
     late_for_persistent,
@@ -329,9 +330,9 @@ def set_epoch_late(f: Facts, m: Module):
         iters = [s for s in walk(fn) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
                  and callee(s.value) in ("iter", "cycle", "sample_data", "infinite_loader")
                  and mm.enclosing(s, (ast.For, ast.While)) is None]
-        nexts = any(isinstance(n, ast.Call) and callee(n) == "next" and n.args
-                    and any(dotted(n.args[0]) == dotted(t) for s in iters for t in s.targets)
-                    for n in walk(fn))
+        nexts = any(isinstance(n, ast.Call) and callee(n) == "next" and n.args and mm.enclosing(n, (
+            ast.For, ast.While)) is not None and any(dotted(n.args[0]) == dotted(t) for s in iters for t in s.targets)
+                    for n in walk(fn))  # (drawn from in a loop: LapDepth's one `next(data_iter)` takes a fixed sample)
         names = {dotted(t) for s in iters for t in s.targets}
         remade = any(isinstance(s, ast.Assign) and isinstance(s.value, ast.Call) and callee(s.value) in (
             "iter", "cycle") and s.lineno > c.lineno and any(dotted(t) in names for t in s.targets)
@@ -543,7 +544,8 @@ def _extends_by_its_own_head(cd: ast.ClassDef) -> bool:
 def eval_padding_duplicates(f: Facts, m: Module):
     told: dict[int, list] = {}  # helper function -> its samplers already reported (one defect per helper)
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
-        if callee(c) not in f.sampler_classes() or not (c.args or kw(c, "dataset")) or not _pads(f, callee(c)):
+        kind = callee(c) if callee(c) in f.sampler_classes() else handed_sampler_class(f, m, c)
+        if kind not in f.sampler_classes() or not (c.args or kw(c, "dataset")) or not _pads(f, kind):
             continue
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
         if not (EVALISH.search(_label(m, c)) or asked) or any(const_value(v) for v in spread_kw(
