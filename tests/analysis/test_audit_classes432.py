@@ -60,3 +60,25 @@ def test_a_logging_helper_of_another_module_called_on_rank_0(tmp_path):
     reduced = {"train.py": train.replace("REDUCE", "        loss = loss.detach()\n        dist.all_reduce(loss)\n"
                                          "        loss = loss / dist.get_world_size()\n"), "utils/train.py": helper}
     assert not _rules(_project(tmp_path / "reduced", reduced), "rank0-local-loss")
+
+
+def test_a_progress_bar_named_like_another_functions_rank0_bar(tmp_path):
+    """UVC: valid()'s `epoch_iterator = tqdm(test_loader, disable=args.local_rank not in [-1, 0])` and train()'s
+    own `epoch_iterator = tqdm(train_loader, ...)`, not disabled: train's bar shows every rank's own loss
+    (every-rank-prints-loss), whatever the other function's bar of that name does. Disabled there too, it is
+    rank 0's alone."""
+    train = (DDP + "import argparse\nfrom tqdm import tqdm\nparser = argparse.ArgumentParser()\n"
+             "parser.add_argument('--local_rank', type=int, default=-1)\nargs = parser.parse_args()\n"
+             "def valid(model, loader):\n"
+             "    epoch_iterator = tqdm(loader, disable=args.local_rank not in [-1, 0])\n"
+             "    for x in epoch_iterator:\n        epoch_iterator.set_description('Validating')\n"
+             "def train(model, loader, opt):\n    epoch_iterator = tqdm(loader, BAR)\n"
+             "    for x in epoch_iterator:\n        loss = model(x).sum()\n        loss.backward()\n"
+             "        opt.step()\n        epoch_iterator.set_description(f'Loss: {loss.item():.3f}')\n"
+             "torch.manual_seed(0)\ndist.init_process_group('gloo')\nmodel = DDP(torch.nn.Linear(2, 2))\n"
+             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\ntrain(model, [torch.ones(2)] * 4, opt)\n"
+             "valid(model, [torch.ones(2)] * 2)\n")
+    shown = train.replace("BAR", "dynamic_ncols=True")
+    assert _rules(_project(tmp_path / "shown", {"train.py": shown}), "every-rank-prints-loss")
+    hidden = train.replace("BAR", "disable=args.local_rank not in [-1, 0]")
+    assert not _rules(_project(tmp_path / "hidden", {"train.py": hidden}), "every-rank-prints-loss")

@@ -454,9 +454,18 @@ class Guards:
             if n.decorator_list and self._rank0_decorated(m, n):
                 return "rank0"
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                dotted(node.func.value) in getattr(self, "objects", {}).get(m.rel, ()):
+                dotted(node.func.value) in getattr(self, "objects", {}).get(m.rel, ()) and \
+                not self._bound_here_for_every_rank(m, node.func.value, node):
             return "rank0"  # writer.add_scalar(...) on the writer only rank 0 holds
         return None
+
+    def _bound_here_for_every_rank(self, m: Module, held: ast.AST, node: ast.AST) -> bool:
+        """A local name this function binds itself, to an object every rank holds (UVC's training `epoch_iterator =
+        tqdm(train_loader, ...)`, where valid()'s bar of that name is `disable=args.local_rank not in [-1, 0]`)."""
+        fn = m.enclosing(node)
+        binds = [a for a in m.single_assignments(held.id) if m.enclosing(a) is fn] if isinstance(held, ast.Name) else []
+        return bool(binds) and all(isinstance(a.value, ast.Call) and not self._off_but_rank0(m, a.value)
+                                   and self.kind(m, a) != "rank0" for a in binds)
 
     def _rank0_decorated(self, m: Module, fn: ast.AST) -> bool:
         """`@master_only` / `@main_process` / `@rank_zero_only`, or a project decorator whose wrapper calls the
