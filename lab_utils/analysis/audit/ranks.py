@@ -460,12 +460,13 @@ class Guards:
         return None
 
     def _bound_here_for_every_rank(self, m: Module, held: ast.AST, node: ast.AST) -> bool:
-        """A local name this function binds itself, to an object every rank holds (UVC's training `epoch_iterator =
-        tqdm(train_loader, ...)`, where valid()'s bar of that name is `disable=args.local_rank not in [-1, 0]`)."""
-        fn = m.enclosing(node)
-        binds = [a for a in m.single_assignments(held.id) if m.enclosing(a) is fn] if isinstance(held, ast.Name) else []
-        return bool(binds) and all(isinstance(a.value, ast.Call) and not self._off_but_rank0(m, a.value)
-                                   and self.kind(m, a) != "rank0" for a in binds)
+        """A name this function binds to a bar every rank shows, another's of that name rank 0's (UVC's tqdm)."""
+        binds = [a for a in m.single_assignments(held.id) if m.enclosing(a) is m.enclosing(node)] if isinstance(
+            held, ast.Name) else []
+        others = {callee(a.value) for a in binds and m.single_assignments(held.id) if isinstance(
+            a.value, ast.Call) and self._off_but_rank0(m, a.value)}
+        return bool(binds) and all(isinstance(a.value, ast.Call) and callee(a.value) in others and kw(
+            a.value, "disable") is None and self.kind(m, a) != "rank0" for a in binds)
 
     def _rank0_decorated(self, m: Module, fn: ast.AST) -> bool:
         """`@master_only` / `@main_process` / `@rank_zero_only`, or a project decorator whose wrapper calls the
@@ -595,6 +596,5 @@ def _periodic(m: Module, name: str) -> bool:
 
 def _module_zero(m: Module, name: str) -> bool:
     """`name` is a module constant bound to the int 0 (`HOST_RANK: Final[int] = 0`)."""
-    return any(isinstance(a, (ast.Assign, ast.AnnAssign)) and type(const_value(a.value)) is int and const_value(
-        a.value) == 0 and name in {dotted(x) for x in (a.targets if isinstance(a, ast.Assign) else [a.target])}
-        for a in m.tree.body)
+    return any(isinstance(a, (ast.Assign, ast.AnnAssign)) and repr(const_value(a.value)) == "0" and name in {
+        dotted(x) for x in (a.targets if isinstance(a, ast.Assign) else [a.target])} for a in m.tree.body)
