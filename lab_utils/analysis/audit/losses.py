@@ -531,7 +531,15 @@ def still_fed(scope: ast.AST, c: ast.AST, names: set[str]) -> set[str]:
     """The records in `names` that hold a loss where the log `c` reads them: not one emptied (`disp_text = []`) in
     straight-line code before `c` with nothing loss-like fed into it since (eznlp's disp_running_info logs its
     epoch/step/lr line, then rebinds disp_text and appends the loss), whatever the same name holds later."""
-    return {n for n in names if not _emptied_before(scope, c, n)}
+    return {n for n in names if not _emptied_before(scope, c, n) and not _rebound_by_a_loop(scope, c, n)}
+
+
+def _rebound_by_a_loop(scope: ast.AST, c: ast.AST, name: str) -> bool:
+    """A loop around `c` binds `name` from values that name no loss (STARFlow's `for k, v in
+    sorted(vars(args).items()): print(f'{k}: {v}')`, though a comprehension elsewhere takes `v` out of loss_dict)."""
+    return any(isinstance(f, ast.For) and name in {t.id for t in ast.walk(f.target) if isinstance(t, ast.Name)}
+               and any(x is c for x in ast.walk(f)) and any(isinstance(x, ast.Name) and re.fullmatch(
+                   r"vars|args|opts?|cfg|config|hparams", x.id) for x in ast.walk(f.iter)) for f in walk(scope))
 
 
 def _emptied_before(scope: ast.AST, c: ast.AST, name: str) -> bool:

@@ -332,10 +332,10 @@ class Guards:
             if isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mod) and (isinstance(
                     left.left, ast.Attribute) and not RANKISH.search(left.left.attr) or any(
                     re.search(r"step|iter|batch|epoch|count", n) for n in counted) and not any(
-                    RANKISH.search(n) for n in counted) and (re.search(r"freq|interval|every|period", dotted(
-                        left.right)) or isinstance(left.left, ast.BinOp) and not involves_rank(
-                        left.right, m.rank_tainted))):  # (StudioGAN's `(d_updates * current_step +
-                # step_index) % d_reg_interval == 0`: a sum of step counts, whatever the divisor is called)
+                    RANKISH.search(n) for n in counted) and (re.search(r"freq|interval|every|period|iters|steps",
+                                                                        dotted(left.right)) or isinstance(
+                        left.left, ast.BinOp) and not involves_rank(left.right, m.rank_tainted))):  # (StudioGAN's
+                # `(d_updates * current_step + step_index) % d_reg_interval == 0`: step counts, whatever the divisor)
                 return None  # `logger.iters % hps.save_iters == 0` (Jukebox), `batch_num % args.save_freq` (ml-mdm,
                 # whose batch_num the rank-tainted data partition reaches): a step count, not the rank
             if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Set, ast.Tuple, ast.List)):

@@ -450,7 +450,8 @@ def rank0_saves_sharded(f: Facts, m: Module):
     if not _uses_fully_shard(f):
         return
     for c in m.calls:
-        if dotted(c.func) not in ("torch.save", "th.save") or not c.args or _effective(f, m, c) != "rank0":
+        if dotted(c.func) not in ("torch.save", "th.save") or not c.args or _effective(f, m, c) != "rank0" or \
+                _not_fsdp_arm(m, c):
             continue
         scope = _scope_of(m, c)
         what = _shard_state(m, c.args[0], _sharded_names(f, m, scope), scope)
@@ -460,6 +461,19 @@ def rank0_saves_sharded(f: Facts, m: Module):
                       "— save with torch.distributed.checkpoint (dcp.save on every rank), or gather "
                       "get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, "
                       "cpu_offload=True)) on every rank and torch.save it on rank 0")
+
+
+def _not_fsdp_arm(m: Module, c: ast.AST) -> bool:
+    """`c` runs only where the model is not sharded: under `if not args.fsdp:` (or in the else of `if args.fsdp:`),
+    STARFlow's DDP checkpoint beside its dcp.save for FSDP."""
+    child, n = c, m.parent.get(id(c))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and "fsdp" in ast.unparse(n.test).lower():
+            negated = isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not)
+            if (any(child is b for b in n.body) and negated) or (any(child is b for b in n.orelse) and not negated):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
 
 
 def _full_options(m: Module, c: ast.Call) -> bool:

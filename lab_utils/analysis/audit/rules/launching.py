@@ -419,9 +419,11 @@ def hard_coded_master_port(f: Facts, m: Module):
             yield url, (f"{ast.unparse(url)} rendezvouses at the option's default {text!r}, a fixed port on this "
                         f"host with no environment fallback: {advice}"), "check-by-hand"
         if url is not None and const_str(url) is None and (found := _json_config_url(f, url)) is not None:
-            name, text = found
-            yield url, (f"{ast.unparse(url)} is {text!r}, written in the project's {name}, a fixed port on this host "
-                        f"with no environment fallback: {advice}"), "check-by-hand"
+            name, text = found  # (the config's own line as the related place: GPV-1's configs/exp/gpv.yaml)
+            key = const_str(url.slice) if isinstance(url, ast.Subscript) else getattr(url, "attr", "")
+            yield Hit(url, (f"{ast.unparse(url)} is {text!r}, written in the project's {name}, a fixed port on this "
+                            f"host with no environment fallback: {advice}"), "check-by-hand",
+                      related=tuple(f.yaml_places(key or "")[:3]))
         elif url is not None and const_str(url) is None:
             where = _config_url(f, url)
             if where is not None:
