@@ -354,8 +354,7 @@ class Facts(DefaultOptions):
         return keys
 
     def _handed(self, m: Module, c: ast.Call, a: ast.AST) -> list[tuple[Module, ast.AST]]:
-        """The project functions a function value handed to `c` names: `main_worker`, `self.ddp_run` (a method of
-        the class around `c`)."""
+        """The project functions a function value handed to `c` names: `main_worker`, `self.ddp_run` (its class's)."""
         if isinstance(a, ast.Attribute) and dotted(a.value) in ("self", "cls"):  # (`mp.spawn(cls._exec_wrapper)`)
             fn = m.enclosing(c)
             cls = m.class_of(fn) if fn is not None else None
@@ -420,7 +419,8 @@ class Facts(DefaultOptions):
             return True  # (one_method: the project's one method of that name, the object untyped)
         # a closure the training loop defines and calls (MSN's `def log_stats(): logger.info(...)` next to its
         # `def train_step(): ... loss.backward()`): the loop around it is what trains
-        outer, sites = m.enclosing(fn), self.p.callers(m, fn) if depth > 0 and not m.class_of(fn) else []
+        outer, sites = m.enclosing(fn), self.p.callers(m, fn) if depth > 0 and not m.class_of(fn) and any(
+            LOSSISH.search(a.arg) for a in fn.args.args) else []  # (handed the loss: not an evaluate(loader, model))
         return isinstance(outer, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.trains(m, fn) or bool(sites) and all(
             cm is not m and self.trains(cm, cc, depth - 1) for cm, cc in sites)  # (a logging helper: PepFlow's)
 

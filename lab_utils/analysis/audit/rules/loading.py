@@ -179,7 +179,7 @@ def _in_the_launcher(f: Facts, m: Module, c: ast.Call) -> bool:
 
     def one_process(sm, site):
         outer = sm.enclosing(site)
-        spawns = [s for s in ast.walk(outer or sm.tree) if isinstance(s, ast.Call) and callee(s) == "spawn"]
+        spawns = [s for s in ast.walk(outer or sm.tree) if isinstance(s, ast.Call) and "spawn" in callee(s)]
         if spawns:
             return not any(isinstance(a, ast.Name) and a.id == fn.name for s in spawns for a in s.args[:1])
         workers = f.cache.get("spawned_reach")
@@ -191,8 +191,9 @@ def _in_the_launcher(f: Facts, m: Module, c: ast.Call) -> bool:
         return outer is not None and (sm.rel, id(outer)) not in workers and not any(
             isinstance(x, ast.Call) and (callee(x) == "init_process_group" or f.is_ddp_call(sm, x))
             for x in ast.walk(outer)) and not any(  # (handed by name to a launcher that spawns: VidSitu's
-            isinstance(v, ast.Name) and v.id == getattr(outer, "name", None) and any(  # launch_job(func=main_fn))
-                isinstance(s, ast.Call) and callee(s) == "spawn" for _, tf in f.p.resolve(mm, x) for s in walk(tf))
+            isinstance(v, ast.Name) and v.id == getattr(outer, "name", None) and (re.search(  # launch_job(func=
+                r"spawn|launch", callee(x)) or any(isinstance(s, ast.Call) and callee(s) == "spawn"  # main_fn))
+                                                   for _, tf in f.p.resolve(mm, x) for s in walk(tf)))
             for mm in f.p.modules.values() for x in mm.calls for v in (*x.args, *(k.value for k in x.keywords)))
     return bool(sites) and any(isinstance(s, ast.Call) and callee(s) == "spawn" for mm in f.p.modules.values()
                                for s in mm.calls) and all(one_process(sm, site) for sm, site in sites)
