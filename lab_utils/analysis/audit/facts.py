@@ -1,7 +1,8 @@
 """The project model the rules query: what a call does, looked up through the project's helpers and classes
 rather than read off its name. Which names hold the DDP-wrapped model, what seeds torch, which values are averaged
-over ranks (a collective, a reducing helper, a model whose forward reduces), what is a checkpoint save, what is a
-collective, which code trains, where a script sets up the process group. Facts are computed once per project."""
+over ranks (reductions.py: a collective, a reducing helper, a model whose forward reduces), what is a checkpoint save,
+what is a collective, which code trains, where a script sets up the process group. Facts are computed once per
+project."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import re
 
 from .entries import chosen_by_name
 from .evaluation import eval_loop_reduces
-from .helper_returns import reduced_in_place, returns_a_local_value, returns_own_slice
 from .none_arms import untaken_none_arm
-from .options import DefaultOptions
 from .project import Module, Project
 from .ranks import Guards
+from .reductions import Reductions
 from .stdout_sinks import rank0_writer
 from .switches import dead_branch, refuses_one_process, switched
 from .syntax import (
@@ -24,7 +24,6 @@ from .syntax import (
     EVAL_WORD,
     LOSSISH,
     OTHER_SEEDS,
-    REDUCING,
     SEED_HELPER,
     SPAWNS,
     TORCH_SEEDS,
@@ -32,13 +31,9 @@ from .syntax import (
     const_str,
     const_value,
     dotted,
-    functools_reduce,
     handed_a_seed,
     is_stub,
     kw,
-    layer_call,
-    not_a_forward,
-    rank_reducing_name,
     root,
     walk,
 )
@@ -54,7 +49,7 @@ def _to_file(c: ast.Call) -> bool:
                                         or isinstance(target, ast.Call) and callee(target) == "BytesIO"))
 
 
-class Facts(DefaultOptions):
+class Facts(Reductions):
     def __init__(self, project: Project):
         self.p = project
         self.g = Guards(project)
@@ -120,117 +115,6 @@ class Facts(DefaultOptions):
                                         and not self.off_by_default(mm, cc), depth=3):  # not under --deterministic
                     return "torch"
         return None
-
-    def collective_helper(self, m: Module, c: ast.Call) -> bool:
-        """A project helper that reduces (a barrier or a broadcast averages nothing)."""
-        if _function_apply(c):  # `AllReduce.apply(loss)`: an autograd Function whose forward all-reduces (I-JEPA)
-            name = c.func.value.id
-            held = m if name in m.classes else self.p.module_for(m, name) if name in m.imports else None
-            cls = name if held is m else (m.imports[name][1] or name) if held is not None else ""
-            fwd = held.functions.get(f"{cls}.forward") if held is not None else None
-            return fwd is not None and any(isinstance(n, ast.Call) and callee(n) in ("all_reduce", "reduce")
-                                           for n in ast.walk(fwd))
-        def reduces(mm, cc):
-            return (callee(cc) in REDUCING or _unseen_gather(self.p, mm, cc)) and not layer_call(mm.nodes, cc) \
-                and not functools_reduce(mm, cc)
-        return any(self.p.function_does(tm, tf, reduces, depth=3) and not returns_own_slice(tf)
-                   and not returns_a_local_value(self, tm, tf)
-                   for tm, tf in self.p.resolve(m, c, exact=True) or self.one_method(c))  # Meter(...): __init__ only
-        # (one_method: OpenSTL's `self.method.vali_one_epoch(...)`, which gathers every rank's results)
-
-    def reduced_names(self, m: Module, scope: ast.AST) -> set[str]:
-        """Names in `scope` that hold a value averaged over ranks (flow-insensitive, to a fixpoint)."""
-        def collective_helper(c):
-            return self.collective_helper(m, c)
-        red: set[str] = set()
-        for c in (n for n in walk(scope) if isinstance(n, ast.Call)):
-            if callee(c) in ("all_reduce", "reduce", "all_gather") and c.args and not functools_reduce(m, c):
-                red.add(root(c.args[0]))
-                # `for v in logs.values(): dist.reduce(v.div_(world_size), 0)` (VICRegL): each value in place
-                loop = next((x for x in walk(scope) if isinstance(x, ast.For) and isinstance(x.target, ast.Name)
-                             and x.target.id == root(c.args[0]) and any(y is c for y in ast.walk(x))), None)
-                if loop is not None and isinstance(loop.iter, ast.Call) and callee(loop.iter) == "values":
-                    red.add(root(loop.iter.func.value))
-            red |= {root(c.args[i]) for _, tf in self.p.resolve(m, c) for i in reduced_in_place(tf) if i < len(c.args)}
-        # a model is no reduced value (DDP(model) makes no model(x) loss an average: forward_reduced judges that)
-        models = self.model_names(m)
-        nodes = list(walk(scope))
-        local = self._local_names(m, nodes, models)
-        # meters fed a loss by keyword (`metric_logger.update(loss=...)`): another keyword's reduced value (fewture's
-        # `update(acc=acc)`, acc from gathered labels) does not make their loss reduced
-        loss_fed = {root(a.func.value) for a in nodes if isinstance(a, ast.Call) and isinstance(
-            a.func, ast.Attribute) and a.func.attr == "update" and any(k.arg and LOSSISH.search(k.arg)
-                                                                       for k in a.keywords)}
-        keys = {x.id for a in nodes if isinstance(a, ast.For) and isinstance(a.iter, ast.Call) and callee(
-            a.iter) == "keys" for x in ast.walk(a.target) if isinstance(x, ast.Name)}  # (loop keys: no values)
-        def own(ts): return {root(e) for t in ts for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
-        changed = True
-        while changed:
-            changed = False
-            for a in nodes:
-                targets, value = [], None
-                if isinstance(a, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and a.value is not None:
-                    targets = a.targets if isinstance(a, ast.Assign) else [a.target]
-                    value = a.value
-                elif isinstance(a, ast.For) and root(a.iter) in red and not (
-                        isinstance(a.iter, ast.Call) and callee(a.iter) == "keys") and any(
-                        isinstance(b, ast.Assign) and b.lineno < a.lineno and any(
-                            isinstance(t, ast.Name) and t.id == root(a.iter) for t in b.targets)
-                        and isinstance(b.value, ast.Call) and rank_reducing_name(b.value) for b in nodes):
-                    # `for name, item in loss_dict_reduced.items():` (SSD): the items of a record a reduction
-                    # returned whole before the loop (not RADTTS's loss_outputs, whose items are replaced one by one
-                    # in the loop, nor P5's results, reduced only after it; its keys are no values, neither reduced
-                    # nor local: FreeYOLO logs `loss_dict[k]` for k in loss_dict_reduced.keys())
-                    targets, value = [a.target], a.iter
-                elif isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr in (
-                        "update", "append", "add_") and (a.args or a.keywords):
-                    # meter.update(v, n) or metric_logger.update(loss=v): the meter holds what it is fed (its loss
-                    # keyword's value: EMCL's `meters.update(time=batch_time, loss=float(reduced_l))`)
-                    lossy = [k.value for k in a.keywords if k.arg and LOSSISH.search(k.arg)]
-                    if not lossy and a.keywords and not a.args and root(a.func.value) in loss_fed:
-                        continue
-                    # (a keyed record's value follows its key: `train_metrics.update('loss', reduced_loss, n)`)
-                    keyed = len(a.args) > 1 and const_str(a.args[0]) is not None
-                    targets, value = [a.func.value], a.args[int(keyed)] if a.args else (
-                        lossy or [a.keywords[0].value])[0]
-                if value is None:
-                    continue
-                read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))} - keys
-                hit = any(isinstance(n, ast.Call) and (rank_reducing_name(n) and "batchnorm" not in
-                                                       callee(n).lower() and not layer_call(m.nodes, n)
-                                                       and not functools_reduce(m, n)
-                                                       or collective_helper(n)
-                                                       or self.forward_reduced(m, n))
-                          for n in ast.walk(value)) or (read & red and not read & (local - red - own(targets)))
-                # (`train_loss = train_loss + reduced / world_size`: its own old value is no local one, LNO)
-                if not hit:
-                    continue
-                for t in targets:
-                    for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]):
-                        r = root(e)
-                        if r and r not in red and r not in models:
-                            red.add(r)
-                            changed = True
-        return red
-
-    def _local_names(self, m: Module, nodes: list, models: set[str]) -> set[str]:
-        """Names holding this rank's own activations: what the model returns (unless its forward reduces) and
-        what is computed from it. A value mixing one of them with a reduced value is still this rank's own:
-        `subloss = -(q * log_softmax(x)).mean()` with q from a distributed Sinkhorn, x the local logits."""
-        local: set[str] = set()
-        for _ in range(4):
-            for a in nodes:
-                if not isinstance(a, (ast.Assign, ast.AugAssign)) or a.value is None:
-                    continue
-                calls = [n for n in ast.walk(a.value) if isinstance(n, ast.Call)]
-                if any(rank_reducing_name(n) for n in calls):
-                    continue
-                if any(root(n.func) in models and not not_a_forward(n) and not self.forward_reduced(m, n)
-                       for n in calls) or any(
-                        root(n) in local for n in ast.walk(a.value) if isinstance(n, (ast.Name, ast.Attribute))):
-                    for t in (a.targets if isinstance(a, ast.Assign) else [a.target]):
-                        local |= {root(e) for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])} - {""}
-        return local - models
 
     def model_class(self, m: Module, name: str) -> tuple[Module, ast.ClassDef] | None:
         """The project nn.Module class a name holds: `model = BarlowTwins(args).cuda(gpu)` (DDP(model) keeps it).
@@ -570,13 +454,6 @@ class Facts(DefaultOptions):
             for tm, tf in self.p.resolve(m, c, exact=True))
 
 
-def _unseen_gather(p, m: Module, c: ast.Call) -> bool:
-    """A helper the files lack, named for a gather or a reduction over ranks (OpenSTL's `gather_tensors_batch`),
-    not for a device sync (`torch.cuda.synchronize`) or an average (`np.average`)."""
-    return bool(re.search(r"gather|reduce", callee(c))) and rank_reducing_name(c) and not p.resolve(m, c) and \
-        dotted(c.func).split(".")[0] not in ("np", "numpy", "torch", "functools", "math")
-
-
 def _enclosers(m: Module, node: ast.AST) -> list[ast.AST]:
     """The functions around `node`, innermost first."""
     out, fn = [], m.enclosing(node)
@@ -584,11 +461,6 @@ def _enclosers(m: Module, node: ast.AST) -> list[ast.AST]:
         out.append(fn)
         fn = m.enclosing(fn)
     return out
-
-
-def _function_apply(c: ast.Call) -> bool:
-    """`Name.apply(x)`: how an autograd.Function runs its forward."""
-    return isinstance(c.func, ast.Attribute) and c.func.attr == "apply" and isinstance(c.func.value, ast.Name)
 
 
 def _saver_name(tm: Module, tf: ast.AST, c: ast.Call, named: set) -> str:

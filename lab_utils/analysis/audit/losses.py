@@ -484,7 +484,11 @@ def instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     float(total_disc_loss.item() / n)` in the step, printed by print_log): the step's loss, held on the
     instance."""
     cls = m.class_of(scope) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    kept = f.cache.setdefault("instance_losses", {})  # (per class: each of its methods' logs asks)
+    if (m.rel, cls) in kept:
+        return set(kept[(m.rel, cls)])
     out: set[str] = set()
+    kept[(m.rel, cls)] = out
     for fn in (m.functions[k] for k in m.functions if cls and k.startswith(cls + ".")):
         held, red = holding_a_loss(fn), f.reduced_names(m, fn)
         for a in walk(fn):
@@ -493,7 +497,7 @@ def instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
                     for n in ast.walk(a.value)) and not any(
                     isinstance(n, ast.Call) and rank_reducing_name(n) for n in ast.walk(a.value)):
                 out |= {dotted(t) for t in a.targets if dotted(t).startswith("self.")}
-    return out
+    return set(out)
 
 
 def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
