@@ -149,6 +149,22 @@ def _in_a_loop(m: Module, node: ast.AST, fn: ast.AST | None) -> bool:
     return False
 
 
+def reshuffled_each_epoch(m: Module, sampler: ast.Call) -> bool:
+    """The sampler is built anew in a loop, over a dataset that loop rebuilds with shuffling asked for (Coconut's
+    `dataset_train = get_cot_latent_dataset(..., shuffle=True)`, then `DistributedSampler(dataset_train,
+    shuffle=True)`, each epoch): its fixed permutation runs over a dataset whose order changes every epoch."""
+    data = sampler.args[0] if sampler.args else None
+    n = m.parent.get(id(sampler))
+    while n is not None and not isinstance(n, (ast.For, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)):
+        n = m.parent.get(id(n))
+    if not isinstance(data, ast.Name) or not isinstance(n, (ast.For, ast.While)):
+        return False
+    return any(isinstance(a, ast.Assign) and a.lineno < sampler.lineno and any(
+        isinstance(t, ast.Name) and t.id == data.id for t in a.targets) and isinstance(a.value, ast.Call) and any(
+        k.arg and "shuffle" in k.arg and isinstance(k.value, ast.Constant) and k.value.value is True
+        for k in a.value.keywords) for a in ast.walk(n))
+
+
 def single_pass(p, m: Module, sampler: ast.Call) -> bool:
     """The loaders on `sampler` are gone over once in the whole run: every loop over them (`for i, (src, tgt) in
     enumerate(zip(src_loader, tgt_loader))`, FADA's iteration-based training) sits in no other loop, nor in a

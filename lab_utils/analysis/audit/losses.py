@@ -302,6 +302,20 @@ def holding_a_loss(fn: ast.AST) -> set[str]:
     return held
 
 
+def keys_or_tags(values: list) -> set[str]:
+    """Names the logged values read only as a key or a text: `losses_meter[key]`, `key + '_loss_train'` (ESTRNN's
+    `for key in losses_name:` loop over the losses' names): a string in the log, never a loss's value."""
+    parents = {id(k): n for v in values for n in ast.walk(v) for k in ast.iter_child_nodes(n)}
+
+    def key_or_tag(x: ast.Name) -> bool:
+        up = parents.get(id(x))
+        texts = isinstance(up, ast.BinOp) and isinstance(up.op, ast.Add) and (up.left, up.right)
+        return isinstance(up, ast.Subscript) and up.slice is x or bool(texts) and any(
+            isinstance(o, ast.Constant) and isinstance(o.value, str) for o in texts)
+    reads = [n for v in values for n in ast.walk(v) if isinstance(n, ast.Name)]
+    return {n.id for n in reads} - {n.id for n in reads if not key_or_tag(n)}
+
+
 def looped_losses(m: Module, c: ast.Call, names: set[str]) -> set[str]:
     """Losses logged one by one from their container: `for k, v in loss_meter.items(): writer.add_scalar(k,
     v.latest)`; the container's name stands for the logged values (so a reduced container still counts as

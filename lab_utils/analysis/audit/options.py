@@ -146,9 +146,9 @@ class DefaultOptions(PythonConfigs):
                     if isinstance(t, ast.Attribute) and dotted(t) == f"self.{t.attr}" and \
                             self._attribute_off(m, n, t.attr):
                         return t.attr, n
-                    if isinstance(t, ast.Attribute) and (self._config_default_off(t) or self._set_in_config(
-                            t) is False):
-                        return dotted(t), n
+                    if isinstance(t, ast.Attribute) and not DIST_SWITCH.search(t.attr) and (self._config_default_off(
+                            t) or self._set_in_config(t) is False):  # (SOLIDER-REID's `_C.MODEL.DIST_TRAIN =
+                        return dotted(t), n  # False`: the switch a DDP run turns on, not an option it leaves off)
                     if isinstance(t, ast.Attribute) and CONFIGISH.search(root(t)) and not DIST_SWITCH.search(t.attr) \
                             and self._yaml_value(t.attr) is False and t.attr not in self._passed_in_launch_scripts():
                         return dotted(t), n  # `if cfg.overfit_batch:`, `overfit_batch: false` in the YAML (VidSitu)

@@ -385,6 +385,33 @@ def negated(v: ast.AST) -> ast.AST | None:
     return None
 
 
+def held_conditions(m, node: ast.AST) -> set[tuple[str, bool]]:
+    """(condition, truth) for each `if` around `node` in its function: the test (each conjunct of an `and`) holds
+    in the body, the test (a single one) fails in the else arm; `not X` counts as X failing."""
+    out, n = set(), node
+    while True:
+        up = m.parent.get(id(n))
+        if up is None or isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            return out
+        if isinstance(up, ast.If) and n is not up.test:
+            parts = up.test.values if isinstance(up.test, ast.BoolOp) and isinstance(up.test.op, ast.And) else [
+                up.test]
+            if n in up.body:
+                out |= {(ast.unparse(negated(p)), False) if negated(p) is not None else (ast.unparse(p), True)
+                        for p in parts}
+            elif len(parts) == 1:
+                p = parts[0]
+                out.add((ast.unparse(negated(p)), True) if negated(p) is not None else (ast.unparse(p), False))
+        n = up
+
+
+def never_together(m, a: ast.AST, b: ast.AST) -> bool:
+    """`a` and `b` sit under opposite outcomes of one test (Coconut's `parallel_model = DDP(...)` under `if
+    configs.only_eval:` and its save under `if ... and not configs.only_eval:`): no run reaches both."""
+    held = held_conditions(m, a)
+    return any((t, not v) in held for t, v in held_conditions(m, b))
+
+
 def leaves_block(block: list) -> bool:
     """The block ends by leaving: a return, continue or break."""
     return bool(block) and isinstance(block[-1], (ast.Return, ast.Continue, ast.Break))

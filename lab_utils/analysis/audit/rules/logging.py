@@ -26,6 +26,7 @@ from ..losses import (
     holds_a_loss_module,
     instance_carriers,
     instance_losses,
+    keys_or_tags,
     loaded_from_a_checkpoint,
     looped_losses,
     loss_carriers,
@@ -259,6 +260,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         values += [c.func.value] if handed else []
         names = {root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))} - {""}
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
+        tags = keys_or_tags(values)
         scope = m.enclosing(c) or m.tree
         sc = _scope_facts(f, m, scope, per_scope)
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)} | (
@@ -268,8 +270,8 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         carriers = carried.get(key)
         if carriers is None:
             carriers = carried[key] = loss_carriers(scope, held)
-        lossy |= packed_losses(scope, names - lossy) | still_fed(scope, c, names & carriers) | looped_losses(
-            m, c, names) | returned_losses(f, m, scope, names - lossy) | texts_of_losses(scope, names - lossy)
+        lossy |= packed_losses(scope, names - lossy) | still_fed(scope, c, names & carriers) | returned_losses(
+            f, m, scope, names - lossy) | texts_of_losses(scope, names - lossy) | looped_losses(m, c, names - tags)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
         synced = {r for line, r in sc["reduce_calls"] if line < c.lineno and not rebound(scope, r, line, c.lineno)}
@@ -510,8 +512,7 @@ def _handed_the_loss(fn: ast.AST, lossy) -> bool:
 
 
 def _logged_by_callers(f: Facts, m: Module, fn: ast.AST) -> tuple:
-    """The callers' rank-0 logs of what `fn` returns (voxceleb_trainer's score file line of train_network's loss):
-    the same defect, named as related places."""
+    """The callers' rank-0 logs of what `fn` returns (voxceleb_trainer's score file): the defect's related places."""
     return tuple((cm, h.node) for cm, c in (f.p.callers(m, fn) if fn is not None else []) if cm is not m
                  for h, s, lossy in _rank0_local_loss_hits(f, cm) if s is cm.enclosing(c)
                  and returned_into(f, cm, s, lossy, fn))[:2]

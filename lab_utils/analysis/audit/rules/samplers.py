@@ -23,6 +23,7 @@ from ..loaders import (
     persistent_loaders,
     rebound_before_use,
     rebuilt_after,
+    reshuffled_each_epoch,
     set_once,
     single_pass,
     timm_multi_epochs_loader,
@@ -144,7 +145,8 @@ def set_epoch_missing(f: Facts, m: Module):
         return
     made, set_epochs = ctx
     if one_epoch_run(f) or "DistSamplerSeedHook" in f.all_names() or all(
-            single_pass(f.p, m, c) or rebound_before_use(m, c) or handed_to_an_unseen_engine(f.p, m, c) for c in made):
+            single_pass(f.p, m, c) or rebound_before_use(m, c) or handed_to_an_unseen_engine(f.p, m, c)
+            or reshuffled_each_epoch(m, c) for c in made):
         return  # (no epoch boundary: TorchSSL's `epoch: 1`, FADA's one pass; mmcv's hook sets the epoch: PYSKL;
         # the sampler replaced before any loader takes it: ESD's `train_sampler = SubsetRandomSampler(train_idx)`)
     stale = [(mm, c) for mm, c in set_epochs if rebuilt_after(mm, c) or set_once(f.p, mm, c)]

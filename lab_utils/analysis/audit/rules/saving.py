@@ -10,7 +10,7 @@ from ..facts import Facts
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import is_switch_test, one_process_arm
-from ..syntax import callee, const_str, dotted, walk
+from ..syntax import callee, const_str, dotted, never_together, walk
 from ..wrappers import single_run_data_parallel, single_run_wrapped
 
 
@@ -219,7 +219,10 @@ def _direct_saves(f: Facts, m: Module, wrapped: dict, data_parallel: set):
             continue
         if owner in wrapped and c.lineno > wrapped[owner] and owner not in data_parallel and \
                 f.same_scope(m, c, owner, wrapped[owner]) and not _unwrapped_between(m, c, owner) \
-                and not _branch_on_wrapper(m, c):
+                and not _branch_on_wrapper(m, c) and not any(
+                    never_together(m, a, c) for a in m.nodes if isinstance(a, ast.Assign) and a.lineno ==
+                    wrapped[owner] and owner in {dotted(t) for t in a.targets}):
+            # (the wrap and the save under opposite outcomes of one switch: no run saves the wrapper)
             load = _loaded_into_wrapped(m, owner, wrapped[owner], f)
             load = load if load is not None and ((m.rel, owner) not in f.inherited or _subclass_loads(f, m, owner)) \
                 else None
