@@ -427,7 +427,8 @@ def test_a_project_is_judged_across_files(tmp_path):
     # loop that iterates its loader
     found = audit.audit_paths([root])
     assert [(Path(f.path).name, f.line, [(Path(p).name, n) for p, n in f.related]) for f in found
-            if f.rule == "set-epoch-missing"] == [("train.py", 10, [("data.py", 4), ("train.py", 13)])]
+            if f.rule == "set-epoch-missing"] == [
+        ("train.py", 10, [("data.py", 4), ("train.py", 13), ("train.py", 11)])]
 
 
 def test_a_rank_handed_to_a_class_guards_like_the_rank():

@@ -914,9 +914,10 @@ def test_one_defect_in_a_helper_and_a_script_is_one_finding_naming_both(tmp_path
     found = [f for f in audit.audit_paths([root]) if f.rule in ("set-epoch-missing", "eval-padding-duplicates")]
     where = sorted((f.rule, Path(f.path).name, f.line, tuple((Path(p).name, n) for p, n in f.related)) for f in found)
     # (the evaluation loop's reduction that counts the duplicates is the eval finding's second place; the epoch
-    # loop's iteration of the loader, where every epoch repeats the first one's order, the set_epoch finding's)
+    # loop's iteration of the loader, where every epoch repeats the first one's order, and that epoch loop, the
+    # set_epoch finding's)
     assert where == [("eval-padding-duplicates", "train.py", 8, (("data.py", 5), ("train.py", 12))),
-                     ("set-epoch-missing", "train.py", 7, (("data.py", 4), ("train.py", 14)))], where
+                     ("set-epoch-missing", "train.py", 7, (("data.py", 4), ("train.py", 14), ("train.py", 13)))], where
     sarif = json.loads(audit.to_sarif(found))["runs"][0]["results"]
     assert all(r["relatedLocations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith("data.py")
                for r in sarif), sarif

@@ -228,7 +228,9 @@ class Facts(Reductions):
         todo = [(m, c) for c in top]
         while todo:
             mm, c = todo.pop()
-            handed = [a for a in [*c.args, *[k.value for k in c.keywords]] if isinstance(a, (ast.Name, ast.Attribute))]
+            given = [*c.args, *[k.value for k in c.keywords]]  # (and inside a tuple: CLD-SGM's `Process(
+            given += [e for a in given if isinstance(a, (ast.Tuple, ast.List)) for e in a.elts]  # target=setup,
+            handed = [a for a in given if isinstance(a, (ast.Name, ast.Attribute))]  # args=(config, main))`)
             targets = self.p.resolve(mm, c) + [t for a in handed for t in self._handed(mm, c, a)]
             for tm, tf in targets:
                 if (tm.rel, id(tf)) in keys:

@@ -68,7 +68,7 @@ def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST
     if not names and handed:
         return handed[:1]
     for mm in p.modules.values():
-        for loop in (n for n in mm.nodes if isinstance(n, ast.For)):
+        for loop in (n for n in mm.nodes if isinstance(n, (ast.For, ast.While))):  # (CLD-SGM: `while step < n:`)
             inner = [x for x in walk(loop) if x is not loop and (
                 isinstance(x, ast.For) and _mentions(x.iter, names) or isinstance(x, ast.Assign) and isinstance(
                     x.value, ast.Call) and _mentions(x.value, names))]

@@ -76,8 +76,11 @@ class DefaultOptions(PythonConfigs):
                         default.value == 0 and dotted(kw(a, "type")) == "int"
                     if callee(a) == "add_argument" and opt and (store_true or false_default or zero_int):
                         key = (const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")
-                        if not (_reads_yaml(mm) and self._yaml_turns_on(key)):  # (timm's `-c config.yml` defaults:
-                            out[key] = opt.lstrip("-")  # HEQuant's `sync_bn: True` turns --sync-bn on)
+                        # (timm's `-c config.yml` defaults: HEQuant's `sync_bn: True` turns --sync-bn on; a
+                        # configargparse file, `is_config_file=True`: CLD-SGM's `is_image = true`)
+                        if not ((_reads_yaml(mm) or any(k.arg == "is_config_file" for x in mm.calls
+                                                        for k in x.keywords)) and self._yaml_turns_on(key)):
+                            out[key] = opt.lstrip("-")
             # on in the run judged: the distributed switch itself (P5's `--distributed`, which the DDP run passes),
             # and a flag the project's launch scripts pass (`--distributed --multiGPU` in its pretrain_*.sh)
             passed = self._passed_in_launch_scripts()

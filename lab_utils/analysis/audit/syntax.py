@@ -11,8 +11,9 @@ RANKISH = re.compile(r"(^|(?<!per)(?<!all)(?<!each)(?<!every)(?<!cross)_)rank$|^
                      r"|is_main|is_master|main_process|is_rank_zero|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d|^dist_id$"
                      r"|^[A-Z_]*(?<!PER)(?<!ALL)(?<!EACH)(?<!EVERY)(?<!CROSS)_RANK$")  # (yacs: GPU_WORLD_RANK)
 WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus?|NUM_GPUS|get_world_size|num_processes|nprocs"
-                      r"|WORLD_SIZE|device_count")  # (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS
-# configs; device_count: `batch_size * torch.cuda.device_count()`, one process per visible GPU, BISS)
+                      r"|WORLD_SIZE|device_count|get_global_size|\bglobal_size\b")
+# (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS configs; device_count: `batch_size *
+# torch.cuda.device_count()`, one process per visible GPU, BISS; DINOv2's `distributed.get_global_size()`)
 RANK0_NAME = re.compile(r"master|is_?main|main_?process|rank_zero|is_rank0|is_primary|rank0$")  # (ismainprocess)
 BATCHISH = re.compile(r"batch_size|batch$|^bs$|b_sz")
 ACCUMISH = re.compile(r"accum|accu_|grad(ient)?_?acc(?!ura)")  # gradient_accumulation_steps, accum_iter, gradient_acc

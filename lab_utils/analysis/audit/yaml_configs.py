@@ -25,8 +25,15 @@ class YamlConfigs:
     def _yaml_turns_on_uncached(self, key: str) -> bool:
         """Some YAML file of the project sets `key` on (HigherHRNet's `AUTO_RESUME: True` over a False default)."""
         line = re.compile(rf"^\s*{re.escape(key)}\s*:\s*(true|True|yes|1)\b", re.M)
-        return self.p.on_disk and any(line.search(path.read_text(encoding="utf-8", errors="replace"))
-                                      for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
+        # ... or a configargparse file (`-cc configs/default_cifar10.txt`, an `is_config_file=True` option:
+        # CLD-SGM's `is_image = true`): `key = value` lines
+        plain = re.compile(rf"^\s*{re.escape(key)}\s*=\s*(true|True|yes|1)\s*$", re.M)
+        ini = any(k.arg == "is_config_file" for mm in self.p.modules.values() for c in mm.calls for k in c.keywords)
+        return self.p.on_disk and (any(line.search(path.read_text(encoding="utf-8", errors="replace"))
+                                       for suffix in (".yaml", ".yml") for path in project_files(self.p.root, suffix))
+                                   or ini and any(plain.search(path.read_text(encoding="utf-8", errors="replace"))
+                                                  for suffix in (".txt", ".cfg", ".ini", ".conf")
+                                                  for path in project_files(self.p.root, suffix)))
 
     def yaml_seeds_torch(self) -> bool:
         """A YAML config of the project seeds torch when it is loaded (SpeechBrain's hyperpyyaml: `__set_seed:

@@ -203,6 +203,10 @@ def _option_port(f: Facts, v: ast.AST):
     a constant port number (voxceleb_trainer's '8888')."""
     if isinstance(v, ast.Call) and callee(v) in ("str", "int") and len(v.args) == 1:
         v = v.args[0]
+    if isinstance(v, ast.BinOp) and isinstance(v.op, ast.Mod) and const_str(v.left) in ("%d", "%s"):
+        v = v.right  # CLD-SGM's `os.environ['MASTER_PORT'] = '%d' % config.master_port`
+    if isinstance(v, ast.JoinedStr) and len(v.values) == 1 and isinstance(v.values[0], ast.FormattedValue):
+        v = v.values[0].value  # f"{args.port}"
     if not isinstance(v, ast.Attribute):
         return None
     defaults = [kw(c, "default") for mm in f.p.modules.values() for c in mm.calls

@@ -182,8 +182,9 @@ def set_epoch_missing(f: Facts, m: Module):
             yield Hit(site[1], f"{ast.unparse(site[1].func)}(...) makes a shuffling DistributedSampler "
                                f"({m.rel}:{made[0].lineno}){never}: {what}",
                       module=site[0], related=((m, made[0]), *stale[:1], *[
-                          x for x in loader_places(f.p, m, made[0]) if x[1] is not site[1]][:1]))
-            # (and the first place its loader is iterated: BEVCar's `train_iterloader = iter(train_dataloader)`)
+                          x for x in loader_places(f.p, m, made[0]) if x[1] is not site[1]][:2]))
+            # (and the first place its loader is iterated: BEVCar's `train_iterloader = iter(train_dataloader)`,
+            # CLD-SGM's `for _, (train_x, _) in enumerate(train_queue):` under `while step < num_total_iter:`)
         else:  # (the script's call of the builder, whose epoch loop is around a train-one-epoch helper: MagFace)
             # an epoch handed to something that is not the sampler (Demucs denoiser's `data_loader.epoch = epoch`
             # in its epoch loop): the place the user meant to set it
