@@ -53,3 +53,36 @@ def _tests_kept(t: ast.expr, kept: set) -> bool:
 def _writes_stdout(n: ast.If) -> bool:
     return any(isinstance(c, ast.Call) and (callee(c) == "print" or dotted(c.func) == "sys.stdout.write")
                for c in ast.walk(n))
+
+
+def tuple_flags(g, m: Module) -> dict[str, str]:
+    """`default_gpu, n_gpu, device = set_cuda(opts)` where every return of the project's set_cuda puts a rank-0
+    test (or a name bound only to rank-0 tests and True, the single process's answer) in that slot: the name
+    unpacked from it is a rank-0 flag (VLN-HAMT, UNITER's utils)."""
+    out = {}
+    for a in m.nodes:
+        if not (isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Tuple)
+                and isinstance(a.value, ast.Call)):
+            continue
+        names = [dotted(t) for t in a.targets[0].elts]
+        for tm, tf in g.p.resolve(m, a.value):
+            rets = [r.value for r in walk(tf) if isinstance(r, ast.Return) and r.value is not None]
+            if not rets or not all(isinstance(r, ast.Tuple) and len(r.elts) == len(names) for r in rets):
+                continue
+            for i, name in enumerate(names):
+                kinds = [_slot_kind(g, tm, tf, r.elts[i]) for r in rets]
+                if name and all(kinds) and "test" in kinds:
+                    out[name] = "rank0"
+    return out
+
+
+def _slot_kind(g, m: Module, fn: ast.AST, v: ast.expr) -> str | None:
+    """'test' for a rank-0 test (or a name every binding of which in `fn` is one, or True), 'true' for True."""
+    if isinstance(v, ast.Constant) and v.value is True:
+        return "true"
+    if g.classify(m, v, shallow=True) == "rank0":
+        return "test"
+    binds = [a.value for a in walk(fn) if isinstance(a, ast.Assign) and isinstance(v, ast.Name)
+             and any(isinstance(t, ast.Name) and t.id == v.id for t in a.targets)]
+    kinds = [_slot_kind(g, m, fn, b) if not isinstance(b, ast.Name) else None for b in binds]
+    return "test" if kinds and all(kinds) and "test" in kinds else None

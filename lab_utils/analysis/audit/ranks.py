@@ -10,8 +10,8 @@ import re
 from .files import launch_flags
 from .hierarchy import off_the_run
 from .project import Module, Project
-from .rank0_flags import enabled_on_rank0
-from .switched_off import cleared_off_rank0, none_or_bare_iterable, switched_off_elsewhere
+from .rank0_flags import enabled_on_rank0, tuple_flags
+from .switched_off import cleared_off_rank0, idle_object, none_or_bare_iterable, switched_off_elsewhere
 from .switches import conjuncts, is_switch_test, launch_switch_function, one_process_arm, set_by_launch, unlaunched
 from .syntax import (
     RANK0_NAME,
@@ -38,8 +38,7 @@ class Guards:
     def __init__(self, project: Project):
         self.p = project
         self.flags: dict[str, set[str]] = {}      # module rel -> names assigned from a rank-0 test
-        self.leaky_fns: set[str] = set()          # names of functions returning a leaky rank-0 test
-        self.rank0_fns: set[str] = set()
+        self.leaky_fns, self.rank0_fns = set(), set()  # names of functions returning a leaky / a rank-0 test
         for m in project.modules.values():
             for f in m.functions.values():
                 rets = [r.value for r in ast.walk(f) if isinstance(r, ast.Return) and r.value is not None]
@@ -49,8 +48,8 @@ class Guards:
                     self.rank0_fns.add(f.name)
                 elif rets and any(self.classify(m, r, shallow=True) == "leaky" for r in rets):
                     self.leaky_fns.add(f.name)
-        # names that hold a rank test's answer, and copies of them (`should_log = self.should_write`): a flag
-        # says what its test says, not what a bare rank number would (`if local_rank:`, every rank but 0)
+        # names holding a rank test's answer (unpacked from a helper's tuple too) and copies of them: a flag says
+        # what its test says (`should_log = self.should_write`), not what a bare rank number would (`if local_rank:`)
         self.flag_kinds: dict[str, dict[str, str]] = {}
         for m in project.modules.values():
             kinds: dict[str, str] = {}
@@ -61,7 +60,8 @@ class Guards:
                     if k is not None:
                         kinds.update({dotted(t): k for t in a.targets if dotted(t)})
             kinds.update(switched_off_elsewhere(self, m, kinds))
-            kinds.update({n: "rank0" for n in cleared_off_rank0(self, m, False) if n not in kinds})
+            kinds.update({n: "rank0" for n in [*cleared_off_rank0(self, m, False), *tuple_flags(self, m)]
+                          if n not in kinds})
             self.flags[m.rel] = {n for n, k in kinds.items() if k == "rank0"}
         # a base class's `self.verbose` flag holds in its subclasses (VL-T5), and a flag set on an object a helper
         # is handed (`def init_dist(opt): ... opt.log = True`) where its importers test it (`if opt.log:`, HybrIK)
@@ -81,9 +81,8 @@ class Guards:
         self._hand_down_objects()
 
     def _hand_flags_to_callees(self):
-        """A flag set on an object the script then hands to a project function (Chinese-CLIP's main sets
-        `args.should_save = ... and is_master(args)` and calls `train(..., args, ...)`): inside, `if
-        args.should_save:` is rank 0's too, under the parameter's own name."""
+        """A flag set on an object the script hands to a project function (Chinese-CLIP's `args.should_save = ...
+        and is_master(args)`, then `train(..., args, ...)`): inside, `if args.should_save:` is rank 0's too."""
         for m in self.p.modules.values():
             rooted = {n for n in self.flags[m.rel] if "." in n and not n.startswith("self.")}
             if not rooted:
@@ -161,7 +160,8 @@ class Guards:
             elif (isinstance(v, ast.Call) or isinstance(v, ast.IfExp) and isinstance(v.body, ast.Call) and isinstance(
                     v.orelse, ast.Constant) and v.orelse.value is None) and self.kind(m, a) == "rank0" and not any(
                     b is not a and not (isinstance(b.value, ast.Constant) and b.value.value is None) and not (
-                        isinstance(b.value, ast.Call) and self.kind(m, b) == "rank0")
+                        isinstance(b.value, ast.Call) and (self.kind(m, b) == "rank0" or idle_object(
+                            self.p, m, b.value)))
                     for b in m.single_assignments(name)
                     if m.enclosing(b) is m.enclosing(a) and not _used_between(m, name, a, b)):
                 # (another function's `writer = csv.writer(f)`, or one bound after the object's uses, is another name)

@@ -139,13 +139,16 @@ def reads_a_loss(v: ast.AST) -> bool:
                isinstance(x, ast.Subscript) and LOSSISH.search(const_str(x.slice) or "") for x in ast.walk(v))
 
 
-def texts_of_losses(scope: ast.AST, names: set[str]) -> set[str]:
+def texts_of_losses(scope: ast.AST, names: set[str], carriers: set[str] = frozenset()) -> set[str]:
     """Texts built from a loss within two steps: CosyVoice's `for name, value in loss_dict.items(): log_str +=
     '{} {:.6f} '.format(name, value)`, then `logging.debug(log_str)`. Only names some statement builds from a
-    string (a literal, an f-string, a format)."""
+    string (a literal, an f-string, a format). A text built from a local meter fed the loss stands for the meter
+    (UnSAMFlow's `istr = ... + " Info {}".format(key_meters)`): the meter's name is returned, to be judged (an
+    object's meter, `self.avg` fed a parameter, is judged through the callers that hand the loss)."""
     texts, records, handed = _text_facts(scope)
     sources = built_from(scope, names & texts)
-    return {n for n, src in sources.items() if src & records} | (names & texts & handed)
+    return {n for n, src in sources.items() if src & records} | (names & texts & handed) | {
+        x for src in sources.values() for x in src & set(carriers) if "." not in x}
 
 
 def _text_facts(scope: ast.AST) -> tuple[set[str], set[str], set[str]]:

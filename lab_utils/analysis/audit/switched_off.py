@@ -76,3 +76,20 @@ def none_or_bare_iterable(v: ast.IfExp) -> bool:
     loss=...)`, behind `hasattr(t_iter, 'set_postfix')`) is rank 0's."""
     return isinstance(v.body, ast.Call) and (isinstance(v.orelse, ast.Constant) and v.orelse.value is None or callee(
         v.body) == "tqdm" and bool(v.body.args) and ast.dump(v.body.args[0]) == ast.dump(v.orelse))
+
+
+def idle_object(p, m: Module, c: ast.Call) -> bool:
+    """`model_saver = NoOp()` on the ranks but 0 (VLN-HAMT, UNITER's utils): a project class every method of which
+    does nothing (`pass`, a bare return, `return self.noop` from `__getattr__`): calls on it are no-ops there."""
+    def idle(fn) -> bool:
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        return all(isinstance(s, ast.Pass) or isinstance(s, ast.Return) and (
+            s.value is None or isinstance(s.value, ast.Constant) and s.value.value is None or
+            isinstance(s.value, ast.Attribute) and dotted(s.value.value) == "self") for s in body)
+    for tm, tf in p.resolve(m, c):
+        cls = tm.classes.get(tm.class_of(tf) or "") if isinstance(tf, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+            else tf if isinstance(tf, ast.ClassDef) else None
+        methods = [d for d in getattr(cls, "body", []) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        if methods and all(idle(d) for d in methods) and all(dotted(b) == "object" for b in cls.bases):
+            return True
+    return False

@@ -9,6 +9,7 @@ import re
 from types import SimpleNamespace
 
 from .files import UNKNOWN, json_scalar, project_files, yaml_scalar
+from .syntax import callee, dotted
 
 
 class YamlConfigs:
@@ -117,3 +118,19 @@ class YamlConfigs:
             if any(json_scalar(value) != default for value in pair.findall(text)):
                 return UNKNOWN
         return default
+
+    def json_option_value(self, key: str):
+        """The one scalar every JSON config of the project that names `key` gives it, when a script copies a
+        JSON file's keys onto its options (VLN-HAMT's `for k, v in json.load(open(args.config)).items():
+        setattr(args, k, v)`, `"gradient_accumulation_steps": 1` over the parser's 16); else UNKNOWN."""
+        return self._cached("json_option_value", key, self._json_option_value_uncached)
+
+    def _json_option_value_uncached(self, key: str):
+        mods = self.p.modules.values()
+        if not self.p.on_disk or not any(dotted(c.func) == "json.load" for mm in mods for c in mm.calls) or not any(
+                callee(c) == "setattr" for mm in mods for c in mm.calls):
+            return UNKNOWN
+        pair = re.compile(rf'"{re.escape(key)}"\s*:\s*([^,\s}}\]]+)')
+        values = {json_scalar(v) for path in project_files(self.p.root, ".json") if path.stat().st_size < 1_000_000
+                  for v in pair.findall(path.read_text(encoding="utf-8", errors="replace"))}
+        return values.pop() if len(values) == 1 else UNKNOWN

@@ -199,7 +199,8 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
                 return True
             if _handed(f, m, fn, x.id):
                 return False  # its callers decide, not its default (TimeChat's runner hands 4 from its YAML)
-        return involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and _option_defaults_to_one(f, x.attr) \
+        return involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and (_option_defaults_to_one(
+            f, x.attr) or f.json_option_value(x.attr) == 1) \
             or f.default_value(m, x) == 1 or any(k and ACCUMISH.search(k) and f._yaml_value(k) == 1 for k in keys) \
             or isinstance(x, ast.Name) and _parameter_one(f, m, m.enclosing(x), x.id)
     # ... or compares a counter with it (Pointcept: `self._counter >= self.cfg.gradient_accumulation_steps`)

@@ -63,9 +63,11 @@ def _writes_of(f: Facts, m: Module, c: ast.Call) -> tuple:
 
 
 def _helper_name(m: Module, fn: ast.AST) -> str:
-    """A function's name, or its class's where it is the __call__ of a callable object (`SaveBestModel()(...)`)."""
+    """A function's name, or its class's where it is the __call__ of a callable object (`SaveBestModel()(...)`),
+    and a closure's with the function around it (UnSAMFlow's `run_one_sample` inside save_checkpoint)."""
     cls = m.class_of(fn) if fn.name == "__call__" else None
-    return cls or fn.name
+    outer = m.enclosing(fn)
+    return (cls or fn.name) + (" " + _helper_name(m, outer) if isinstance(outer, ast.FunctionDef) else "")
 
 
 def _saves_on_every_rank(f: Facts, m: Module):

@@ -260,7 +260,6 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         values += [c.func.value] if handed else []
         names = {root(n) for v in values for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))} - {""}
         names |= {dotted(n).split(".")[-1] for v in values for n in ast.walk(v) if isinstance(n, ast.Attribute)}
-        tags = keys_or_tags(values)
         scope = m.enclosing(c) or m.tree
         sc = _scope_facts(f, m, scope, per_scope)
         lossy = {n for n in names if n and LOSSISH.search(n) and not NOT_A_LOSS.search(n)} | (
@@ -270,8 +269,9 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         carriers = carried.get(key)
         if carriers is None:
             carriers = carried[key] = loss_carriers(scope, held)
-        lossy |= packed_losses(scope, names - lossy) | still_fed(scope, c, names & carriers) | returned_losses(
-            f, m, scope, names - lossy) | texts_of_losses(scope, names - lossy) | looped_losses(m, c, names - tags)
+        valued, rest = names - keys_or_tags(values), names - lossy
+        lossy |= packed_losses(scope, rest) | still_fed(scope, c, names & carriers) | looped_losses(m, c, valued) \
+            | returned_losses(f, m, scope, rest) | texts_of_losses(scope, rest, carriers)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
             lossy |= {root(c.func.value)} & carriers  # meter prints what it was fed
         synced = {r for line, r in sc["reduce_calls"] if line < c.lineno and not rebound(scope, r, line, c.lineno)}

@@ -119,9 +119,10 @@ def _sampler_context(f: Facts, m: Module):
                         if isinstance(n, (ast.Name, ast.Attribute)))]
     if not made or not any(mm.entry for mm in f.p.modules.values()) or any(
             isinstance(a, (ast.Assign, ast.AugAssign)) and dotted(getattr(a, "target", None) or a.targets[0]).endswith(
-                "sampler.epoch") for mm in f.p.modules.values() for a in mm.nodes):
+                "sampler.epoch") or isinstance(a, ast.Attribute) and a.attr == "set_epoch" and not isinstance(
+                mm.parent.get(id(a)), ast.Call) for mm in f.p.modules.values() for a in mm.nodes):
         return None  # (BSQ-ViT's InfiniteDataLoader: `self.data_loader.sampler.epoch += 1` at each pass, set_epoch's
-        # own assignment)
+        # own assignment; VLN-HAMT's `pre_epoch = sampler.set_epoch`, called by its MetaLoader at each pass)
     # only the scripts that use this sampler's code count: a sibling script's set_epoch is not this one's. When no
     # audited script imports this module (the builder between them is not in these files: `build_dataloader` from
     # a data_builder module that is absent), any script's set_epoch may be this sampler's.
