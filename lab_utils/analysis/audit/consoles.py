@@ -526,6 +526,9 @@ def bar_on_every_rank(m: Module, c: ast.Call) -> bool:
     name, scope = dotted(c.func.value), m.enclosing(c) or m.tree
     made = [a.value for a in walk(scope) if isinstance(a, ast.Assign) and any(
         dotted(t) == name for t in a.targets)]
+    # (the name's last binding before the bar's use decides: StyleMapGAN's `pbar = range(start, n)`, then `pbar =
+    # tqdm(pbar, initial=start)`)
+    made = sorted((v for v in made if v.lineno < c.lineno), key=lambda v: v.lineno)[-1:] or made
     # `with tqdm(total=len(loader)) as pbar:` (RawNeXt's trainer)
     made += [i.context_expr for w in walk(scope) if isinstance(w, ast.With) for i in w.items
              if i.optional_vars is not None and dotted(i.optional_vars) == name]

@@ -165,6 +165,19 @@ def reshuffled_each_epoch(m: Module, sampler: ast.Call) -> bool:
         for k in a.value.keywords) for a in ast.walk(n))
 
 
+def reiterates(p, m: Module, c: ast.Call) -> bool:
+    """`train_loader = sample_data(train_loader)` where the project's sample_data is a generator that runs `for
+    batch in loader: yield batch` inside `while True:` (StyleGAN2-style, StyleMapGAN): each pass makes a new
+    iterator of the loader, which reads the sampler's epoch then (unlike itertools.cycle, which replays)."""
+    for _, tf in p.resolve(m, c):
+        params = {a.arg for a in getattr(getattr(tf, "args", None), "args", [])}
+        if any(isinstance(w, ast.While) and any(isinstance(x, ast.For) and isinstance(x.iter, ast.Name) and
+                                                x.iter.id in params for x in ast.walk(w))
+               for w in ast.walk(tf)) and any(isinstance(y, (ast.Yield, ast.YieldFrom)) for y in ast.walk(tf)):
+            return True
+    return False
+
+
 def single_pass(p, m: Module, sampler: ast.Call) -> bool:
     """The loaders on `sampler` are gone over once in the whole run: every loop over them (`for i, (src, tgt) in
     enumerate(zip(src_loader, tgt_loader))`, FADA's iteration-based training) sits in no other loop, nor in a

@@ -5,6 +5,7 @@ classes, callers, reachability)."""
 from __future__ import annotations
 
 import ast
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -137,13 +138,15 @@ class Project:
             return found
         out = under(bases)
         if not level and parts and not any(p.exists() for p in out) and not (bases[0] / parts[0]).exists():
-            # a source folder the script puts on sys.path (`import _init_paths` adding lib/, `sys.path.insert(0,
-            # 'src')`): `from dataset import make_dataloader` is lib/dataset/
-            # (not another program's folder, one with scripts of its own: MedCoSS's Dim_2/Chest_XR/main.py imports
-            # its own engine.py, which these copies lack, not Dim_3/VSseg/engine.py beside VSseg's train.py)
+            # a source folder the script puts on sys.path (`import _init_paths` adding lib/), not another program's
+            # folder with scripts of its own (MedCoSS's Dim_2/.../main.py imports its own engine.py, not Dim_3's)
             out += under([d for d in self._source_roots(parts[0]) if not self._has_scripts(d)
                           or d in _real(m.path).parents])
         root = _real(self.root)
+        if not level and len(parts) > 1 and not any(p.exists() for p in out) and re.search(
+                rf"(^|_){re.escape(parts[0].lower())}$", root.name.lower().replace("-", "_")):
+            parts = parts[1:]  # the repository is the package: MAE-ST's `import mae_st.util.misc` at its root
+            out += under([root])
         return [p for p in out if root in _real(p).parents or _real(p).parent == root]
 
     def _has_scripts(self, d: Path) -> bool:
@@ -559,13 +562,11 @@ class Project:
         return list(index.get(id(fn), []))
 
     def script_calls(self, m: Module, node: ast.AST) -> tuple:
-        """Where the entry scripts call the library function around `node` (PermaTrack's `trainer.set_device(...)`,
-        which wraps the model in DDP): the lines a user changes, as a finding's related places."""
+        """Where the entry scripts call the library function around `node` (PermaTrack's `trainer.set_device(...)`),
+        through up to three library calls between (DROID-SLAM's Logger.push): a finding's related places."""
         fn = m.enclosing(node)
         if m.entry or fn is None:
             return ()
-        # ... through the library's own calls between (DROID-SLAM's Logger.push, called by train.py under
-        # `if gpu == 0:`, calls _print_training_status, which prints): up to three calls up
         todo, seen, out = [(m, fn)], {id(fn)}, []
         for _ in range(3):
             nxt = []
@@ -583,8 +584,7 @@ class Project:
         return tuple(out[:2])
 
     def function_does(self, m: Module, fn: ast.AST, pred, depth: int = 4, exact: bool = False) -> bool:
-        """Whether fn, or a project function it calls (to `depth`), has a call satisfying pred(module, call);
-        `exact`: a class called is its __init__ alone (what the call runs), not every method of the class."""
+        """Whether fn, or a project function it calls (to `depth`), has a call satisfying pred(module, call)."""
         todo, seen = [(m, fn, 0)], set()
         while todo:
             mod, f, d = todo.pop()

@@ -187,7 +187,13 @@ def _loss_callers(f: Facts, m: Module, fn: ast.AST | None) -> list[tuple[Module,
 def _uncalled(f: Facts, m: Module, fn: ast.AST, depth: int = 2) -> bool:
     """Nothing in these files runs `fn`: no call and, in a script, no mention (a library's function is its
     callers' to judge), or only functions that nothing runs call it (Text4Vis's gather_features, called by
-    create_logits, which only a script not copied calls)."""
+    create_logits, which only a script not copied calls). A function that sets up the process group, in a module
+    nothing here imports or loads by name (`import_module`: DeepAVFusion's launcher picks its worker), is a run's
+    own main, started by a launcher these files lack (MAE-ST's main_finetune.main, started by run_finetune.py)."""
+    mods = f.p.modules.values()
+    if not any(m.rel in f.p.imports_of(o) or any(callee(c) == "import_module" for c in o.calls) for o in mods
+               if o is not m) and f.p.function_does(m, fn, lambda mm, cc: callee(cc) == "init_process_group", 2):
+        return False
     sites = f.p.callers(m, fn)
     if not sites:  # (a module another one imports is a library, even with a self-test `__main__` block)
         return (not m.entry or any(m.rel in f.p.imports_of(o) for o in f.p.modules.values() if o is not m)) and \

@@ -23,6 +23,7 @@ from ..loaders import (
     persistent_loaders,
     rebound_before_use,
     rebuilt_after,
+    reiterates,
     reshuffled_each_epoch,
     set_once,
     single_pass,
@@ -333,7 +334,7 @@ def set_epoch_late(f: Facts, m: Module):
             continue
         iters = [s for s in walk(fn) if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
                  and callee(s.value) in ("iter", "cycle", "sample_data", "infinite_loader")
-                 and mm.enclosing(s, (ast.For, ast.While)) is None]
+                 and mm.enclosing(s, (ast.For, ast.While)) is None and not reiterates(f.p, mm, s.value)]
         nexts = any(isinstance(n, ast.Call) and callee(n) == "next" and n.args and mm.enclosing(n, (
             ast.For, ast.While)) is not None and any(dotted(n.args[0]) == dotted(t) for s in iters for t in s.targets)
                     for n in walk(fn))  # (drawn from in a loop: LapDepth's one `next(data_iter)` takes a fixed sample)
