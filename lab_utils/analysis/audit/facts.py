@@ -394,6 +394,11 @@ class Facts(Reductions):
             return _to_file(c) and bool(re.search(r"state|model|optim|ckpt|checkpoint|snapshot|epoch|package|net",
                                                   text))
         targets = self.callees(m, c)
+        if not targets and callee(c) == "save_pretrained" and isinstance(c.func, ast.Attribute):
+            # a Hugging Face model's own save (DistributedTrainingGPT2's `model_to_save.save_pretrained(dir)`):
+            # every rank writes the files unless it is told which one is the main process
+            return kw(c, "is_main_process") is None and not re.search(
+                r"token|processor|config|feature_extractor", dotted(c.func.value), re.I)
         if not targets:
             defined = self.cache.setdefault("defined", {}).get(m.rel)
             if defined is None:

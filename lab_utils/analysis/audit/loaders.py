@@ -165,6 +165,22 @@ def reshuffled_each_epoch(m: Module, sampler: ast.Call) -> bool:
         for k in a.value.keywords) for a in ast.walk(n))
 
 
+def loader_sets_epoch(p, m: Module, sampler: ast.Call) -> bool:
+    """The sampler goes to a project DataLoader class that sets its epoch itself (Protenix's DistributedDataLoader:
+    `self.sampler.set_epoch(self.counter)` in __iter__, the counter moved on at each pass)."""
+    a = m.parent.get(id(sampler))
+    names = {dotted(t) for t in a.targets} if isinstance(a, ast.Assign) else set()
+    for c in m.calls:
+        if not any(k.arg == "sampler" and (k.value is sampler or dotted(k.value) in names) for k in c.keywords):
+            continue
+        for tm, tf in p.resolve(m, c, exact=True):
+            cls = tm.classes.get(tm.class_of(tf) or "")
+            if cls is not None and any(isinstance(x, ast.Call) and callee(x) == "set_epoch" and dotted(
+                    x.func.value) == "self.sampler" for x in ast.walk(cls)):
+                return True
+    return False
+
+
 def reiterates(p, m: Module, c: ast.Call) -> bool:
     """`train_loader = sample_data(train_loader)` where the project's sample_data is a generator that runs `for
     batch in loader: yield batch` inside `while True:` (StyleGAN2-style, StyleMapGAN): each pass makes a new

@@ -91,11 +91,18 @@ def launch_switch_function(p: Project, m: Module, c: ast.AST) -> bool:
     option turns it off in a launched run."""
     if not isinstance(c, ast.Call):
         return False
-    for _, tf in p.resolve(m, c, exact=True):
+    def launched(x):  # (asks the environment, or a name set from it: stereo_toolbox's `self.local_rank != -1`
+        return "environ" in ast.unparse(x) and (involves(x, WORLDISH) or any(  # with `self.local_rank =
+            const_str(k) in LAUNCH_KEYS for k in ast.walk(x)))  # int(os.environ.get('LOCAL_RANK', -1))`)
+    for tm, tf in p.resolve(m, c, exact=True):
         asked = [r.value for r in walk(tf) if isinstance(r, ast.Return) and r.value is not None
                  and not isinstance(r.value, ast.Constant)] + [n.test for n in walk(tf) if isinstance(n, ast.If)]
-        if asked and all(group_check(x) or "environ" in ast.unparse(x) and (involves(x, WORLDISH) or any(
-                const_str(k) in LAUNCH_KEYS for k in ast.walk(x))) for x in asked):
+        def from_launch(x, tm=tm):  # every binding reads the launcher's variable, or is the one process's `-1`
+            sets = [a.value for a in tm.nodes if isinstance(a, ast.Assign) and dotted(x) in map(dotted, a.targets)]
+            return any(launched(v) for v in sets) and all(launched(v) or isinstance(getattr(
+                v, "operand", v), ast.Constant) for v in sets)
+        if asked and all(group_check(x) or launched(x) or isinstance(x, ast.Compare) and from_launch(x.left)
+                         for x in asked):
             return True
     return False
 

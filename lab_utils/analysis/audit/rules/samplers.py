@@ -17,6 +17,7 @@ from ..loaders import (
     late_for_persistent,
     loader_names,
     loader_places,
+    loader_sets_epoch,
     loop_over_own_loader,
     not_built_for,
     one_epoch_run,
@@ -97,7 +98,9 @@ def _advances_itself(f: Facts, name: str) -> bool:
 def _epochless(f: Facts, m: Module, c: ast.Call) -> bool:
     """The sampler built is a project class of its own, on torch's plain Sampler, with no set_epoch and no epoch
     anywhere in its code (genforce's DistributedSampler, reseeded from its iteration count by `__reset__`): its
-    order never depended on an epoch, so there is no set_epoch to miss."""
+    order never depended on an epoch, so there is no set_epoch to miss. Or a loader class sets it (Protenix)."""
+    if loader_sets_epoch(f.p, m, c):
+        return True
     for cm, fn in f.p.resolve(m, c, exact=True):
         cd = cm.classes.get(cm.class_of(fn) or "")
         if cd is None or any(b in f.sampler_classes() or "DistributedSampler" in b
@@ -114,8 +117,7 @@ def _sampler_context(f: Facts, m: Module):
     made = [c for c in _made(f, m) if _order_matters(m, c) and not _advances_itself(f, callee(c))
             and not _epochless(f, m, c) and not arm_off(f, m, c)  # (OpenOCR's `elif` after `if 'sampler' in
             # config[mode]:`, which its YAML takes)
-            # ... nor one built anew each epoch with the epoch in its seed (MatterSim's `seed=seed + idx * 131 +
-            # epoch`): its order moves on without set_epoch
+            # ... nor one built each epoch with the epoch in its seed (MatterSim): its order moves on by itself
             and not any(re.search(r"epoch", dotted(n), re.I) for n in ast.walk(kw(c, "seed") or ast.Constant(0))
                         if isinstance(n, (ast.Name, ast.Attribute)))]
     if not made or not any(mm.entry for mm in f.p.modules.values()) or any(
@@ -130,8 +132,7 @@ def _sampler_context(f: Facts, m: Module):
     related = f.p.related(m)
     if not any(mm.entry for mm in related):
         related = list(f.p.modules.values())
-    # ... and a module no audited script imports at all (a trainer the script loads by name from its config,
-    # Palette's init_obj('models.model')) runs with whichever script loads it: its set_epoch counts too
+    # ... and a module no script imports (a trainer loaded by name, Palette's init_obj): its set_epoch counts too
     entries = [mm for mm in f.p.modules.values() if mm.entry]
     loaded = [mm for mm in f.p.modules.values() if mm not in related and not mm.entry
               and not any(mm in f.p.related(e) for e in entries)]
