@@ -207,7 +207,7 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
     if root_console_on_stdout(f, m, c):
         return False
     if dotted(c.func.value) != "logging":
-        held = self_logger_name(f, m, c) if dotted(c.func.value).startswith("self.") else None
+        held = self_logger_name(f, m, c) if dotted(c.func.value).startswith("self.") else _module_logger_name(f, m, c)
         if held is None and (not isinstance(c.func.value, ast.Name) or c.func.value.id in rank0_loggers(f, m)):
             return False
         if held is None and _logger_class_on_every_rank(f, m, c):
@@ -223,6 +223,17 @@ def root_logger_on_every_rank(f: Facts, m: Module, c: ast.Call) -> bool:
         return False
     return not any(callee(b) == "basicConfig" and f.g.effective(mm, b) in ("rank0", "not0")
                    for mm in f.p.modules.values() for b in mm.calls)
+
+
+def _module_logger_name(f: Facts, m: Module, c: ast.Call) -> str | None:
+    """`logger.log.info(...)` where `logger` is a project module whose global `log = logging.getLogger()` (PccAI's
+    pccai.utils.logger, set in its create_logger): the name of the logger it holds ('' for the root)."""
+    v = c.func.value
+    mod = f.p.module_for(m, v.value.id) if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) else None
+    gets = [a.value for a in (mod.nodes if mod is not None else []) if isinstance(a, ast.Assign) and isinstance(
+        a.value, ast.Call) and dotted(a.value.func) == "logging.getLogger" and any(
+        dotted(t) == v.attr for t in a.targets)]
+    return (const_str(gets[0].args[0]) or "" if gets[0].args else "") if gets else None
 
 
 def _unseen_setup_given_the_rank(f: Facts) -> bool:

@@ -95,8 +95,24 @@ class DefaultOptions(PythonConfigs):
         return self.cache["flags"]
 
     def _passed_in_launch_scripts(self) -> set[str]:
-        """Every `--flag` a shell script of the project passes (as argparse's attribute, `-` read as `_`)."""
-        return launch_flags(self.p.root) if self.p.on_disk else set()
+        """Every `--flag` a shell script of the project passes (as argparse's attribute, `-` read as `_`), and the
+        attribute of a short option passed (YOWOv2's train_ucf.sh: `-accu 16` for `-accu/--accumulate`)."""
+        if "passed" not in self.cache:
+            flags = launch_flags(self.p.root) if self.p.on_disk else set()
+            self.cache["passed"] = flags | {d for d, spelled in self.option_spellings().items() if spelled & flags}
+        return self.cache["passed"]
+
+    def option_spellings(self) -> dict[str, set[str]]:
+        """Each add_argument's attribute -> its option strings as launch_flags reads them (`accu`, `accumulate`)."""
+        if "spellings" not in self.cache:
+            out: dict[str, set[str]] = {}
+            for c in (c for mm in self.p.modules.values() for c in mm.calls if callee(c) == "add_argument"):
+                opts = [const_str(a).lstrip("-").replace("-", "_") for a in c.args if (const_str(a) or "")[:1] == "-"]
+                longs = [o for a, o in zip(c.args, opts, strict=False) if (const_str(a) or "").startswith("--")]
+                if opts:
+                    out.setdefault(const_str(kw(c, "dest")) or (longs or opts)[0], set()).update(opts)
+            self.cache["spellings"] = out
+        return self.cache["spellings"]
 
     def off_by_default(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
         """The flag `node` runs under when that flag is off in the default run: an enclosing `if args.sync_bn:`

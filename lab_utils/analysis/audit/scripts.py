@@ -329,8 +329,10 @@ def script_value(f: Facts, attr: str) -> str | None:
         # (`checkpoint=` left empty, then `${checkpoint:+--checkpoint $checkpoint}`: WeKws's run.sh passes nothing)
         variables = dict(re.findall(r"^\s*(?:export\s+)?(\w+)=['\"]?([^\s'\"]*)", text, re.M))
         key = re.escape(attr).replace("_", "[_-]")  # (`--attr value`, `--accumulation-steps 2` for its attribute
-        # accumulation_steps, or a Hydra override `++train_config.attr=value`: SLAM-LLM)
-        for v in re.findall(rf"(?<![\w-])--{key}[= ]+(\S+)|(?<![\w.])\+{{0,2}}(?:\w+\.)+{key}=(\S+)", text):
+        # accumulation_steps, or a Hydra override `++train_config.attr=value`: SLAM-LLM; a short option, `-accu 16`)
+        short = "|".join(re.escape(o) for o in f.option_spellings().get(attr, ()) if o != attr) or "(?!)"
+        for v in re.findall(rf"(?<![\w-])(?:--{key}|-(?:{short}))[= ]+(\S+)|(?<![\w.])\+{{0,2}}(?:\w+\.)+{key}=(\S+)",
+                            text):
             v = next(x for x in v if x)
             v = v.strip("'\"")
             name = re.fullmatch(r"\$\{?(\w+)\}?", v)

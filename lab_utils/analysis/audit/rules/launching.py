@@ -247,8 +247,8 @@ def _parameter_port(f: Facts, m: Module, v: ast.AST):
         return None
     names = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
     if v.id not in names or any(isinstance(x, ast.Assign) and v.id in {dotted(t) for t in x.targets}
-                                for x in walk(fn)):
-        return None
+                                or isinstance(x, ast.AugAssign) and dotted(x.target) == v.id for x in walk(fn)):
+        return None  # (rebound, or moved on: PccAI's `master_port += 1` until a socket finds it free)
     position, ports = names.index(v.id), set()
     sites = f.p.callers(m, fn)
     for cm, c in sites:
