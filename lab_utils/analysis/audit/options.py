@@ -180,7 +180,7 @@ class DefaultOptions(PythonConfigs):
                         # (or a key every Python config file of the project sets False, which the script merges
                         # into its args: DINO's `use_ema = False` in config/DINO/*.py, then `if args.use_ema:`)
                         return dotted(t), n  # a settings field that defaults to False (ColBERT's config)
-                    unset = self._config_key_unset(m, t)
+                    unset = self._config_key_unset(m, t) or self._key_never_in_config(t)
                     if unset:
                         return unset, n
                     if isinstance(t, ast.Call) and callee(t) == "get" and isinstance(t.func, ast.Attribute) and len(
@@ -197,6 +197,20 @@ class DefaultOptions(PythonConfigs):
                 break
             child, n = n, m.parent.get(id(n))
         return None
+
+    def _key_never_in_config(self, t: ast.AST) -> str | None:
+        """`'attr' in config.keys()` (APTM's `if ('attr' in config.keys()) and config['attr']:`) where no YAML file
+        of the project names the key and no code sets it: false in the default run."""
+        if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.In) and self.p.on_disk):
+            return None
+        key, where = const_str(t.left), t.comparators[0]
+        where = where.func.value if isinstance(where, ast.Call) and callee(where) == "keys" and isinstance(
+            where.func, ast.Attribute) else where
+        sets = (x for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) for x in a.targets)
+        if not key or not _configish(where) or self._yaml_names(key) or any(
+                isinstance(x, ast.Subscript) and const_str(x.slice) == key for x in sets):
+            return None
+        return f"'{key}' in {dotted(where)} (no config sets it)"
 
     def empty_options(self) -> dict[str, str]:
         """Command-line options whose default is the empty string (`--load-model`, default=""): a path or name
