@@ -395,10 +395,16 @@ class Facts(Reductions):
                                                   text))
         targets = self.callees(m, c)
         if not targets and callee(c) == "save_pretrained" and isinstance(c.func, ast.Attribute):
-            # a Hugging Face model's own save (DistributedTrainingGPT2's `model_to_save.save_pretrained(dir)`):
-            # every rank writes the files unless it is told which one is the main process
-            return kw(c, "is_main_process") is None and not re.search(
-                r"token|processor|config|feature_extractor", dotted(c.func.value), re.I)
+            # a Hugging Face model's own save, of the model unwrapped from DDP (DistributedTrainingGPT2's
+            # `model_to_save = model.module if hasattr(model, 'module') else model`, then
+            # `model_to_save.save_pretrained(dir)`): every rank writes the files unless told which is the main one
+            held = dotted(c.func.value)
+            unwrapped = held.endswith(".module") or any(isinstance(a, ast.Assign) and held in map(
+                dotted, a.targets) and any(dotted(x).endswith(".module") for x in ast.walk(a.value)) for a in m.nodes)
+            fn = m.enclosing(c)  # (not in a function that raises first: ReLoRA's retired save_model_fsdp)
+            dead = fn is not None and isinstance(next((b for b in fn.body if not isinstance(b, ast.Expr)), None),
+                                                 ast.Raise)
+            return unwrapped and kw(c, "is_main_process") is None and not dead
         if not targets:
             defined = self.cache.setdefault("defined", {}).get(m.rel)
             if defined is None:

@@ -8,7 +8,7 @@ import ast
 import re
 
 from .project import Module
-from .syntax import callee, dotted, walk
+from .syntax import callee, const_value, dotted, walk
 
 
 def enabled_on_rank0(g, m: Module, c: ast.Call) -> bool:
@@ -19,8 +19,8 @@ def enabled_on_rank0(g, m: Module, c: ast.Call) -> bool:
     for tm, tf in g.p.resolve(m, c) if given else []:
         cls = tm.classes.get(tm.class_of(tf) or "")
         init = tm.functions.get(f"{cls.name}.__init__") if cls is not None else None
-        if init is None:
-            continue
+        if init is None or not re.search(r"log|print|bar|progress|writer|monitor|meter|board|console", cls.name, re.I):
+            continue  # (a printer: a trainer handed `verbose=... and is_logger` still trains on every rank, neuralop)
         kept = {dotted(t) for a in walk(init) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name)
                 and a.value.id in given for t in a.targets}
         if any(isinstance(n, ast.If) and _tests_kept(n.test, kept) and (
@@ -86,3 +86,23 @@ def _slot_kind(g, m: Module, fn: ast.AST, v: ast.expr) -> str | None:
              and any(isinstance(t, ast.Name) and t.id == v.id for t in a.targets)]
     kinds = [_slot_kind(g, m, fn, b) if not isinstance(b, ast.Name) else None for b in binds]
     return "test" if kinds and all(kinds) and "test" in kinds else None
+
+
+def one_process_test(p, v: ast.AST) -> bool:
+    """`args.local_rank == -1` where the project sets up the group only when that value is not -1 (BERT-style
+    scripts: `if args.local_rank == -1: ... DataParallel ... else: init_process_group(...)`): true only in a run
+    without DDP, so `args.local_rank == -1 or get_rank() == 0` is rank 0's in every DDP run."""
+    def minus_one(x):
+        return isinstance(x, ast.UnaryOp) and isinstance(x.op, ast.USub) and const_value(x.operand) == 1
+    if not (isinstance(v, ast.Compare) and len(v.ops) == 1 and isinstance(v.ops[0], ast.Eq) and minus_one(
+            v.comparators[0]) and dotted(v.left)):
+        return False
+    def tests_it(t, op, joint):  # (alone, or in an `or` for ==, an `and` for !=: `if args.local_rank == -1 or
+        if isinstance(t, ast.BoolOp) and isinstance(t.op, joint):  # args.no_cuda:`)
+            return any(tests_it(x, op, joint) for x in t.values)
+        return isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], op) and dotted(
+            t.left) == dotted(v.left) and minus_one(t.comparators[0])
+    def inits(block):
+        return any(isinstance(c, ast.Call) and callee(c) == "init_process_group" for s in block for c in ast.walk(s))
+    return any(isinstance(n, ast.If) and (tests_it(n.test, ast.Eq, ast.Or) and inits(n.orelse) or tests_it(
+        n.test, ast.NotEq, ast.And) and inits(n.body)) for m in p.modules.values() for n in m.nodes)

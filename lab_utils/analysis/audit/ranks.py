@@ -10,7 +10,7 @@ import re
 from .files import launch_flags
 from .hierarchy import off_the_run
 from .project import Module, Project
-from .rank0_flags import enabled_on_rank0, tuple_flags
+from .rank0_flags import enabled_on_rank0, one_process_test, tuple_flags
 from .switched_off import cleared_off_rank0, idle_object, none_or_bare_iterable, switched_off_elsewhere
 from .switches import conjuncts, is_switch_test, launch_switch_function, one_process_arm, set_by_launch, unlaunched
 from .syntax import (
@@ -308,8 +308,8 @@ class Guards:
                 return "rank0"
             if "rank0" in kinds and switches_off:
                 return "leaky"
-            return "rank0" if kinds and all(k == "rank0" for k in kinds) else \
-                "leaky" if "leaky" in kinds or "rank0" in kinds else None
+            return "rank0" if "rank0" in kinds and all(k == "rank0" or one_process_test(self.p, v) for k, v in zip(
+                kinds, t.values, strict=True)) else "leaky" if "leaky" in kinds or "rank0" in kinds else None
         if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not):
             inner = self.classify(m, t.operand, shallow)
             if inner is None and involves_rank(t.operand, m.rank_tainted) and isinstance(

@@ -147,8 +147,16 @@ def texts_of_losses(scope: ast.AST, names: set[str], carriers: set[str] = frozen
     object's meter, `self.avg` fed a parameter, is judged through the callers that hand the loss)."""
     texts, records, handed = _text_facts(scope)
     sources = built_from(scope, names & texts)
+    # (formatted whole, `.format(key_meters)` or f"{key_meters}": its own text; not a field read off it,
+    # Contriever's `run_stats.average_stats`, which its property reduces)
+    whole = {a.id for n in walk(scope) for a in (n.args if isinstance(n, ast.Call) and callee(n) == "format" else [
+        n.value] if isinstance(n, ast.FormattedValue) else []) if isinstance(a, ast.Name)}
+    # (a text bound once: SimpleAICV's `log_info`, rebound for the config, the losses and the metrics, is judged
+    # line by line elsewhere)
+    once = {n for n in sources if sum(isinstance(a, (ast.Assign, ast.AugAssign)) and n in {
+        root(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} for a in walk(scope)) == 1}
     return {n for n, src in sources.items() if src & records} | (names & texts & handed) | {
-        x for src in sources.values() for x in src & set(carriers) if "." not in x}
+        x for n, src in sources.items() if n in once for x in src & set(carriers) & whole}
 
 
 def _text_facts(scope: ast.AST) -> tuple[set[str], set[str], set[str]]:

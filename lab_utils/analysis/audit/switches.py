@@ -409,3 +409,4 @@ def refuses_one_process(s: ast.AST, entry: bool = True) -> bool:
                                                                        "init_process_group") for c in ast.walk(s)):
         return False
     return always_raises(s.body) or always_raises(s.orelse)
+
