@@ -106,3 +106,18 @@ def one_process_test(p, v: ast.AST) -> bool:
         return any(isinstance(c, ast.Call) and callee(c) == "init_process_group" for s in block for c in ast.walk(s))
     return any(isinstance(n, ast.If) and (tests_it(n.test, ast.Eq, ast.Or) and inits(n.orelse) or tests_it(
         n.test, ast.NotEq, ast.And) and inits(n.body)) for m in p.modules.values() for n in m.nodes)
+
+
+SETUP_METHODS = {"create", "init", "initialize", "setup", "set_up", "configure", "open", "start"}
+
+
+def created_on_rank0(g, m: Module) -> set[str]:
+    """Imported objects this module sets up on rank 0 alone (UNITER-style `TB_LOGGER.create(log_dir)` under `if
+    default_gpu:`, VLN-HAMT, PolarNet): a writer that writes nothing until it is created, so its later calls
+    (`TB_LOGGER.add_scalar(...)`) log on rank 0 alone."""
+    sets = {}
+    for c in m.calls:
+        if isinstance(c.func, ast.Attribute) and c.func.attr in SETUP_METHODS and isinstance(c.func.value, ast.Name) \
+                and c.func.value.id in m.imports:
+            sets.setdefault(c.func.value.id, []).append(g.kind(m, c) == "rank0")
+    return {name for name, ranks in sets.items() if all(ranks)}

@@ -10,7 +10,7 @@ import re
 from .files import launch_flags
 from .hierarchy import off_the_run
 from .project import Module, Project
-from .rank0_flags import enabled_on_rank0, one_process_test, tuple_flags
+from .rank0_flags import created_on_rank0, enabled_on_rank0, one_process_test, tuple_flags
 from .switched_off import cleared_off_rank0, idle_object, none_or_bare_iterable, switched_off_elsewhere
 from .switches import conjuncts, is_switch_test, launch_switch_function, one_process_arm, set_by_launch, unlaunched
 from .syntax import (
@@ -145,7 +145,7 @@ class Guards:
         """Objects only rank 0 holds: `writer = SummaryWriter(...) if rank == 0 else None`, or built under a rank-0
         guard (`if rank == 0: logger = Logger(...)`). Calls on them, and tests of them (`if writer:`), run on rank 0
         alone; elsewhere the name is None (or never bound)."""
-        out = cleared_off_rank0(self, m, None)
+        out = cleared_off_rank0(self, m, None) | created_on_rank0(self, m)
         for w in (n for n in m.nodes if isinstance(n, (ast.With, ast.AsyncWith))):
             for item in w.items:  # `with tqdm(it, disable=not verbose) as tepoch:`
                 v = item.context_expr

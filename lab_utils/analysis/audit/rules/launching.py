@@ -341,6 +341,8 @@ def _init_method(c: ast.Call) -> ast.AST | None:
 @rule("hard-coded-master-port", "09_launching", "a fixed rendezvous port (MASTER_PORT or a tcp:// init_method) with "
       "no environment fallback: a second job on the host collides on it")
 def hard_coded_master_port(f: Facts, m: Module):
+    if any(callee(c) == "add_argument" and "--nproc_per_node" in map(const_str, c.args) for c in m.calls):
+        return  # a copy of torch's own launcher (Multi-Singer's distributed/launch.py): its 29500 is torchrun's default
     advice = "a second job on this host (or a stale one) collides on the port — torchrun --standalone, or env://"
     urls = {dotted(_init_method(c)) for mm in f.p.modules.values() for c in mm.calls
             if callee(c) == "init_process_group" and isinstance(_init_method(c), (ast.Name, ast.Attribute))}
