@@ -140,8 +140,17 @@ def never_named(p: Project, m: Module, fn: ast.AST) -> bool:
         return False  # taken by its name from a module the config picks (DeepAVFusion's `getattr(importlib.
         # import_module(args.worker), 'main_worker')`)
     # (imported under another name, `from exp.exp_sup import Exp_All_Task as Exp_All_Task_SUP` (UniTS): the alias)
-    return not any(attr in (name, None) and p.module_for(mm, local) is m and _uses(p, mm, local if attr else name)
+    # (a whole-module import names the function only as `local.name`: VAEBM's `import utils` uses utils.save, never
+    # utils.load)
+    return not any(attr in (name, None) and p.module_for(mm, local) is m and (_uses(p, mm, local) if attr else any(
+        isinstance(n, ast.Attribute) and dotted(n) == f"{local}.{name}" for n in mm.nodes) or _star_user(p, mm, local))
                    for mm in p.modules.values() if mm is not m for local, (_, attr, _) in mm.imports.items())
+
+
+def _star_user(p, mm, local: str) -> bool:
+    """The module hands the imported module on (`from . import utils` re-exported, `getattr(utils, name)`)."""
+    return any(isinstance(n, ast.Name) and n.id == local and not isinstance(mm.parent.get(id(n)), ast.Attribute)
+               for n in mm.nodes)
 
 
 def _uses(p: Project, mm: Module, name: str) -> bool:

@@ -181,6 +181,35 @@ def loader_sets_epoch(p, m: Module, sampler: ast.Call) -> bool:
     return False
 
 
+def discarded(p, m: Module, sampler: ast.Call) -> bool:
+    """Every caller of the builder drops the loader the sampler goes to: `return train_queue, valid_queue, n`, and
+    VAEBM's only call `train_queue, _, _ = datasets.get_loaders(args)`: the padded loader is never iterated."""
+    fn, up = m.enclosing(sampler), m.parent.get(id(sampler))
+    named = {dotted(t) for t in up.targets} if isinstance(up, ast.Assign) else set()
+    loaders = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
+        k.arg == "sampler" and (k.value is sampler or dotted(k.value) in named) for k in a.value.keywords)
+        for t in a.targets}
+    rets = [r.value for r in walk(fn) if isinstance(r, ast.Return)] if fn is not None and loaders else []
+    slots = {i for r in rets if isinstance(r, ast.Tuple) for i, e in enumerate(r.elts) if dotted(e) in loaders}
+    if not (slots and len(slots) == 1 and all(isinstance(r, ast.Tuple) for r in rets)):
+        return False
+    return _dropped_by_callers(p, m, fn, next(iter(slots)))
+
+
+def _dropped_by_callers(p, m: Module, fn: ast.AST, i: int, depth: int = 2) -> bool:
+    """Every call of `fn` unpacks slot `i` of its tuple into `_`, or returns it to callers that do (VAEBM's
+    `get_loaders` returning `get_loaders_eval(...)`)."""
+    def dropped(cm, c):
+        a = cm.parent.get(id(c))
+        if isinstance(a, ast.Return) and depth and cm.enclosing(c) is not None:
+            return _dropped_by_callers(p, cm, cm.enclosing(c), i, depth - 1)
+        t = a.targets[0] if isinstance(a, ast.Assign) else None
+        return isinstance(t, ast.Tuple) and len(t.elts) > i and isinstance(t.elts[i], ast.Name) and t.elts[
+            i].id.startswith("_")
+    sites = p.callers(m, fn)
+    return bool(sites) and all(dropped(cm, c) for cm, c in sites)
+
+
 def reiterates(p, m: Module, c: ast.Call) -> bool:
     """`train_loader = sample_data(train_loader)` where the project's sample_data is a generator that runs `for
     batch in loader: yield batch` inside `while True:` (StyleGAN2-style, StyleMapGAN): each pass makes a new

@@ -202,6 +202,15 @@ def _uncalled(f: Facts, m: Module, fn: ast.AST, depth: int = 2) -> bool:
         f, cm, g, depth - 1) for cm, c in sites)
 
 
+def _handed_detached_only(f: Facts, m: Module, fn: ast.AST) -> bool:
+    """Every call of the helper hands it a detached value (`gather(loss.detach().float())`), apart from calls in
+    helpers nothing calls (contrastors' unused gather_dict)."""
+    sites = [(cm, c) for cm, c in f.p.callers(m, fn) if (g := cm.enclosing(c)) is None or cm.class_of(g)
+             or f.p.callers(cm, g)]
+    return bool(sites) and all(c.args and any(isinstance(x, ast.Call) and callee(x) == "detach" for x in ast.walk(
+        c.args[0])) for _, c in sites)
+
+
 def _callers_never_step(f: Facts, m: Module, fn: ast.AST | None) -> bool:
     """A gather helper that the project calls only from code that never runs backward or an optimizer step
     (an evaluation gathering features for a kNN/SVM probe): its result feeds no gradient, so the missing autograd
@@ -290,9 +299,11 @@ def _gather_hits(f: Facts, m: Module):
         fn = m.enclosing(c)
         scope = fn or m.tree
         lst, x = dotted(c.args[0]), c.args[1]
-        if fn is not None and (not m.class_of(fn) and _uncalled(f, m, fn) or called_only_without_grad(f, m, fn)):
+        if fn is not None and (not m.class_of(fn) and _uncalled(f, m, fn) or called_only_without_grad(f, m, fn)
+                               or _handed_detached_only(f, m, fn)):
             continue  # a helper nobody here calls (Text4Vis's gather_features, for a script not copied) is its
-            # callers' to judge; one called only under no_grad (AVID's memory-bank update) feeds no gradient
+            # callers' to judge; one called only under no_grad (AVID's memory-bank update), or handed only detached
+            # values (contrastors' `gather(loss.detach().float())` for its logs), feeds no gradient
         own = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) and dotted(t.value) == lst and
                                                     involves_rank(t.slice, m.rank_tainted) for t in a.targets)
                   for a in walk(scope))

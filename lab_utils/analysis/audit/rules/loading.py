@@ -8,7 +8,7 @@ import ast
 import re
 
 from ..facts import Facts
-from ..hierarchy import method_never_called
+from ..hierarchy import method_never_called, never_named
 from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import reads_a_rank
@@ -69,7 +69,8 @@ def load_without_map_location(f: Facts, m: Module):
                 not _handed_to_a_dataset(f, m, c) and \
                 f.g.effective(m, c) != "rank0" and not _after_the_workers(f, m, c) and not _in_the_launcher(
                     f, m, c) and not (
-                    m.enclosing(c) is not None and method_never_called(f.p, m, m.enclosing(c))) and not (
+                    m.enclosing(c) is not None and (method_never_called(f.p, m, m.enclosing(c)) or not m.class_of(
+                        m.enclosing(c)) and not m.entry and never_named(f.p, m, m.enclosing(c)))) and not (
                     c.args and involves_rank(c.args[0], m.rank_tainted)):
             # (an option unset unless given; the arm of a run of one process (ADL-Stereo's else of `if
             # args.distributed:`, YouReID's of `if 'LOCAL_RANK' in os.environ:`); rank 0 alone loads onto its own

@@ -10,6 +10,7 @@ from ..evaluation import dedups_gathered_ids, evaluations_of
 from ..facts import Facts
 from ..loaders import (
     called_in_a_loop,
+    discarded,
     epoch_loop_caller,
     handed_sampler_class,
     handed_to_an_unseen_engine,
@@ -555,7 +556,7 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(_label(m, c)) else None
         if not (EVALISH.search(_label(m, c)) or asked) or any(const_value(v) for v in spread_kw(
-                m, c, "drop_last")) or trains_over(m, c) or trimmed_to_ranks(m, c):
+                m, c, "drop_last")) or trains_over(m, c) or trimmed_to_ranks(m, c) or discarded(f.p, m, c):
             continue
         flag = f.off_by_default(m, c)
         if flag and not DIST_SWITCH.search(flag):  # (`--distributed` itself is how the DDP run is asked for)
@@ -572,8 +573,7 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue  # a base class's loader builder the run's own subclass replaces: reported in that one
         if f.eval_loop_reduces() and not dedups_gathered_ids(f, evaluations_of(f.p, loader_names(f.p, m, c))):
             # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
-            near = {mm.rel for mm in f.p.related(m)}
-            # (up to three: UniTS's test() reduces in one helper per task kind; each helper's collective too)
+            near = {mm.rel for mm in f.p.related(m)}  # (up to three: UniTS's test() reduces in one helper per task)
             # (a call that reduces before a class built there: Spann3R's synchronize_between_processes(), then
             # the MetricLogger(...) whose method it is)
             reduced = tuple(x for r in sorted(f.eval_loop_reduces(), key=lambda r: (

@@ -173,6 +173,15 @@ def _unlinked_runner_seeds(f: Facts, calls: list) -> bool:
         if any(f.seed_kind(xm, x) == "torch" for v in made for om in f.p.modules.values() if callee(v) in om.classes
                for im, init in f.p.methods(om, callee(v), "__init__") for xm, x in f.p.calls_in(f.p.reach(im, init))):
             return True
+        # ... or taken from a registry (contrastors' `trainer_cls = TRAINER_REGISTRY[model_type]`): any project class
+        # with the method called whose __init__ (its base's) seeds
+        looked_up = {dotted(t) for a in mm.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Subscript)
+                     for t in a.targets}
+        if any(callee(v) in looked_up for v in made) and any(
+                f.p.methods(om, name, meth) and any(f.seed_kind(xm, x) == "torch" for im, init in f.p.methods(
+                    om, name, "__init__") for xm, x in f.p.calls_in(f.p.reach(im, init)))
+                for om in f.p.modules.values() for name in om.classes):
+            return True
         for om in f.p.modules.values():
             for cd in om.classes.values():
                 fn = next((d for d in cd.body if isinstance(d, ast.FunctionDef) and d.name == meth), None)
