@@ -142,8 +142,11 @@ def never_named(p: Project, m: Module, fn: ast.AST) -> bool:
     # (imported under another name, `from exp.exp_sup import Exp_All_Task as Exp_All_Task_SUP` (UniTS): the alias)
     # (a whole-module import names the function only as `local.name`: VAEBM's `import utils` uses utils.save, never
     # utils.load)
-    return not any(attr in (name, None) and p.module_for(mm, local) is m and (_uses(p, mm, local) if attr else any(
-        isinstance(n, ast.Attribute) and dotted(n) == f"{local}.{name}" for n in mm.nodes) or _star_user(p, mm, local))
+    # (the module itself imported by name too: Multi-Singer's `from encoder import inference as encoder`)
+    stem = m.rel.rsplit("/", 1)[-1].removesuffix(".py")
+    return not any(attr in (name, None, stem) and p.module_for(mm, local) is m and (
+        _uses(p, mm, local) if attr == name else any(isinstance(n, ast.Attribute) and dotted(n) == f"{local}.{name}"
+                                                     for n in mm.nodes) or _star_user(p, mm, local))
                    for mm in p.modules.values() if mm is not m for local, (_, attr, _) in mm.imports.items())
 
 
