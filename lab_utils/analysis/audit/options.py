@@ -205,7 +205,10 @@ class DefaultOptions(PythonConfigs):
             return None
         key, where = const_str(t.left), t.comparators[0]
         where = where.func.value if isinstance(where, ast.Call) and callee(where) == "keys" and isinstance(
-            where.func, ast.Attribute) else where
+            where.func, ast.Attribute) else where if isinstance(where, ast.Name) else None  # (not a substring test:
+        # ALIGNN's `'alignn_' in config.model.name`)
+        if where is None:
+            return None
         sets = (x for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) for x in a.targets)
         if not key or not _configish(where) or self._yaml_names(key) or any(
                 isinstance(x, ast.Subscript) and const_str(x.slice) == key for x in sets):

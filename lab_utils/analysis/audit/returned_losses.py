@@ -149,14 +149,29 @@ def texts_of_losses(scope: ast.AST, names: set[str], carriers: set[str] = frozen
     sources = built_from(scope, names & texts)
     # (formatted whole, `.format(key_meters)` or f"{key_meters}": its own text; not a field read off it,
     # Contriever's `run_stats.average_stats`, which its property reduces)
-    whole = {a.id for n in walk(scope) for a in (n.args if isinstance(n, ast.Call) and callee(n) == "format" else [
-        n.value] if isinstance(n, ast.FormattedValue) else []) if isinstance(a, ast.Name)}
+    whole, bound = _formatted_and_bound(scope)
     # (a text bound once: SimpleAICV's `log_info`, rebound for the config, the losses and the metrics, is judged
     # line by line elsewhere)
-    once = {n for n in sources if sum(isinstance(a, (ast.Assign, ast.AugAssign)) and n in {
-        root(t) for t in (a.targets if isinstance(a, ast.Assign) else [a.target])} for a in walk(scope)) == 1}
     return {n for n, src in sources.items() if src & records} | (names & texts & handed) | {
-        x for n, src in sources.items() if n in once for x in src & set(carriers) & whole}
+        x for n, src in sources.items() if bound.get(n) == 1 for x in src & set(carriers) & whole}
+
+
+def _formatted_and_bound(scope: ast.AST) -> tuple[set[str], dict[str, int]]:
+    """(names formatted whole into a text, how many times each name is bound) in the scope, kept on its node: a
+    function with many logs asks once (YANMTT's training loop)."""
+    kept = getattr(scope, "_lab_formatted", None)
+    if kept is None:
+        whole, bound = set(), {}
+        for n in walk(scope):
+            for a in (n.args if isinstance(n, ast.Call) and callee(n) == "format" else [n.value] if isinstance(
+                    n, ast.FormattedValue) else []):
+                if isinstance(a, ast.Name):
+                    whole.add(a.id)
+            if isinstance(n, (ast.Assign, ast.AugAssign)):
+                for t in {root(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}:
+                    bound[t] = bound.get(t, 0) + 1
+        kept = scope._lab_formatted = (whole, bound)
+    return kept
 
 
 def _text_facts(scope: ast.AST) -> tuple[set[str], set[str], set[str]]:
