@@ -12,7 +12,7 @@ from pathlib import Path
 from .entries import demote_self_tests
 from .factory_instances import factory_classes
 from .module import AuditError, Module
-from .syntax import callee, dotted, mentions_ddp, walk
+from .syntax import callee, calls_of, dotted, mentions_ddp, walk
 from .taint import taint_parameters
 
 
@@ -543,7 +543,7 @@ class Project:
                     yield m, f
 
     def calls_in(self, keys) -> list[tuple[Module, ast.Call]]:
-        return [(m, c) for m, f in self.nodes(keys) for c in ast.walk(f) if isinstance(c, ast.Call)]
+        return [(m, c) for m, f in self.nodes(keys) for c in calls_of(f)]
 
     def callers(self, m: Module, fn: ast.AST) -> list[tuple[Module, ast.Call]]:
         """The project calls that may run `fn` (every module's calls, resolved once into an index)."""
@@ -591,7 +591,7 @@ class Project:
             if id(f) in seen:
                 continue
             seen.add(id(f))
-            for c in (n for n in ast.walk(f) if isinstance(n, ast.Call)):
+            for c in calls_of(f):
                 if pred(mod, c):
                     return True
                 if d < depth:

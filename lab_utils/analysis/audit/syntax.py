@@ -78,6 +78,14 @@ def walk(node: ast.AST) -> list[ast.AST]:
     return got
 
 
+def calls_of(node: ast.AST) -> list[ast.Call]:
+    """The calls under node, listed once and kept like walk's (function_does asks it of one function per rule)."""
+    got = node.__dict__.get("_calls")
+    if got is None:
+        got = node._calls = [n for n in walk(node) if isinstance(n, ast.Call)]
+    return got
+
+
 def dotted(node: ast.AST) -> str:
     """`torch.cuda.manual_seed` for an Attribute chain, the name for a Name, '' otherwise."""
     if isinstance(node, ast.Name):
