@@ -28,9 +28,12 @@ def _trains(f: Facts, m: Module, loop: ast.AST) -> bool:
 
 
 def _leaves(m: Module, loop: ast.AST, x: ast.AST) -> bool:
-    """`x` ends the loop: a `break` of this very loop, or an exit of the process."""
+    """`x` ends the loop: a `break` of this very loop, a `return` of the function the loop runs in (ToucanTTS's
+    `if step_counter > steps: return` inside rank 0's checkpoint block), or an exit of the process."""
     if isinstance(x, ast.Break):
         return m.enclosing(x, (ast.For, ast.While)) is loop
+    if isinstance(x, ast.Return):
+        return m.enclosing(x) is m.enclosing(loop) and m.enclosing(loop) is not None
     return isinstance(x, ast.Call) and dotted(x.func) in EXITS
 
 
@@ -105,12 +108,13 @@ def _rank0_loop_exits(f: Facts, m: Module):
             continue
         for x in exits:
             what = "exits the process" if isinstance(x, ast.Call) else "leaves the training loop"
+            word = "exit" if isinstance(x, ast.Call) else "return" if isinstance(x, ast.Return) else "break"
             decided = _decided_on_rank0(f, m, loop, m.parent[id(x)].test)
             guard = _under_rank0_guard(f, m, loop, x) if decided is None else None
             if decided is not None or guard is not None:
                 why, where = decided or guard
                 at = m.parent[id(x)] if guard else x
-                yield Hit(at, (f"this {'exit' if isinstance(x, ast.Call) else 'break'} {what} on a test only rank 0 "
+                yield Hit(at, (f"this {word} {what} on a test only rank 0 "
                                f"can pass: {why}; the other ranks go on into the next step, whose gradient all-reduce "
                                "rank 0 never joins, and wait forever (a hang the single run cannot have) — "
                                "broadcast the decision from rank 0 (dist.broadcast of a stop flag) so every rank "

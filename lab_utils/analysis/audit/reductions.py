@@ -72,7 +72,7 @@ class Reductions(DefaultOptions):
                     red.add(root(loop.iter.func.value))
             red |= {root(c.args[i]) for _, tf in self.p.resolve(m, c) for i in reduced_in_place(tf) if i < len(c.args)}
         # a model is no reduced value (DDP(model) makes no model(x) loss an average: forward_reduced judges that)
-        models = self.model_names(m)
+        models = self.model_names(m) | self._handed_wrapped_models(scope)
         nodes = list(walk(scope))
         local = self._local_names(m, nodes, models)
         # meters fed a loss by keyword (`metric_logger.update(loss=...)`): another keyword's reduced value (fewture's
@@ -131,6 +131,14 @@ class Reductions(DefaultOptions):
                             red.add(r)
                             changed = True
         return red
+
+    def _handed_wrapped_models(self, scope: ast.AST) -> set[str]:
+        """The scope's parameters named as a DDP-wrapped model is somewhere in the project (CaCo's
+        init_memory(train_loader, model, ...), handed the wrapper main_worker built): what their forward returns is
+        this rank's own, whatever a gather later in the loop fills (its memory bank from concat_all_gather(k))."""
+        wrapped = {n for names in self.ddp_wrapped.values() for n in names if "." not in n}
+        args = getattr(scope, "args", None)
+        return {a.arg for a in (args.args + args.kwonlyargs if args else [])} & wrapped
 
     def _local_names(self, m: Module, nodes: list, models: set[str]) -> set[str]:
         """Names holding this rank's own activations: what the model returns (unless its forward reduces) and
