@@ -66,3 +66,4 @@ def test_an_lr_helper_that_returns_a_product_with_the_world_size(tmp_path):
     assert _rules(_project(tmp_path / "grows", {"main.py": grows}), "lr-grows-with-world-size")
     fixed = train.replace("FACTOR", "1")
     assert not _rules(_project(tmp_path / "fixed", {"main.py": fixed}), "lr-grows-with-world-size")
+

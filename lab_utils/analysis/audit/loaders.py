@@ -58,7 +58,28 @@ def _loader_names(p, m: Module, sampler: ast.Call) -> tuple[set[str], list]:
                 names |= _names([a.targets[0].elts[at]]) if at is not None and isinstance(a, ast.Assign) and \
                     isinstance(a.targets[0], ast.Tuple) and len(a.targets[0].elts) > at else _held_as(cm, call)
                 handed.append((cm, call))
+        a = m.parent.get(id(c))
+        held_self = [t.attr for t in getattr(a, "targets", []) if isinstance(t, ast.Attribute) and dotted(t.value) ==
+                     "self"] if fn is not None and fn.name == "__init__" else []
+        modes = _modes_of(m, c)  # (built under `if mode == 'train':`: the callers asking for that mode)
+        for cm, call in p.callers(m, fn) if held_self else []:  # `DepthDataLoader(config, "train").data`, whose
+            up = cm.parent.get(id(call))  # __init__ holds `self.data = DataLoader(..., sampler=...)` (Depth-Anything)
+            given = {a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+            if isinstance(up, ast.Attribute) and up.attr in held_self and not (modes and given and not modes & given):
+                names |= _held_as(cm, up)
+                handed.append((cm, call))
     return names, handed
+
+
+def _modes_of(m: Module, node: ast.AST) -> set[str]:
+    """The strings the ifs around `node` compare a name with (`if mode == 'train':`)."""
+    out, n = set(), m.parent.get(id(node))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.ops[0], ast.Eq) and \
+                isinstance(n.test.comparators[0], ast.Constant) and isinstance(n.test.comparators[0].value, str):
+            out.add(n.test.comparators[0].value)
+        n = m.parent.get(id(n))
+    return out
 
 
 def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST]]:
@@ -67,13 +88,17 @@ def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST
     names, handed = _loader_names(p, m, sampler)
     if not names and handed:
         return handed[:1]
+    found = []
     for mm in p.modules.values():
         for loop in (n for n in mm.nodes if isinstance(n, (ast.For, ast.While))):  # (CLD-SGM: `while step < n:`)
             inner = [x for x in walk(loop) if x is not loop and (
                 isinstance(x, ast.For) and _mentions(x.iter, names) or isinstance(x, ast.Assign) and isinstance(
-                    x.value, ast.Call) and _mentions(x.value, names))]
-            if inner:  # an epoch loop around the place that iterates (or wraps, `tqdm(self.dataset.train_loader)`)
-                return [*handed[:1], (mm, inner[0]), (mm, loop)]
+                    x.value, (ast.Call, ast.IfExp)) and _mentions(x.value, names))]  # (`pbar = tqdm(...) if ...
+            if inner:  # else enumerate(...)`) an epoch loop around the place that iterates (or wraps,
+                found.append([*handed[:1], (mm, inner[0]), (mm, loop)])
+    if found:  # the loop over epochs first (Depth-Anything's `for epoch in range(...)`, not the prefetch pass
+        # before it, `for i, batch in tqdm(enumerate(self.train_loader))`, whose inner loop also mentions it)
+        return next((x for x in found if _counts_epochs_loop(x[-1][1])), found[0])
     def training_loader(x: ast.For) -> bool:
         return any(isinstance(n, (ast.Name, ast.Attribute)) and re.fullmatch(
             r"train_?(data)?_?(loader|dl)", dotted(n).split(".")[-1]) for n in ast.walk(x.iter))
@@ -92,6 +117,11 @@ def loader_places(p, m: Module, sampler: ast.Call) -> list[tuple[Module, ast.AST
         # the loop over the project's training loader, `for idx, data in enumerate(self.train_loader):`
         uses = [(mm, x) for mm in p.modules.values() for x in mm.nodes if isinstance(x, ast.For) and training_loader(x)]
     return [*handed[:1], *uses[:1]]
+
+
+def _counts_epochs_loop(loop: ast.AST) -> bool:
+    return isinstance(loop, ast.For) and any(isinstance(n, ast.Name) and "epoch" in n.id.lower()
+                                             for n in ast.walk(loop.target))
 
 
 def one_epoch_run(f) -> bool:

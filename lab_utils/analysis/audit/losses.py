@@ -514,37 +514,6 @@ def instance_losses(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     return set(out)
 
 
-def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
-    """Meters and sums fed only inside loops over a loader with no sampler, where nothing runs backward
-    (Soft-HuBERT's `validation_loss.update(loss.item())` in `for wavs, codes in validation_loader:`, a
-    `DataLoader(validation_dataset, batch_size=1, shuffle=False)`): every rank goes over the whole set, so rank
-    0's number is the single run's, not a shard's."""
-    whole = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
-             and callee(a.value) == "DataLoader" and len(a.value.args) < 4 and not any(
-                 k.arg in ("sampler", "batch_sampler") for k in a.value.keywords) for t in a.targets}
-    feeds: dict[str, list[bool]] = {}
-    for n in walk(scope):
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "append") \
-                and n.args:
-            name, fed = dotted(n.func.value), n.args
-        elif isinstance(n, ast.AugAssign):
-            name, fed = dotted(n.target), [n.value]
-        else:
-            continue
-        if not name or not any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x)) for v in fed
-                               for x in ast.walk(v)):
-            continue
-        loop = m.parent.get(id(n))
-        while loop is not None and not isinstance(loop, (ast.For, ast.FunctionDef, ast.Module)):
-            loop = m.parent.get(id(loop))
-        it = loop.iter if isinstance(loop, ast.For) else None
-        while isinstance(it, ast.Call) and it.args and callee(it) in ("enumerate", "tqdm", "iter"):
-            it = it.args[0]
-        feeds.setdefault(name, []).append(it is not None and dotted(it) in whole and not any(
-            isinstance(c, ast.Call) and callee(c) == "backward" for c in walk(loop)))
-    return {name for name, whole_loops in feeds.items() if all(whole_loops)}
-
-
 def still_fed(scope: ast.AST, c: ast.AST, names: set[str]) -> set[str]:
     """The records in `names` that hold a loss where the log `c` reads them: not one emptied (`disp_text = []`) in
     straight-line code before `c` with nothing loss-like fed into it since (eznlp's disp_running_info logs its

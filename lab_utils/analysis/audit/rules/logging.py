@@ -36,7 +36,6 @@ from ..losses import (
     returned_reduced,
     still_fed,
     walked_from,
-    whole_set_meters,
 )
 from ..meters import feeds_handed_meter, reducing_meters
 from ..project import Module
@@ -56,6 +55,7 @@ from ..syntax import (
     root,
     walk,
 )
+from ..whole_sets import whole_set_values
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
 NONFINITE = {"isfinite", "isnan", "isinf"}
@@ -378,7 +378,7 @@ def _scope_facts(f: Facts, m: Module, scope: ast.AST, per_scope: dict) -> dict:
         bw = backwarded(scope)
         sc = per_scope[id(scope)] = {
             "backwarded": bw, "terms": loss_terms(scope, bw), "rank0_own": rank0_own(f, m, scope),
-            "global": global_model_losses(f, m, scope), "whole_set": whole_set_meters(m, scope),
+            "global": global_model_losses(f, m, scope), "whole_set": whole_set_values(f, m, scope),
             "reducing": reducing_meters(f, m, scope), "over_gathered": every_loss_over_gathered_labels(m, scope),
             "reduce_calls": [(x.lineno, root(x.func.value)) for x in walk(scope) if isinstance(x, ast.Call)
                              and isinstance(x.func, ast.Attribute) and REDUCEISH.search(x.func.attr)]}

@@ -1,0 +1,128 @@
+"""Values every rank computes over the whole of a set, not its shard: a loss meter fed in a loop over a loader
+with no sampler, or what an evaluation function returns when it is handed such a loader (built here, or returned
+by the project's data builder). Every rank's number is then the single run's, so a log of it, on rank 0 or on
+every rank, shows no shard's loss. The logging rules subtract these (rules/logging.py)."""
+
+from __future__ import annotations
+
+import ast
+
+from .facts import Facts
+from .project import Module
+from .syntax import LOSSISH, callee, dotted, walk
+
+
+def _unsharded(v: ast.AST) -> bool:
+    """`DataLoader(dataset, batch_size=..., shuffle=False)`: no sampler (nor batch sampler) hands it a shard."""
+    return isinstance(v, ast.Call) and callee(v) == "DataLoader" and len(v.args) < 4 and not any(
+        k.arg in ("sampler", "batch_sampler") for k in v.keywords)
+
+
+def whole_set_values(f: Facts, m: Module, scope: ast.AST) -> set[str]:
+    return whole_set_meters(m, scope) | _evaluated_over_whole_sets(f, m, scope)
+
+
+def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
+    """Meters and sums fed only inside loops over a loader with no sampler, where nothing runs backward
+    (Soft-HuBERT's `validation_loss.update(loss.item())` in `for wavs, codes in validation_loader:`, a
+    `DataLoader(validation_dataset, batch_size=1, shuffle=False)`): every rank goes over the whole set, so rank
+    0's number is the single run's, not a shard's."""
+    whole = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and _unsharded(a.value) for t in a.targets}
+    feeds: dict[str, list[bool]] = {}
+    for n in walk(scope):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "append") \
+                and n.args:
+            name, fed = dotted(n.func.value), n.args
+        elif isinstance(n, ast.AugAssign):
+            name, fed = dotted(n.target), [n.value]
+        else:
+            continue
+        if not name or not any(isinstance(x, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(x)) for v in fed
+                               for x in ast.walk(v)):
+            continue
+        loop = m.parent.get(id(n))
+        while loop is not None and not isinstance(loop, (ast.For, ast.FunctionDef, ast.Module)):
+            loop = m.parent.get(id(loop))
+        it = loop.iter if isinstance(loop, ast.For) else None
+        while isinstance(it, ast.Call) and it.args and callee(it) in ("enumerate", "tqdm", "iter"):
+            it = it.args[0]
+        feeds.setdefault(name, []).append(it is not None and dotted(it) in whole and not any(
+            isinstance(c, ast.Call) and callee(c) == "backward" for c in walk(loop)))
+    return {name for name, whole_loops in feeds.items() if all(whole_loops)}
+
+
+def _returns_unsharded(f: Facts, m: Module, fn: ast.AST, i: int | None, depth: int = 3) -> bool:
+    """Every return of `fn` hands back an unsharded loader (at position i of a returned tuple): built there, held in
+    a name built so, or returned by another project function that does (Densecap's get_dataset returns
+    `train_loader, valid_loader, ...`; the cloud-phase project's preProcessing returns prepare_data(...)'s)."""
+    rets = [r.value for r in walk(fn) if isinstance(r, ast.Return) and r.value is not None]
+    if not rets or depth == 0:
+        return False
+    for v in rets:
+        if i is not None:
+            if not isinstance(v, ast.Tuple) or i >= len(v.elts):
+                return False
+            v = v.elts[i]
+        if not _whole_value(f, m, fn, v, depth):
+            return False
+    return True
+
+
+def _whole_value(f: Facts, m: Module, scope: ast.AST, v: ast.AST, depth: int) -> bool:
+    if _unsharded(v):
+        return True
+    if isinstance(v, ast.Name):
+        binds = [a for a in walk(scope) if isinstance(a, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == v.id for t in a.targets)]
+        return bool(binds) and all(_whole_value(f, m, scope, a.value, depth) for a in binds)
+    if isinstance(v, ast.Call):
+        found = f.p.resolve(m, v, exact=True)
+        return bool(found) and all(_returns_unsharded(f, tm, tf, None, depth - 1) for tm, tf in found)
+    return False
+
+
+def _whole_loaders(f: Facts, m: Module, scope: ast.AST, depth: int = 2) -> set[str]:
+    """Names in `scope` that hold an unsharded loader: bound from one (unpacked by position from a builder's
+    tuple), or parameters every caller hands one."""
+    kept = f.cache.setdefault("whole_loaders", {})
+    key = (m.rel, id(scope), depth)
+    if key in kept:
+        return kept[key]
+    kept[key] = out = set()
+    for a in walk(scope):
+        if not isinstance(a, ast.Assign) or len(a.targets) != 1:
+            continue
+        t, v = a.targets[0], a.value
+        if isinstance(t, ast.Name) and _whole_value(f, m, scope, v, 3):
+            out.add(t.id)
+        elif isinstance(t, (ast.Tuple, ast.List)) and isinstance(v, ast.Call) and (found := f.p.resolve(m, v)):
+            out |= {e.id for i, e in enumerate(t.elts) if isinstance(e, ast.Name) and all(
+                _returns_unsharded(f, tm, tf, i) for tm, tf in found)}
+    params = [x.arg for x in scope.args.args] if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    sites = f.p.callers(m, scope) if params and depth else []
+    for i, name in enumerate(params):
+        given = [next((k.value for k in c.keywords if k.arg == name), c.args[i] if i < len(c.args) else None)
+                 for _, c in sites]
+        if sites and all(isinstance(g, ast.Name) and g.id in _whole_loaders(f, cm, cm.enclosing(c) or cm.tree,
+                                                                               depth - 1)
+                         for g, (cm, c) in zip(given, sites, strict=True)):
+            out.add(name)
+    return out
+
+
+def _evaluated_over_whole_sets(f: Facts, m: Module, scope: ast.AST) -> set[str]:
+    """Names bound from a project function handed an unsharded loader that runs no backward and no collective
+    (`valid_loss, ... = valid(model, valid_loader)`): every rank evaluates the whole set with the same weights."""
+    loaders = _whole_loaders(f, m, scope)
+    out = set()
+    for a in walk(scope) if loaders else []:
+        if not isinstance(a, ast.Assign) or not isinstance(a.value, ast.Call):
+            continue
+        c = a.value
+        if not any(isinstance(x, ast.Name) and x.id in loaders for x in [*c.args, *(k.value for k in c.keywords)]):
+            continue
+        found = f.p.resolve(m, c)
+        if found and not f.collective_helper(m, c) and not any(f.p.function_does(
+                tm, tf, lambda mm, cc: callee(cc) in ("backward", "step"), 1) for tm, tf in found):
+            out |= {dotted(e) for t in a.targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
+    return out - {""}
