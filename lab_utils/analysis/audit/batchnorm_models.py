@@ -8,41 +8,13 @@ from __future__ import annotations
 import ast
 import re
 
+from .batchnorm_layers import PLAIN_BN, bn_in
 from .facts import Facts
 from .files import project_files
 from .handed_models import handed_builder_batchnorm, handed_module_batchnorm, handed_to_unseen_batchnorm
 from .model_names import NO_BN_ARCH, arch_default, unseen_package_bn_model, vision_get_model, vision_lib
 from .project import Module
 from .syntax import callee, const_str, dotted, kw, root, walk
-
-
-def is_batchnorm(m: Module, c: ast.Call) -> bool:
-    """nn.BatchNorm1d/2d/3d, under any import alias (`from torch.nn import BatchNorm1d as BatchNorm`), or a class
-    of the module built on one (CLIP-Driven's ContBatchNorm3d(_BatchNorm), batch statistics always)."""
-    name = callee(c)
-    alias = _module_alias(m, name) if isinstance(c.func, ast.Name) else None
-    if alias is not None:  # `BatchNorm2d = functools.partial(InPlaceABNSync, activation='identity')` (CCNet)
-        return bool(re.fullmatch(r"(nn\.|torch\.nn\.)?BatchNorm[123]d", alias))
-    imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
-    own = m.classes.get(name) if isinstance(c.func, ast.Name) else None  # `class ContBatchNorm3d(_BatchNorm)`
-    # (MinkowskiEngine's MinkowskiBatchNorm, a BatchNorm1d over the sparse features: DSPv2's point-cloud encoder)
-    # (mmcv's norm config, `norm_cfg = dict(type='BN', requires_grad=True)`, that ConvModule and build_norm_layer
-    # turn into nn.BatchNorm2d: NeWCRFs' and IEBins' PSP decoder)
-    if name == "dict" and re.fullmatch(r"BN[123]?d?|BatchNorm[123]?d?", const_str(kw(c, "type")) or ""):
-        return True
-    return bool(re.fullmatch(r"BatchNorm[123]d|MinkowskiBatchNorm", name)
-                or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1])
-                or own is not None and any(re.fullmatch(r"_BatchNorm|BatchNorm[123]d", dotted(b).split(".")[-1])
-                                           for b in own.bases))
-
-
-def _module_alias(m: Module, name: str) -> str | None:
-    """What a module-level `name = X` or `name = functools.partial(X, ...)` makes `name` stand for (dotted X)."""
-    for a in m.tree.body:
-        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets):
-            v = [*a.value.args, a][0] if isinstance(a.value, ast.Call) and callee(a.value) == "partial" else a.value
-            return dotted(v) if isinstance(v, (ast.Name, ast.Attribute)) else None
-    return None
 
 
 def wrapped_batchnorm(f: Facts, m: Module):
@@ -62,7 +34,7 @@ def wrapped_batchnorm(f: Facts, m: Module):
             keys = set()
             for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
                 keys |= f.p.reach(cm, meth)
-            bn = _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _held_batchnorm(f, cm, cdef)
+            bn = bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _held_batchnorm(f, cm, cdef)
             if bn is not None:
                 return w, bn
         if isinstance(arg, ast.Name):
@@ -80,7 +52,7 @@ def _class_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
     keys = set()
     for meth in (d for d in cdef.body if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef))):
         keys |= f.p.reach(cm, meth)
-    return _bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _globals_batchnorm(f, cm, cdef) or \
+    return bn_in(f, keys) or _dynamic_batchnorm(f, cm, cdef) or _globals_batchnorm(f, cm, cdef) or \
         handed_builder_batchnorm(f, cm, cdef, _factory_batchnorm) or handed_module_batchnorm(
             f, cm, cdef, _factory_batchnorm)
 
@@ -98,7 +70,7 @@ def _globals_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
             key.left if isinstance(key, ast.BinOp) else key.values[0] if isinstance(key, ast.JoinedStr) else None
         prefix = (const_str(head) or "").split("{")[0]
         names = [k for k in cm.functions if prefix and k.startswith(prefix) and "." not in k]
-        found = [_bn_in(f, f.p.reach(cm, cm.functions[k])) for k in names]
+        found = [bn_in(f, f.p.reach(cm, cm.functions[k])) for k in names]
         if found and all(found):
             return found[0]
     return None
@@ -129,41 +101,6 @@ def _held_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
     return None
 
 
-def _bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
-    """(module, node) of a BatchNorm layer the reached functions build: `nn.BatchNorm2d(c)`, or the class handed
-    on as the layer to build (`norm_layer = nn.BatchNorm2d`, `def __init__(self, norm_layer=nn.BatchNorm2d)`,
-    `Block(norm=nn.BatchNorm2d)`), not an isinstance() or == test of one."""
-    for mm, fn in f.p.nodes(keys):
-        defaults = fn.args.defaults + [d for d in fn.args.kw_defaults if d is not None]
-        for n in walk(fn):
-            if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)):
-                return mm, n
-            if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
-                continue
-            up = mm.parent.get(id(n))
-            if any(n is d for d in defaults) or isinstance(up, ast.keyword) or isinstance(up, ast.Assign) and \
-                    up.value is n:
-                return mm, n
-    return None
-
-
-BN_CLASS = re.compile(r"BatchNorm[123]d")
-
-
-def _torchvision_bn_model(m: Module, c: ast.Call) -> bool:
-    """A torchvision model of a BatchNorm family built in project code (`self.imgnet = resnet18(pretrained=True)`
-    with `from torchvision.models import resnet18`, EZ-VSL's two backbones; `models.resnet50()`): not VGG, ViT,
-    Swin or ConvNeXt (NO_BN_ARCH), and not a model class (`ResNet(...)`, whose norm layer is an argument)."""
-    if isinstance(c.func, ast.Name):
-        imp = m.imports.get(c.func.id)
-        name = imp[1] if imp and imp[1] else ""
-        lib = imp is not None and imp[0].startswith("torchvision.models") and "detection" not in imp[0]  # (Frozen)
-    else:
-        name, lib = (c.func.attr, vision_lib(m, c.func.value)) if isinstance(c.func, ast.Attribute) else ("", False)
-    return lib and name[:1].islower() and not NO_BN_ARCH.match(name) and not name.startswith("get_") and not (
-        kw(c, "norm_layer") is not None and not PLAIN_BN.search(dotted(kw(c, "norm_layer"))))  # (MeMOTR's Frozen)
-
-
 def _dynamic_batchnorm(f: Facts, cm: Module, cdef: ast.ClassDef):
     """A class that builds its network from a module named at run time (`importlib.import_module("models." +
     model).__getattribute__("MainModel")`, voxceleb_trainer's SpeakerNet): BatchNorm when every project module in
@@ -191,7 +128,7 @@ def _defined_batchnorm(f: Facts, mm: Module, name: str):
     if name in mm.classes:
         return _class_batchnorm(f, mm, mm.classes[name])
     if name in mm.functions:
-        return _bn_in(f, f.p.reach(mm, mm.functions[name]))
+        return bn_in(f, f.p.reach(mm, mm.functions[name]))
     return "absent"
 
 
@@ -232,9 +169,6 @@ def _built_from(m: Module, w: ast.Call, name: str) -> list[ast.Call]:
     return sorted(out, key=lambda c: -c.lineno)
 
 
-PLAIN_BN = re.compile(r"(?<!Frozen)(?<!Sync)BatchNorm")
-
-
 def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
     """(module, node) when the model `c` builds has BatchNorm though no project class is called by name: a
     torchvision factory (`models.__dict__[arch]()`, `models.resnet50()`, `getattr(models, arch)()`) of a BN family,
@@ -263,7 +197,7 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
     for tm, tf in f.p.resolve(m, c):
         if tm.class_of(tf) is None:  # a project factory function (classes were looked at already)
             keys = f.p.reach(tm, tf)
-            bn = _bn_in(f, keys) or next((x for x in (
+            bn = bn_in(f, keys) or next((x for x in (
                 _registered_batchnorm(f, callee(rc)) or _named_from_a_table(f, rm, rc)
                 or (unseen_package_bn_model(f, rm, rc) and (rm, rc))
                 for rm, rc in f.p.calls_in(keys) if not f.p.resolve(rm, rc)) if x), None)
@@ -294,7 +228,7 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
         name = (const_str(tail) or "").split(".")[-1]
         for tm in f.p.modules.values():
             if name and name in tm.functions:
-                bn = _bn_in(f, f.p.reach(tm, tm.functions[name]))
+                bn = bn_in(f, f.p.reach(tm, tm.functions[name]))
                 if bn is not None:
                     return bn
     return None
@@ -332,7 +266,7 @@ def _dict_registry_batchnorm(f: Facts, m: Module, table: str):
                     for tm, tf in targets[:1]:
                         cls = tm.class_of(tf)
                         found.append(_class_batchnorm(f, tm, tm.classes[cls]) if cls and tf.name == "__init__"
-                                     else _bn_in(f, f.p.reach(tm, tf)))
+                                     else bn_in(f, f.p.reach(tm, tf)))
             if found and all(found):
                 return found[0]
     return None
@@ -353,7 +287,7 @@ def _registered_batchnorm(f: Facts, name: str):
             if not any(_registers_under(x, wanted.group(1).lower()) for x in d.decorator_list):
                 continue
             found.append(_class_batchnorm(f, mm, d) if isinstance(d, ast.ClassDef)
-                         else _bn_in(f, f.p.reach(mm, d)))
+                         else bn_in(f, f.p.reach(mm, d)))
     return found[0] if found and all(found) else None
 
 
@@ -484,7 +418,7 @@ def _uncalled_builder_batchnorm(f: Facts):
             if "." in name or name in called or not re.fullmatch(r"(build|make|create|get)(_\w*)?(model|net\w*)?",
                                                                   name):
                 continue
-            bn = _bn_in(f, f.p.reach(mm, fn))
+            bn = bn_in(f, f.p.reach(mm, fn))
             if bn is not None and any(isinstance(r, ast.Return) and r.value is not None for r in walk(fn)):
                 return name, bn
     return None
@@ -519,7 +453,7 @@ def _config_named_batchnorm(f: Facts):
             cls = name if name in mm.classes else lowered.get(name.lower())
             if cls and (bn := _class_batchnorm(f, mm, mm.classes[cls])) is not None:
                 return name, bn
-            if name in mm.functions and (bn := _bn_in(f, f.p.reach(mm, mm.functions[name]))) is not None:
+            if name in mm.functions and (bn := bn_in(f, f.p.reach(mm, mm.functions[name]))) is not None:
                 return name, bn
     return None
 

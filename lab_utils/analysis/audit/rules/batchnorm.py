@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 import re
 
+from ..batchnorm_layers import is_batchnorm
 from ..batchnorm_models import (
     arm_off_by_default,
     handed_to_a_wrap_helper,
-    is_batchnorm,
     wrapped_batchnorm,
     wrapped_from_unseen_factories,
 )

@@ -1,0 +1,80 @@
+"""BatchNorm layers as code builds them, for batchnorm_models.py: a call of nn.BatchNorm1d/2d/3d (under any alias,
+or a class of the module built on one), a torchvision model of a BatchNorm family, or the class handed on as the
+layer to build (`def __init__(self, norm_layer=nn.BatchNorm2d)`, used in the body)."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .facts import Facts
+from .model_names import NO_BN_ARCH, vision_lib
+from .project import Module
+from .syntax import callee, const_str, dotted, kw, walk
+
+
+def is_batchnorm(m: Module, c: ast.Call) -> bool:
+    """nn.BatchNorm1d/2d/3d, under any import alias (`from torch.nn import BatchNorm1d as BatchNorm`), or a class
+    of the module built on one (CLIP-Driven's ContBatchNorm3d(_BatchNorm), batch statistics always)."""
+    name = callee(c)
+    alias = _module_alias(m, name) if isinstance(c.func, ast.Name) else None
+    if alias is not None:  # `BatchNorm2d = functools.partial(InPlaceABNSync, activation='identity')` (CCNet)
+        return bool(re.fullmatch(r"(nn\.|torch\.nn\.)?BatchNorm[123]d", alias))
+    imp = m.imports.get(name) if isinstance(c.func, ast.Name) else None
+    own = m.classes.get(name) if isinstance(c.func, ast.Name) else None  # `class ContBatchNorm3d(_BatchNorm)`
+    # (MinkowskiEngine's MinkowskiBatchNorm, a BatchNorm1d over the sparse features: DSPv2's point-cloud encoder)
+    # (mmcv's norm config, `norm_cfg = dict(type='BN', requires_grad=True)`, that ConvModule and build_norm_layer
+    # turn into nn.BatchNorm2d: NeWCRFs' and IEBins' PSP decoder)
+    if name == "dict" and re.fullmatch(r"BN[123]?d?|BatchNorm[123]?d?", const_str(kw(c, "type")) or ""):
+        return True
+    return bool(re.fullmatch(r"BatchNorm[123]d|MinkowskiBatchNorm", name)
+                or imp and imp[1] and re.fullmatch(r"BatchNorm[123]d", imp[1])
+                or own is not None and any(re.fullmatch(r"_BatchNorm|BatchNorm[123]d", dotted(b).split(".")[-1])
+                                           for b in own.bases))
+
+
+def _module_alias(m: Module, name: str) -> str | None:
+    """What a module-level `name = X` or `name = functools.partial(X, ...)` makes `name` stand for (dotted X)."""
+    for a in m.tree.body:
+        if isinstance(a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in a.targets):
+            v = [*a.value.args, a][0] if isinstance(a.value, ast.Call) and callee(a.value) == "partial" else a.value
+            return dotted(v) if isinstance(v, (ast.Name, ast.Attribute)) else None
+    return None
+
+
+def bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
+    """(module, node) of a BatchNorm layer the reached functions build: `nn.BatchNorm2d(c)`, or the class handed
+    on as the layer to build (`norm_layer = nn.BatchNorm2d`, `def __init__(self, norm_layer=nn.BatchNorm2d)`,
+    `Block(norm=nn.BatchNorm2d)`), not an isinstance() or == test of one."""
+    for mm, fn in f.p.nodes(keys):
+        defaults = fn.args.defaults + [d for d in fn.args.kw_defaults if d is not None]
+        for n in walk(fn):
+            if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)):
+                return mm, n
+            if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
+                continue
+            up = mm.parent.get(id(n))
+            if any(n is d for d in defaults) or isinstance(up, ast.keyword) or isinstance(up, ast.Assign) and \
+                    up.value is n:
+                return mm, n
+    return None
+
+
+BN_CLASS = re.compile(r"BatchNorm[123]d")
+
+
+def _torchvision_bn_model(m: Module, c: ast.Call) -> bool:
+    """A torchvision model of a BatchNorm family built in project code (`self.imgnet = resnet18(pretrained=True)`
+    with `from torchvision.models import resnet18`, EZ-VSL's two backbones; `models.resnet50()`): not VGG, ViT,
+    Swin or ConvNeXt (NO_BN_ARCH), and not a model class (`ResNet(...)`, whose norm layer is an argument)."""
+    if isinstance(c.func, ast.Name):
+        imp = m.imports.get(c.func.id)
+        name = imp[1] if imp and imp[1] else ""
+        lib = imp is not None and imp[0].startswith("torchvision.models") and "detection" not in imp[0]  # (Frozen)
+    else:
+        name, lib = (c.func.attr, vision_lib(m, c.func.value)) if isinstance(c.func, ast.Attribute) else ("", False)
+    return lib and name[:1].islower() and not NO_BN_ARCH.match(name) and not name.startswith("get_") and not (
+        kw(c, "norm_layer") is not None and not PLAIN_BN.search(dotted(kw(c, "norm_layer"))))  # (MeMOTR's Frozen)
+
+
+PLAIN_BN = re.compile(r"(?<!Frozen)(?<!Sync)BatchNorm")
