@@ -47,7 +47,8 @@ def bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
     on as the layer to build (`norm_layer = nn.BatchNorm2d`, `def __init__(self, norm_layer=nn.BatchNorm2d)`,
     `Block(norm=nn.BatchNorm2d)`), not an isinstance() or == test of one."""
     for mm, fn in f.p.nodes(keys):
-        defaults = fn.args.defaults + [d for d in fn.args.kw_defaults if d is not None]
+        # (a default the body never reads builds nothing: MUSE's DWConv2d_BN(..., norm_layer=nn.BatchNorm2d))
+        defaults = [d for a, d in _defaults(fn) if _reads(fn, a)]
         for n in walk(fn):
             if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)):
                 return mm, n
@@ -58,6 +59,18 @@ def bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
                     up.value is n:
                 return mm, n
     return None
+
+
+def _defaults(fn: ast.AST) -> list[tuple[str, ast.AST]]:
+    """(parameter, its default) of a function."""
+    a = fn.args
+    pos = a.posonlyargs + a.args
+    return [(p.arg, d) for p, d in zip(pos[len(pos) - len(a.defaults):], a.defaults, strict=True)] + [
+        (p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+
+
+def _reads(fn: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in walk(fn))
 
 
 BN_CLASS = re.compile(r"BatchNorm[123]d")
