@@ -129,7 +129,10 @@ BUFFER_FREE = re.compile(r"(Conv(Transpose)?[123]d|Linear|Bilinear|Sequential|Mo
                          r"LogSoftmax|Softplus|GLU|Dropout[123]?d?|LayerNorm|GroupNorm|InstanceNorm[123]d|Embedding|"
                          r"LSTM|GRU|RNN|LSTMCell|GRUCell|MultiheadAttention|Identity|Flatten|Unflatten|Upsample|"
                          r"(Adaptive)?(Max|Avg)Pool[123]d|(Constant|Reflection|Replication|Zero)Pad[123]d|"
-                         r"Pixel(Un)?Shuffle|Unfold|Fold)")
+                         r"Pixel(Un)?[Ss]huffle|Unfold|Fold|DeformConv2d|Rearrange|"
+                         r"Size|\w*(Error|Exception|Warning))")
+# (DeformConv2d: torchvision.ops; Rearrange: einops; neither holds a buffer; torch.Size and a raised error are no
+# layers: MUSE's `torch.Size(normalized_shape)`, `raise ValueError(...)` in a builder)
 
 
 # where submodules are built (`__init__`, `_make_layer`, `build_decoder`), as opposed to the forward's path
