@@ -67,3 +67,13 @@ def test_set_epoch_missing_names_the_epoch_loop_of_a_loader_held_by_a_data_class
     set_ = {"main.py": main, "data_mono.py": data,
             "trainer.py": trainer.replace("SET", "self.train_loader.sampler.set_epoch(epoch)")}
     assert not _rules(_project(tmp_path / "set", set_), "set-epoch-missing")
+
+
+def test_names_bound_from_each_other_end_the_whole_set_search(tmp_path):
+    """The full regression at 4853e2a: whole_sets followed a name to its bindings and back (`a = b` ... `b = a`)
+    until Python's recursion limit. Such names hold no loader; the audit finishes and reports the print."""
+    train = (DDP + "def main(a):\n    dist.init_process_group('gloo')\n    torch.manual_seed(0)\n"
+             "    model = DDP(torch.nn.Linear(2, 2))\n    b = a\n    a = b\n"
+             "    for x in a:\n        loss = model(x).sum()\n        loss.backward()\n"
+             "        print('loss', loss.item())\nif __name__ == '__main__':\n    main([torch.ones(2)])\n")
+    assert _rules(_project(tmp_path / "cycle", {"train.py": train}), "every-rank-prints-loss")

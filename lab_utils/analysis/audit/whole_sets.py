@@ -68,13 +68,13 @@ def _returns_unsharded(f: Facts, m: Module, fn: ast.AST, i: int | None, depth: i
     return True
 
 
-def _whole_value(f: Facts, m: Module, scope: ast.AST, v: ast.AST, depth: int) -> bool:
+def _whole_value(f: Facts, m: Module, scope: ast.AST, v: ast.AST, depth: int, seen: frozenset = frozenset()) -> bool:
     if _unsharded(v):
         return True
-    if isinstance(v, ast.Name):
+    if isinstance(v, ast.Name) and v.id not in seen:  # (a name bound from itself, `x = wrap(x)`: no loader)
         binds = [a for a in walk(scope) if isinstance(a, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == v.id for t in a.targets)]
-        return bool(binds) and all(_whole_value(f, m, scope, a.value, depth) for a in binds)
+        return bool(binds) and all(_whole_value(f, m, scope, a.value, depth, seen | {v.id}) for a in binds)
     if isinstance(v, ast.Call):
         found = f.p.resolve(m, v, exact=True)
         return bool(found) and all(_returns_unsharded(f, tm, tf, None, depth - 1) for tm, tf in found)
