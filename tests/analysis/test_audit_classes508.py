@@ -77,3 +77,19 @@ def test_names_bound_from_each_other_end_the_whole_set_search(tmp_path):
              "    for x in a:\n        loss = model(x).sum()\n        loss.backward()\n"
              "        print('loss', loss.item())\nif __name__ == '__main__':\n    main([torch.ones(2)])\n")
     assert _rules(_project(tmp_path / "cycle", {"train.py": train}), "every-rank-prints-loss")
+
+
+def test_a_seed_a_yaml_config_leaves_null_skips_the_seeding(tmp_path):
+    """CNMT (Pythia): `seed = self.config.seed; if seed is None: return` before torch.manual_seed(seed), with
+    `seed: null` in the project's base.yml: the default run never seeds (no-seed). With `seed: 1` it does."""
+    train = (DDP + "import yaml\nclass Trainer:\n    def __init__(self, config):\n        self.config = config\n"
+             "    def config_based_setup(self):\n        seed = self.config.seed\n        if seed is None:\n"
+             "            return\n        torch.manual_seed(seed)\n    def train(self):\n"
+             "        dist.init_process_group('gloo')\n        self.config_based_setup()\n"
+             "        model = DDP(torch.nn.Linear(2, 2))\n        model(torch.ones(2)).sum().backward()\n"
+             "if __name__ == '__main__':\n    config = yaml.safe_load(open('configs/base.yml'))\n"
+             "    Trainer(config).train()\n")
+    null = {"train.py": train, "configs/base.yml": "training:\n    seed: null\n    batch_size: 512\n"}
+    assert _rules(_project(tmp_path / "null", null), "no-seed")
+    given = {"train.py": train, "configs/base.yml": "training:\n    seed: 1\n    batch_size: 512\n"}
+    assert not _rules(_project(tmp_path / "given", given), "no-seed")

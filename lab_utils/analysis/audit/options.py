@@ -439,6 +439,8 @@ class DefaultOptions(PythonConfigs):
         if v.id not in params:
             return UNKNOWN
         positional = params[1:] if params[:1] in (["self"], ["cls"]) else params
+        if v.id not in positional:
+            return UNKNOWN  # (`self` itself)
         values = []
         defaults = dict(zip(params[len(params) - len(fn.args.defaults):], fn.args.defaults, strict=True))
         for cm, c in self.p.callers(m, fn):

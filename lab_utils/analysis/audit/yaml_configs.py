@@ -77,7 +77,8 @@ class YamlConfigs:
         return self._cached("_yaml_value", key, self._yaml_value_uncached)
 
     def _yaml_value_uncached(self, key: str):
-        """The one number or boolean every YAML file of the project that names `key` gives it, else UNKNOWN."""
+        """The one number, boolean or null every YAML file of the project that names `key` gives it, else UNKNOWN
+        (CNMT's `seed: null` in base.yml: its trainer's `if seed is None: return` skips the seeding)."""
         if not self.p.on_disk:
             return UNKNOWN
         line = re.compile(rf"^\s*{re.escape(key)}\s*:\s*([^\s#]+)", re.M)
@@ -86,6 +87,8 @@ class YamlConfigs:
         if len(raw) != 1:
             return UNKNOWN
         text = raw.pop()
+        if text.lower() in ("null", "~", "none"):
+            return None
         return {"true": True, "false": False}.get(text.lower(), int(text) if text.lstrip("-").isdigit() else UNKNOWN)
 
     def _yaml_null(self, key: str) -> bool:
