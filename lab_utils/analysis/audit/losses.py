@@ -302,12 +302,16 @@ def holding_a_loss(fn: ast.AST) -> set[str]:
     return held
 
 
-def keys_or_tags(values: list) -> set[str]:
+def keys_or_tags(values: list, log: ast.Call | None = None) -> set[str]:
     """Names the logged values read only as a key or a text: `losses_meter[key]`, `key + '_loss_train'` (ESTRNN's
-    `for key in losses_name:` loop over the losses' names): a string in the log, never a loss's value."""
+    `for key in losses_name:` loop over the losses' names), a writer's tag (`writer.add_scalar(k, avg_loss,
+    step)`, DiffMoE): a string in the log, never a loss's value."""
     parents = {id(k): n for v in values for n in ast.walk(v) for k in ast.iter_child_nodes(n)}
+    tag = log.args[0] if log is not None and callee(log) in ("add_scalar", "add_scalars") and log.args else None
 
     def key_or_tag(x: ast.Name) -> bool:
+        if x is tag:
+            return True
         up = parents.get(id(x))
         texts = isinstance(up, ast.BinOp) and isinstance(up.op, ast.Add) and (up.left, up.right)
         return isinstance(up, ast.Subscript) and up.slice is x or bool(texts) and any(

@@ -269,7 +269,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         carriers = carried.get(key)
         if carriers is None:
             carriers = carried[key] = loss_carriers(scope, held)
-        valued, rest = names - keys_or_tags(values), names - lossy
+        valued, rest = names - keys_or_tags(values, c), names - lossy
         lossy |= packed_losses(scope, rest) | still_fed(scope, c, names & carriers) | looped_losses(m, c, valued) \
             | returned_losses(f, m, scope, rest) | texts_of_losses(scope, rest, carriers)
         if name not in LOG_CALLS and isinstance(c.func, ast.Attribute):  # metric_logger.log_every(...): the
