@@ -43,7 +43,8 @@ def _loader_names(p, m: Module, sampler: ast.Call) -> tuple[set[str], list]:
     one; those callers' calls)."""
     held = _held_as(m, sampler) or {"sampler"}
     loaders = [c for c in m.calls if callee(c).endswith("DataLoader") and any(
-        k.arg == "sampler" and (k.value is sampler or _mentions(k.value, held)) for k in c.keywords)]
+        k.arg == "sampler" and (any(x is sampler for x in ast.walk(k.value)) or _mentions(k.value, held))
+        for k in c.keywords)]  # (or built in the keyword's arm: `sampler=DistributedSampler(d) if dist else None`)
     names, handed = set(), []
     for c in loaders:
         names |= _held_as(m, c)

@@ -23,12 +23,14 @@ from .syntax import (
     root,
     walk,
 )
+from .whole_sets import whole_set_values
 
 
-def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
+def handed_global(f: Facts, m: Module, scope: ast.AST, name: str, depth: int = 2) -> bool:
     """`name` is a parameter of the logging function (arcface's CallBackLogging.__call__(step, loss, ...)) and
-    every project caller hands it a value that is already the global batch's there: reduced over ranks, or the
-    loss of a model that gathers every rank's features."""
+    every project caller hands it a value that is already the global batch's there: reduced over ranks, the loss
+    of a model that gathers every rank's features, or a value every rank computed over a whole set (Side-output
+    U2's v_loss from evaluate_epoch over an unsharded loader), there or in the callers' own callers."""
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
     params = [a.arg for a in scope.args.args]
@@ -40,7 +42,7 @@ def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
             c.func, ast.Attribute) and c.func.attr in ("update", "append") and c.args}
         reads = {root(n) for v in built for n in ast.walk(v) if isinstance(n, (ast.Name, ast.Attribute))}
         lossy = {r for r in reads | {fed[r] for r in reads if r in fed} if r in params and LOSSISH.search(r)}
-        return bool(built) and bool(lossy) and all(handed_global(f, m, scope, r) for r in lossy)
+        return bool(built) and bool(lossy) and all(handed_global(f, m, scope, r, depth) for r in lossy)
     i = params.index(name) - (1 if params[0] in ("self", "cls") else 0)
     sites = f.p.callers(m, scope)
     defaults, handed = len(scope.args.defaults), 0
@@ -49,7 +51,9 @@ def handed_global(f: Facts, m: Module, scope: ast.AST, name: str) -> bool:
         if given is None and params.index(name) >= len(params) - defaults:
             continue  # not handed: the default (HaGRID's evaluation calls, `loss: float = None`)
         cs, handed = cm.enclosing(c) or cm.tree, handed + 1
-        if given is None or root(given) not in global_model_losses(f, cm, cs) | f.reduced_names(cm, cs):
+        if given is None or root(given) not in global_model_losses(f, cm, cs) | f.reduced_names(cm, cs) | \
+                whole_set_values(f, cm, cs) and not (depth and isinstance(given, ast.Name) and handed_global(
+                    f, cm, cs, given.id, depth - 1)):
             return False
     return handed > 0
 
@@ -108,9 +112,28 @@ def loss_terms(scope: ast.AST, losses: set[str]) -> set[str]:
     made = {t.id for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call)
             and re.search(r"crit|loss|objective", dotted(a.value.func), re.I) for t in a.targets
             if isinstance(t, ast.Name)}
-    return {n.id for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
-            and any(dotted(t) in losses for t in a.targets)
-            for n in ast.walk(a.value) if isinstance(n, ast.Name) and n.id in made}
+    terms = {n.id for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.BinOp)
+             and any(dotted(t) in losses for t in a.targets)
+             for n in ast.walk(a.value) if isinstance(n, ast.Name) and n.id in made}
+    return terms | _statistics_of_feeders(scope, losses)
+
+
+def _statistics_of_feeders(scope: ast.AST, losses: set[str]) -> set[str]:
+    """Names bound from one loss-named value that the backwarded loss is computed from, and nothing else (MPP's
+    `loss = raw_loss.mean() / accum`, then `log_nrmse = raw_loss.sqrt().mean()`, printed): a statistic of the
+    micro-batch's own loss, whatever it is called."""
+    feeders = {n.id for a in walk(scope) if isinstance(a, ast.Assign) and any(dotted(t) in losses for t in a.targets)
+               for n in ast.walk(a.value) if isinstance(n, ast.Name) and LOSSISH.search(n.id)
+               and not NOT_A_LOSS.search(n.id)} - set(losses)
+    out = set()
+    for a in walk(scope) if feeders else []:
+        if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name):
+            reads = {n.id for n in ast.walk(a.value) if isinstance(n, ast.Name)}
+            if len(reads) == 1 and reads <= feeders and all(isinstance(n, (  # (methods and arithmetic alone)
+                    ast.Name, ast.Attribute, ast.Call, ast.BinOp, ast.Constant, ast.expr_context, ast.operator))
+                    for n in ast.walk(a.value)):
+                out.add(a.targets[0].id)
+    return out
 
 
 def returns_reduced(f: Facts, m: Module, fn: ast.AST, slot: int | None = None) -> bool:

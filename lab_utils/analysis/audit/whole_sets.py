@@ -12,10 +12,19 @@ from .project import Module
 from .syntax import LOSSISH, callee, dotted, walk
 
 
-def _unsharded(v: ast.AST) -> bool:
-    """`DataLoader(dataset, batch_size=..., shuffle=False)`: no sampler (nor batch sampler) hands it a shard."""
+def _unsharded(v: ast.AST, m: Module | None = None) -> bool:
+    """`DataLoader(dataset, batch_size=..., shuffle=False)`: no sampler (nor batch sampler) hands it a shard; its
+    `**vkwargs` a dict the module writes without one (Side-output U2's `vkwargs = {'batch_size': ..., ...}`)."""
     return isinstance(v, ast.Call) and callee(v) == "DataLoader" and len(v.args) < 4 and not any(
-        k.arg in ("sampler", "batch_sampler") for k in v.keywords)
+        k.arg in ("sampler", "batch_sampler") or k.arg is None and not _dict_without_sampler(m, k.value)
+        for k in v.keywords)
+
+
+def _dict_without_sampler(m: Module | None, v: ast.AST) -> bool:
+    made = [a.value for a in (m.nodes if m is not None and isinstance(v, ast.Name) else []) if isinstance(
+        a, ast.Assign) and any(isinstance(t, ast.Name) and t.id == v.id for t in a.targets)]
+    return bool(made) and all(isinstance(d, ast.Dict) and None not in d.keys and not any(
+        const in ("sampler", "batch_sampler") for const in (getattr(k, "value", None) for k in d.keys)) for d in made)
 
 
 def whole_set_values(f: Facts, m: Module, scope: ast.AST) -> set[str]:
@@ -27,7 +36,8 @@ def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
     (Soft-HuBERT's `validation_loss.update(loss.item())` in `for wavs, codes in validation_loader:`, a
     `DataLoader(validation_dataset, batch_size=1, shuffle=False)`): every rank goes over the whole set, so rank
     0's number is the single run's, not a shard's."""
-    whole = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and _unsharded(a.value) for t in a.targets}
+    whole = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and _unsharded(a.value, m)
+             for t in a.targets}
     feeds: dict[str, list[bool]] = {}
     for n in walk(scope):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "append") \
@@ -69,7 +79,7 @@ def _returns_unsharded(f: Facts, m: Module, fn: ast.AST, i: int | None, depth: i
 
 
 def _whole_value(f: Facts, m: Module, scope: ast.AST, v: ast.AST, depth: int, seen: frozenset = frozenset()) -> bool:
-    if _unsharded(v):
+    if _unsharded(v, m):
         return True
     if isinstance(v, ast.Name) and v.id not in seen:  # (a name bound from itself, `x = wrap(x)`: no loader)
         binds = [a for a in walk(scope) if isinstance(a, ast.Assign) and any(

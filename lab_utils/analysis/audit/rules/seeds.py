@@ -38,9 +38,11 @@ def _entry_calls(f: Facts, m: Module):
         scope = f.entry_scope(m)
         # what runs at import time: the script's own top level and that of every project module it imports (a
         # helper module that calls torch.manual_seed(0) at its top seeds every process that imports it)
+        # (not an imported module's own main guard, which does not run on import: face-parsing's loss.py seeds
+        # torch in its `if __name__ == '__main__':` self-test)
         top = [(mm, n) for mm in [m, *(f.p.modules[r] for r in sorted(f.p.imports_of(m)))] for s in mm.tree.body
                if not isinstance(s, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-               for n in ast.walk(s) if isinstance(n, ast.Call)]
+               and not (mm is not m and s is mm.has_main_guard()) for n in ast.walk(s) if isinstance(n, ast.Call)]
         calls = top + list(f.p.calls_in(scope))
         ddp = any(callee(c) in ("init_process_group", "spawn") or f.is_ddp_call(mm, c) for mm, c in calls)
         # a seed only under a store_true option (`if opt.deterministic: torch.manual_seed(27)`, CTKD) is no seed in
@@ -195,13 +197,14 @@ def _built_at(f: Facts, wraps: list) -> list:
     """Where the model the first wrap gets is built (StableTTS's `model = StableTTS(...).to(rank)` before `model =
     DDP(model, ...)`; through the caller when the wrap's function is handed it, Re-IQA's `model, model_ema =
     build_model(args)` then `trainer.wrap_up(model, ...)`): the unseeded init happens there, the seed goes before."""
-    if not wraps or not wraps[0][1].args or not isinstance(wraps[0][1].args[0], ast.Name):
+    if not wraps or not wraps[0][1].args or not (isinstance(wraps[0][1].args[0], ast.Name) or dotted(
+            wraps[0][1].args[0]).startswith("self.")):  # (or an attribute: MPP's `self.model = build_avit(params)`)
         return []
-    (mm, c), name = wraps[0], wraps[0][1].args[0].id
+    (mm, c), name = wraps[0], dotted(wraps[0][1].args[0])
     for _ in range(2):
         scope = mm.enclosing(c) or mm.tree
         built = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(
-            a.value, ast.Call) and name in {t.id for x in a.targets for t in ast.walk(x) if isinstance(t, ast.Name)}
+            a.value, ast.Call) and name in {dotted(t) for x in a.targets for t in ast.walk(x)}
             and name not in {dotted(x) for x in a.value.args}]  # (not `model = amp.initialize(model, ...)`)
         params = [a.arg for a in scope.args.args] if isinstance(scope, ast.FunctionDef) else []
         if built or name not in params or not f.p.callers(mm, scope):
