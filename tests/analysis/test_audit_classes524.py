@@ -108,3 +108,49 @@ def test_a_whole_set_validation_loss_handed_on_through_two_functions(tmp_path):
     assert not _rules(_project(tmp_path / "whole", {"train.py": whole}), "rank0-local-loss")
     shard = train.replace("VAL", "sampler=DistributedSampler(data, shuffle=False), ")
     assert _rules(_project(tmp_path / "shard", {"train.py": shard}), "rank0-local-loss")
+
+
+def test_guards_from_the_full_regression_at_89570ab(tmp_path):
+    """What the full regression at 89570ab (995 + 15 projects) showed this stop's own changes would break: a NaN
+    abort's `return -1` under rank 0's print guard (BTS, NeWCRFs, PixelFormer) is no loop exit that decides the
+    run's length; SSD's `losses_reduced = sum(loss for loss in loss_dict_reduced.values())` reads the generator's
+    own `loss`, not the step's; a scheduler's get_lr returning `lr * multiplier` is no lr helper naming the world
+    size (RQ-VAE). The loud twins: a step count's return, an unreduced sum, and `return base_lr * world_size`."""
+    nan = (DDP + "import numpy as np\ndef train(rank, steps):\n    dist.init_process_group('gloo')\n"
+           "    torch.manual_seed(0)\n    model = DDP(torch.nn.Linear(2, 2))\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    step = 0\n    while True:\n"
+           "        loss = model(torch.ones(2)).sum()\n        loss.backward()\n        opt.step()\n"
+           "        step += 1\n        dist.barrier()\n        if rank == 0:\n            TEST\n"
+           "                return -1\nif __name__ == '__main__':\n    train(0, 100)\n")
+    abort = nan.replace("TEST", "if np.isnan(loss.cpu().item()):")
+    assert not _rules(_project(tmp_path / "nan", {"train.py": abort}), "collective-under-rank0")
+    done = nan.replace("TEST", "if step > steps:")
+    assert _rules(_project(tmp_path / "done", {"train.py": done}), "collective-under-rank0")
+    ssd = (DDP + "import logging\nlogger = logging.getLogger('ssd')\ndef reduce_loss_dict(d):\n"
+           "    for v in d.values():\n        dist.all_reduce(v)\n    return d\n"
+           "def do_train(model, loader, opt, rank):\n    for images in loader:\n"
+           "        loss_dict = model(images)\n        loss = sum(loss for loss in loss_dict.values())\n"
+           "        loss_dict_reduced = reduce_loss_dict(loss_dict)\n        LOGGED\n"
+           "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n        if rank == 0:\n"
+           "            logger.info('loss %f', losses_reduced)\ndef main(rank):\n"
+           "    dist.init_process_group('gloo')\n    torch.manual_seed(0)\n    model = DDP(torch.nn.Linear(2, 2))\n"
+           "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+           "    do_train(model, [torch.ones(2)] * 4, opt, rank)\nif __name__ == '__main__':\n    main(0)\n")
+    reduced = ssd.replace("LOGGED", "losses_reduced = sum(loss for loss in loss_dict_reduced.values())")
+    assert not _rules(_project(tmp_path / "ssd", {"trainer.py": reduced}), "rank0-local-loss")
+    own = ssd.replace("LOGGED", "losses_reduced = sum(loss for loss in loss_dict.values())")
+    assert _rules(_project(tmp_path / "own", {"trainer.py": own}), "rank0-local-loss")
+    sched = (DDP + "class Warmup(torch.optim.lr_scheduler._LRScheduler):\n"
+             "    def __init__(self, opt, multiplier):\n        self.multiplier = multiplier\n"
+             "        super().__init__(opt)\n    def get_lr(self):\n        multiplier = self.multiplier\n"
+             "        return [lr * FACTOR for lr in self.base_lrs]\ndef create(opt, world_size, mode='fix'):\n"
+             "    multiplier = 1.0\n    if mode == 'linear':\n        multiplier = multiplier * world_size\n"
+             "    return Warmup(opt, multiplier)\ndef main():\n    dist.init_process_group('gloo')\n"
+             "    torch.manual_seed(0)\n    model = DDP(torch.nn.Linear(2, 2))\n"
+             "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    s = create(opt, dist.get_world_size())\n"
+             "    model(torch.ones(2)).sum().backward()\n    opt.step()\n    s.step()\n"
+             "if __name__ == '__main__':\n    main()\n")
+    fixed = sched.replace("FACTOR", "multiplier")
+    assert not _rules(_project(tmp_path / "sched", {"main.py": fixed}), "lr-grows-with-world-size")
+    grows = sched.replace("FACTOR", "dist.get_world_size()")
+    assert _rules(_project(tmp_path / "grows", {"main.py": grows}), "lr-grows-with-world-size")

@@ -6,6 +6,7 @@ collective-under-rank0 asks it (rules/collectives.py)."""
 from __future__ import annotations
 
 import ast
+import re
 
 from .facts import Facts
 from .project import Module
@@ -32,8 +33,11 @@ def _leaves(m: Module, loop: ast.AST, x: ast.AST) -> bool:
     `if step_counter > steps: return` inside rank 0's checkpoint block), or an exit of the process."""
     if isinstance(x, ast.Break):
         return m.enclosing(x, (ast.For, ast.While)) is loop
-    if isinstance(x, ast.Return):
-        return m.enclosing(x) is m.enclosing(loop) and m.enclosing(loop) is not None
+    if isinstance(x, ast.Return):  # (on a count reaching its end, not a NaN abort nor a callback's stop flag:
+        test = getattr(m.parent.get(id(x)), "test", None)  # YOLOv5's `if callbacks.stop_training: return`)
+        return m.enclosing(x) is m.enclosing(loop) and m.enclosing(loop) is not None and isinstance(
+            test, ast.Compare) and any(isinstance(n, (ast.Name, ast.Attribute)) and re.search(
+                r"step|iter|epoch|count", dotted(n).split(".")[-1], re.I) for n in ast.walk(test))
     return isinstance(x, ast.Call) and dotted(x.func) in EXITS
 
 

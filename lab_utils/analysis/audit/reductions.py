@@ -72,7 +72,7 @@ class Reductions(DefaultOptions):
                     red.add(root(loop.iter.func.value))
             red |= {root(c.args[i]) for _, tf in self.p.resolve(m, c) for i in reduced_in_place(tf) if i < len(c.args)}
         # a model is no reduced value (DDP(model) makes no model(x) loss an average: forward_reduced judges that)
-        models = self.model_names(m) | self._handed_wrapped_models(scope)
+        models = self.model_names(m) | self._handed_wrapped_models(m, scope)
         nodes = list(walk(scope))
         local = self._local_names(m, nodes, models)
         # meters fed a loss by keyword (`metric_logger.update(loss=...)`): another keyword's reduced value (fewture's
@@ -114,7 +114,10 @@ class Reductions(DefaultOptions):
                         lossy or [a.keywords[0].value])[0]
                 if value is None:
                     continue
-                read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))} - keys
+                # (not a comprehension's own variable: SSD's `sum(loss for loss in loss_dict_reduced.values())`)
+                bound = {x.id for g in ast.walk(value) if isinstance(g, ast.comprehension) for x in ast.walk(g.target)
+                         if isinstance(x, ast.Name)}
+                read = {root(n) for n in ast.walk(value) if isinstance(n, (ast.Name, ast.Attribute))} - keys - bound
                 hit = any(isinstance(n, ast.Call) and (rank_reducing_name(n) and "batchnorm" not in
                                                        callee(n).lower() and not layer_call(m.nodes, n)
                                                        and not functools_reduce(m, n)
@@ -132,13 +135,21 @@ class Reductions(DefaultOptions):
                             changed = True
         return red
 
-    def _handed_wrapped_models(self, scope: ast.AST) -> set[str]:
+    def _handed_wrapped_models(self, m: Module, scope: ast.AST) -> set[str]:
         """The scope's parameters named as a DDP-wrapped model is somewhere in the project (CaCo's
         init_memory(train_loader, model, ...), handed the wrapper main_worker built): what their forward returns is
         this rank's own, whatever a gather later in the loop fills (its memory bank from concat_all_gather(k))."""
         wrapped = {n for names in self.ddp_wrapped.values() for n in names if "." not in n}
         args = getattr(scope, "args", None)
-        return {a.arg for a in (args.args + args.kwonlyargs if args else [])} & wrapped
+        handed = {a.arg for a in (args.args + args.kwonlyargs if args else [])} & wrapped
+        # only where a gather fills a bank in place (`Memory_Bank.W.data[:, a:b] = output.T`, output gathered):
+        # elsewhere what the model returns next to its loss (PET's weight_dict) may be no activation of this rank
+        gathered = {t.id for a in walk(scope) if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and (
+            callee(a.value) in REDUCING or self.collective_helper(m, a.value)) for t in a.targets
+            if isinstance(t, ast.Name)} if handed else set()
+        fills = any(isinstance(a, ast.Assign) and any(isinstance(t, ast.Subscript) for t in a.targets) and any(
+            isinstance(n, ast.Name) and n.id in gathered for n in ast.walk(a.value)) for a in walk(scope))
+        return handed if fills else set()
 
     def _local_names(self, m: Module, nodes: list, models: set[str]) -> set[str]:
         """Names holding this rank's own activations: what the model returns (unless its forward reduces) and

@@ -506,10 +506,12 @@ def lr_grows_with_world_size(f: Facts, m: Module):
             found.append((n, n, ast.unparse(n)))
         elif isinstance(n, ast.Call) and kw(n, "lr") is not None and grows(kw(n, "lr"), holding):
             found.append((kw(n, "lr"), kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))  # (at the scaling line)
-        elif isinstance(n, ast.Return) and n.value is not None and grows(n.value, holding) and isinstance(
+        elif isinstance(n, ast.Return) and n.value is not None and grows(n.value, set()) and isinstance(
                 m.enclosing(n), ast.FunctionDef) and LR_NAME.search(m.enclosing(n).name) and not NOT_LR.search(
                 m.enclosing(n).name):  # an lr helper (EfficientNetV2's `def lr(args): return 0.256 *
-            found.append((n, n.value, ast.unparse(n)))  # args.batch_size * args.world_size / 4096`)
+            # args.batch_size * args.world_size / 4096`), the count named in the return itself: not a scheduler's
+            # get_lr whose `multiplier` another function of the module scales (RQ-VAE's, mode 'fix' by default)
+            found.append((n, n.value, ast.unparse(n)))
         elif isinstance(n, ast.Dict):  # a parameter group (TSP's `{'params': ..., 'lr': args.fc_lr * args.world_size}`)
             found += [(v, v, f"'lr': {ast.unparse(v)}") for k, v in zip(n.keys, n.values, strict=True)
                       if const_str(k) == "lr" and grows(v, holding)]
