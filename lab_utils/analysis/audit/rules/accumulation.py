@@ -277,6 +277,7 @@ def _and_flag(f: Facts, m: Module, node: ast.AST) -> bool:
       "micro-batch all-reduces, N-1 extra all-reduces a step")
 def accumulation_without_no_sync(f: Facts, m: Module):
     if {"no_sync", "require_backward_grad_sync"} & f.all_names():
+        yield from _forward_outside_no_sync(f, m)
         return
     if not m.entry and not any(m.rel in f.p.imports_of(e) for e in f.p.modules.values() if e.entry):
         return  # a library no audited script runs
@@ -301,6 +302,27 @@ def accumulation_without_no_sync(f: Facts, m: Module):
                           "ranks every backward all-reduces (same result, N-1 extra all-reduces per step; one "
                           "rank has none) — run all but the last micro-batch inside `with model.no_sync():`"),
                   related=tuple((m, c) for c in backwards))
+
+
+def _forward_outside_no_sync(f: Facts, m: Module):
+    """`logits = model(x)`, then `with model.no_sync() if not is_last else nullcontext(): loss.backward()` (the
+    from-scratch GPT's ddp_train.py): DDP decides in its forward whether the backward all-reduces, so a no_sync
+    entered after the forward skips nothing; every micro-batch still all-reduces."""
+    for w in (n for n in m.nodes if isinstance(n, ast.With)):
+        held = {dotted(c.func.value) for i in w.items for c in ast.walk(i.context_expr) if isinstance(
+            c, ast.Call) and callee(c) == "no_sync" and isinstance(c.func, ast.Attribute)}
+        body = [c for s in w.body for c in ast.walk(s) if isinstance(c, ast.Call)]
+        if not held or not any(callee(c) == "backward" for c in body) or any(dotted(c.func) in held for c in body):
+            continue
+        loop = m.enclosing(w, (ast.For, ast.While))
+        forwards = [c for c in walk(loop) if isinstance(c, ast.Call) and dotted(c.func) in held
+                    and c.lineno < w.lineno] if loop is not None else []
+        if forwards:
+            yield Hit(w, (f"`{ast.unparse(w.items[0].context_expr)[:60]}` wraps only the backward: the forward "
+                          f"(line {forwards[0].lineno}) ran outside it, and DDP decides in its forward whether the "
+                          "backward all-reduces, so every micro-batch still all-reduces (N-1 extra all-reduces a "
+                          "step, one rank has none) — move the forward into the no_sync block"),
+                      related=tuple((m, c) for c in forwards[:2]))
 
 
 def _gradients_synced_by_hand(f: Facts) -> bool:

@@ -20,7 +20,7 @@ from ..losses import loss_roots
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import one_process_arm
-from ..syntax import callee
+from ..syntax import callee, dotted
 from .logging import loss_logs, outermost, returned_into
 
 
@@ -78,7 +78,7 @@ def _every_rank_hits(f: Facts, m: Module):
             continue
         inner = forwarded_log(m, c)  # (a printer of the file it calls: M3M's subprint)
         printed = callee(c) == "print" or meter_prints(f, m, c) == "print" or inner is not None and callee(
-            inner) == "print"
+            inner) == "print" or dotted(c.func) in ("tqdm.write", "tqdm.tqdm.write")  # (Accel-RF's progress line)
         if kind is None and (printed and not f.print_override
                              or root_logger_on_every_rank(f, m, c) and not info_on_rank0_only(f, m, c)
                              or bar_on_every_rank(m, c) and not f.stderr_silenced):

@@ -38,7 +38,7 @@ def _divided_later(m: Module, c: ast.Call) -> bool:
     mean over the rank's own samples, which DDP's gradient average turns into the global mean."""
     n = m.parent.get(id(c))
     while isinstance(n, (ast.BinOp, ast.Call, ast.Attribute)):
-        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and not _fixed_divisor(m, c, n.right):
             return True
         n = m.parent.get(id(n))
     if not isinstance(n, (ast.Assign, ast.AnnAssign)):
@@ -57,6 +57,28 @@ def _divided_later(m: Module, c: ast.Call) -> bool:
     return False
 
 
+def _fixed_divisor(m: Module, c: ast.Call, d: ast.AST) -> bool:
+    """A divisor that is the same whatever the batch: constants and attributes the class sets only in __init__
+    (SMOKE's `F.l1_loss(..., reduction="sum") / (self.loss_weight[1] * self.max_objs)`): the loss stays a sum over
+    the rank's own samples, and DDP's average halves it at 2 ranks."""
+    fn = m.enclosing(c)
+    cls = m.class_of(fn) if fn is not None else None
+    if cls is None:
+        return False
+    init = m.functions.get(f"{cls}.__init__")
+    set_in = {id(f) for f in m.functions.values() if m.class_of(f) == cls}
+
+    def only_in_init(attr: str) -> bool:
+        writes = [a for a in m.nodes if isinstance(a, (ast.Assign, ast.AugAssign)) and any(
+            dotted(t) == f"self.{attr}" for t in (a.targets if isinstance(a, ast.Assign) else [a.target]))]
+        return bool(writes) and init is not None and all(
+            m.enclosing(a) is init for a in writes if id(m.enclosing(a)) in set_in)
+    leaves = [n for n in ast.walk(d) if isinstance(n, (ast.Name, ast.Attribute, ast.Call))
+              and not isinstance(m.parent.get(id(n)), ast.Attribute)]
+    return bool(leaves) and all(isinstance(n, ast.Attribute) and dotted(n.value) == "self" and only_in_init(n.attr)
+                                for n in leaves)
+
+
 # FSDP2's own switches for its gradient division: a project that sets one (torchtitan: factor 1.0, so the ranks'
 # gradients are summed, and the loss is divided by the token count over every rank) does not average over ranks
 # the way the rule's consequence needs
@@ -72,14 +94,21 @@ def sum_loss_unscaled(f: Facts, m: Module):
                                                                        or involves(n.right, WORLDISH))
            and not _counts_processes(m, n) for n in m.nodes):
         return  # the sum is scaled by the world size somewhere
+    per_fn: dict[int, Hit] = {}  # one defect, one finding: a function's sum losses (SMOKE's three DisL1 terms)
     for c in m.calls:
         if _sums(m, c) and not _divided_later(m, c) and not _in_a_function_nothing_uses(f, m, c) and \
                 not _kept_unread(f, m, c) and not _read_out(m, c):
+            key = id(m.enclosing(c)) if m.enclosing(c) is not None else id(c)
+            if key in per_fn:
+                per_fn[key] = per_fn[key]._replace(related=(*per_fn[key].related, (m, c)))
+                continue
             how = "reduction='sum'" if kw(c, "reduction") is not None else \
                 f"{callee(c)}(...), which sums over the batch,"
-            yield c, (f"{how} under DDP without a x world_size: DDP averages the gradients over ranks, so "
-                      "each step is 1/world_size of the single run's (AdamW hides it in the loss; the grad norm "
-                      "shows it) — multiply the loss by world_size, or divide the sum by the global count")
+            per_fn[key] = Hit(c, (f"{how} under DDP without a x world_size: DDP averages the gradients over ranks, so "
+                                  "each step is 1/world_size of the single run's (AdamW hides it in the loss; the grad "
+                                  "norm shows it) — multiply the loss by world_size, or divide the sum by the global "
+                                  "count"))
+    yield from per_fn.values()
 
 
 def _torch_loss(m: Module, c: ast.Call) -> bool:

@@ -167,6 +167,10 @@ def _computed_port(m: Module, v: ast.AST | None) -> str | None:
     """'tcp://127.0.0.1:<port>' for `default=f"tcp://127.0.0.1:{port}"` whose `port` the module computes without
     the environment, a free-port probe or a random draw (VQ-VAE-2: `port = 2 ** 15 + 2 ** 14 + hash(os.getuid()) %
     2 ** 14`, the same port for every job of one user); None otherwise."""
+    if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "format" and len(
+            v.args) == 1 and isinstance(v.args[0], ast.Name) and (const_str(v.func.value) or "").endswith(":{}"):
+        # (`"tcp://127.0.0.1:{}".format(port)`: detectron2's default_argument_parser, copied by SMOKE, fast-reid)
+        v = ast.JoinedStr(values=[ast.Constant(v.func.value.value[:-2]), ast.FormattedValue(v.args[0], -1)])
     if not (isinstance(v, ast.JoinedStr) and len(v.values) == 2 and const_str(v.values[0]) is not None
             and LOOPBACK_HEAD.search(v.values[0].value) and isinstance(v.values[1], ast.FormattedValue)
             and isinstance(v.values[1].value, ast.Name)):
