@@ -57,8 +57,11 @@ def test_a_gather_cut_back_to_the_sets_length_counts_no_padding():
 
 def test_a_launch_scripts_own_port_option_and_a_fixed_rendezvous_endpoint_are_fixed_ports(tmp_path):
     """Guyu's train.sh passes `--MASTER_PORT 28512` (its script writes it into MASTER_PORT); CosyVoice's run.sh
-    runs torchrun with `--rdzv_endpoint="localhost:1234"`. A port the environment sets is no finding."""
-    train = SEEDED + "model = DDP(torch.nn.Linear(2, 2))\n"
+    runs torchrun with `--rdzv_endpoint="localhost:1234"`. A port the environment sets is no finding. (The script
+    reads its --MASTER_PORT: since round 536 an option after the script that the script never reads is no port.)"""
+    train = SEEDED + ("import os, sys\nif '--MASTER_PORT' in sys.argv:\n"
+                      "    os.environ['MASTER_PORT'] = sys.argv[sys.argv.index('--MASTER_PORT') + 1]\n"
+                      "model = DDP(torch.nn.Linear(2, 2))\n")
     for script, want in (("python train.py --MASTER_ADDR localhost --MASTER_PORT 28512\n", True),
                          ('torchrun --rdzv_backend=c10d --rdzv_endpoint="localhost:1234" train.py\n', True),
                          ('torchrun --rdzv_backend=c10d --rdzv_endpoint="localhost:$PORT" train.py\n', False)):

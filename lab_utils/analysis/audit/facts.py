@@ -52,6 +52,12 @@ def _to_file(c: ast.Call) -> bool:
 class Facts(Reductions):
     def __init__(self, project: Project):
         self.p = project
+        # the project's own subclasses of DistributedDataParallel (Hyperion's TorchDDP, which forwards unknown
+        # attributes to .module): a call of one wraps like DDP (wrappers.is_ddp_call reads this off each module)
+        subclasses = {c.name for m in project.modules.values() for c in m.classes.values()
+                      if any(dotted(b).split(".")[-1] == "DistributedDataParallel" for b in c.bases)}
+        for m in project.modules.values():
+            m.ddp_subclasses = subclasses
         self.g = Guards(project)
         self.cache: dict = {}
         # names holding the DDP wrapper per module; (module, name) pairs whose module never saw the wrap line

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .files import shell_scripts
+from .files import project_files, shell_scripts
 from .registry import Finding
 
 # `--master_port 12345`, `--master-port=29500`, `MASTER_PORT=29500` or `export MASTER_PORT="8787"` (MT-DNN's,
@@ -59,6 +59,10 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
                 hit = via = url
                 name = url.group(2) or url.group(3)
                 fixed = {**fixed, name: urls[name]}
+            if hit is not None and hit.re is FIXED_PORT and hit.group(1).startswith("--") and _handed_to_a_script(
+                    lines, i, hit.start()) and not _reads_a_port_option(root):
+                continue  # (Segmentation Benchmark's `torchrun ... train.py ... --master_port 47720`: an option of a
+                # script that has none, so no rendezvous port; Guyu's script reads its --MASTER_PORT, a fixed port)
             if hit is None or re.search(r"--standalone\b", code) and hit.re is not FIXED_URL:
                 continue  # (torchrun --standalone rendezvouses on localhost:0, a free port: its --master_port is
                 # never used, torch/distributed/run.py's get_rdzv_endpoint; MeanFlow's scripts)
@@ -72,3 +76,18 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
             break  # one finding per script: its port is one choice
     return found
 
+
+def _handed_to_a_script(lines: list[str], i: int, col: int) -> bool:
+    """The option at line i (1-based), column col, comes after a `.py` script in its command (continued lines
+    joined): an argument of the script, not of the launcher."""
+    start = i - 1
+    while start > 0 and lines[start - 1].rstrip().endswith("\\"):
+        start -= 1
+    before = " ".join(lines[start:i - 1]) + " " + lines[i - 1][:col]
+    return re.search(r"\S+\.py\b", before) is not None
+
+
+def _reads_a_port_option(root: Path) -> bool:
+    """Some Python file of the project names a master-port option (`--master_port`, `args.MASTER_PORT`)."""
+    return any(re.search(r"master[_-]port", p.read_text(encoding="utf-8", errors="replace"), re.I)
+               for p in project_files(root, ".py"))

@@ -15,7 +15,7 @@ from .syntax import DDP_NAMES, RANKISH, always_raises, callee, const_str, dotted
 
 def is_ddp_call(m: Module, c: ast.Call) -> bool:
     name = callee(c)
-    if name in DDP_NAMES:
+    if name in DDP_NAMES or name in getattr(m, "ddp_subclasses", ()):
         return True
     imp = m.imports.get(name)
     if imp and imp[1] and "DistributedDataParallel" in imp[1]:

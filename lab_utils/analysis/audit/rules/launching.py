@@ -259,6 +259,8 @@ def _parameter_port(f: Facts, m: Module, v: ast.AST):
         passed = c.args[position] if len(c.args) > position and not any(
             isinstance(a, ast.Starred) for a in c.args[:position + 1]) else kw(c, v.id)
         passed = _one_binding(cm, c, passed)
+        if passed is None and any(k.arg is None for k in c.keywords):  # `ddp_init(gpu_id, **ddp_args)`, the dict
+            passed = ast.Attribute(value=ast.Name("args"), attr=v.id)  # of the parsed options (Hyperion): its option
         ports.add((_option_port(f, passed) or _config_port(f, passed)) if passed is not None else None)
     return (ports.pop(), tuple(sites[:2])) if sites and len(ports) == 1 and None not in ports else None
 
