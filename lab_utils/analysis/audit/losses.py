@@ -50,6 +50,9 @@ def handed_global(f: Facts, m: Module, scope: ast.AST, name: str, depth: int = 2
         given = next((k.value for k in c.keywords if k.arg == name), c.args[i] if 0 <= i < len(c.args) else None)
         if given is None and params.index(name) >= len(params) - defaults:
             continue  # not handed: the default (HaGRID's evaluation calls, `loss: float = None`)
+        if isinstance(given, ast.Dict) and not given.keys or isinstance(given, (ast.List, ast.Tuple)) and not \
+                given.elts or isinstance(given, ast.Constant) and given.value is None:
+            continue  # an empty record or None carries no loss (FSRE-Depth's `self.log("train", inputs, outputs, {})`)
         cs, handed = cm.enclosing(c) or cm.tree, handed + 1
         if given is None or root(given) not in global_model_losses(f, cm, cs) | f.reduced_names(cm, cs) | \
                 whole_set_values(f, cm, cs) and not (depth and isinstance(given, ast.Name) and handed_global(

@@ -426,9 +426,9 @@ def seed_per_rank(f: Facts, m: Module):
     torch_seeded = {(id(m.enclosing(c)), ast.unparse(c.args[0])) for c in m.calls
                     if c.args and f.seed_kind(m, c) == "torch"}
     for c in m.calls:
-        if f.seed_kind(m, c) not in ("torch", "other") or not c.args:
-            continue
-        if f.seed_kind(m, c) == "other" and (id(m.enclosing(c)), ast.unparse(c.args[0])) in torch_seeded:
+        if f.seed_kind(m, c) not in ("torch", "other") or not (c.args or c.keywords):
+            continue  # (a helper's seed by keyword counts: RapFlow-TTS's `seed_init(seed=seed)`)
+        if f.seed_kind(m, c) == "other" and c.args and (id(m.enclosing(c)), ast.unparse(c.args[0])) in torch_seeded:
             continue
         if _in_a_worker_init(f, m, c):
             continue  # a DataLoader worker's seed, per rank by design (ProbFace's `num_workers * rank + worker_id +
