@@ -58,3 +58,15 @@ def test_a_projects_own_subclass_of_ddp_wraps_like_ddp(tmp_path):
     assert _rules(_project(tmp_path / "wrap", wrap), "save-without-module")
     plain = {"utils.py": utils.replace("BASE", "nn.Module"), "trainer.py": trainer}
     assert not _rules(_project(tmp_path / "plain", plain), "save-without-module")
+
+
+def test_a_commented_command_above_does_not_own_the_next_commands_port(tmp_path):
+    """The full regression at 13111ed: RoboFlamingo's script has `#python3 -m torch.distributed.launch ...
+    train_calvin.py \\` commented out, then `torchrun ... --master_port=6042 train_calvin.py \\`: the port belongs
+    to torchrun (hard-coded-master-port), not to the script the comment names. Without the torchrun line, no port."""
+    sh = ("#python3 -m torch.distributed.launch --nproc_per_node=2 --master_port=6042 train.py \\\n"
+          "torchrun --nnodes=1 --nproc_per_node=8 --master_port=6042 train.py \\\n    --lr 0.1\n")
+    fixed = {"train.py": TRAIN.replace("OPTION", ""), "run.bash": sh}
+    assert _rules(_project(tmp_path / "fixed", fixed), "hard-coded-master-port")
+    commented = {"train.py": TRAIN.replace("OPTION", ""), "run.bash": sh.splitlines()[0] + "\n"}
+    assert not _rules(_project(tmp_path / "commented", commented), "hard-coded-master-port")

@@ -81,7 +81,8 @@ def _handed_to_a_script(lines: list[str], i: int, col: int) -> bool:
     """The option at line i (1-based), column col, comes after a `.py` script in its command (continued lines
     joined): an argument of the script, not of the launcher."""
     start = i - 1
-    while start > 0 and lines[start - 1].rstrip().endswith("\\"):
+    while start > 0 and lines[start - 1].rstrip().endswith("\\") and not lines[start - 1].lstrip().startswith("#"):
+        # (not a commented-out command above that ends in a backslash too: RoboFlamingo's launch script)
         start -= 1
     before = " ".join(lines[start:i - 1]) + " " + lines[i - 1][:col]
     return re.search(r"\S+\.py\b", before) is not None
