@@ -61,9 +61,10 @@ ITERABLE_NOT_LOADER = {"items", "values", "keys", "parameters", "named_parameter
 LOADERISH = re.compile(r"loader|train_data|val_data|test_data|^data$|^dl$|dataloader|_dl$|batches", re.I)
 NOT_A_LOSS = re.compile(r"loss_?scal|loss_?fn|loss_?func|loss_?type|criterion|loss_?weight|loss_?cfg|loss_?config|"
                         r"loss_?lambda|loss_?coef|^(use|with|enable|apply|add)_\w*loss|"
-                        r"loss_?(every|freq|interval|period|names?|keys?|num_steps|steps)$|"
+                        r"loss_?(every|freq|interval|period|names?|keys?|num_steps|steps)$|loss\w*_time[rs]?$|"
                         r"gloss_?(dict|vocab|ids?|idx|list|map|seqs?|tokens?|len|lgt|labels?)|glosses", re.I)
-# (`use_aux_loss`: a switch that turns a loss term on, nanoMoE's, printed with the model's settings; img2pose's
+# (`loss_time`, `loss_start_time`: how long the loss took, ContrastiveSeg's meter; `use_aux_loss`: a switch
+# that turns a loss term on, nanoMoE's, printed with the model's settings; img2pose's
 # `tensorboard_loss_every` and `loss_name`: how often, and under which key, not a loss value; sign language's
 # `gloss_dict`, the glosses' vocabulary, VAC_CSLR's)
 
