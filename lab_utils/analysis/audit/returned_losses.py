@@ -1,6 +1,6 @@
 """What a logged name holds when it is no loss by name: what a project function returns when that is its own running
 loss (`train_mae = train(...)`, a getter of the losses its class filled), and texts built from a loss (`log_str +=
-'{} {:.6f} '.format(name, value)` over a loss record). For rules/logging.py's loss_logs; losses.py holds the
+'{} {:.6f} '.format(name, value)` over a loss record). For loss_logs.py; losses.py holds the
 loss facts of one function."""
 
 from __future__ import annotations

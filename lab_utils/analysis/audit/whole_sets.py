@@ -1,7 +1,7 @@
 """Values every rank computes over the whole of a set, not its shard: a loss meter fed in a loop over a loader
 with no sampler, or what an evaluation function returns when it is handed such a loader (built here, or returned
 by the project's data builder). Every rank's number is then the single run's, so a log of it, on rank 0 or on
-every rank, shows no shard's loss. The logging rules subtract these (rules/logging.py)."""
+every rank, shows no shard's loss. The logging rules subtract these (loss_logs.py)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from . import (  # noqa: F401  (registration)
     accumulation,
     batchnorm,
     collectives,
+    eval_padding,
     every_rank_logs,
     every_rank_saves,
     fsdp2,

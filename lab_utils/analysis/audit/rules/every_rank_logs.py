@@ -1,6 +1,6 @@
 """Chapter 01's every-rank-prints-loss: every rank prints (or logs to its own console, or appends to one shared
 file) the unreduced loss of its own micro-batch. Which logs carry a loss, and which ranks run them, is
-rules/logging.py's loss_logs (shared with rank0-local-loss)."""
+loss_logs.py (shared with rank0-local-loss)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from ..consoles import (
     shared_file_write,
 )
 from ..facts import Facts
+from ..loss_logs import loss_logs, outermost
 from ..losses import loss_roots
 from ..project import Module
 from ..registry import Hit, rule
 from ..switches import one_process_arm
 from ..syntax import callee, dotted
-from .logging import loss_logs, outermost, returned_into
+from .logging import returned_into
 
 
 @rule("every-rank-prints-loss", "01_unchanged", "every rank prints its own unreduced loss: world_size interleaved "
