@@ -10,7 +10,7 @@ import re
 from .facts import Facts
 from .model_names import NO_BN_ARCH, vision_lib
 from .project import Module
-from .syntax import callee, const_str, dotted, kw, walk
+from .syntax import callee, const_str, const_value, dotted, kw, walk
 
 
 def is_batchnorm(m: Module, c: ast.Call) -> bool:
@@ -50,7 +50,8 @@ def bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
         # (a default the body never reads builds nothing: MUSE's DWConv2d_BN(..., norm_layer=nn.BatchNorm2d))
         defaults = [d for a, d in _defaults(fn) if _reads(fn, a)]
         for n in walk(fn):
-            if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)):
+            if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)) and not \
+                    _sync_switched_on(f, mm, n):
                 return mm, n
             if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
                 continue
@@ -59,6 +60,39 @@ def bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
                     up.value is n:
                 return mm, n
     return None
+
+
+def _sync_switched_on(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The BatchNorm in the else arm of `if use_sync_bn: return nn.SyncBatchNorm(ch) else: return
+    nn.BatchNorm2d(ch)` over a module flag that a function turns on (`global use_sync_bn; use_sync_bn = True`) and
+    the model's own code calls by default (RepLKNet's __init__, `if use_sync_bn: enable_sync_bn()` with
+    use_sync_bn=True): the layers built are SyncBatchNorm."""
+    child, up = c, m.parent.get(id(c))
+    while up is not None and not isinstance(up, ast.If):
+        child, up = up, m.parent.get(id(up))
+    if up is None or not isinstance(up.test, ast.Name) or not any(child is s for s in up.orelse) or not any(
+            isinstance(x, ast.Call) and callee(x) == "SyncBatchNorm" for s in up.body for x in ast.walk(s)):
+        return False
+    flag = up.test.id
+    setters = [fn for fn in m.functions.values() if any(isinstance(g, ast.Global) and flag in g.names
+                                                        for g in ast.walk(fn)) and any(
+        isinstance(a, ast.Assign) and const_value(a.value) is True and any(dotted(t) == flag for t in a.targets)
+        for a in ast.walk(fn))]
+    return any(_runs_by_default(cm, call) for fn in setters for cm, call in f.p.callers(m, fn))
+
+
+def _runs_by_default(m: Module, call: ast.Call) -> bool:
+    """The call runs unless told otherwise: at its function's top level, or under `if p:` where p is a parameter of
+    that function that defaults to True."""
+    fn = m.enclosing(call)
+    up = m.parent.get(id(call))
+    defaults = dict(_defaults(fn)) if fn is not None else {}
+    while up is not None and up is not fn:
+        if isinstance(up, ast.If) and not (isinstance(up.test, ast.Name) and const_value(
+                defaults.get(up.test.id)) is True):
+            return False
+        up = m.parent.get(id(up))
+    return True
 
 
 def _defaults(fn: ast.AST) -> list[tuple[str, ast.AST]]:

@@ -286,11 +286,22 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         # (its console lines decide: a TensorBoard writer handed in through helpers and parameters, DepthContrast's
         # ProgressMeter tb_writter, is no console line, whichever ranks hold one; with none, its writes: dyMEAN's log)
         console = [(mm, x) for mm, x in inner or [] if callee(x) not in ("add_scalar", "add_scalars")] or inner
-        if console and all(f.g.effective(mm, x) == "rank0" for mm, x in console):
+        if console and all(f.g.effective(mm, x) == "rank0" for mm, x in console) or kind is None and \
+                _guarded_inside(f, m, c):
             kind = "rank0"  # `logger.log_training(it, stats)` whose method returns unless self.rank == 0 (WaveGrad)
         out.append((c, lossy, None if kind == "rank0" and _parent_only_rank(f, m, c) else kind))
     cache[m.rel] = out
     return out
+
+
+def _guarded_inside(f: Facts, m: Module, c: ast.Call) -> bool:
+    """The project function the log calls does all its logging under a rank-0 guard (SurroundDepth's
+    `self.log_time(batch_idx, duration, loss)`, whose body is `if self.local_rank == 0: ... self.log_print(...)`):
+    its log lines, and the helpers it prints through, run on rank 0 alone, whoever else calls those helpers."""
+    targets = f.p.resolve(m, c)
+    inner = [(tm, x) for tm, tf in targets for x in walk(tf) if isinstance(x, ast.Call) and (
+        callee(x) in LOG_CALLS or f.p.resolve(tm, x))]
+    return bool(targets) and bool(inner) and all(f.g.kind(tm, x) == "rank0" for tm, x in inner)
 
 
 def _set_before_without_loss(f: Facts, m: Module, scope: ast.AST, c: ast.Call, name: str, lossy: set[str]) -> bool:

@@ -43,10 +43,12 @@ def handed_from(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> tuple:
     return tuple(out)
 
 
-def meter_feeds(f: Facts, c: ast.Call) -> tuple:
+def meter_feeds(f: Facts, c: ast.Call, m: Module | None = None) -> tuple:
     """`self.train_progress.display(i)`: the `self.train_progress.update(meters)` calls that feed the meter its
     loss, in any project class (OpenUnReID's SpCL runner overrides train_step, where it feeds the loss), as
     related places: where the unreduced loss goes in."""
+    if m is not None and isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Name):
+        return _handed_meter_feeds(f, m, c, c.func.value.id)
     if not (isinstance(c.func, ast.Attribute) and isinstance(c.func.value, ast.Attribute)):
         return ()
     held = dotted(c.func.value)
@@ -54,6 +56,27 @@ def meter_feeds(f: Facts, c: ast.Call) -> tuple:
              and u.func.attr == "update" and dotted(u.func.value) == held and u.args
              and isinstance(u.args[0], ast.Name)]
     return tuple(sorted(feeds, key=lambda x: not x[0].entry)[:3])  # the script's own subclass first
+
+
+def _handed_meter_feeds(f: Facts, m: Module, c: ast.Call, meter: str) -> tuple:
+    """A local meter the logging function hands to a step method (OBoW's `self.train_step(mini_batch,
+    metric_logger)`, which the run's subclass overrides): the step's `metric_logger["loss_crop"].update(losses[0],
+    ...)` lines that feed it a loss, as related places."""
+    scope = m.enclosing(c)
+    out = []
+    for call in (x for x in walk(scope) if isinstance(x, ast.Call) and x is not c) if scope is not None else ():
+        slots = [i for i, a in enumerate(call.args) if isinstance(a, ast.Name) and a.id == meter]
+        slots += [k.arg for k in call.keywords if isinstance(k.value, ast.Name) and k.value.id == meter]
+        for tm, tf in f.p.resolve(m, call) if slots else []:
+            params = [a.arg for a in tf.args.args]
+            params = params[1:] if params and params[0] in ("self", "cls") else params
+            names = {params[s] if isinstance(s, int) and s < len(params) else s for s in slots} - {None}
+            out += [(tm, u) for u in walk(tf) if isinstance(u, ast.Call) and isinstance(u.func, ast.Attribute)
+                    and u.func.attr == "update" and root(u.func.value) in names and any(
+                        LOSSISH.search(dotted(x) or "") or isinstance(x, ast.Constant) and isinstance(
+                            x.value, str) and LOSSISH.search(x.value) for a in [*u.args, u.func.value]
+                        for x in ast.walk(a))]
+    return tuple(sorted(out, key=lambda x: (not x[0].entry, x[1].lineno))[:3])
 
 
 def updates_of(m: Module, c: ast.Call, lossy) -> tuple:

@@ -38,6 +38,10 @@ def whole_set_meters(m: Module, scope: ast.AST) -> set[str]:
     0's number is the single run's, not a shard's."""
     whole = {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and _unsharded(a.value, m)
              for t in a.targets}
+    # (not a name another line binds to a loader with a sampler: OpenCOOD's `val_loader`, built with the
+    # DistributedSampler in the distributed arm and without one in the single run's)
+    whole -= {dotted(t) for a in m.nodes if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and callee(
+        a.value) == "DataLoader" and not _unsharded(a.value, m) for t in a.targets}
     feeds: dict[str, list[bool]] = {}
     for n in walk(scope):
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("update", "append") \

@@ -181,7 +181,7 @@ def _rank0_local_loss_logs(f: Facts, m: Module):
                   "micro-batch's loss, not the global batch's — all_reduce(loss, SUM) / world_size before logging",
                   related=((m, c), *meter_print_calls(f, m, c)[:2]) + value_lines(m, fed, {
                       dotted(n) for n in ast.walk(fed) if LOSSISH.search(dotted(n))}) if fed is not None else
-                  value_lines(m, c, lossy) + meter_feeds(f, c) + updates_of(m, c, lossy) + handed_from(
+                  value_lines(m, c, lossy) + meter_feeds(f, c, m) + updates_of(m, c, lossy) + handed_from(
                       f, m, c, lossy) + rank0_guard(f, m, c)), \
             m.enclosing(c), frozenset(lossy), where  # (fed: the call that prints it, as the message says, and the
         # meter's own print lines, where it shows the loss)
