@@ -13,6 +13,7 @@ from .options import DefaultOptions
 from .project import Module
 from .syntax import (
     LOSSISH,
+    MULTIGPU,
     REDUCING,
     callee,
     const_str,
@@ -70,6 +71,8 @@ class Reductions(DefaultOptions):
                              and x.target.id == root(c.args[0]) and any(y is c for y in ast.walk(x))), None)
                 if loop is not None and isinstance(loop.iter, ast.Call) and callee(loop.iter) == "values":
                     red.add(root(loop.iter.func.value))
+            if callee(c) in MULTIGPU and c.args and isinstance(c.args[0], (ast.List, ast.Tuple)):
+                red |= {root(e) for e in c.args[0].elts}  # `dist.all_reduce_multigpu([train_loss])` (LOCA)
             red |= {root(c.args[i]) for _, tf in self.p.resolve(m, c) for i in reduced_in_place(tf) if i < len(c.args)}
         # a model is no reduced value (DDP(model) makes no model(x) loss an average: forward_reduced judges that)
         models = self.model_names(m) | self._handed_wrapped_models(m, scope)

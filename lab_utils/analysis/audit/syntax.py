@@ -33,6 +33,10 @@ COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "br
 # the collectives that combine values over ranks (a barrier or a broadcast averages nothing)
 REDUCING = {"all_reduce", "reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "reduce_scatter",
             "reduce_scatter_tensor", "gather", "gather_object"}
+# torch's old one-tensor-per-GPU forms (removed in 2.x, still in public code): a list of tensors, each reduced
+MULTIGPU = {"all_reduce_multigpu", "reduce_multigpu", "all_gather_multigpu"}
+COLLECTIVES |= MULTIGPU | {"broadcast_multigpu"}
+REDUCING |= MULTIGPU
 LOG_CALLS = {"print", "info", "log", "write", "add_scalar", "add_scalars", "set_description", "set_postfix",
              "set_description_str", "set_postfix_str", "log_metrics", "warning", "debug"}
 TORCH_SEEDS = {"torch.manual_seed", "torch.random.manual_seed", "manual_seed", "seed_everything", "set_seed",

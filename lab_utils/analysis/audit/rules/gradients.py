@@ -15,6 +15,7 @@ from ..gathers import (
     fills_state_only,
     grad_free,
 )
+from ..global_counts import global_count_hits
 from ..growth import a_count, grows, never_read, world_holding
 from ..hierarchy import never_named
 from ..project import Module
@@ -90,6 +91,7 @@ DIVIDE_FACTOR_CALLS = {"set_gradient_divide_factor", "set_reduce_scatter_divide_
 def sum_loss_unscaled(f: Facts, m: Module):
     if any(callee(c) in DIVIDE_FACTOR_CALLS for mm in f.p.modules.values() for c in mm.calls):
         return  # the reduction over ranks is not DDP's average: the 1/world_size consequence does not follow
+    yield from global_count_hits(f, m)  # (a loss over a count summed over ranks: LOCA's num_objects)
     if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and (involves(n.left, WORLDISH)
                                                                        or involves(n.right, WORLDISH))
            and not _counts_processes(m, n) for n in m.nodes):
