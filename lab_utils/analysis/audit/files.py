@@ -61,3 +61,22 @@ def launch_flags(root: Path) -> set[str]:
         encoding="utf-8", errors="replace").splitlines() if not line.lstrip().startswith("#")
         for flag in re.findall(r"(?<![\w-])--?([A-Za-z][\w-]+)|(?<![\w.])\+{0,2}(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)=",
                                line) for flag in flag if flag}
+
+
+def script_flags(root: Path, script: str) -> set[str]:
+    """The `--flag`s the project's shell scripts pass to one Python script (`torchrun ... trainer/xsum_trainer.py
+    \\` and its continued lines, GPST's fine-tuning script with `--pretrain_dir`), as argparse attributes."""
+    name = Path(script).name
+    out: set[str] = set()
+    for path in shell_scripts(root):
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if line.lstrip().startswith("#") or not re.search(rf"(^|[\s/]){re.escape(name)}(\s|$|\\)", line):
+                continue
+            command, j = [line], i
+            while command[-1].rstrip().endswith("\\") and j + 1 < len(lines):
+                j += 1
+                command.append(lines[j])
+            out |= {flag.replace("-", "_") for part in command for flag in re.findall(
+                r"(?<![\w-])--([A-Za-z][\w-]+)", part.split(name, 1)[-1] if part is line else part)}
+    return out

@@ -93,12 +93,29 @@ def copy_before_wrap(f: Facts, m: Module, c: ast.Call, fn: ast.AST, after: int):
                   r"model|net|encoder|generator|student|teacher", dotted(a.args[0]), re.I)))]
     # (a deepcopy of what is no model, 4M's `deepcopy(MODALITY_TRANSFORMS_DIVAE)`, copies no init)
     if wrap is not None and copies and not _read_by_rank0_only(f, m, fn, copies[0]) and \
-            not _resynced_after(m, fn, copies[0], wrap):
+            not _resynced_after(m, fn, copies[0], wrap) and not _pegged_until_a_start(f, m, copies[0]):
         return Hit(copies[0], f"{ast.unparse(copies[0])} copies each rank's own init "
                    f"(seeded per rank at line {c.lineno}) before the DDP wrap (line {wrap}), which broadcasts "
                    "rank 0's weights to the wrapped model only: ranks other than 0 keep another copy — make "
                    "the copy after the wrap, or check that only rank 0's copy is ever used", "check-by-hand")
     return None
+
+
+def _pegged_until_a_start(f: Facts, m: Module, copy: ast.Call) -> bool:
+    """A project EMA class whose update copies the source outright before a start iteration (BigGAN's `ema(G, G_ema,
+    decay, start_itr)`: `if itr < self.start_itr: decay = 0.0`), handed a start other than 0 (IC-GAN's ema_start,
+    20000 by default): its first updates overwrite each rank's own init with the wrapped model's weights."""
+    start = copy.args[3] if len(copy.args) > 3 else next((k.value for k in copy.keywords if k.arg and re.search(
+        r"start", k.arg)), None)
+    if start is None or const_value(start) == 0:
+        return False
+    for tm, tf in f.p.resolve(m, copy):
+        cls = tm.class_of(tf)
+        update = tm.functions.get(f"{cls}.update") if cls else None
+        if update is not None and any(isinstance(a, ast.Assign) and const_value(a.value) == 0 and any(
+                re.search(r"decay|beta|momentum", dotted(t), re.I) for t in a.targets) for a in walk(update)):
+            return True
+    return False
 
 
 def _resynced_after(m: Module, fn: ast.AST, copy: ast.Call, wrap: int) -> bool:

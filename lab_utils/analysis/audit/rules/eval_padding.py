@@ -238,9 +238,13 @@ def eval_padding_duplicates(f: Facts, m: Module):
             continue  # the evaluation split is asked for only under an option off by default (VICRegL's --evaluate)
         if m.enclosing(c) is not None and f.p.overridden(m, m.enclosing(c)):
             continue  # a base class's loader builder the run's own subclass replaces: reported in that one
-        if f.eval_loop_reduces() and not dedups_gathered_ids(f, evaluations_of(f.p, loader_names(f.p, m, c))):
+        near = {mm.rel for mm in f.p.related(m)}  # (a reduction in another script's evaluation counts nothing in
+        # a script: CLaMP 3's train_cls.py reduces nothing, its sibling train_clamp3_audio.py does; a helper no
+        # audited file imports is judged by the project's, UniAD's loader builder)
+        if any(r[0].rel in near or not m.entry for r in f.eval_loop_reduces()) and not dedups_gathered_ids(
+                f, evaluations_of(f.p, loader_names(f.p, m, c))):
             # the reduction that counts the duplicates, as a related place: one in a file that runs with this one
-            near = {mm.rel for mm in f.p.related(m)}  # (up to three: UniTS's test() reduces in one helper per task)
+            # (up to three: UniTS's test() reduces in one helper per task)
             # (a call that reduces before a class built there: Spann3R's synchronize_between_processes(), then
             # the MetricLogger(...) whose method it is)
             reduced = tuple(x for r in sorted(f.eval_loop_reduces(), key=lambda r: (

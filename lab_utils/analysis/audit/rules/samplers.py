@@ -205,9 +205,12 @@ def set_epoch_missing(f: Facts, m: Module):
             switched(f.p, m, c) is None and m.enclosing(c, (ast.IfExp,)) is None for c in made) and not any(
             isinstance(m.parent.get(id(x)), ast.IfExp) for x in made):
         mm, c = set_epochs[0]
-        yield mm, c, (f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
-                      f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
-                      "call set_epoch wherever the sampler exists")
+        # (the switch's `if` and the sampler, where a reader looks: CrossViT's `if args.distributed:` line)
+        guard = mm.parent.get(id(switches[0]))
+        yield Hit(c, f"set_epoch runs only when `{ast.unparse(switches[0])}`, but the DistributedSampler (line "
+                  f"{made[0].lineno}) is built either way: without it every epoch repeats epoch 0's order — "
+                  "call set_epoch wherever the sampler exists", module=mm,
+                  related=(*(((mm, guard),) if guard is not None else ()), (m, made[0])))
 
 
 def _helper_calls(f: Facts, m: Module, sampler: ast.Call) -> list:

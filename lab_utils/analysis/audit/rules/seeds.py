@@ -14,6 +14,7 @@ from ..project import Module
 from ..registry import Hit, rule
 from ..scripts import evaluation_script
 from ..seed_gates import failed_by_default, gated, helper_gated, single_run_value
+from ..seed_order import built_at, seeded_after_the_build
 from ..seed_values import inline_rank_name, rank_seed_under_switch, seed_value, with_name
 from ..switches import is_switch_test
 from ..syntax import (
@@ -79,6 +80,13 @@ def no_seed(f: Facts, m: Module):
     if entry is None or evaluation_script(f, m):
         return  # no DDP, or nothing trained: loaded weights are evaluated, the init is never used
     kinds = entry[1]
+    late = seeded_after_the_build(f, entry[0]) if "torch" in kinds else None
+    if late is not None:
+        (sm, seed), (bm, built) = late
+        yield Hit(seed, f"torch is seeded here, after the model is built (line {built.lineno}) and before nothing "
+                  "that inits it: rank 0's initial weights (which DDP broadcasts) are unseeded and differ from any "
+                  "single run's — seed before building the model", module=sm, related=((bm, built),))
+        return
     if "torch" not in kinds and any(True for _ in seed_before_spawn(f, m)):
         return  # the parent seeds, then spawns workers that never do: seed-before-spawn's finding (OpenCompatible)
     if "torch" not in kinds and not f.yaml_seeds_torch():  # random and numpy seeded alone leave the model's init
@@ -103,7 +111,7 @@ def no_seed(f: Facts, m: Module):
         helpers = [(mm, c) for mm, c in entry[0] if mm is m and f.seed_kind(mm, c) == "torch"
                    and f.p.resolve(mm, c) and helper_gated(f, mm, c)]
         # (the seeding helper's own call rather than `main(args)` around it)
-        wraps = wraps[:1] + _built_at(f, wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1] \
+        wraps = wraps[:1] + built_at(f, wraps[:1]) + sorted(helpers, key=lambda x: not f.seed_kind(*x, True))[:1] \
             + list(f.p.script_calls(*wraps[0])[:1] if wraps else [])  # (LIA's `trainer = Trainer(args, ...)`)
         if not gated and not failed:  # the seeds it does set, which leave torch's CPU RNG alone (GNS's cuda seed),
             wraps += [(mm, c) for mm, c in entry[0] if f.seed_kind(mm, c) in ("cuda", "other")][:1]  # and the spawn
@@ -193,29 +201,6 @@ def _unlinked_runner_seeds(f: Facts, calls: list) -> bool:
     return False
 
 
-def _built_at(f: Facts, wraps: list) -> list:
-    """Where the model the first wrap gets is built (StableTTS's `model = StableTTS(...).to(rank)` before `model =
-    DDP(model, ...)`; through the caller when the wrap's function is handed it, Re-IQA's `model, model_ema =
-    build_model(args)` then `trainer.wrap_up(model, ...)`): the unseeded init happens there, the seed goes before."""
-    if not wraps or not wraps[0][1].args or not (isinstance(wraps[0][1].args[0], ast.Name) or dotted(
-            wraps[0][1].args[0]).startswith("self.")):  # (or an attribute: MPP's `self.model = build_avit(params)`)
-        return []
-    (mm, c), name = wraps[0], dotted(wraps[0][1].args[0])
-    for _ in range(2):
-        scope = mm.enclosing(c) or mm.tree
-        built = [a for a in walk(scope) if isinstance(a, ast.Assign) and a.lineno < c.lineno and isinstance(
-            a.value, ast.Call) and name in {dotted(t) for x in a.targets for t in ast.walk(x)}
-            and name not in {dotted(x) for x in a.value.args}]  # (not `model = amp.initialize(model, ...)`)
-        params = [a.arg for a in scope.args.args] if isinstance(scope, ast.FunctionDef) else []
-        if built or name not in params or not f.p.callers(mm, scope):
-            return [(mm, max(built, key=lambda a: a.lineno))] if built else []
-        (mm, c), i = f.p.callers(mm, scope)[0], params.index(name) - (params[0] in ("self", "cls"))
-        if not (0 <= i < len(c.args) and isinstance(c.args[i], ast.Name)):
-            return []
-        name = c.args[i].id
-    return []
-
-
 def _calls_of(f: Facts, at) -> tuple:
     """The project's first call of the helper around a seed the default run skips (fast-reid's `seed_all_rng()`),
     where the user passes the seed."""
@@ -263,13 +248,20 @@ def _spawned_setup(f: Facts, m: Module) -> tuple[Module, ast.Call] | None:
     """(module, init_process_group) of the worker function the script spawns in another file, when that worker
     sets up the group itself (PerAct's `mp.spawn(run_seed_fn.run_seed, ...)`, whose run_seed calls
     init_process_group): the worker's flow is where the model is built and the seed belongs."""
-    for c in m.calls:
+    for sm, c in [(m, c) for c in m.calls] + _launcher_calls(f, m):
         if callee(c) in SPAWNS and c.args and isinstance(c.args[0], (ast.Name, ast.Attribute)):
-            for tm, tf in f.p.resolve(m, ast.Call(func=c.args[0], args=[], keywords=[]), exact=True):
+            for tm, tf in f.p.resolve(sm, ast.Call(func=c.args[0], args=[], keywords=[]), exact=True):
                 inits = [x for x in walk(tf) if isinstance(x, ast.Call) and callee(x) == "init_process_group"]
                 if tm is not m and inits:
                     return tm, inits[0]
     return None
+
+
+def _launcher_calls(f: Facts, m: Module) -> list[tuple[Module, ast.Call]]:
+    """The calls of a launch helper in another file that the script calls (EdgeYOLO's `train(cfg)`, which is
+    edgeyolo's launch(), whose `mp.start_processes(train_single, ...)` starts the worker)."""
+    return [(tm, x) for c in m.calls for tm, tf in f.p.resolve(m, c, exact=True) if tm is not m
+            for x in walk(tf) if isinstance(x, ast.Call) and callee(x) in SPAWNS]
 
 
 def _builds_after(fn: ast.AST, init: ast.AST) -> bool:
