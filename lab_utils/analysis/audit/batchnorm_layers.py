@@ -51,7 +51,7 @@ def bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
         defaults = [d for a, d in _defaults(fn) if _reads(fn, a)]
         for n in walk(fn):
             if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)) and not \
-                    _sync_switched_on(f, mm, n):
+                    _sync_switched_on(f, mm, n) and not _under_a_parameter_left_off(f, mm, fn, n):
                 return mm, n
             if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
                 continue
@@ -79,6 +79,27 @@ def _sync_switched_on(f: Facts, m: Module, c: ast.Call) -> bool:
         isinstance(a, ast.Assign) and const_value(a.value) is True and any(dotted(t) == flag for t in a.targets)
         for a in ast.walk(fn))]
     return any(_runs_by_default(cm, call) for fn in setters for cm, call in f.p.callers(m, fn))
+
+
+def _under_a_parameter_left_off(f: Facts, m: Module, fn: ast.AST, c: ast.Call) -> bool:
+    """`if norm: layers.append(nn.BatchNorm2d(c))` in a layer whose `norm=False` no call turns on (dualBR's
+    BasicConv, every caller leaving norm out): no BatchNorm is built."""
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    defaults = dict(_defaults(fn))
+    params = [a.arg for a in fn.args.args]
+    up = m.parent.get(id(c))
+    while up is not None and up is not fn:
+        if isinstance(up, ast.If) and isinstance(up.test, ast.Name) and up.test.id in defaults and const_value(
+                defaults[up.test.id]) in (False, None) and any(c is x for x in ast.walk(ast.Module(body=up.body))):
+            name = up.test.id
+            at = params.index(name) - (params[:1] in (["self"], ["cls"])) if name in params else None
+            sites = f.p.callers(m, fn)  # (a class's __init__: its `BasicConv(...)` calls)
+            return not any(any(k.arg == name and const_value(k.value) not in (False, None) for k in x.keywords)
+                           or any(k.arg is None for k in x.keywords) or at is not None and len(x.args) > at
+                           for _, x in sites)
+        up = m.parent.get(id(up))
+    return False
 
 
 def _runs_by_default(m: Module, call: ast.Call) -> bool:

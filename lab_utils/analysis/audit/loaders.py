@@ -517,7 +517,13 @@ def handed_sampler_class(f: Facts, m: Module, c: ast.Call) -> str | None:
         return None
     params = [a.arg for a in fn.args.args]
     if c.func.id not in params:
-        return None
+        # ... or a name the function binds to one (MGN's `sampler_class = DistributedSampler`, or `partial(
+        # BoundedDistributedSampler, ...)`, then `test_sampler = sampler_class(test_dataset, ...)`)
+        bound = [a.value.args[0] if isinstance(a.value, ast.Call) and callee(a.value) == "partial" and a.value.args
+                 else a.value for a in walk(fn) if isinstance(a, ast.Assign) and len(a.targets) == 1
+                 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == c.func.id and a.lineno < c.lineno]
+        return next((dotted(v).split(".")[-1] for v in bound if dotted(v).split(".")[-1] in f.sampler_classes()),
+                    None)
     i = params.index(c.func.id)
     handed = [cc.args[i] if len(cc.args) > i else kw(cc, c.func.id) for _, cc in f.p.callers(m, fn)]
     names = [dotted(h).split(".")[-1] for h in handed if h is not None]

@@ -13,7 +13,7 @@ from .returned_losses import reads_a_loss
 from .syntax import LOSSISH, callee, dotted, root, walk
 
 
-def rank0_guard(f: Facts, m: Module, c: ast.AST) -> tuple:
+def rank0_guard(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> tuple:
     """The nearest `if` around the log whose test only rank 0 passes (ParQ's `if is_main_process() and i %
     print_freq == 0:`), in the log's own function."""
     n = m.parent.get(id(c))
@@ -21,7 +21,12 @@ def rank0_guard(f: Facts, m: Module, c: ast.AST) -> tuple:
         if isinstance(n, ast.If) and f.g.classify(m, n.test) == "rank0":
             return ((m, n),)
         n = m.parent.get(id(n))
-    return ()
+    # ... or, in a helper only rank 0 calls, the call under its guard (ViPT's `if self.settings.local_rank in [-1,
+    # 0]: self._write_tensorboard()`, whose write_epoch logs the stats)
+    fn = m.enclosing(c)
+    sites = f.p.callers(m, fn) if fn is not None and depth else []
+    return tuple(x for cm, call in sites[:1] if f.g.kind(cm, call) == "rank0"
+                 for x in ((cm, call), *rank0_guard(f, cm, call, depth - 1)))
 
 
 def handed_from(f: Facts, m: Module, c: ast.Call, lossy: set[str]) -> tuple:

@@ -398,7 +398,9 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                 LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n)) for n in ast.walk(a.value)
                 if isinstance(n, (ast.Name, ast.Attribute))) and not loss_module(a.value):
             out |= {root(t.value) for t in a.targets if isinstance(t, ast.Subscript)
-                    and not NOT_A_LOSS.search(root(t.value))}
+                    and not NOT_A_LOSS.search(root(t.value)) and not OPTIONS.fullmatch(root(t.value))}
+            # (not the options namespace a record hangs off: RobustNet's `args.best_record[...]['val_loss'] = ...`
+            # makes no loss of `args`, nor of everything built from it)
     out |= _texts_of_losses(scope, out)
     # a holder built from a meter prints what the meter holds: `progress = ProgressMeter(n, [batch_time,
     # losses, top1])` ... `progress.display(i)`; so does a list of the losses (`data = [('G', self.g_loss), ...]`),
@@ -418,9 +420,8 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                     for n in ast.walk(a.value)):
                 out |= {dotted(t) for t in a.targets} - {""}
             if isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and any(
-                    isinstance(n, ast.Name) and n.id in out for arg in [*a.value.args, *[k.value for k in
-                                                                                         a.value.keywords]]
-                    for n in ast.walk(arg)):
+                    isinstance(n, ast.Name) and n.id in out and not _an_option_read(arg, n)
+                    for arg in [*a.value.args, *[k.value for k in a.value.keywords]] for n in ast.walk(arg)):
                 out |= {dotted(t) for t in a.targets} - {""}
             # a record built from a carrier (`log_dict = {k: self.metrics[k]["metric"] for k in self.metrics}`), or
             # one a helper files the loss into under its name (`self.metrics = evaluator.update("loss",
@@ -432,6 +433,16 @@ def loss_carriers(scope: ast.AST, seed: frozenset = frozenset()) -> set[str]:
                 out |= {dotted(t) for t in a.targets} - {""}
         out |= _fed_records(scope, out)
     return (out | _texts_of_losses(scope, out)) - {""}
+
+
+OPTIONS = re.compile(r"args|opts?|cfg|config|hparams|params|hp|FLAGS")
+
+
+def _an_option_read(arg: ast.AST, n: ast.Name) -> bool:
+    """`args.max_iter` handed on, where `args` carries a record some helper files a loss into (RobustNet's
+    `args.best_record`): the option read is no loss, nor is what the call returns (`i = train(..., args.max_iter)`)."""
+    return arg is not n and isinstance(arg, ast.Attribute) and arg.value is n and OPTIONS.fullmatch(
+        n.id) is not None and not LOSSISH.search(arg.attr)
 
 
 def _filed_under_loss(v: ast.AST) -> bool:

@@ -87,6 +87,12 @@ class DefaultOptions(PythonConfigs):
             # ... and a flag `parser.set_defaults(sync_bn=True)` turns on (EfficientFormer's, DeiT's --sync-bn)
             passed |= {k.arg for mm in self.p.modules.values() for a in mm.calls if callee(a) == "set_defaults"
                        for k in a.keywords if k.arg and isinstance(k.value, ast.Constant) and k.value.value}
+            # ... and a flag the code itself turns on from other options (RobustNet's `if args.wt_layer[i] == 2:
+            # args.use_wtloss = True`, with --wt_layer in its launch script)
+            passed |= {t.attr for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
+                       and isinstance(a.value, ast.Constant) and a.value.value is True
+                       for t in a.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                       and t.value.id in ("args", "opt", "opts", "cfg", "config", "hparams")}
             # ... and a flag that asks for training (`--do_train`): the run judged is the training run
             self.cache["flags"] = {k: v for k, v in out.items() if k not in passed and v.replace("-", "_") not in
                                    passed and not DIST_SWITCH.search(k) and not TRAIN_FLAG.match(k)}

@@ -121,3 +121,35 @@ def created_on_rank0(g, m: Module) -> set[str]:
                 and c.func.value.id in m.imports:
             sets.setdefault(c.func.value.id, []).append(g.kind(m, c) == "rank0")
     return {name for name, ranks in sets.items() if all(ranks)}
+
+
+def raised_on_rank0(g, m: Module) -> set[str]:
+    """Flags set False first and True only on rank 0 or in the one-process arm (ViLBERT's `default_gpu = False`;
+    `if dist.is_available() and args.local_rank != -1: if rank == 0: default_gpu = True` `else: default_gpu =
+    True`): true on rank 0 alone in the DDP run, so `if default_gpu:` is rank 0's."""
+    binds: dict[str, list[ast.Assign]] = {}
+    for a in m.nodes:
+        if isinstance(a, ast.Assign) and len(a.targets) == 1 and isinstance(a.targets[0], ast.Name):
+            binds.setdefault(a.targets[0].id, []).append(a)
+    out = set()
+    for name, sets in binds.items():
+        if len(sets) < 2 or not all(isinstance(a.value, ast.Constant) and a.value.value in (True, False)
+                                    for a in sets) or m.enclosing(sets[0]) is not m.enclosing(sets[-1]):
+            continue
+        raised = [a for a in sets if a.value.value is True]
+        if raised and any(g.kind(m, a) == "rank0" for a in raised) and all(
+                g.kind(m, a) == "rank0" or _one_process_else(g, m, a) for a in raised) and any(
+                a.value.value is False and a.lineno < min(r.lineno for r in raised) for a in sets):
+            out.add(name)
+    return out
+
+
+def _one_process_else(g, m: Module, a: ast.AST) -> bool:
+    """`a` sits in the else of an `if` whose body holds a rank-0 test (the distributed arm that asks the rank)."""
+    child, n = a, m.parent.get(id(a))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If) and any(child is s for s in n.orelse) and any(
+                isinstance(x, ast.If) and g.classify(m, x.test) == "rank0" for s in n.body for x in ast.walk(s)):
+            return True
+        child, n = n, m.parent.get(id(n))
+    return False

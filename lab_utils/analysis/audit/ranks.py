@@ -10,7 +10,7 @@ import re
 from .files import launch_flags
 from .hierarchy import off_the_run
 from .project import Module, Project
-from .rank0_flags import one_process_test, tuple_flags
+from .rank0_flags import one_process_test, raised_on_rank0, tuple_flags
 from .rank0_objects import Rank0Objects
 from .switched_off import cleared_off_rank0, switched_off_elsewhere
 from .switches import conjuncts, is_switch_test, launch_switch_function, one_process_arm, set_by_launch, unlaunched
@@ -61,8 +61,8 @@ class Guards(Rank0Objects):
                     if k is not None:
                         kinds.update({dotted(t): k for t in a.targets if dotted(t)})
             kinds.update(switched_off_elsewhere(self, m, kinds))
-            kinds.update({n: "rank0" for n in [*cleared_off_rank0(self, m, False), *tuple_flags(self, m)]
-                          if n not in kinds})
+            kinds.update({n: "rank0" for n in [*cleared_off_rank0(self, m, False), *tuple_flags(self, m),
+                                               *raised_on_rank0(self, m)] if n not in kinds})
             self.flags[m.rel] = {n for n, k in kinds.items() if k == "rank0"}
         # a base class's `self.verbose` flag holds in its subclasses (VL-T5), and a flag set on an object a helper
         # is handed (`def init_dist(opt): ... opt.log = True`) where its importers test it (`if opt.log:`, HybrIK)

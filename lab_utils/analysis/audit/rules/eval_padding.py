@@ -219,8 +219,9 @@ def eval_padding_duplicates(f: Facts, m: Module):
     told: dict[int, list] = {}  # helper function -> its samplers already reported (one defect per helper)
     for c in sorted(m.calls, key=lambda x: (x.lineno, x.col_offset)):
         kind = callee(c) if callee(c) in f.sampler_classes() else handed_sampler_class(f, m, c)
-        if kind not in f.sampler_classes() or not (c.args or kw(c, "dataset")) or not _pads(f, kind):
-            continue
+        if kind not in f.sampler_classes() or not (c.args or kw(c, "dataset")) or not _pads(f, kind) or any(
+                k.arg and re.fullmatch(r"pad(ding)?", k.arg) and const_value(k.value) is False for k in c.keywords):
+            continue  # (a project sampler told not to pad: RobustNet's `DistributedSampler(val_set, pad=False)`)
         asked = _built_for_evaluation(f, m, c) if not EVALISH.search(sampler_label(m, c)) else None
         if not (EVALISH.search(sampler_label(m, c)) or asked) or any(const_value(v) for v in spread_kw(
                 m, c, "drop_last")) or trains_over(m, c) or trimmed_to_ranks(m, c) or discarded(f.p, m, c):

@@ -354,6 +354,7 @@ def sampler_with_shuffle(f: Facts, m: Module):
                 isinstance(sampler, ast.Call) and callee(sampler) in classes or any(
                     isinstance(a, ast.Assign) and dotted(a.targets[0]) == dotted(sampler) and any(
                         isinstance(v, ast.Call) and callee(v) in classes for v in branches(a.value))
-                    for a in m.nodes)):
+                    and m.enclosing(a) is m.enclosing(c) for a in m.nodes)):  # (the same function's name:
+            # not RobustNet's other builder, whose `val_sampler = DistributedSampler(...)` this one commented out)
             yield c, ("DataLoader(sampler=DistributedSampler(...), shuffle=True): torch raises 'sampler option is "
                       "mutually exclusive with shuffle'; shuffle in the sampler")

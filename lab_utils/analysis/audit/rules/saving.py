@@ -51,10 +51,26 @@ def _helper_loads_into(f: Facts, m: Module, owner: str, wrap_line: int) -> ast.C
             names = named | {params[i] for i in handed if i < len(params)}
             if named and getattr(tf, "args", None) and tf.args.kwarg and _loads_each_keyword(tf, tf.args.kwarg.arg):
                 return c  # DINO's restart_from_checkpoint(path, student=student, ...): each keyword's value loads
-            if any(isinstance(x, ast.Call) and callee(x) == "load_state_dict" and isinstance(x.func, ast.Attribute)
-                   and dotted(x.func.value) in names for x in walk(tf)):
+            if _loads_into(f, _tm, tf, names):
                 return c
     return None
+
+
+def _loads_into(f: Facts, m: Module, fn: ast.AST, names: set, depth: int = 2) -> bool:
+    """`fn` calls `x.load_state_dict(...)` on one of `names`, or hands one to a helper that does (RobustNet's
+    load_weights(net, ...), then restore_snapshot(net, ...), whose forgiving_state_restore(net, ...) loads into it)."""
+    for x in walk(fn):
+        if not isinstance(x, ast.Call):
+            continue
+        if callee(x) == "load_state_dict" and isinstance(x.func, ast.Attribute) and dotted(x.func.value) in names:
+            return True
+        handed = [i for i, a in enumerate(x.args) if dotted(a) in names]
+        for tm, tf in f.p.resolve(m, x) if handed and depth else []:
+            params = [a.arg for a in getattr(tf, "args", ast.arguments(args=[])).args]
+            params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+            if _loads_into(f, tm, tf, {params[i] for i in handed if i < len(params)}, depth - 1):
+                return True
+    return False
 
 
 def _loads_each_keyword(tf: ast.AST, kwargs: str) -> bool:
