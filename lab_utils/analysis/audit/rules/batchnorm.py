@@ -91,7 +91,8 @@ def batchnorm_without_sync(f: Facts, m: Module):
     # opt-in to SyncBatchNorm: every DDP run converts
     gates = [g if g is None or not any(isinstance(w, ast.Call) and f.is_ddp_call(m, w) for w in ast.walk(g[1]))
              and not _gates_the_process_group(f, g[1]) else None for g in (f.flag_gate(m, c) for c in converts)]
-    if converts and all(gates):  # offering --sync-bn says the model has BatchNorm; the default run goes without
+    if converts and all(gates) and not _registered_models_without_bn(f):
+        # offering --sync-bn says the model has BatchNorm; the default run goes without
         flag, test = gates[0]
         # (named with it: the wrap that takes the unconverted model, and the option's definition)
         places = [(m, w) for w in m.calls if f.is_ddp_call(m, w)] + [
@@ -200,3 +201,11 @@ def _a_model_converts_itself(f: Facts) -> bool:
     return any(callee(c) in ("convert_sync_batchnorm", "convert_syncbn_model") and mm.class_of(mm.enclosing(c))
                for mm in f.p.modules.values() for c in mm.calls if mm.enclosing(c) is not None)
 SYNC_OPTION = re.compile(r"sync_?bn|sync_?batch_?norm|syncbn")
+
+
+def _registered_models_without_bn(f: Facts) -> bool:
+    """The project's own timm-registered models (`@register_model def CSWin_64_12211_tiny_224(...)`) build no
+    BatchNorm: the --sync-bn a timm-derived script keeps offers nothing for them (CSWin's LayerNorm blocks)."""
+    homes = [mm for mm in f.p.modules.values() if any(isinstance(fn, ast.FunctionDef) and any(
+        dotted(d).split(".")[-1] == "register_model" for d in fn.decorator_list) for fn in mm.functions.values())]
+    return bool(homes) and not any(isinstance(c, ast.Call) and is_batchnorm(mm, c) for mm in homes for c in mm.calls)
