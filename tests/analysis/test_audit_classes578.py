@@ -53,3 +53,34 @@ def test_a_gathered_metric_read_out_at_the_end_of_its_line_feeds_no_loss(tmp_pat
     kept = _project(tmp_path / "kept", {"tracker.py": tracker, "train.py": train.replace(
         "USE", "other = (g.sum() / g.numel())\n        other.backward()")})
     assert _rules(kept, "gather-without-grad")
+
+
+def test_findings_do_not_depend_on_the_order_the_rules_run_in(tmp_path, monkeypatch):
+    """LeViT (DeiT's main.py): `parser.set_defaults(repeated_aug=True)`, `if args.repeated_aug: RASampler(...)
+    else: DistributedSampler(...)`, set_epoch under `if args.distributed:`. The options cache was once widened in
+    place by whichever rule asked first, so moving eval-padding-duplicates ahead of the sampler rules turned a
+    set-epoch-missing on. Both orders now give the same findings: none here (the sampler arm is off by default)."""
+    from lab_utils.analysis.audit import audit_paths, registry
+    src = (DDP + "import argparse\nfrom torch.utils.data import DataLoader, DistributedSampler, RandomSampler\n"
+           "p = argparse.ArgumentParser()\np.add_argument('--repeated-aug', action='store_true')\n"
+           "p.add_argument('--no-repeated-aug', action='store_false', dest='repeated_aug')\n"
+           "p.set_defaults(repeated_aug=True)\np.add_argument('--distributed', action='store_true')\n"
+           "p.add_argument('--dist-eval', action='store_true')\nargs = p.parse_args()\n"
+           "class RASampler(torch.utils.data.Sampler):\n    def __init__(self, ds):\n        self.ds = ds\n"
+           "    def __iter__(self):\n        return iter(range(len(self.ds)))\nif args.distributed:\n"
+           "    dist.init_process_group('gloo')\ntorch.manual_seed(0)\ndata = [torch.ones(2)] * 8\n"
+           "if args.repeated_aug:\n    sampler_train = RASampler(data)\nelse:\n"
+           "    sampler_train = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True)\n"
+           "if args.dist_eval:\n    sampler_val = DistributedSampler(data, shuffle=False)\nelse:\n"
+           "    sampler_val = torch.utils.data.SequentialSampler(data)\n"
+           "loader = DataLoader(data, sampler=sampler_train)\nval_loader = DataLoader(data, sampler=sampler_val)\n"
+           "model = torch.nn.Linear(2, 2)\nif args.distributed:\n    model = DDP(model)\nfor epoch in range(3):\n"
+           "    if args.distributed:\n        loader.sampler.set_epoch(epoch)\n    for x in loader:\n"
+           "        model(x).sum().backward()\n    with torch.no_grad():\n        for x in val_loader:\n"
+           "            val_loss = model(x).sum()\n            dist.all_reduce(val_loss)\n")
+    root = _project(tmp_path, {"main.py": src})
+    forward = sorted((f.rule, f.line) for f in audit_paths([root]))
+    monkeypatch.setattr(registry, "REGISTRY", dict(reversed(list(registry.REGISTRY.items()))))
+    backward = sorted((f.rule, f.line) for f in audit_paths([root]))
+    assert forward == backward
+    assert "set-epoch-missing" not in {r for r, _ in forward}

@@ -83,10 +83,10 @@ class DefaultOptions(PythonConfigs):
                             out[key] = opt.lstrip("-")
             # on in the run judged: the distributed switch itself (P5's `--distributed`, which the DDP run passes),
             # and a flag the project's launch scripts pass (`--distributed --multiGPU` in its pretrain_*.sh)
-            passed = self._passed_in_launch_scripts()
+            # (a copy: the cached set of passed flags is read elsewhere, and must not depend on who asked first)
+            passed = set(self._passed_in_launch_scripts())
             # ... and a flag `parser.set_defaults(sync_bn=True)` turns on (EfficientFormer's, DeiT's --sync-bn)
-            passed |= {k.arg for mm in self.p.modules.values() for a in mm.calls if callee(a) == "set_defaults"
-                       for k in a.keywords if k.arg and isinstance(k.value, ast.Constant) and k.value.value}
+            passed |= self.set_on_by_default()
             # ... and a flag the code itself turns on from other options (RobustNet's `if args.wt_layer[i] == 2:
             # args.use_wtloss = True`, with --wt_layer in its launch script)
             passed |= {t.attr for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
@@ -100,12 +100,21 @@ class DefaultOptions(PythonConfigs):
                                             and not DIST_SWITCH.search(k)}
         return self.cache["flags"]
 
+    def set_on_by_default(self) -> set[str]:
+        """Options `parser.set_defaults(repeated_aug=True)` turns on (DeiT's --repeated-aug, --sync-bn)."""
+        if "set_defaults" not in self.cache:
+            self.cache["set_defaults"] = frozenset(
+                k.arg for mm in self.p.modules.values() for a in mm.calls if callee(a) == "set_defaults"
+                for k in a.keywords if k.arg and isinstance(k.value, ast.Constant) and k.value.value)
+        return self.cache["set_defaults"]
+
     def _passed_in_launch_scripts(self) -> set[str]:
         """Every `--flag` a shell script of the project passes (as argparse's attribute, `-` read as `_`), and the
         attribute of a short option passed (YOWOv2's train_ucf.sh: `-accu 16` for `-accu/--accumulate`)."""
         if "passed" not in self.cache:
             flags = launch_flags(self.p.root) if self.p.on_disk else set()
-            self.cache["passed"] = flags | {d for d, spelled in self.option_spellings().items() if spelled & flags}
+            self.cache["passed"] = frozenset(flags | {d for d, spelled in self.option_spellings().items()
+                                                      if spelled & flags})
         return self.cache["passed"]
 
     def option_spellings(self) -> dict[str, set[str]]:

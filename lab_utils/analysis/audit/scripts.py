@@ -239,8 +239,9 @@ def _default_truth(f: Facts, m: Module, t: ast.AST) -> bool | None:
         value = script_value(f, t.attr)
         if value is not None and not value.startswith(("-", "\\")):
             return value.lower() not in ("", "0", "false", "none", "''", '""')
-        if t.attr in f._passed_in_launch_scripts():
-            return True  # a flag the scripts pass bare (`--keep`, a store_true option)
+        if t.attr in f._passed_in_launch_scripts() or t.attr in f.set_on_by_default():
+            return True  # a flag the scripts pass bare (`--keep`, a store_true option), or one set_defaults turns on
+            # (DeiT's `parser.set_defaults(repeated_aug=True)`: its RASampler arm, not the DistributedSampler's)
         options = [c for mm in f.p.modules.values() for c in mm.calls if callee(c) == "add_argument" and any(
             (const_str(a) or "").lstrip("-").replace("-", "_") == t.attr for a in c.args)]
         if options and all(isinstance(kw(c, "default"), ast.Constant) and kw(c, "default").value is True
