@@ -66,8 +66,14 @@ def launch_flags(root: Path) -> set[str]:
 def script_flags(root: Path, script: str) -> set[str]:
     """The `--flag`s the project's shell scripts pass to one Python script (`torchrun ... trainer/xsum_trainer.py
     \\` and its continued lines, GPST's fine-tuning script with `--pretrain_dir`), as argparse attributes."""
+    return set().union(*script_commands(root, script))
+
+
+def script_commands(root: Path, script: str) -> list[set[str]]:
+    """Each shell command that runs one Python script, as the set of `--flag`s it passes (empty: no script runs
+    it)."""
     name = Path(script).name
-    out: set[str] = set()
+    commands: list[set[str]] = []
     for path in shell_scripts(root):
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         for i, line in enumerate(lines):
@@ -77,6 +83,6 @@ def script_flags(root: Path, script: str) -> set[str]:
             while command[-1].rstrip().endswith("\\") and j + 1 < len(lines):
                 j += 1
                 command.append(lines[j])
-            out |= {flag.replace("-", "_") for part in command for flag in re.findall(
-                r"(?<![\w-])--([A-Za-z][\w-]+)", part.split(name, 1)[-1] if part is line else part)}
-    return out
+            commands.append({flag.replace("-", "_") for part in command for flag in re.findall(
+                r"(?<![\w-])--([A-Za-z][\w-]+)", part.split(name, 1)[-1] if part is line else part)})
+    return commands

@@ -63,6 +63,10 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
                     lines, i, hit.start()) and not _reads_a_port_option(root):
                 continue  # (Segmentation Benchmark's `torchrun ... train.py ... --master_port 47720`: an option of a
                 # script that has none, so no rendezvous port; Guyu's script reads its --MASTER_PORT, a fixed port)
+            if hit is not None and hit.re is FIXED_URL and url_sites and (script := _script_of(lines, i, hit.start())) \
+                    and not any(Path(site).name == Path(script).name for site, _ in url_sites):
+                continue  # (a MoCo fork's `--dist-url tcp://localhost:10001` to a script whose init_process_group
+                # takes "env://": the option is never read there; its sibling script, which reads it, is judged apart)
             if hit is None or re.search(r"--standalone\b", code) and hit.re is not FIXED_URL:
                 continue  # (torchrun --standalone rendezvouses on localhost:0, a free port: its --master_port is
                 # never used, torch/distributed/run.py's get_rdzv_endpoint; MeanFlow's scripts)
@@ -86,6 +90,15 @@ def _handed_to_a_script(lines: list[str], i: int, col: int) -> bool:
         start -= 1
     before = " ".join(lines[start:i - 1]) + " " + lines[i - 1][:col]
     return re.search(r"\S+\.py\b", before) is not None
+
+
+def _script_of(lines: list[str], i: int, col: int) -> str | None:
+    """The `.py` script the command around line i (1-based) runs, before column col (continued lines joined)."""
+    start = i - 1
+    while start > 0 and lines[start - 1].rstrip().endswith("\\") and not lines[start - 1].lstrip().startswith("#"):
+        start -= 1
+    found = re.findall(r"(\S+\.py)\b", " ".join(lines[start:i - 1]) + " " + lines[i - 1][:col])
+    return found[-1] if found else None
 
 
 def _reads_a_port_option(root: Path) -> bool:

@@ -15,22 +15,20 @@ from .consoles import (
 from .facts import Facts
 from .gathers import global_model_losses
 from .hierarchy import replaced_where_built
+from .loss_carriers import instance_carriers, loss_carriers, still_fed
 from .loss_places import rebound
 from .losses import (
     backwarded,
     every_loss_over_gathered_labels,
     handed_global,
     holds_a_loss_module,
-    instance_carriers,
     instance_losses,
     keys_or_tags,
     loaded_from_a_checkpoint,
     looped_losses,
-    loss_carriers,
     loss_terms,
     packed_losses,
     returned_reduced,
-    still_fed,
     walked_from,
 )
 from .meters import reducing_meters

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from ..facts import Facts
+from ..files import script_commands
 from ..hierarchy import never_named, plain_function
 from ..init_copies import copy_before_wrap
 from ..options import option_text
@@ -212,9 +213,24 @@ def _calls_of(f: Facts, at) -> tuple:
 def _before_a_spawn(f: Facts, m: Module, c: ast.AST, depth: int = 2) -> bool:
     """`c` runs before an mp.spawn in its function, or in a helper called so (AdCo's Config_Environment(args))."""
     scope = m.enclosing(c) or m.tree
-    return any(isinstance(x, ast.Call) and callee(x) in SPAWNS and x.lineno > c.lineno for x in walk(scope)) or \
+    return any(isinstance(x, ast.Call) and callee(x) in SPAWNS and x.lineno > c.lineno and not f.off_by_default(m, x)
+               and not _launched_without(f, m, x) for x in walk(scope)) or \
         bool(depth and m.enclosing(c)) and any(_before_a_spawn(f, cm, cc, depth - 1)
                                                for cm, cc in f.p.callers(m, m.enclosing(c)))
+
+
+def _launched_without(f: Facts, m: Module, spawn: ast.Call) -> bool:
+    """The spawn sits under `if args.multiprocessing_distributed:`, and every shell command of the project that
+    runs this script leaves that option out (a MoCo fork's torch.distributed.launch scripts): those runs call the
+    worker in the launched process itself."""
+    commands = script_commands(f.p.root, m.rel) if f.p.on_disk else []
+    up = m.parent.get(id(spawn))
+    while commands and up is not None and not isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(up, ast.If) and isinstance(up.test, ast.Attribute) and any(spawn is x for s in up.body
+                                                                                  for x in ast.walk(s)):
+            return not any(up.test.attr in flags for flags in commands)
+        up = m.parent.get(id(up))
+    return False
 
 
 def _test_of(m: Module, c: ast.AST, failed: str | None) -> tuple[Module, ast.AST]:
@@ -283,8 +299,9 @@ def seed_before_spawn(f: Facts, m: Module):
         return  # no seed at all is no-seed's finding
     for c in m.calls:
         fn = (c.args[0] if c.args else kw(c, "fn")) if callee(c) in SPAWNS else _spawned_through(f, m, c)
-        if fn is None:
-            continue
+        if fn is None or f.off_by_default(m, c) or _launched_without(f, m, c):
+            continue  # (a spawn under an option off by default, MoCo's --multiprocessing-distributed, which a fork's
+            # torch.distributed.launch script never passes: main_worker runs in the seeded process itself)
         target = f.p.resolve(m, ast.Call(func=fn, args=[], keywords=[]))
         if not target and isinstance(fn, ast.Attribute) and dotted(fn.value) == "self" and m.class_of(
                 m.enclosing(c)):  # `mp.spawn(self.train_model, ...)`: the class's own method (RoseTTAFold2)
