@@ -468,9 +468,27 @@ class Facts(Reductions):
         if callee(c) in COLLECTIVES and ("dist" in dotted(c.func) or dotted(c.func) in COLLECTIVES
                                           or "distributed" in dotted(c.func)):
             return not (isinstance(c.func, ast.Attribute) and root(c.func.value) in ("MPI", "comm", "self"))
-        return any(self.p.function_does(tm, tf, lambda mm, cc: callee(cc) in COLLECTIVES and "dist" in dotted(
-            cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc), 2, True)
-            for tm, tf in self.p.resolve(m, c, exact=True))
+        return any(self.p.function_does(tm, tf, lambda mm, cc, tf=tf: callee(cc) in COLLECTIVES and "dist" in dotted(
+            cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc)
+            and not _switched_off_by_the_call(mm, tf, cc, c), 2, True) for tm, tf in self.p.resolve(m, c, exact=True))
+
+
+def _switched_off_by_the_call(m: Module, fn: ast.AST, node: ast.AST, call: ast.Call) -> bool:
+    """`node` sits under `if save_full:` in `fn`, and `call` hands save_full=False (CTM's rank-0 `self.save(
+    save_full=False)`, whose barrier is in the `if save_full:` arm): this call never reaches it."""
+    params = [a.arg for a in getattr(fn, "args", ast.arguments(args=[])).args]
+    params = params[1:] if params[:1] in (["self"], ["cls"]) else params
+    up = m.parent.get(id(node))
+    while up is not None and up is not fn:
+        if isinstance(up, ast.If) and isinstance(up.test, ast.Name) and up.test.id in params and any(
+                node is x for s in up.body for x in ast.walk(s)):
+            i = params.index(up.test.id)
+            given = [k.value for k in call.keywords if k.arg == up.test.id] + (
+                [call.args[i]] if i < len(call.args) else [])
+            if given and isinstance(given[0], ast.Constant) and not given[0].value:
+                return True
+        up = m.parent.get(id(up))
+    return False
 
 
 def _enclosers(m: Module, node: ast.AST) -> list[ast.AST]:

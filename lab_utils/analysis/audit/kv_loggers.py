@@ -30,7 +30,7 @@ def unreduced_dumps(f, m: Module) -> list[tuple[ast.Call, tuple]]:
     if not configures or any(k.arg == "comm" for _, c in configures for k in c.keywords) or any(
             callee(c) == "set_comm" for _, c in mine):
         return out
-    if not any(callee(c) in ("logkv_mean", "logkv") and _logs_a_loss(c) for _, c in mine):
+    if not any(callee(c) in ("logkv_mean", "logkv") and _logs_a_loss(mm, c) for mm, c in mine):
         return out
     # one defect, one finding: the first dump (by file and line), naming the others, the logger's line and the
     # configure() calls that hand no communicator
@@ -40,12 +40,16 @@ def unreduced_dumps(f, m: Module) -> list[tuple[ast.Call, tuple]]:
     return out
 
 
-def _logs_a_loss(c: ast.Call) -> bool:
+def _logs_a_loss(m: Module, c: ast.Call) -> bool:
     """`logkv_mean("loss", v)`, `logkv_mean(key, values.mean().item())` over a loss dict, `logkv_mean(f"{key}_q",
-    sub_loss)`: a loss by its key or its value."""
+    sub_loss)`: a loss by its key or its value; or any value of a loop over a loss dict (CTM's `for key, values in
+    losses.items(): logger.logkv_mean(f"{key} mean", values.mean().item())`)."""
+    loop = m.enclosing(c, (ast.For,))
     return any(LOSSISH.search(const_str(a) or "") for a in c.args) or any(
         isinstance(n, (ast.Name, ast.Attribute)) and LOSSISH.search(dotted(n).split(".")[-1]) for a in c.args
-        for n in ast.walk(a))
+        for n in ast.walk(a)) or loop is not None and isinstance(loop.iter, ast.Call) and callee(
+        loop.iter) == "items" and isinstance(loop.iter.func, ast.Attribute) and LOSSISH.search(
+        dotted(loop.iter.func.value).split(".")[-1]) is not None
 
 
 def _logger_module(f):

@@ -63,8 +63,8 @@ def fixed_ports_in_launch_scripts(root: Path, url_sites: tuple = ()) -> list[Fin
                     lines, i, hit.start()) and not _reads_a_port_option(root):
                 continue  # (Segmentation Benchmark's `torchrun ... train.py ... --master_port 47720`: an option of a
                 # script that has none, so no rendezvous port; Guyu's script reads its --MASTER_PORT, a fixed port)
-            if hit is not None and hit.re is FIXED_URL and url_sites and (script := _script_of(lines, i, hit.start())) \
-                    and not any(Path(site).name == Path(script).name for site, _ in url_sites):
+            if hit is not None and hit.re is FIXED_URL and (script := _script_of(lines, i, hit.start())) \
+                    and _rendezvous_on_env(root, script):
                 continue  # (a MoCo fork's `--dist-url tcp://localhost:10001` to a script whose init_process_group
                 # takes "env://": the option is never read there; its sibling script, which reads it, is judged apart)
             if hit is None or re.search(r"--standalone\b", code) and hit.re is not FIXED_URL:
@@ -90,6 +90,13 @@ def _handed_to_a_script(lines: list[str], i: int, col: int) -> bool:
         start -= 1
     before = " ".join(lines[start:i - 1]) + " " + lines[i - 1][:col]
     return re.search(r"\S+\.py\b", before) is not None
+
+
+def _rendezvous_on_env(root: Path, script: str) -> bool:
+    """The script the command runs sets up its group on `init_method="env://"` itself, whatever --dist-url says."""
+    found = [p for p in project_files(root, ".py") if p.name == Path(script).name]
+    return len(found) == 1 and re.search(r"init_process_group\([^)]*init_method\s*=\s*[\"']env://", found[0].read_text(
+        encoding="utf-8", errors="replace")) is not None
 
 
 def _script_of(lines: list[str], i: int, col: int) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 
+from .dict_parsers import dict_parser_flags
 from .files import UNKNOWN, launch_flags
 from .project import Module
 from .python_configs import CONFIGISH, PythonConfigs, unconditional
@@ -81,6 +82,7 @@ class DefaultOptions(PythonConfigs):
                         if not ((_reads_yaml(mm) or any(k.arg == "is_config_file" for x in mm.calls
                                                         for k in x.keywords)) and self._yaml_turns_on(key)):
                             out[key] = opt.lstrip("-")
+            out.update(dict_parser_flags(self.p))
             # on in the run judged: the distributed switch itself (P5's `--distributed`, which the DDP run passes),
             # and a flag the project's launch scripts pass (`--distributed --multiGPU` in its pretrain_*.sh)
             # (a copy: the cached set of passed flags is read elsewhere, and must not depend on who asked first)

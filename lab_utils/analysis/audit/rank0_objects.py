@@ -56,7 +56,7 @@ class Rank0Objects:
                 out.add(name)  # `pbar = tqdm(loader, disable=rank != 0)`: only rank 0's bar shows what it is given
             elif isinstance(v, ast.Call) and enabled_on_rank0(self, m, v):
                 out.add(name)
-        return out
+        return out - {""}
 
     def _off_but_rank0(self, m: Module, c: ast.Call) -> bool:
         """`disable=` true on every rank but 0, alone or in an `or` (Transformer-M's `disable=(args.silent or
@@ -123,8 +123,11 @@ class Rank0Objects:
                                 continue
                             key = (tm.rel, id(tf), name)
                             where[key] = tm.rel
+                            # (a constant handed at a rank-0 call is rank 0's only where the others keep None, the
+                            # parameter's default: XMem's save_path='out'; CTM's rank-0 `self.save(save_full=False)`,
+                            # beside the others' `self.save()` with save_full=True, is a value)
                             seen.setdefault(key, []).append(dotted(a) in self.objects[m.rel] or at_rank0 and not (
-                                isinstance(a, ast.Constant) and a.value is None))
+                                isinstance(a, ast.Constant) and (a.value is None or not _defaults_none(tf, name))))
             for key, rank0 in seen.items():
                 sites = self._sites(key)
                 if all(rank0) and all(self._passes_rank0_or_none(key, cm, c) for cm, c in sites) and not all(
@@ -165,3 +168,13 @@ def _used_between(m: Module, name: str, a: ast.AST, b: ast.AST) -> bool:
     """`name` is read after `a` binds it and before `b` rebinds it (PointNeXt's rank-0 SummaryWriter, used for the
     epoch's scalars, then `writer = csv.writer(f)` for the results table): `b` starts another object."""
     return b.lineno > a.lineno and any(a.lineno < line < b.lineno for line in m.read_lines(name))
+
+
+def _defaults_none(fn: ast.AST, name: str) -> bool:
+    """`name` is a parameter of `fn` whose default is None (what the callers that leave it out hold)."""
+    a = fn.args
+    pos = a.posonlyargs + a.args
+    pairs = list(zip(pos[len(pos) - len(a.defaults):], a.defaults, strict=True)) + [
+        (p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+    return any(p.arg == name and isinstance(d, ast.Constant) and d.value is None for p, d in pairs)
+

@@ -267,6 +267,10 @@ def eval_padding_duplicates(f: Facts, m: Module):
                 others = told.setdefault(id(m.enclosing(c)), []) if asked and m.enclosing(c) is not None else []
                 others += [(m, x) for x in m.calls if x is not c and callee(x) == callee(c)
                            and m.enclosing(x) is m.enclosing(c)] if asked else []
+                # (and the call that asks the helper for the evaluation split: UniFormerV2's `construct_loader(cfg,
+                # "val")` in train_net.py, where a reader looks)
+                sites = _evaluation_caller(f, m, c, every=True) if asked else []
+                asking = tuple(x for x in ([sites] if isinstance(sites, tuple) else sites or []) if x[0] is not m)[:2]
                 yield Hit(c, f"{callee(c)}({ast.unparse(c.args[0] if c.args else kw(c, 'dataset'))}) {what}",
                           "check-by-hand",
-                          related=(*others, *reduced))
+                          related=(*others, *asking, *reduced))

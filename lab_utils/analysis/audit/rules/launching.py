@@ -374,6 +374,10 @@ def hard_coded_master_port(f: Facts, m: Module):
         if sets_port and (const_str(fixed) is not None or isinstance(fixed, ast.Constant) and isinstance(
                 fixed.value, int)):
             yield a, f"MASTER_PORT fixed to {str(fixed.value)!r}: {advice}", "check-by-hand"
+        elif sets_port and isinstance(a.value, ast.Name) and (value := _local_constant(m, a.value)) is not None:
+            # (CTM's `num = 9; port = str(65535 - num); os.environ["MASTER_PORT"] = port`)
+            yield a, f"MASTER_PORT fixed to {value!r} ({ast.unparse(a.value)}, computed from constants): {advice}", \
+                "check-by-hand"
         elif sets_port and (default := _default_kept(f, m, a.value)) is not None:
             yield a, (f"MASTER_PORT set from a parameter whose default {default!r} no caller replaces: the port is "
                       f"fixed: {advice}"), "check-by-hand"
@@ -454,3 +458,31 @@ def hard_coded_master_port(f: Facts, m: Module):
             sites = [y for mm, x in sites for y in ((mm, x), (mm, _init_method(x)))]
             yield Hit(default, (f"the option's default {text!r} is a fixed port on this host, used by every run that "
                                 f"keeps it: {advice}"), "check-by-hand", related=tuple(sites[:4]))
+
+
+def _local_constant(m: Module, name: ast.Name, depth: int = 3):
+    """The value `name` holds where every name it is computed from is bound once in its function to constants,
+    arithmetic and str()/int() of them (`num = 9; port = str(65535 - num)`: '65526'); None otherwise."""
+    fn = m.enclosing(name)
+    scope = fn if fn is not None else m.tree
+
+    def value(n: ast.AST, d: int):
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, str)):
+            return n.value
+        if isinstance(n, ast.Name) and d > 0:
+            binds = [a for a in walk(scope) if isinstance(a, ast.Assign) and len(a.targets) == 1
+                     and isinstance(a.targets[0], ast.Name) and a.targets[0].id == n.id]
+            return value(binds[0].value, d - 1) if len(binds) == 1 else None
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Sub, ast.Mult)):
+            left, right = value(n.left, d), value(n.right, d)
+            if isinstance(left, int) and isinstance(right, int):
+                return {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right}[type(n.op)]
+            return None
+        if isinstance(n, ast.Call) and callee(n) in ("str", "int") and len(n.args) == 1 and not n.keywords:
+            inner = value(n.args[0], d)
+            return None if inner is None else str(inner) if callee(n) == "str" else (
+                int(inner) if str(inner).isdigit() else None)
+        return None
+    found = value(name, depth)
+    return found if found is not None and re.fullmatch(r"\d{2,5}", str(found)) else None
+

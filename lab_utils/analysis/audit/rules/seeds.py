@@ -119,6 +119,10 @@ def no_seed(f: Facts, m: Module):
             wraps += [(mm, c) for mm, c in entry[0] if f.seed_kind(mm, c) in ("cuda", "other")][:1]  # and the spawn
         wraps += [(mm, c) for mm, c in entry[0] if callee(c) == "spawn" and mm is m][:1]  # (ODTK builds the model)
         where_m, where = _spawned_setup(f, m) or (None, _setup_in_flow(f, m))
+        # (and the `if` that picks this setup among others: CTM's `if args.use_MPI: setup_dist(...) else:
+        # setup_dist_without_MPI(...)`, where a reader points)
+        arm = (where_m or m).parent.get(id((where_m or m).parent.get(id(where)))) if where is not None else None
+        wraps += [(where_m or m, arm)] if isinstance(arm, ast.If) else []
         yield Hit(where, f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
