@@ -87,3 +87,19 @@ def test_no_seed_names_the_if_that_picks_the_setup(tmp_path):
            "if __name__ == '__main__':\n    main()\n")
     found = _rules(_project(tmp_path, {"train.py": src}), "no-seed")
     assert [12 in [r[1] for r in f.related] for f in found] == [True]
+
+
+def test_a_closure_a_factory_returns_handed_a_rank_0_value_does_not_crash(tmp_path):
+    """The full regression at 851aea3 stopped with StopIteration: a nested def a factory returns (resolved since
+    16ca760) was looked up among the module's functions when rank 0 alone called it with a writer. It is skipped:
+    its callers are unknown."""
+    fns = ("import torch\ndef make_step(model):\n    def step(x, writer):\n        loss = model(x).sum()\n"
+           ""
+           "        loss.backward()\n        if writer is not None:\n            writer.add_scalar('loss', loss.item())\n"
+           "    return step\n")
+    train = (DDP + "from torch.utils.tensorboard import SummaryWriter\nimport fns\ndef main():\n"
+             "    dist.init_process_group('gloo')\n    torch.manual_seed(0)\n    model = DDP(torch.nn.Linear(2, 2))\n"
+             "    step = fns.make_step(model)\n    writer = SummaryWriter() if dist.get_rank() == 0 else None\n"
+             "    for x in [torch.ones(2)] * 4:\n        if dist.get_rank() == 0:\n            step(x, writer)\n"
+             "        else:\n            step(x, None)\nif __name__ == '__main__':\n    main()\n")
+    _rules(_project(tmp_path, {"fns.py": fns, "train.py": train}), "rank0-local-loss")

@@ -143,14 +143,17 @@ class Rank0Objects:
 
     def _sites(self, key: tuple[str, int, str]) -> list[tuple[Module, ast.Call]]:
         rel, fid, _ = key
-        fn = next(f for f in self.p.modules[rel].functions.values() if id(f) == fid)
-        return self.p.callers(self.p.modules[rel], fn)
+        fn = next((f for f in self.p.modules[rel].functions.values() if id(f) == fid), None)
+        # (a nested def a factory returns, IC-GAN's train closure, is no module function: its callers are unknown)
+        return self.p.callers(self.p.modules[rel], fn) if fn is not None else []
 
     def _passes_rank0_or_none(self, key: tuple[str, int, str], cm: Module, c: ast.Call) -> bool:
         """At this call the parameter gets a rank-0 object, None, or nothing (its default)."""
         rel, fid, name = key
         tm = self.p.modules[rel]
-        tf = next(f for f in tm.functions.values() if id(f) == fid)
+        tf = next((f for f in tm.functions.values() if id(f) == fid), None)
+        if tf is None:
+            return False
         params = [x.arg for x in [*tf.args.posonlyargs, *tf.args.args]]
         if tm.class_of(tf) and not any(dotted(d) == "staticmethod" for d in tf.decorator_list):
             params = params[1:]
