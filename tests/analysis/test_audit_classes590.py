@@ -95,7 +95,8 @@ def test_a_closure_a_factory_returns_handed_a_rank_0_value_does_not_crash(tmp_pa
     its callers are unknown."""
     fns = ("import torch\ndef make_step(model):\n    def step(x, writer):\n        loss = model(x).sum()\n"
            ""
-           "        loss.backward()\n        if writer is not None:\n            writer.add_scalar('loss', loss.item())\n"
+           "        loss.backward()\n        if writer is not None:\n"
+           "            writer.add_scalar('loss', loss.item())\n"
            "    return step\n")
     train = (DDP + "from torch.utils.tensorboard import SummaryWriter\nimport fns\ndef main():\n"
              "    dist.init_process_group('gloo')\n    torch.manual_seed(0)\n    model = DDP(torch.nn.Linear(2, 2))\n"
