@@ -25,6 +25,7 @@ from ..syntax import (
     SPAWNS,
     WORLDISH,
     callee,
+    const_str,
     dotted,
     involves_rank,
     is_switch_value,
@@ -232,7 +233,12 @@ def _launched_without(f: Facts, m: Module, spawn: ast.Call) -> bool:
     while commands and up is not None and not isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
         if isinstance(up, ast.If) and isinstance(up.test, ast.Attribute) and any(spawn is x for s in up.body
                                                                                   for x in ast.walk(s)):
-            return not any(up.test.attr in flags for flags in commands)
+            # (a command-line option only: one a config file sets, OpenScene's `multiprocessing_distributed: True`
+            # in its YAML, is on whatever the command passes)
+            cli = any(callee(c) == "add_argument" and any((const_str(a) or "").lstrip("-").replace("-", "_") ==
+                                                         up.test.attr for a in c.args)
+                      for mm in f.p.modules.values() for c in mm.calls)
+            return cli and not f.yaml_places(up.test.attr) and not any(up.test.attr in flags for flags in commands)
         up = m.parent.get(id(up))
     return False
 
