@@ -129,7 +129,7 @@ def _evaluated_over_whole_sets(f: Facts, m: Module, scope: ast.AST) -> set[str]:
     """Names bound from a project function handed an unsharded loader that runs no backward and no collective
     (`valid_loss, ... = valid(model, valid_loader)`): every rank evaluates the whole set with the same weights."""
     loaders = _whole_loaders(f, m, scope)
-    out = set()
+    out = _evaluated_over_own_loaders(f, m, scope)
     for a in walk(scope) if loaders else []:
         if not isinstance(a, ast.Assign) or not isinstance(a.value, ast.Call):
             continue
@@ -140,6 +140,30 @@ def _evaluated_over_whole_sets(f: Facts, m: Module, scope: ast.AST) -> set[str]:
         if found and not f.collective_helper(m, c) and not any(f.p.function_does(
                 tm, tf, lambda mm, cc: callee(cc) in ("backward", "step"), 1) for tm, tf in found):
             out |= {dotted(e) for t in a.targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])}
+    return out - {""}
+
+
+def _evaluated_over_own_loaders(f: Facts, m: Module, scope: ast.AST) -> set[str]:
+    """`self.eval_loss, self.eval_acc = self.evaluate()` where evaluate() loops over `self.test_loader`, which the
+    class only ever builds as a DataLoader with no sampler or batch sampler given (its `**data_loader_args` come
+    from a YAML config, which holds no sampler object: AudioClassification-Pytorch): the whole set's values."""
+    out = set()
+    for a in walk(scope):
+        if not (isinstance(a, ast.Assign) and isinstance(a.value, ast.Call) and not a.value.args
+                and isinstance(a.value.func, ast.Attribute) and dotted(a.value.func.value) == "self"):
+            continue
+        for tm, tf in f.p.resolve(m, a.value):
+            loops = [_looped_loader(tm, tf, x.iter) for x in walk(tf) if isinstance(x, ast.For)]
+            own = [x for x in loops if x.startswith("self.")]
+            built = [b.value for b in tm.nodes if isinstance(b, ast.Assign) and any(dotted(t) in own for t in b.targets)
+                     and not (isinstance(b.value, ast.Constant) and b.value.value is None)]  # (`= None` in __init__)
+            if own and built and all(isinstance(v, ast.Call) and callee(v) == "DataLoader" and not any(
+                    k.arg in ("sampler", "batch_sampler") for k in v.keywords) for v in built) and not any(
+                    isinstance(c, ast.Call) and callee(c) in ("backward", "step") for c in walk(tf)) \
+                    and not f.collective_helper(m, a.value):
+                held = {dotted(e) for t in a.targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List))
+                                                               else [t])}
+                out |= held | {h.split(".")[-1] for h in held}  # (a log reads `self.eval_loss` by its leaf too)
     return out - {""}
 
 

@@ -261,12 +261,14 @@ def eval_padding_duplicates(f: Facts, m: Module):
                     yield Hit(_choosing_argument(m, c, call), f"{ast.unparse(call.func)}(...) gets the evaluation "
                               f"split's {callee(c)} ({m.rel}:{c.lineno}), which {what}", "check-by-hand", am,
                               related=((m, c), *reduced))
-            elif asked and m.enclosing(c) is not None and id(m.enclosing(c)) in told:
-                told[id(m.enclosing(c))].append((m, c))  # another branch of the same helper: the same defect
+            elif m.enclosing(c) is not None and id(m.enclosing(c)) in told:
+                # another branch of the same helper, or its test split's twin beside the validation one
+                # (InternImage's sampler_val and sampler_test in build_loader): the same defect, one finding
+                told[id(m.enclosing(c))].append((m, c))
             else:
-                others = told.setdefault(id(m.enclosing(c)), []) if asked and m.enclosing(c) is not None else []
+                others = told.setdefault(id(m.enclosing(c)), []) if m.enclosing(c) is not None else []
                 others += [(m, x) for x in m.calls if x is not c and callee(x) == callee(c)
-                           and m.enclosing(x) is m.enclosing(c)] if asked else []
+                           and m.enclosing(x) is m.enclosing(c)]
                 # (and the call that asks the helper for the evaluation split: UniFormerV2's `construct_loader(cfg,
                 # "val")` in train_net.py, where a reader looks)
                 sites = _evaluation_caller(f, m, c, every=True) if asked else []
