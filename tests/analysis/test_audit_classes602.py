@@ -49,3 +49,26 @@ def test_an_evaluation_over_the_classes_own_unsharded_loader_is_the_whole_sets(t
     assert not _rules(whole, "rank0-local-loss")
     shard = _project(tmp_path / "shard", {"train.py": src.replace("SAMPLER", "sampler=DistributedSampler(data), ")})
     assert _rules(shard, "rank0-local-loss")
+
+
+def test_a_data_modules_augmentation_wrapper_is_no_candidate_model(tmp_path):
+    """InternImage: the script wraps `build_model(config)` from a models/build.py these files lack; the one model
+    class here builds a BatchNorm (through `build_norm_layer(..., 'BN')`), and dataset/build.py's test-time
+    augmentation `class TTA(nn.Module)` has none: the likely model has BatchNorm (batchnorm-without-sync). A model
+    class without BatchNorm leaves it quiet."""
+    model = ("import torch.nn as nn\ndef build_norm_layer(dim, norm_layer):\n    if norm_layer == 'BN':\n"
+             "        return nn.BatchNorm2d(dim)\n    return nn.LayerNorm(dim)\nclass InternImage(nn.Module):\n"
+             "    def __init__(self):\n        super().__init__()\n        self.head = build_norm_layer(8, 'NORM')\n"
+             "    def forward(self, x):\n        return self.head(x)\n")
+    tta = ("import torch.nn as nn\nclass TTA(nn.Module):\n    def __init__(self, size):\n        super().__init__()\n"
+           "        self.size = size\n    def forward(self, x):\n        return x\n")
+    main = (DDP + "from models.build import build_model\nif __name__ == '__main__':\n"
+            "    dist.init_process_group('gloo')\n    torch.manual_seed(0)\n"
+            "    model = build_model({'type': 'intern_image'})\n    model = DDP(model)\n")
+    bn = _project(tmp_path / "bn", {"models/intern_image.py": model.replace("NORM", "BN"),
+                                     "dataset/build.py": tta, "main.py": main})
+    assert _rules(bn, "batchnorm-without-sync")
+    plain = model.replace("        return nn.BatchNorm2d(dim)\n", "        return nn.LayerNorm(dim)\n")
+    ln = _project(tmp_path / "ln", {"models/intern_image.py": plain.replace("NORM", "BN"),
+                                     "dataset/build.py": tta, "main.py": main})
+    assert not _rules(ln, "batchnorm-without-sync")

@@ -516,7 +516,9 @@ def _top_model_classes(f: Facts) -> list[tuple[Module, ast.ClassDef]]:
         and fn.name not in called)}
     return [(mm, cd) for mm in f.p.modules.values() for cd in mm.classes.values()
             if any(dotted(b).split(".")[-1] == "Module" for b in cd.bases) and cd.name not in built
-            and not re.search(r"loss|criterion|margin|postprocess|matcher", cd.name, re.I)]
+            and not re.search(r"loss|criterion|margin|postprocess|matcher|^tta$|transform|augment", cd.name, re.I)
+            and not re.search(r"(^|/)(data|datasets?|dataloaders?|transforms?)/", mm.rel)]
+    # (nor a data module's test-time augmentation wrapper: InternImage's dataset/build.py TTA(nn.Module))
 
 
 def arm_off_by_default(f: Facts, m: Module, node: ast.AST) -> bool:
