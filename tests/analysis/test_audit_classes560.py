@@ -1,6 +1,7 @@
 """Issue 35: classes of round 560-565's first look (docs/measured/cpu2/audit_heldout_round560.txt), fixed after
 it, quiet and loud; each test fails at the first look's code (1b2c537). The round's other false alarms and misses
-are left, said in docs/results.md."""
+are left, said in docs/results.md. (A third class, a validation loss over a loader the project shards, was built
+and measured over every held-out project: +2 labels for +19 false alarms, so it was taken out again.)"""
 
 from test_audit import _project
 from test_audit_classes246 import _rules
@@ -41,31 +42,3 @@ def test_a_loss_reduced_by_the_old_multigpu_collective_is_reduced(tmp_path):
     assert not _rules(_project(tmp_path / "reduced", {"train.py": fixed}), "rank0-local-loss")
     local = fixed.replace("    dist.all_reduce_multigpu([train_loss])\n", "")
     assert _rules(_project(tmp_path / "local", {"train.py": local}), "rank0-local-loss")
-
-
-def test_a_validation_loss_over_a_sharded_loader_is_rank_0s_shard(tmp_path):
-    """Context-Aware-Consistency: the data class builds `DistributedSampler(self.dataset, shuffle=shuffle)` for
-    either split; `_valid_epoch` runs under no_grad over `tbar = tqdm(self.val_loader)` and rank 0 writes
-    `total_loss_val.average` to TensorBoard: half the set's loss (rank0-local-loss). A validation loader built
-    without a sampler covers the whole set on every rank."""
-    data = ("import torch\nfrom torch.utils.data import DataLoader, DistributedSampler\nclass Loader(DataLoader):\n"
-            "    def __init__(self, dataset, shuffle):\n"
-            "        super().__init__(dataset, batch_size=2, sampler=DistributedSampler(dataset, shuffle=shuffle))\n")
-    trainer = (DDP + "from tqdm import tqdm\nclass Avg:\n    def update(self, v):\n        self.average = v\n"
-               "class Trainer:\n    def __init__(self, model, val_loader, gpu):\n"
-               "        self.model, self.val_loader, self.gpu = model, val_loader, gpu\n"
-               "    def _valid_epoch(self, epoch):\n        total_loss_val = Avg()\n"
-               "        tbar = tqdm(self.val_loader)\n"
-               "        with torch.no_grad():\n            for x in tbar:\n"
-               "                loss = self.model(x).sum()\n                total_loss_val.update(loss.item())\n"
-               "            if self.gpu == 0:\n                print('val loss', total_loss_val.average)\n")
-    main = (DDP + "from data import Loader\nfrom trainer import Trainer\nif __name__ == '__main__':\n"
-            "    dist.init_process_group('gloo')\n    torch.manual_seed(0)\n    model = DDP(torch.nn.Linear(2, 2))\n"
-            "    Trainer(model, VAL, dist.get_rank())._valid_epoch(0)\n")
-    sharded = _project(tmp_path / "sharded", {"data.py": data, "trainer.py": trainer, "main.py": main.replace(
-        "VAL", "Loader([torch.ones(2)] * 5, shuffle=False)")})
-    assert [f.path.rsplit("/", 1)[-1] for f in _rules(sharded, "rank0-local-loss")] == ["trainer.py"]
-    whole = _project(tmp_path / "whole", {"data.py": data, "trainer.py": trainer, "main.py": main.replace(
-        "VAL", "val_loader").replace("    Trainer(", "    val_loader = torch.utils.data.DataLoader([torch.ones(2)] "
-                                     "* 5, batch_size=2)\n    Trainer(")})
-    assert not _rules(whole, "rank0-local-loss")

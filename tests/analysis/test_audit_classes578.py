@@ -1,22 +1,13 @@
 """Issue 35: classes of round 578-583's first look (docs/measured/cpu2/audit_heldout_round578.txt), fixed after
 it, quiet and loud; each test fails at the first look's code (a4cdc5c). The round's other miss (VA-DepthNet's
-per-image SILog summed over the batch) is left, said in docs/results.md."""
+per-image SILog summed over the batch) is left, said in docs/results.md. (A seed `global_seed * world_size + rank`
+from a zero default was read as rank 0's at first; over every held-out project that lost 6 labels (DiT, EDM, SiT,
+StyleGAN2-ADA, ...) for 2 false alarms, so it was taken out again.)"""
 
 from test_audit import _project
 from test_audit_classes246 import _rules
 
 DDP = "import torch, torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-
-
-def test_a_seed_scaled_by_the_world_size_from_a_zero_default_is_rank_0s(tmp_path):
-    """ARPG (DiT's recipe): `seed = args.global_seed * dist.get_world_size() + rank` with `--global-seed` 0 by
-    default: rank 0 seeds 0, the single run's seed (no seed-per-rank). With a default of 42 rank 0 seeds 84."""
-    src = (DDP + "import argparse\np = argparse.ArgumentParser()\np.add_argument('--global-seed', type=int, "
-           "default=SEED)\nargs = p.parse_args()\ndist.init_process_group('gloo')\nrank = dist.get_rank()\n"
-           "seed = args.global_seed * dist.get_world_size() + rank\ntorch.manual_seed(seed)\n"
-           "model = DDP(torch.nn.Linear(2, 2))\n")
-    assert not _rules(_project(tmp_path / "zero", {"train.py": src.replace("SEED", "0")}), "seed-per-rank")
-    assert _rules(_project(tmp_path / "other", {"train.py": src.replace("SEED", "42")}), "seed-per-rank")
 
 
 def test_a_sync_bn_flag_beside_registered_models_without_batchnorm_offers_nothing(tmp_path):

@@ -47,7 +47,7 @@ from .syntax import (
     root,
     walk,
 )
-from .whole_sets import sharded_evaluation, whole_set_values
+from .whole_sets import whole_set_values
 
 ABORTS = {"exit", "_exit", "abort", "stop", "set_trace", "breakpoint"}  # (a debugger stop: EvoDiff's pdb)
 NONFINITE = {"isfinite", "isnan", "isinf"}
@@ -262,8 +262,7 @@ def loss_logs(f: Facts, m: Module) -> list[tuple[ast.Call, set[str], str | None]
         own = {dotted(n) for n in walk(scope) if isinstance(n, ast.Attribute)} & instance_losses(f, m, scope) \
             if lossy and isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.class_of(scope) else set()
         if not lossy or not (f.trains(m, c) or lossy & carriers and (held or own) and _class_steps(m, scope)
-                             and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))
-                             or sharded_evaluation(f, m, scope)) or \
+                             and not (isinstance(scope, ast.FunctionDef) and f.evaluates(m, scope))) or \
                 _reports_an_abort(m, c) or f.off_in_default_run(m, c) or replaced_where_built(f.p, m, scope):
             continue  # (an option unset unless given, DLRM's print of a loaded model's loss; a base's replaced step)
         outer = outermost(m, c)  # a closure's loss may be reduced in its sibling (I-JEPA's AllReduce in train_step)

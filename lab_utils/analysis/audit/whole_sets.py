@@ -10,7 +10,7 @@ import re
 
 from .facts import Facts
 from .project import Module
-from .syntax import EVALISH, LOSSISH, callee, dotted, walk
+from .syntax import LOSSISH, callee, dotted, walk
 
 
 def _unsharded(v: ast.AST, m: Module | None = None) -> bool:
@@ -167,24 +167,6 @@ def _evaluated_over_own_loaders(f: Facts, m: Module, scope: ast.AST) -> set[str]
     return out - {""}
 
 
-def sharded_evaluation(f: Facts, m: Module, scope: ast.AST) -> bool:
-    """An evaluation function (no backward) whose loop runs over a loader the project shards: the project builds a
-    DistributedSampler that is not only the training split's (`DistributedSampler(val_set, shuffle=False)`, or a
-    data class's for either split: Context-Aware-Consistency's VOC), and no line builds that loader without one.
-    Its loss is then each rank's shard's, as a training step's is."""
-    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or not f.evaluates(m, scope):
-        return False
-    loaders = {_looped_loader(m, scope, x.iter) for x in walk(scope) if isinstance(x, ast.For)} - {""}
-    if not loaders or not _shards_evaluation(f):
-        return False
-    whole = f.cache.get("unsharded_loader_names")
-    if whole is None:
-        whole = f.cache["unsharded_loader_names"] = {dotted(t).split(".")[-1] for mm in f.p.modules.values()
-                                                     for a in mm.nodes if isinstance(a, ast.Assign)
-                                                     and _unsharded(a.value, mm) for t in a.targets}
-    return not any(name.split(".")[-1] in whole for name in loaders)
-
-
 def _looped_loader(m: Module, scope: ast.AST, it: ast.AST) -> str:
     """The loader a loop runs over: `enumerate(tqdm(val_loader))`, or `tbar = tqdm(self.val_loader)` then `for ...
     in enumerate(tbar)`; named as one (`loader`, `val_dl`)."""
@@ -199,20 +181,3 @@ def _looped_loader(m: Module, scope: ast.AST, it: ast.AST) -> str:
         it = made[0]
     name = dotted(it) if isinstance(it, (ast.Name, ast.Attribute)) else ""
     return name if re.search(r"loader|_dl$|^dl_|dataloader", name.split(".")[-1], re.I) else ""
-
-
-def _shards_evaluation(f: Facts) -> bool:
-    if "shards_evaluation" not in f.cache:
-        classes = f.sampler_classes()
-        f.cache["shards_evaluation"] = any(
-            callee(c) in classes and not isinstance(mm.parent.get(id(c)), ast.ClassDef) and not _training_only(mm, c)
-            for mm in f.p.modules.values() for c in mm.calls)
-    return f.cache["shards_evaluation"]
-
-
-def _training_only(m: Module, c: ast.Call) -> bool:
-    """A sampler named for the training split (`train_sampler = DistributedSampler(train_set)`)."""
-    up = m.parent.get(id(c))
-    words = [dotted(c.args[0]) if c.args else ""] + [dotted(t) for t in up.targets] if isinstance(
-        up, ast.Assign) else [dotted(c.args[0]) if c.args else ""]
-    return any(re.search(r"(^|[._])train", w, re.I) for w in words) and not any(EVALISH.search(w) for w in words)

@@ -23,7 +23,6 @@ from ..syntax import (
     LOADERISH,
     RANKISH,
     SPAWNS,
-    WORLDISH,
     callee,
     const_str,
     dotted,
@@ -490,7 +489,7 @@ def seed_per_rank(f: Facts, m: Module):
                          f"seed{at0 - 1000:+g}, but the single run (rank variable {single - at0 + 0:+g} from rank 0's "
                          f"value) seeds seed{single - 1000:+g}: rank 0's init and draws are not the single run's; "
                          "make rank 0's seed equal the single run's (e.g. seed + max(rank, 0))")
-            elif not _base_seed_zero(f, m, arg):  # (DiT's `global_seed * world_size + rank` with --global-seed 0)
+            else:
                 yield Hit(c, f"{ast.unparse(c)} seeds rank 0 with {ast.unparse(arg)}, which moves with the world "
                          "size: at 2 ranks rank 0's seed is not the single run's (unless the base seed is 0), so "
                          "rank 0's init, which DDP broadcasts, is not the single run's; make rank 0's seed the "
@@ -533,15 +532,6 @@ def peek_iterator(f: Facts, m: Module):
         yield c, (f"{ast.unparse(c)} creates an extra iterator over the loader, which draws a seed from the global "
                   "RNG (even with num_workers=0) and shifts every later draw; give the DataLoader "
                   "generator=torch.Generator().manual_seed(...), or read loader.batch_size")
-
-
-def _base_seed_zero(f: Facts, m: Module, arg: ast.AST) -> bool:
-    """Every name the seed is scaled from (not the rank, not the world size) is 0 in the default run: rank 0's
-    seed, 0 * world_size + 0, is the single run's."""
-    bases = [n for n in ast.walk(arg) if isinstance(n, (ast.Name, ast.Attribute)) and not isinstance(
-        m.parent.get(id(n)), ast.Attribute) and not involves_rank(n, m.rank_tainted) and not WORLDISH.search(dotted(n))
-             and not isinstance(m.parent.get(id(n)), ast.Call)]
-    return bool(bases) and all(f.default_value(m, n) == 0 for n in bases)
 
 
 def _parameter_given_no_rank(f: Facts, m: Module, c: ast.Call, seed: ast.AST) -> bool:
