@@ -39,3 +39,20 @@ def test_a_spawn_switched_on_by_the_config_file_still_spawns(tmp_path):
     root = _project(tmp_path, {"run/train.py": src, "run/train.sh": "python run/train.py --config cfg.yaml\n",
                                "cfg.yaml": "manual_seed: 1463\nmultiprocessing_distributed: True\n"})
     assert _rules(root, "seed-before-spawn")
+
+
+def test_a_sibling_scripts_division_leaves_this_scripts_lr_growing(tmp_path):
+    """CLD: its ImageNet main sets `args.batch_size = int(args.batch_size / ngpus_per_node)`, its CIFAR script
+    does not and sets `lr=args.batch_size * dist.get_world_size() / 128 * args.base_learning_rate`: the CIFAR lr
+    grows (lr-grows-with-world-size). The full regression at c063547 lost this label; fixed the next commit."""
+    cifar = (DDP + "import argparse\np = argparse.ArgumentParser()\np.add_argument('--batch-size', type=int, "
+             "default=128)\np.add_argument('--base-learning-rate', type=float, default=0.03)\nargs = p.parse_args()\n"
+             "dist.init_process_group('gloo')\ntorch.manual_seed(0)\nmodel = DDP(torch.nn.Linear(2, 2))\n"
+             "opt = torch.optim.SGD(model.parameters(), lr=args.batch_size * dist.get_world_size() / 128 * "
+             "args.base_learning_rate)\n")
+    imagenet = (DDP + "import argparse\np = argparse.ArgumentParser()\np.add_argument('--batch-size', type=int, "
+                "default=256)\nargs = p.parse_args()\nngpus_per_node = 2\n"
+                "args.batch_size = int(args.batch_size / ngpus_per_node)\ndist.init_process_group('gloo')\n"
+                "torch.manual_seed(0)\nmodel = DDP(torch.nn.Linear(2, 2))\n")
+    root = _project(tmp_path, {"train_cifar.py": cifar, "main_imagenet.py": imagenet})
+    assert [f.path.rsplit("/", 1)[-1] for f in _rules(root, "lr-grows-with-world-size")] == ["train_cifar.py"]

@@ -556,7 +556,7 @@ def lr_grows_with_world_size(f: Facts, m: Module):
     # (the arm the default run takes: PixPro's `if args.optimizer == 'sgd': ... elif ... 'lars':` with the launch
     # script's --optimizer lars; the registry would drop a finding in the other arm, not pick the next)
     found = [x for x in found if not off_the_default_path(f, m, x[0])] or found
-    found = [x for x in found if not _per_rank_share_times_the_count(f, x[1])]
+    found = [x for x in found if not _per_rank_share_times_the_count(m, x[1])]
     # a scaling helper nothing in the project calls (Vesper's scale_learning_rate, never used) scales nothing
     found = [x for x in found if m.enclosing(x[0]) is None or m.class_of(m.enclosing(x[0]))
              or not _uncalled(f, m, m.enclosing(x[0]))]  # (a method: its object may be built under an alias)
@@ -572,10 +572,11 @@ def lr_grows_with_world_size(f: Facts, m: Module):
         return  # one finding: the lr is one value
 
 
-def _per_rank_share_times_the_count(f: Facts, value: ast.AST) -> bool:
-    """`args.batch_size * args.world_size` where the project set `args.batch_size = int(args.batch_size /
-    args.world_size)` (SlotCon): the product is the total batch the user gave, the same at any GPU count."""
-    shares = {dotted(t) for mm in f.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign)
+def _per_rank_share_times_the_count(m: Module, value: ast.AST) -> bool:
+    """`args.batch_size * args.world_size` where the same script set `args.batch_size = int(args.batch_size /
+    args.world_size)` (SlotCon): the product is the total batch the user gave, the same at any GPU count. (Not a
+    sibling script's division: CLD's ImageNet main divides, its CIFAR script does not.)"""
+    shares = {dotted(t) for mm in [m] for a in mm.nodes if isinstance(a, ast.Assign)
               for t in a.targets for d in ast.walk(a.value) if isinstance(d, ast.BinOp) and isinstance(
                   d.op, (ast.Div, ast.FloorDiv)) and dotted(d.left) == dotted(t) and involves(d.right, WORLDISH)}
     return any(isinstance(b, ast.BinOp) and isinstance(b.op, ast.Mult) and (
