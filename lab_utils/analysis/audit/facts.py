@@ -28,6 +28,7 @@ from .syntax import (
     SPAWNS,
     TORCH_SEEDS,
     callee,
+    calls_of,
     const_str,
     const_value,
     dotted,
@@ -468,9 +469,23 @@ class Facts(Reductions):
         if callee(c) in COLLECTIVES and ("dist" in dotted(c.func) or dotted(c.func) in COLLECTIVES
                                           or "distributed" in dotted(c.func)):
             return not (isinstance(c.func, ast.Attribute) and root(c.func.value) in ("MPI", "comm", "self"))
-        return any(self.p.function_does(tm, tf, lambda mm, cc, tf=tf: callee(cc) in COLLECTIVES and "dist" in dotted(
-            cc.func) and not (by == "rank0" and self.g.kind(mm, cc) == "not0") and not dead_branch(mm, cc)
-            and not _switched_off_by_the_call(mm, tf, cc, c), 2, True) for tm, tf in self.p.resolve(m, c, exact=True))
+        # each step judged against the call that led to it (ACNet's rank-0 general_test -> ding_test ->
+        # `Engine(local_rank=0, for_val_only=True)`, whose __init__ barriers only `if ... and not for_val_only:`)
+        todo, seen = [(tm, tf, c, 0) for tm, tf in self.p.resolve(m, c, exact=True)], set()
+        while todo:
+            mod, fn, via, d = todo.pop()
+            if id(fn) in seen:
+                continue
+            seen.add(id(fn))
+            for cc in calls_of(fn):
+                if _switched_off_by_the_call(mod, fn, cc, via):
+                    continue
+                if callee(cc) in COLLECTIVES and "dist" in dotted(cc.func) and not (
+                        by == "rank0" and self.g.kind(mod, cc) == "not0") and not dead_branch(mod, cc):
+                    return True
+                if d < 2:
+                    todo += [(tm, tf, cc, d + 1) for tm, tf in self.p.resolve(mod, cc, True)]
+        return False
 
 
 def _switched_off_by_the_call(m: Module, fn: ast.AST, node: ast.AST, call: ast.Call) -> bool:
@@ -480,13 +495,19 @@ def _switched_off_by_the_call(m: Module, fn: ast.AST, node: ast.AST, call: ast.C
     params = params[1:] if params[:1] in (["self"], ["cls"]) else params
     up = m.parent.get(id(node))
     while up is not None and up is not fn:
-        if isinstance(up, ast.If) and isinstance(up.test, ast.Name) and up.test.id in params and any(
-                node is x for s in up.body for x in ast.walk(s)):
-            i = params.index(up.test.id)
-            given = [k.value for k in call.keywords if k.arg == up.test.id] + (
-                [call.args[i]] if i < len(call.args) else [])
-            if given and isinstance(given[0], ast.Constant) and not given[0].value:
-                return True
+        if isinstance(up, ast.If) and any(node is x for s in up.body for x in ast.walk(s)):
+            # `if save_full:`, or one term of an `and`: `if num_gpus > 1 and not for_val_only:`
+            for t in up.test.values if isinstance(up.test, ast.BoolOp) and isinstance(up.test.op, ast.And) else [
+                    up.test]:
+                negated = isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not)
+                name = t.operand if negated else t
+                if not (isinstance(name, ast.Name) and name.id in params):
+                    continue
+                i = params.index(name.id)
+                given = [k.value for k in call.keywords if k.arg == name.id] + (
+                    [call.args[i]] if i < len(call.args) else [])
+                if given and isinstance(given[0], ast.Constant) and bool(given[0].value) == negated:
+                    return True
         up = m.parent.get(id(up))
     return False
 

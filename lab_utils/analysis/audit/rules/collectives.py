@@ -110,6 +110,8 @@ def _rank0_forwards(f: Facts, m: Module):
             # (`if rank == 0: train(..., logger) else: train(...)`; not the training call every rank makes at
             # another time, FastAutoAugment's run_epoch over the train loader)
             name, inner, tm = handed
+            if _no_grad_run(f, tm, inner) and _buffer_free(f, m, name):
+                continue  # (USDM's Voicebox: evaluate() runs it under no_grad, and no layer of it holds a buffer)
             yield Hit(c, (f"rank 0 alone hands the DDP-wrapped {name} to {callee(c)}(), which calls it {_at(inner)}: "
                           f"{BUFFER_HANG} — pass {name}.module for rank-0-only evaluation"), "check-by-hand",
                       related=((tm, inner),))

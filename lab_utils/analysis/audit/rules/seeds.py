@@ -17,6 +17,7 @@ from ..scripts import evaluation_script
 from ..seed_gates import failed_by_default, gated, helper_gated, single_run_value
 from ..seed_order import built_at, seeded_after_the_build
 from ..seed_values import inline_rank_name, rank_seed_under_switch, seed_value, with_name
+from ..shard_orders import sampler_drawing_globally, shuffled_before_the_sampler
 from ..switches import is_switch_test
 from ..syntax import (
     ITERABLE_NOT_LOADER,
@@ -558,6 +559,9 @@ def sampler_seed_per_rank(f: Facts, m: Module):
                       "shards, and that needs the same seed on every rank; a seed that differs per rank gives each "
                       "rank a slice of another permutation, so shards overlap and samples are lost — pass the "
                       "same seed on every rank (the rank picks the shard)")
+    yield from shuffled_before_the_sampler(f, m)  # (or the list under it, or the permutation, differs per rank)
+    for x, message, where in sampler_drawing_globally(f, m):
+        yield Hit(x, message, module=where)
 
 
 def _broadcasts_parameters(m: Module, c: ast.Call) -> bool:
