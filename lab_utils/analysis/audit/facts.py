@@ -179,7 +179,9 @@ class Facts(Reductions):
             out = {"DistributedSampler", "DistributedBucketSampler", "OrderedDistributedSampler"}  # (timm's pads)
             for m in self.p.modules.values():
                 for c in m.classes.values():
-                    if any("DistributedSampler" in dotted(b) for b in c.bases) or "DistributedSampler" in c.name:
+                    # (or named so: seamseg's DistributedARBatchSampler, on its own ARBatchSampler)
+                    if any("DistributedSampler" in dotted(b) for b in c.bases) or re.search(
+                            r"Distributed\w*Sampler", c.name):
                         out.add(c.name)
             self.cache["samplers"] = out
         return self.cache["samplers"]

@@ -20,14 +20,44 @@ def replaced_where_built(p: Project, m: Module, fn: ast.AST) -> bool:
     if cls is None:
         return False
     built = p.__dict__.get("_built_names")
-    if built is None:  # (asked for every finding: the project's called names, once)
-        built = p.__dict__["_built_names"] = {callee(c) for mm in p.modules.values() for c in mm.calls}
+    if built is None:  # (asked for every finding: the project's called names, once, and the names they import:
+        # `from trainer import TrainerDistillDifIR as TrainerDistill` ... `TrainerDistill(configs)`, SinSR)
+        built = p.__dict__["_built_names"] = {n for mm in p.modules.values() for c in mm.calls
+                                              for n in _built_by(mm, c) if n}
     if cls in built:
         return False
-    subs = [(mm, cd) for mm in p.modules.values() for cd in mm.classes.values()
-            if any(dotted(b).split(".")[-1] == cls for b in cd.bases) and cd.name in built]
-    return bool(subs) and all(any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == fn.name
-                                  and not _calls_super(d, fn.name) for d in cd.body) for _, cd in subs)
+    # every built descendant, a grandchild too (SinSR: TrainerBase <- TrainerDifIR <- TrainerDistillDifIR, the one
+    # built), runs the nearest definition on its way up to cls
+    subs = [chain for mm in p.modules.values() for cd in mm.classes.values() if cd.name in built
+            for chain in [_chain_up(p, cd, cls)] if chain]
+    return bool(subs) and all(any(any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == fn.name
+                                      and not _calls_super(d, fn.name) for d in cd.body) for cd in chain)
+                              for chain in subs)
+
+
+def _built_by(m: Module, c: ast.Call) -> list[str]:
+    """The class names a call may build: its own name, the name it imports (`from trainer import X as Y`), or the
+    classes bound to it (GET's `Trainer = trainers.AffinityTrainer` ... `Trainer(model, ...)`, a name that is also
+    the base class's)."""
+    name = callee(c)
+    if isinstance(c.func, ast.Name):
+        bound = [a.value for a in m.single_assignments(name) if isinstance(a.value, (ast.Name, ast.Attribute))]
+        if bound and len(bound) == len(m.single_assignments(name)):
+            return [dotted(v).split(".")[-1] for v in bound]
+    return [name, (m.imports.get(name) or ("", None, 0))[1]]
+
+
+def _chain_up(p: Project, cd: ast.ClassDef, cls: str, depth: int = 4) -> list[ast.ClassDef] | None:
+    """The project classes from `cd` up to (not including) its ancestor named `cls`, or None when it has none."""
+    for b in (dotted(x).split(".")[-1] for x in cd.bases):
+        if b == cls:
+            return [cd]
+        if depth and b != cd.name:
+            for _, bd in p.class_index().get(b, []):
+                up = _chain_up(p, bd, cls, depth - 1)
+                if up:
+                    return [cd, *up]
+    return None
 
 
 def off_the_run(p: Project, m: Module, node: ast.AST) -> bool:

@@ -393,6 +393,11 @@ class Project(Instances):
             self._methods_cache[key] = self._find_methods(m, cls, attr)
         return self._methods_cache[key]
 
+    def class_index(self) -> dict[str, list[tuple[Module, ast.ClassDef]]]:
+        """Every project class by name: [(module, ClassDef), ...]."""
+        self.methods(next(iter(self.modules.values())), "", "__init__")  # (builds the index)
+        return self._class_index
+
     def overridden(self, m: Module, fn: ast.AST) -> bool:
         """`fn` is a method every project subclass that runs redefines without calling it (YOLOX's
         Exp.get_eval_loader, which the experiment file's Exp(MyExp) replaces): the run builds the subclass, so

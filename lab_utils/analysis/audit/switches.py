@@ -152,6 +152,10 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
     while n is not None and not isinstance(n, ast.Module):
         if isinstance(n, (ast.If, ast.IfExp)) and is_switch_test(n.test):
             return n.test
+        if isinstance(n, ast.If) and any(s is child for s in n.body) and any(
+                isinstance(c, ast.Call) and callee(c) == "init_process_group" for s in n.body for c in ast.walk(s)):
+            return n.test  # an arm that sets up the group is the distributed one, whatever it tests (GET's
+            # `if len(args.gpus) > 1:`)
         for s in n.body if isinstance(getattr(n, "body", None), list) else []:
             if s is child:
                 break
