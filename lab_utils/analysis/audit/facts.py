@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import re
 
+from .call_switches import switched_off_by_the_call
 from .entries import chosen_by_name
 from .evaluation import eval_loop_reduces
 from .none_arms import untaken_none_arm
@@ -480,7 +481,7 @@ class Facts(Reductions):
                 continue
             seen.add(id(fn))
             for cc in calls_of(fn):
-                if _switched_off_by_the_call(mod, fn, cc, via):
+                if switched_off_by_the_call(mod, fn, cc, via):
                     continue
                 if callee(cc) in COLLECTIVES and "dist" in dotted(cc.func) and not (
                         by == "rank0" and self.g.kind(mod, cc) == "not0") and not dead_branch(mod, cc):
@@ -488,30 +489,6 @@ class Facts(Reductions):
                 if d < 2:
                     todo += [(tm, tf, cc, d + 1) for tm, tf in self.p.resolve(mod, cc, True)]
         return False
-
-
-def _switched_off_by_the_call(m: Module, fn: ast.AST, node: ast.AST, call: ast.Call) -> bool:
-    """`node` sits under `if save_full:` in `fn`, and `call` hands save_full=False (CTM's rank-0 `self.save(
-    save_full=False)`, whose barrier is in the `if save_full:` arm): this call never reaches it."""
-    params = [a.arg for a in getattr(fn, "args", ast.arguments(args=[])).args]
-    params = params[1:] if params[:1] in (["self"], ["cls"]) else params
-    up = m.parent.get(id(node))
-    while up is not None and up is not fn:
-        if isinstance(up, ast.If) and any(node is x for s in up.body for x in ast.walk(s)):
-            # `if save_full:`, or one term of an `and`: `if num_gpus > 1 and not for_val_only:`
-            for t in up.test.values if isinstance(up.test, ast.BoolOp) and isinstance(up.test.op, ast.And) else [
-                    up.test]:
-                negated = isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not)
-                name = t.operand if negated else t
-                if not (isinstance(name, ast.Name) and name.id in params):
-                    continue
-                i = params.index(name.id)
-                given = [k.value for k in call.keywords if k.arg == name.id] + (
-                    [call.args[i]] if i < len(call.args) else [])
-                if given and isinstance(given[0], ast.Constant) and bool(given[0].value) == negated:
-                    return True
-        up = m.parent.get(id(up))
-    return False
 
 
 def _enclosers(m: Module, node: ast.AST) -> list[ast.AST]:

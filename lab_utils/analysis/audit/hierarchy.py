@@ -162,8 +162,10 @@ def never_named(p: Project, m: Module, fn: ast.AST) -> bool:
     and no other module imports it by name (a star import brings every name): dead code in these files."""
     name = getattr(fn, "name", "")
     inside = {id(n) for n in walk(fn)}
-    if any(isinstance(n, (ast.Name, ast.Attribute)) and id(n) not in inside and dotted(n).split(".")[-1] == name
-           for n in m.nodes):
+    # (a module-level function is named in its own module as a bare name: DF-GAN's `def eval(...)` is not the
+    # `model.eval()` beside it)
+    kinds = ast.Name if m.parent.get(id(fn)) is m.tree else (ast.Name, ast.Attribute)
+    if any(isinstance(n, kinds) and id(n) not in inside and dotted(n).split(".")[-1] == name for n in m.nodes):
         return False
     if any(callee(c) == "getattr" and len(c.args) > 1 and const_str(c.args[1]) == name for mm in p.modules.values()
            for c in mm.calls):

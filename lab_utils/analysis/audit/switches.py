@@ -152,8 +152,7 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
     while n is not None and not isinstance(n, ast.Module):
         if isinstance(n, (ast.If, ast.IfExp)) and is_switch_test(n.test):
             return n.test
-        if isinstance(n, ast.If) and any(s is child for s in n.body) and any(
-                isinstance(c, ast.Call) and callee(c) == "init_process_group" for s in n.body for c in ast.walk(s)):
+        if isinstance(n, ast.If) and any(s is child for s in n.body) and _sets_up_the_group(m, n):
             return n.test  # an arm that sets up the group is the distributed one, whatever it tests (GET's
             # `if len(args.gpus) > 1:`)
         for s in n.body if isinstance(getattr(n, "body", None), list) else []:
@@ -172,6 +171,18 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
             break
         child, n = n, m.parent.get(id(n))
     return None
+
+
+def _sets_up_the_group(m: Module, n: ast.If) -> bool:
+    """init_process_group in the arm itself, under no other `if` of its own (not an `if __name__ == '__main__':`
+    block that holds the real switch further in: DF-GAN's `if args.multi_gpus:`)."""
+    for c in (c for s in n.body for c in ast.walk(s) if isinstance(c, ast.Call) and callee(c) == "init_process_group"):
+        up = m.parent.get(id(c))
+        while up is not None and not isinstance(up, (ast.If, ast.FunctionDef, ast.AsyncFunctionDef)):
+            up = m.parent.get(id(up))
+        if up is n:
+            return True
+    return False
 
 
 def _returns_unless_launched(s: ast.If) -> bool:

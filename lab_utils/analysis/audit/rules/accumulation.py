@@ -190,7 +190,8 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
             {x.id} if isinstance(x, ast.Name) and ACCUMISH.search(x.id) else set())) & f._passed_in_launch_scripts()
         if passed:  # the scripts' value decides (LEAD passes --gradient_accumulation_steps 1)
             return all(script_value(f, a) == "1" for a in passed)
-        # (`self.config['runner'].get('gradient_accumulate_steps')`, the key set to 1 in every YAML: s3prl)
+        # (`self.config['runner'].get('gradient_accumulate_steps')`, the key set to 1 in every YAML: s3prl; a key the
+        # step's own modulus reads, whatever its name: GETMusic's `op_sc['optimizer']['step_iteration']`, 1)
         keys = {const_str(v.args[0]) if isinstance(v, ast.Call) and v.args else const_str(v.slice) for v in fed
                 if isinstance(v, ast.Call) and callee(v) == "get" or isinstance(v, ast.Subscript)}
         fn = m.enclosing(x)
@@ -201,7 +202,8 @@ def _under_count_above_one(f: Facts, m: Module, node: ast.AST) -> bool:
                 return False  # its callers decide, not its default (TimeChat's runner hands 4 from its YAML)
         return involves(x, ACCUMISH) and isinstance(x, ast.Attribute) and (_option_defaults_to_one(
             f, x.attr) or f.json_option_value(x.attr) == 1) \
-            or f.default_value(m, x) == 1 or any(k and ACCUMISH.search(k) and f._yaml_value(k) == 1 for k in keys) \
+            or f.default_value(m, x) == 1 or any(k and (ACCUMISH.search(k) or isinstance(x, ast.Subscript))
+                                                     and f._yaml_value(k) == 1 for k in keys) \
             or isinstance(x, ast.Name) and _parameter_one(f, m, m.enclosing(x), x.id)
     # ... or compares a counter with it (Pointcept: `self._counter >= self.cfg.gradient_accumulation_steps`)
     return any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Mod, ast.Div)) and one(b.right)

@@ -358,9 +358,15 @@ def _spawned_through(f: Facts, m: Module, c: ast.Call) -> ast.AST | None:
     for _, tf in f.p.resolve(m, c):
         params = [a.arg for a in tf.args.args]
         for s in walk(tf):
-            if isinstance(s, ast.Call) and callee(s) in SPAWNS and s.args and isinstance(s.args[0], ast.Name) \
-                    and s.args[0].id in params and params.index(s.args[0].id) < len(c.args):
-                return c.args[params.index(s.args[0].id)]
+            if not (isinstance(s, ast.Call) and callee(s) in SPAWNS):
+                continue
+            # (or handed to the spawned worker in `args=(fn, ...)`, which calls it: GETMusic's launch(), whose
+            # `mp.spawn(distributed_worker, args=(fn, world_size, ...))` ends in `fn(local_rank, *args)`)
+            handed = [s.args[0]] if s.args else []
+            handed += [e for e in getattr(kw(s, "args"), "elts", [])[:1]]
+            for h in handed:
+                if isinstance(h, ast.Name) and h.id in params and params.index(h.id) < len(c.args):
+                    return c.args[params.index(h.id)]
     return None
 
 
