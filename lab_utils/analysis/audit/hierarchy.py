@@ -24,7 +24,7 @@ def replaced_where_built(p: Project, m: Module, fn: ast.AST) -> bool:
         # `from trainer import TrainerDistillDifIR as TrainerDistill` ... `TrainerDistill(configs)`, SinSR)
         built = p.__dict__["_built_names"] = {n for mm in p.modules.values() for c in mm.calls
                                               for n in _built_by(mm, c) if n}
-    if cls in built:
+    if cls in built and not _built_for_one_process(p, cls):
         return False
     # every built descendant, a grandchild too (SinSR: TrainerBase <- TrainerDifIR <- TrainerDistillDifIR, the one
     # built), runs the nearest definition on its way up to cls
@@ -33,6 +33,22 @@ def replaced_where_built(p: Project, m: Module, fn: ast.AST) -> bool:
     return bool(subs) and all(any(any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == fn.name
                                       and not _calls_super(d, fn.name) for d in cd.body) for cd in chain)
                               for chain in subs)
+
+
+def _built_for_one_process(p: Project, cls: str) -> bool:
+    """Every call that builds `cls` runs only in the one-process run: in the arm of a distributed switch that is
+    not distributed, or in a function called only from there (AdvSecureNet's `Trainer(train_config)` in
+    `_execute_training`, the else of `if self.config.device.use_ddp:`; the DDP run builds DDPTrainer)."""
+    from .switches import one_process_arm  # (switches imports nothing of this module's layer)
+    sites = [(mm, c) for mm in p.modules.values() for c in mm.calls if cls in _built_by(mm, c)]
+
+    def undistributed(mm: Module, c: ast.AST, depth: int = 2) -> bool:
+        if one_process_arm(mm, c):
+            return True
+        fn = mm.enclosing(c)
+        callers = p.callers(mm, fn) if fn is not None and depth else []
+        return bool(callers) and all(undistributed(cm, cc, depth - 1) for cm, cc in callers)
+    return bool(sites) and all(undistributed(mm, c) for mm, c in sites)
 
 
 def _built_by(m: Module, c: ast.Call) -> list[str]:

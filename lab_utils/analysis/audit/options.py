@@ -75,6 +75,11 @@ class DefaultOptions(PythonConfigs):
                     # `--syn_bn default=0, type=int` (PET), tested as `if args.syn_bn:`: off unless given too
                     zero_int = isinstance(default, ast.Constant) and type(default.value) is int and \
                         default.value == 0 and dotted(kw(a, "type")) == "int"
+                    # (a BooleanOptionalAction whose `--no-use_seed` the launch script passes: DFormer's train.sh)
+                    if opt and callee(a) == "add_argument" and dotted(kw(a, "action")).endswith("OptionalAction") and \
+                            "no_" + (o := opt.lstrip("-")).replace("-", "_") in self._passed_in_launch_scripts():
+                        out[o.replace("-", "_")] = f"{o} (its launch script passes --no-{o})"
+                        continue
                     if callee(a) == "add_argument" and opt and (store_true or false_default or zero_int):
                         key = (const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")
                         # (timm's `-c config.yml` defaults: HEQuant's `sync_bn: True` turns --sync-bn on; a

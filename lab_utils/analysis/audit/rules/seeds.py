@@ -124,12 +124,22 @@ def no_seed(f: Facts, m: Module):
         # setup_dist_without_MPI(...)`, where a reader points)
         arm = (where_m or m).parent.get(id((where_m or m).parent.get(id(where)))) if where is not None else None
         wraps += [(where_m or m, arm)] if isinstance(arm, ast.If) else []
+        test = _test_of(*at, failed) if at else None
+        if gated and at:  # (the `if args.use_seed:` the default run skips, where the user turns the seed on)
+            test = (at[0], (f.flag_gate(*at) or (None, at[1]))[1])
+        calls = _calls_of(f, at)
+        if failed and at and calls and at[0].enclosing(test[1]) is at[0].enclosing(at[1]) is not None:
+            test = calls[0]  # (the test inside the seeding helper: shown where the user hands it the seed,
+            # OpenNMT's `set_random_seed(opt.seed, ...)`)
+        if test is not None and test[1] is not at[1]:  # a seed skipped: shown at its test (DFormer's `if
+            # args.use_seed:`, EDA's `if args.fix_random_seed:`), the setup among the related places
+            where_m, where, test = test[0], test[1], (where_m or m, where)
         yield Hit(where, f"{what} (in this script or the helpers it calls): rank 0's initial weights "
                   "(which DDP broadcasts) and every draw differ from any single run, so the two runs cannot be "
                   "compared — torch.manual_seed(seed) before building the model",
                   module=where_m,
-                  related=tuple(wraps) + ((_test_of(*at, failed),) if at else ()) + _calls_of(f, at))  # (and
-        # the seed the default run skips: the test that skips it, and the call of the helper it sits in)
+                  related=tuple(wraps) + ((test,) if test else ()) + calls)  # (and the seed the default
+        # run skips: the test that skips it, and the call of the helper it sits in)
 
 
 def _run_goes_on_unseen(f: Facts, m: Module, calls: list) -> bool:
