@@ -194,6 +194,10 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
         return None
     if unseen_package_bn_model(f, m, c):
         return m, c
+    if callee(c) == "create_model" and not f.p.resolve(m, c):
+        bn = _timm_registered_batchnorm(f, c)
+        if bn is not None:
+            return bn
     for tm, tf in f.p.resolve(m, c):
         if tm.class_of(tf) is None:  # a project factory function (classes were looked at already)
             keys = f.p.reach(tm, tf)
@@ -231,6 +235,20 @@ def _factory_batchnorm(f: Facts, m: Module, c: ast.Call):
                 bn = bn_in(f, f.p.reach(tm, tm.functions[name]))
                 if bn is not None:
                     return bn
+    return None
+
+
+def _timm_registered_batchnorm(f: Facts, c: ast.Call):
+    """timm's `create_model(args.model, ...)` with --model defaulting to a name the project registers with timm's
+    `@register_model` (RepViT's `def repvit_m1_1(...)`, its package __init__ not among the copies): that
+    builder's BatchNorm."""
+    arch = c.args[0] if c.args else kw(c, "model_name")
+    name = const_str(arch) or (arch_default(f, arch.attr) if isinstance(arch, ast.Attribute) else None)
+    for mm in f.p.modules.values():
+        fn = mm.functions.get(name or "")
+        if fn is not None and any(dotted(d.func if isinstance(d, ast.Call) else d).endswith("register_model")
+                                  for d in fn.decorator_list):
+            return bn_in(f, f.p.reach(mm, fn))
     return None
 
 

@@ -8,9 +8,10 @@ import ast
 import re
 
 from .dict_parsers import dict_parser_flags
+from .empty_options import EmptyOptions, configish
 from .files import UNKNOWN, launch_flags
 from .project import Module
-from .python_configs import CONFIGISH, PythonConfigs, unconditional
+from .python_configs import CONFIGISH, unconditional
 from .syntax import DIST_SWITCH, callee, const_str, const_value, dotted, kw, root, walk
 
 # options that name a file the user may give (a checkpoint to resume or start from): unset unless given
@@ -54,7 +55,7 @@ def option_text(flag: str) -> str:
     return f"`{flag}` (False in the project's config defaults)" if "." in flag else f"--{flag}"
 
 
-class DefaultOptions(PythonConfigs):
+class DefaultOptions(EmptyOptions):
     """Mixed into Facts: needs `self.p` (the Project) and `self.cache`."""
 
     def store_true_flags(self) -> dict[str, str]:
@@ -163,7 +164,8 @@ class DefaultOptions(PythonConfigs):
                           else [n.test]):
                     if isinstance(t, (ast.Name, ast.Attribute)) and dotted(t) in self.g.flags.get(m.rel, ()):
                         continue  # a rank-0 flag (`self.print`, False but on rank 0), no option
-                    if isinstance(t, ast.Attribute) and t.attr in flags:
+                    if isinstance(t, ast.Attribute) and t.attr in flags and (
+                            "--no-" in flags[t.attr] or not self._on_here(m, t.attr)):
                         return flags[t.attr], n
                     if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.Is)) \
                             and const_value(t.comparators[0]) is True and isinstance(t.left, ast.Attribute) and \
@@ -206,7 +208,7 @@ class DefaultOptions(PythonConfigs):
                     if unset:
                         return unset, n
                     if isinstance(t, ast.Call) and callee(t) == "get" and isinstance(t.func, ast.Attribute) and len(
-                            t.args) == 2 and _configish(t.func.value) and isinstance(t.args[1], ast.Constant) \
+                            t.args) == 2 and configish(t.func.value) and isinstance(t.args[1], ast.Constant) \
                             and t.args[1].value in (False, None) and self._yaml_default(
                                 const_str(t.args[0]) or "", t.args[1].value) in (False, None):
                         return ast.unparse(t), n  # `cfg['training_cfg'].get('use_pretrainedD', False)`, no YAML sets it
@@ -220,70 +222,13 @@ class DefaultOptions(PythonConfigs):
             child, n = n, m.parent.get(id(n))
         return None
 
-    def _key_never_in_config(self, t: ast.AST) -> str | None:
-        """`'attr' in config.keys()` (APTM's `if ('attr' in config.keys()) and config['attr']:`) where no YAML file
-        of the project names the key and no code sets it: false in the default run."""
-        if not (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.In) and self.p.on_disk):
-            return None
-        key, where = const_str(t.left), t.comparators[0]
-        where = where.func.value if isinstance(where, ast.Call) and callee(where) == "keys" and isinstance(
-            where.func, ast.Attribute) else where if isinstance(where, ast.Name) else None  # (not a substring test:
-        # ALIGNN's `'alignn_' in config.model.name`)
-        if where is None:
-            return None
-        sets = (x for mm in self.p.modules.values() for a in mm.nodes if isinstance(a, ast.Assign) for x in a.targets)
-        if not key or not _configish(where) or self._yaml_names(key) or any(
-                isinstance(x, ast.Subscript) and const_str(x.slice) == key for x in sets):
-            return None
-        return f"'{key}' in {dotted(where)} (no config sets it)"
-
-    def empty_options(self) -> dict[str, str]:
-        """Command-line options whose default is the empty string (`--load-model`, default=""): a path or name
-        that is unset unless given, by argparse attribute -> the option as written."""
-        if "empty" not in self.cache:
-            out = {}
-            for mm in self.p.modules.values():
-                for a in mm.calls:
-                    # (`-load_model`: a long option written with one dash, RawNeXt's parser)
-                    opt = next((const_str(x) for x in a.args if const_str(x) and re.match(
-                        r"--|-[A-Za-z][\w-]+$", const_str(x))), None)
-                    default = kw(a, "default")
-                    if callee(a) == "add_argument" and opt and isinstance(default, ast.Constant) and \
-                            default.value == "":
-                        out[(const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")] = opt.lstrip("-")
-                    # ... or a resume path left None, written or not (`--resume default=None`, VoCo), that no
-                    # launch script, config or assignment sets: a first training run starts fresh (a pretrained
-                    # weights path, by contrast, is what the README's command usually passes)
-                    elif callee(a) == "add_argument" and opt and (default is None or isinstance(
-                            default, ast.Constant) and default.value is None) and kw(a, "action") is None and \
-                            const_value(kw(a, "required")) in (None, False) and kw(a, "nargs") is None and \
-                            re.search(r"resume|restart|reload", opt, re.I):
-                        out[(const_str(kw(a, "dest")) or opt.lstrip("-")).replace("-", "_")] = opt.lstrip("-")
-            passed = self._passed_in_launch_scripts()
-            assigned = {t.attr for mm in self.p.modules.values() for n in mm.nodes if isinstance(n, ast.Assign)
-                        for t in n.targets if isinstance(t, ast.Attribute)}
-            self.cache["empty"] = {k: v for k, v in out.items() if k not in passed and k not in assigned
-                                   and not self.config_defaults(k) and not self._yaml_names(k)}
-        return self.cache["empty"]
-
-    def _empty_option_tested(self, t: ast.AST) -> str | None:
-        """`if args.load_model:`, `if args.load_model != "":` or `if not (args.load_model == ""):` on an option whose
-        default is "" (DLRM): false in the default run. The option's name, or None."""
-        empty = self.empty_options()
-        if isinstance(t, ast.UnaryOp) and isinstance(t.op, ast.Not) and isinstance(t.operand, ast.Compare):
-            c = t.operand
-            negated = len(c.ops) == 1 and isinstance(c.ops[0], ast.Eq)
-        elif isinstance(t, ast.Compare):
-            c, negated = t, len(t.ops) == 1 and isinstance(t.ops[0], ast.NotEq)
-        else:
-            return empty.get(t.attr) if isinstance(t, ast.Attribute) else None
-        if negated and isinstance(c.left, ast.Attribute) and isinstance(c.comparators[0], ast.Constant) \
-                and c.comparators[0].value == "":
-            return empty.get(c.left.attr)
-        if len(c.ops) == 1 and isinstance(c.ops[0], (ast.IsNot, ast.NotEq)) and isinstance(c.left, ast.Attribute) \
-                and isinstance(c.comparators[0], ast.Constant) and c.comparators[0].value is None:
-            return empty.get(c.left.attr)  # `if args.resume is not None:` (or `!= None`, MeshGraphormer)
-        return None
+    def _on_here(self, m: Module, attr: str) -> bool:
+        """The script `m` runs with defines the option on by default, though another script of the project defines
+        it off (LaBraM's tokenizer script: `--dist_eval action='store_true', default=True`; its fine-tuning script's
+        is off): the flags are gathered project-wide, the default is this script's."""
+        return any(callee(a) == "add_argument" and const_value(kw(a, "default")) is True and any(
+            (const_str(x) or "").lstrip("-").replace("-", "_") == attr for x in a.args)
+            for mm in {m, *self.p.related(m)} for a in mm.calls)
 
     def off_in_default_run(self, m: Module, node: ast.AST, depth: int = 2) -> str | None:
         """off_by_default(), or the function around `node` called only under such flags (`if args.lora_reinit:
@@ -417,7 +362,7 @@ class DefaultOptions(PythonConfigs):
                          t.slice) == const_str(v.slice) for t in a.targets)]
             return _one([self.default_value(m, x, depth - 1) for x in held]) if held and depth else UNKNOWN
         if isinstance(v, ast.Call) and callee(v) == "get" and isinstance(v.func, ast.Attribute) and \
-                len(v.args) == 2 and const_str(v.args[0]) and _configish(v.func.value):
+                len(v.args) == 2 and const_str(v.args[0]) and configish(v.func.value):
             # `self.cfg.get('HEAD_RESUME', '')` with `HEAD_RESUME: ""` in the task's YAML (TFace), or a Python
             # config's `common = dict(seed=1111, ...)` (vedastr's configs/cstr.py, read by `cfg.get('seed', None)`)
             given = self._config_keywords(const_str(v.args[0]))
@@ -565,22 +510,13 @@ class DefaultOptions(PythonConfigs):
                 len(v.args) == 1 and not v.keywords and CONFIGISH.search(dotted(v.func.value).split(".")[-1]):
             key = const_str(v.args[0])
         elif isinstance(v, ast.Subscript) and (CONFIGISH.search(dotted(v.value).split(".")[-1])
-                                               or _configish(v.value)):
+                                               or configish(v.value)):
             key = const_str(v.slice)
         return key if key and self._yaml_null(key) else None
 
 def _reads_yaml(m: Module) -> bool:
     """The module loads a YAML file (`yaml.safe_load(f)`, timm's config parser that sets the argparse defaults)."""
     return any(callee(c) in ("safe_load", "load", "full_load") and dotted(c.func).startswith("yaml.") for c in m.calls)
-
-
-def _configish(x: ast.AST) -> bool:
-    """A config object however it is reached: `cfg`, `self.cfg['Global']`, `config['solver']`, `op_cfg`."""
-    while isinstance(x, (ast.Subscript, ast.Attribute)):
-        if isinstance(x, ast.Attribute) and CONFIGISH.search(x.attr):
-            return True
-        x = x.value
-    return isinstance(x, ast.Name) and bool(re.search(r"(^|_)(cfg|config|conf|opt|hparams)$", x.id, re.I))
 
 
 def _copied_option(m: Module, at: ast.AST, t: ast.Name) -> str | None:

@@ -46,26 +46,37 @@ def failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
     the launcher replaces) are left out."""
     child, n = node, m.parent.get(id(node))
     while n is not None and not isinstance(n, ast.Module):
-        t = n.test if isinstance(n, ast.If) and any(child is b for b in n.body) else None
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Attribute, ast.Name)) and (
-                isinstance(t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes))
-                or number(t.comparators[0]) is not None) \
-                and not re.search(r"rank|gpu|world|local|dist|device", dotted(t.left).split(".")[-1], re.I) \
-                and dotted(t.left).split(".")[-1] not in _launched_with(f):  # (Si-Blurry's scripts pass --rnd_seed)
-            # (`if args.seed > 0:`, or a parameter: `if seed is not None:` in `def fit(..., seed=None)` that no
-            # call passes, nlp-recipes' Transformer.fit)
-            x, op = f.default_value(m, t.left), t.ops[0]
-            y = t.comparators[0].value if isinstance(t.comparators[0], ast.Constant) else number(t.comparators[0])
-            # (`-1` is a UnaryOp: `if args.seed != -1:`)
-            if x is not UNKNOWN and not isinstance(op, (ast.In, ast.NotIn)):
-                try:
-                    holds = COMPARES[type(op)](x, y)
-                except TypeError:  # (None > 0)
-                    holds = True
-                if not holds:
-                    return ast.unparse(t)
+        test = n.test if isinstance(n, ast.If) and any(child is b for b in n.body) else None
+        # (or one term of an `and`: FunCodec's `if hasattr(options, "num_updates") and
+        # options.save_ckpt_every_steps > 0 and ...`)
+        for t in test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]:
+            failed = _fails(f, m, t)
+            if failed:
+                return failed
         child, n = n, m.parent.get(id(n))
     return _returned_before(f, m, node) or _drawn_fresh(f, m, node) or _none_arm_by_default(f, m, node)
+
+
+def _fails(f: Facts, m: Module, t: ast.AST | None) -> str | None:
+    """The test `t` as written, when it compares a setting with a constant and the setting's default fails it."""
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Attribute, ast.Name)) and (
+            isinstance(t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes))
+            or number(t.comparators[0]) is not None) \
+            and not re.search(r"rank|gpu|world|local|dist|device", dotted(t.left).split(".")[-1], re.I) \
+            and dotted(t.left).split(".")[-1] not in _launched_with(f):  # (Si-Blurry's scripts pass --rnd_seed)
+        # (`if args.seed > 0:`, or a parameter: `if seed is not None:` in `def fit(..., seed=None)` that no
+        # call passes, nlp-recipes' Transformer.fit)
+        x, op = f.default_value(m, t.left), t.ops[0]
+        y = t.comparators[0].value if isinstance(t.comparators[0], ast.Constant) else number(t.comparators[0])
+        # (`-1` is a UnaryOp: `if args.seed != -1:`)
+        if x is not UNKNOWN and not isinstance(op, (ast.In, ast.NotIn)):
+            try:
+                holds = COMPARES[type(op)](x, y)
+            except TypeError:  # (None > 0)
+                holds = True
+            if not holds:
+                return ast.unparse(t)
+    return None
 
 
 def _none_arm_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
@@ -199,12 +210,21 @@ def single_run_value(m: Module, name: str, at: ast.AST | None = None, depth: int
         return 0
     consts, sources = [], []
     for a in m.nodes:
-        if isinstance(a, ast.Assign) and any(dotted(t) == name for t in a.targets):
-            if not involves_rank(a.value, m.rank_tainted):
-                if isinstance(a.value, ast.Constant) and isinstance(a.value.value, (int, float)):
-                    consts.append(a.value.value)
+        if not isinstance(a, ast.Assign):
+            continue
+        # (or one element of a tuple assignment: ScaledYOLOv4's `epochs, ..., rank = opt.epochs, ...,
+        # opt.global_rank`, with `opt.global_rank = -1` in the single run)
+        pairs = [(t, a.value) for t in a.targets] + [
+            (e, v) for t in a.targets if isinstance(t, ast.Tuple) and isinstance(a.value, ast.Tuple)
+            and len(t.elts) == len(a.value.elts) for e, v in zip(t.elts, a.value.elts, strict=True)]
+        for t, value in pairs:
+            if dotted(t) != name:
+                continue
+            if not involves_rank(value, m.rank_tainted):
+                if number(value) is not None:  # (`-1` too)
+                    consts.append(number(value))
             else:
-                sources.append(a.value)
+                sources.append(value)
     if consts:
         return consts[0]
     for v in sources:

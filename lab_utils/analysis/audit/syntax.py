@@ -10,6 +10,7 @@ import re
 RANKISH = re.compile(r"(^|(?<!per)(?<!all)(?<!each)(?<!every)(?<!cross)_)rank$|^rank|local_rank|master_process"
                      r"|is_main|is_master|main_process|is_rank_zero|^RANK$|^LOCAL_RANK$|^gpu$|^rank\d|^dist_id$"
                      r"|^[A-Z_]*(?<!PER)(?<!ALL)(?<!EACH)(?<!EVERY)(?<!CROSS)_RANK$")  # (yacs: GPU_WORLD_RANK)
+PER_RANK = re.compile(r"_per_\w+_rank$", re.I)  # a count per rank (torchtitan's num_tokens_..._per_dp_rank)
 WORLDISH = re.compile(r"world_size|num_replicas|n_gpus|ngpus|num_gpus?|NUM_GPUS|get_world_size|num_processes|nprocs"
                       r"|WORLD_SIZE|device_count|get_global_size|\bglobal_size\b")
 # (num_gpu: SMAP's `len(engine.devices)`; NUM_GPUS: pycls/XNAS configs; device_count: `batch_size *
@@ -170,7 +171,7 @@ def const_str(node) -> str | None:
 def is_rankish_node(n: ast.AST, tainted: set[str]) -> bool:
     if isinstance(n, (ast.Name, ast.Attribute)):
         leaf = dotted(n).split(".")[-1]
-        if WORLDISH.search(leaf):
+        if WORLDISH.search(leaf) or PER_RANK.search(leaf):
             return False
         return bool(RANKISH.search(leaf)) or dotted(n) in tainted
     if isinstance(n, ast.Call) and callee(n) in ("get_rank", "get_local_rank", "get_global_rank"):

@@ -10,6 +10,7 @@ from ..facts import Facts
 from ..hierarchy import never_named
 from ..project import Module
 from ..registry import Hit, rule
+from ..seed_gates import failed_by_default
 from ..switches import one_process_arm
 from ..syntax import callee, dotted, involves_rank, kw, mentions_ddp, walk
 
@@ -94,8 +95,9 @@ def _saves_on_every_rank(f: Facts, m: Module):
         if not any(mentions_ddp(r) for r in f.p.related(m)) or _launches_the_ranks(m):
             continue  # a tool no distributed script runs or imports (a checkpoint converter), or the parent that
             # starts the ranks with a shell command (UniTabE's train_mgpu.py): one process
-        if f.off_in_default_run(m, c):
-            continue  # only under an option that is off unless given (`if args.lora_reinit:`)
+        if f.off_in_default_run(m, c) or failed_by_default(f, m, c):
+            continue  # only under an option that is off unless given (`if args.lora_reinit:`), or whose default
+            # fails the test (FunCodec's `options.save_ckpt_every_steps > 0`, -1 by default)
         if _crash_dump(m, c):
             continue
         if kind == "leaky":
