@@ -51,7 +51,8 @@ def bn_in(f: Facts, keys) -> tuple[Module, ast.AST] | None:
         defaults = [d for a, d in _defaults(fn) if _reads(fn, a)]
         for n in walk(fn):
             if isinstance(n, ast.Call) and (is_batchnorm(mm, n) or _torchvision_bn_model(mm, n)) and not \
-                    _sync_switched_on(f, mm, n) and not _under_a_parameter_left_off(f, mm, fn, n):
+                    _sync_switched_on(f, mm, n) and not _under_a_parameter_left_off(f, mm, fn, n) and not \
+                    f.off_in_default_run(mm, n):  # (DiG's projection MLP, built only `if self.use_feat_distill:`)
                 return mm, n
             if not (isinstance(n, (ast.Name, ast.Attribute)) and BN_CLASS.fullmatch(dotted(n).split(".")[-1])):
                 continue

@@ -59,6 +59,15 @@ def failed_by_default(f: Facts, m: Module, node: ast.AST) -> str | None:
 
 def _fails(f: Facts, m: Module, t: ast.AST | None) -> str | None:
     """The test `t` as written, when it compares a setting with a constant and the setting's default fails it."""
+    if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, ast.Subscript) and const_str(
+            t.left.slice) and number(t.comparators[0]) is not None and not isinstance(t.ops[0], (ast.In, ast.NotIn)):
+        # `if cfg['SEED'] >= 0:` with `SEED: -1` in the project's YAML (VIRT's Base.yaml)
+        x = f._yaml_value(const_str(t.left.slice))
+        try:
+            return ast.unparse(t) if x is not UNKNOWN and x is not None and not COMPARES[type(t.ops[0])](
+                x, number(t.comparators[0])) else None
+        except (KeyError, TypeError):
+            return None
     if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.left, (ast.Attribute, ast.Name)) and (
             isinstance(t.comparators[0], ast.Constant) and not isinstance(t.comparators[0].value, (str, bytes))
             or number(t.comparators[0]) is not None) \
