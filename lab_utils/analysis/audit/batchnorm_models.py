@@ -394,6 +394,13 @@ def wrapped_from_unseen_factories(f: Facts, m: Module):
         held = _unseen_held(f, m, parts) if parts and not all(names) else None
         if held is not None:
             names = [held[0]]
+        if parts and any(names) and not all(names):  # (one part from an unseen factory beside project parts:
+            # VoiceprintRecognition's `nn.Sequential(build_model(...), SpeakerIdentification(...))`, the config
+            # naming CAMPPlus)
+            named = _config_named_batchnorm(f)
+            if named is not None:
+                return w, next(n for n in names if n), named[1], f"the project's config names {named[0]}, which " \
+                    "has BatchNorm"
         if not parts or not all(names):
             continue
         roots = [r for r in _top_model_classes(f) if held is None or r[1] is not held[1]]

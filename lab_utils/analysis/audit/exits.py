@@ -41,6 +41,13 @@ def _leaves(m: Module, loop: ast.AST, x: ast.AST) -> bool:
     return isinstance(x, ast.Call) and dotted(x.func) in EXITS
 
 
+def _holder(m: Module, x: ast.AST) -> ast.AST | None:
+    """The statement around an exit: a `break`'s own parent, or the `if` around an `exit()` call's statement
+    (GraphFormers' `if best_count >= 2: ... exit()` in rank 0's validation block)."""
+    up = m.parent.get(id(x))
+    return m.parent.get(id(up)) if isinstance(x, ast.Call) and isinstance(up, ast.Expr) else up
+
+
 def _run_by(f: Facts, m: Module, loop: ast.AST) -> list[tuple[Module, ast.Call]]:
     """The calls the loop makes, itself and in the project functions it calls (two levels down)."""
     out, todo, seen = [], [(m, loop, 0)], set()
@@ -81,9 +88,9 @@ def _under_rank0_guard(f: Facts, m: Module, loop: ast.AST, x: ast.AST) -> tuple 
     n = m.parent.get(id(x))
     while n is not None and n is not loop:
         if isinstance(n, ast.If) and f.g.classify(m, n.test) == "rank0" and involves_rank(n.test) and not (
-                f.off_by_default(m, x) or f.off_by_default(m, m.parent[id(x)]) or one_process_arm(m, x) or any(
+                f.off_by_default(m, x) or f.off_by_default(m, _holder(m, x)) or one_process_arm(m, x) or any(
                     isinstance(c, ast.Compare) and involves_rank(c.left) and isinstance(c.ops[0], ast.Eq) and
-                    ast.unparse(c.comparators[0]) == "-1" for c in ast.walk(m.parent[id(x)].test))):
+                    ast.unparse(c.comparators[0]) == "-1" for c in ast.walk(_holder(m, x).test))):
             # (nor an option's early stop, nor KAPAO's `if RANK == -1 and stopper(...): break`, one process's)
             # (a test that names the rank: not a flag only rank 0 computes, YOLOv5's `if stop: break`, which a
             # broadcast hands every rank first)
@@ -105,19 +112,19 @@ def rank0_loop_exits(f: Facts, m: Module):
 def _rank0_loop_exits(f: Facts, m: Module):
     for loop in (n for n in m.nodes if isinstance(n, (ast.For, ast.While))):
         # (cheap first: a break or an exit of this loop directly under an `if` on an attribute of an object)
-        exits = [x for x in walk(loop) if _leaves(m, loop, x) and isinstance(m.parent.get(id(x)), ast.If)
-                 and (any(isinstance(n, ast.Attribute) for n in ast.walk(m.parent[id(x)].test))
+        exits = [x for x in walk(loop) if _leaves(m, loop, x) and isinstance(_holder(m, x), ast.If)
+                 and (any(isinstance(n, ast.Attribute) for n in ast.walk(_holder(m, x).test))
                       or f.g.kind(m, x) == "rank0")]  # (or under rank 0's own test: the guard case below)
         if not exits or f.g.effective(m, loop) == "rank0" or not _trains(f, m, loop):
             continue
         for x in exits:
             what = "exits the process" if isinstance(x, ast.Call) else "leaves the training loop"
             word = "exit" if isinstance(x, ast.Call) else "return" if isinstance(x, ast.Return) else "break"
-            decided = _decided_on_rank0(f, m, loop, m.parent[id(x)].test)
+            decided = _decided_on_rank0(f, m, loop, _holder(m, x).test)
             guard = _under_rank0_guard(f, m, loop, x) if decided is None else None
             if decided is not None or guard is not None:
                 why, where = decided or guard
-                at = m.parent[id(x)] if guard else x
+                at = _holder(m, x) if guard else x
                 yield Hit(at, (f"this {word} {what} on a test only rank 0 "
                                f"can pass: {why}; the other ranks go on into the next step, whose gradient all-reduce "
                                "rank 0 never joins, and wait forever (a hang the single run cannot have) — "

@@ -309,7 +309,8 @@ def packed_losses(scope: ast.AST, names: set[str]) -> set[str]:
         for key, val in pairs:
             if key and LOSSISH.search(key) and not NOT_A_LOSS.search(key):
                 out |= {root(n) for n in ast.walk(val) if isinstance(n, (ast.Name, ast.Attribute))
-                        and LOSSISH.search(root(n))}
+                        and LOSSISH.search(root(n)) and not NOT_A_LOSS.search(root(n))}  # (not VoiceprintRecognition's
+                # `"loss": use_loss`, the loss's name from the config)
     return out
 
 

@@ -165,7 +165,8 @@ def _aliases(f, m: Module, names: dict[str, int]) -> dict[str, int]:
         return isinstance(v, (ast.Name, ast.Attribute)) and dotted(v) in names
     for _ in range(3):  # a copy of a copy
         for a in m.nodes:
-            if not isinstance(a, ast.Assign) or isinstance(a.targets[0], ast.Tuple) or one_process_arm(m, a):
+            if not isinstance(a, ast.Assign) or isinstance(a.targets[0], ast.Tuple) or one_process_arm(m, a) or \
+                    _unwrapped_arm(m, a):
                 continue  # (the else of `if opt.distributed:`, SDFusion's `self.vqvae_module = self.vqvae`: unwrapped)
             v = a.value
             arms = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
@@ -181,6 +182,24 @@ def _aliases(f, m: Module, names: dict[str, int]) -> dict[str, int]:
                     if not _peeled(m, dotted(t)):
                         names.setdefault(dotted(t), a.lineno)
     return names
+
+
+def _unwrapped_arm(m: Module, a: ast.AST) -> bool:
+    """`a` runs only where the model is no DDP wrapper: the else of `if isinstance(self.model,
+    DistributedDataParallel):` (VoiceprintRecognition's `eval_model = self.model if len(self.model) == 1 else
+    self.model[0]`), or the body of its `not`."""
+    def wrap_test(t: ast.AST) -> bool:
+        return isinstance(t, ast.Call) and callee(t) == "isinstance" and len(t.args) == 2 and any(
+            dotted(x).split(".")[-1] in ("DistributedDataParallel", "DDP") for x in ast.walk(t.args[1]))
+    child, n = a, m.parent.get(id(a))
+    while n is not None and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        if isinstance(n, ast.If):
+            negated = isinstance(n.test, ast.UnaryOp) and isinstance(n.test.op, ast.Not)
+            if wrap_test(n.test.operand if negated else n.test) and any(
+                    child is s for s in (n.body if negated else n.orelse)):
+                return True
+        child, n = n, m.parent.get(id(n))
+    return False
 
 
 def _peeled(m: Module, name: str) -> bool:
