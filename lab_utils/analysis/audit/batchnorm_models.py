@@ -436,17 +436,30 @@ def _uncalled_builder_batchnorm(f: Facts):
     """(name, (module, BatchNorm)) for a model builder function (`build`, `build_model`, `get_model`...) that no
     call in these files reaches and that builds a project model with BatchNorm (PointTAD's models/pointtad.py
     build(args), which models/__init__.py's build_model calls: its I3D backbone has BatchNorm3d)."""
-    called = {callee(c) for mm in f.p.modules.values() for c in mm.calls if not (
-        isinstance(c.func, ast.Attribute) and dotted(c.func.value).split(".")[0] == "self")}
+    calls = [(cm, c) for cm in f.p.modules.values() for c in cm.calls if not (
+        isinstance(c.func, ast.Attribute) and dotted(c.func.value).split(".")[0] == "self")]
     for mm in f.p.modules.values():
         for name, fn in mm.functions.items():
-            if "." in name or name in called or not re.fullmatch(r"(build|make|create|get)(_\w*)?(model|net\w*)?",
-                                                                  name):
+            if "." in name or not re.fullmatch(r"(build|make|create|get)(_\w*)?(model|net\w*)?", name) or any(
+                    callee(c) == name and _may_call(f, cm, c, mm, fn) for cm, c in calls):
                 continue
             bn = bn_in(f, f.p.reach(mm, fn))
             if bn is not None and any(isinstance(r, ast.Return) and r.value is not None for r in walk(fn)):
                 return name, bn
     return None
+
+
+def _may_call(f: Facts, cm: Module, c: ast.Call, mm: Module, fn: ast.AST) -> bool:
+    """Whether `c` may run `fn` of `mm`: it resolves to it, or it resolves nowhere and names no other module
+    (PROB's `datasets.coco.build("val", args)` is not models/prob_deformable_detr.py's build)."""
+    targets = f.p.resolve(cm, c)
+    if targets:
+        return any(tf is fn for _, tf in targets)
+    if not isinstance(c.func, ast.Attribute):
+        return True
+    base = dotted(c.func.value).split(".")[-1]
+    return base in (mm.path.stem, mm.path.parent.name) or base in cm.imports and cm.imports[base][1] in (
+        mm.path.stem, None)
 
 
 def _unchained(v: ast.AST) -> ast.AST:

@@ -47,7 +47,9 @@ def evaluation_script(f: Facts, m: Module) -> bool:
             # (or it runs a function named for training whose step is in a library: torchdistill's train_one_epoch
             # hands the loss to training_box.update)
             re.fullmatch(r"train(_one)?(_an)?(_epoch)?", callee(c)) and not isinstance(c.func, ast.Attribute)
-            for c in calls)
+            for c in calls) or any(re.fullmatch(r"optimi[sz]e_param\w*|train(ing)?_step", callee(c)) for c in calls)
+        # (or a model object's own step in a file these copies lack: BasicSR-style `model.optimize_parameters(
+        # current_step)`, DA-CLIP's train.py)
         stem = m.rel.rsplit("/", 1)[-1].removesuffix(".py")
         says = any(EVAL_WORD.fullmatch(w) for w in re.split(r"[_\W]+", stem)) or any(
             callee(c) in ("eval", "no_grad", "inference_mode") and isinstance(c.func, ast.Attribute)

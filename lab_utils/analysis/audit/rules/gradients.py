@@ -501,8 +501,9 @@ def _gathered_as_objects(f: Facts, m: Module):
 
 
 LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate|learn_rate", re.I)
-# (nor a batch size or step count named for the lr schedule it sizes: RF-DETR's `total_batch_size_for_lr`)
-NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone|batch_size|_steps?(_|$)", re.I)
+# (nor a batch size or step count named for the lr schedule it sizes: RF-DETR's `total_batch_size_for_lr`, LeReS's
+# `cfg.TRAIN.LR_SCHEDULER_MULTISTEPS`)
+NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone|batch_size|_steps?(_|$)|sched|multistep", re.I)
 
 
 def _leaf(t: ast.AST) -> str:
@@ -539,6 +540,9 @@ def lr_grows_with_world_size(f: Facts, m: Module):
             found.append((n, n, ast.unparse(n)))
         elif isinstance(n, ast.Call) and kw(n, "lr") is not None and grows(kw(n, "lr"), holding):
             found.append((kw(n, "lr"), kw(n, "lr"), f"lr={ast.unparse(kw(n, 'lr'))}"))  # (at the scaling line)
+        elif isinstance(n, ast.Call) and re.search(r"warm", callee(n), re.I) and (v := kw(n, "multiplier")) is not \
+                None and (grows(v, holding) or a_count(v, holding)):  # SeLaVi's GradualWarmupScheduler(multiplier=ws)
+            found.append((v, v, f"multiplier={ast.unparse(v)}"))
         elif isinstance(n, ast.Return) and n.value is not None and grows(n.value, set()) and isinstance(
                 m.enclosing(n), ast.FunctionDef) and LR_NAME.search(m.enclosing(n).name) and not NOT_LR.search(
                 m.enclosing(n).name):  # an lr helper (EfficientNetV2's `def lr(args): return 0.256 *

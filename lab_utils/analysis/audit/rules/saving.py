@@ -99,6 +99,20 @@ def _subclass_loads(f: Facts, m: Module, owner: str) -> bool:
     # (P5's `self.load_checkpoint(...)` in __init__ before the wrap loads into the plain model: no round trip)
 
 
+def _for_data_parallel_only(m: Module, a: ast.AST) -> bool:
+    """The unwrap sits under `if isinstance(model, nn.DataParallel):`, which a DistributedDataParallel fails (it
+    is no DataParallel subclass): LeReS's save_ckpt saves the DDP wrapper's `module.` keys."""
+    up = m.parent.get(id(a))
+    while up is not None and not isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        t = up.test if isinstance(up, ast.If) else None
+        if isinstance(t, ast.Call) and callee(t) == "isinstance" and len(t.args) == 2:
+            kinds = [dotted(x).split(".")[-1] for x in (t.args[1].elts if isinstance(t.args[1], ast.Tuple)
+                                                       else [t.args[1]])]
+            return bool(kinds) and all(k == "DataParallel" for k in kinds)
+        up = m.parent.get(id(up))
+    return False
+
+
 def _unwrapped_between(m: Module, c: ast.AST, owner: str) -> bool:
     fn = m.enclosing(c) or m.tree
     return any(isinstance(a, ast.Assign) and any(dotted(t) == owner for t in a.targets) and
@@ -372,7 +386,8 @@ def _saves_parameter(f: Facts, m: Module, c: ast.Call, i: int | str, depth: int)
         param = params[i] if isinstance(i, int) else i
         if any(isinstance(a, ast.Assign) and any(dotted(t) == param for t in a.targets) and (
                 "module" in ast.unparse(a.value) or isinstance(a.value, ast.Call) and any(
-                    _returns_module(g) for _, g in f.p.resolve(hm, a.value))) for a in walk(fn)):
+                    _returns_module(g) for _, g in f.p.resolve(hm, a.value))) and not _for_data_parallel_only(hm, a)
+               for a in walk(fn)):
             continue  # (`model = model.module`, or MeMOTR's `model = get_model(model)`, which returns its .module)
         # its state_dict() in a torch.save, or in a function that saves one with a helper (MAE's save_model:
         # `to_save = {'model': model_without_ddp.state_dict(), ...}`, then `save_on_master(to_save, path)`)

@@ -131,7 +131,12 @@ def no_seed(f: Facts, m: Module):
         if failed and at and calls and at[0].enclosing(test[1]) is at[0].enclosing(at[1]) is not None:
             test = calls[0]  # (the test inside the seeding helper: shown where the user hands it the seed,
             # OpenNMT's `set_random_seed(opt.seed, ...)`)
-        if test is not None and test[1] is not at[1]:  # a seed skipped: shown at its test (DFormer's `if
+        unused = _unused_seed(m) if not kinds and at is None else None
+        if unused is not None:  # nothing seeds, though the script reads a seed (DA-CLIP's `seed =
+            # opt["train"]["manual_seed"]`, its set_random_seed(seed) commented out): shown where the seed is read
+            test, where_m, where = (where_m or m, where), m, unused
+            what = f"`{ast.unparse(unused.targets[0])}` is read here, but nothing seeds torch with it"
+        elif test is not None and test[1] is not at[1]:  # a seed skipped: shown at its test (DFormer's `if
             # args.use_seed:`, EDA's `if args.fix_random_seed:`), the setup among the related places
             where_m, where, test = test[0], test[1], (where_m or m, where)
         yield Hit(where, f"{what} (in this script or the helpers it calls): rank 0's initial weights "
@@ -140,6 +145,13 @@ def no_seed(f: Facts, m: Module):
                   module=where_m,
                   related=tuple(wraps) + ((test,) if test else ()) + calls)  # (and the seed the default
         # run skips: the test that skips it, and the call of the helper it sits in)
+
+
+def _unused_seed(m: Module) -> ast.AST | None:
+    """The script's own binding of a seed (`seed = opt["train"]["manual_seed"]`, `self.seed = 50 + rank`) when
+    nothing seeds at all: the value read and never used, where the fix goes."""
+    return next((a for a in m.nodes if isinstance(a, ast.Assign) and len(a.targets) == 1 and re.fullmatch(
+        r"(\w+_)?seed", dotted(a.targets[0]).split(".")[-1] or "") and not isinstance(a.value, ast.Constant)), None)
 
 
 def _run_goes_on_unseen(f: Facts, m: Module, calls: list) -> bool:
@@ -492,7 +504,7 @@ def seed_per_rank(f: Facts, m: Module):
                           f"(line {ranked.lineno}), where the single run seeds {ast.unparse(base.value)} (line "
                           f"{base.lineno}): rank 0's seed is not the single run's, so its init, which DDP broadcasts, "
                           f"and its draws differ — seed with {ast.unparse(base.value)} + rank", related=((m, ranked),))
-                continue
+            continue  # (equal: DRAGON's `args.seed + (2 ** args.local_rank - 1)` under `if args.local_rank != -1:`)
         at0 = seed_value(m, arg, lambda name: 0)
         single = seed_value(m, arg, lambda name, c=c: single_run_value(m, name, c, p=f.p) or 0, world=1)
         arm = _distributed_arm(f, m, c)
