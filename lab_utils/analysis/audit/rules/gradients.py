@@ -502,8 +502,8 @@ def _gathered_as_objects(f: Facts, m: Module):
 
 LR_NAME = re.compile(r"(^|_)lr$|^lr_?|learning_rate|learn_rate", re.I)
 # (nor a batch size or step count named for the lr schedule it sizes: RF-DETR's `total_batch_size_for_lr`, LeReS's
-# `cfg.TRAIN.LR_SCHEDULER_MULTISTEPS`)
-NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone|batch_size|_steps?(_|$)|sched|multistep", re.I)
+# `cfg.TRAIN.LR_SCHEDULER_MULTISTEPS`; not `lr_schedule`, which holds the lrs)
+NOT_LR = re.compile(r"warmup|decay_steps|step_size|milestone|batch_size|_steps?(_|$)|multistep", re.I)
 
 
 def _leaf(t: ast.AST) -> str:
