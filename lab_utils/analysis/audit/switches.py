@@ -191,13 +191,20 @@ def _returns_unless_launched(s: ast.If) -> bool:
     What follows runs only when a launcher started the job, as under `if args.distributed:`."""
     tests, n = [], s
     while True:
-        tests.append(n.test)
+        tests.append((n.test, n.body))
         if len(n.orelse) == 1 and isinstance(n.orelse[0], ast.If):
             n = n.orelse[0]
             continue
         break
+    # (or an arm that reads a launcher's rank from the environment: MAE's `if args.dist_on_itp: args.rank =
+    # int(os.environ['OMPI_COMM_WORLD_RANK'])`, an MPI launcher's)
     return bool(n.orelse) and isinstance(n.orelse[-1], ast.Return) and all(
-        is_switch_value(t) or is_switch_test(t) for t in tests)
+        is_switch_value(t) or is_switch_test(t) or _reads_a_launched_rank(body) for t, body in tests)
+
+
+def _reads_a_launched_rank(body: list) -> bool:
+    return any(isinstance(x, ast.Subscript) and "environ" in dotted(x.value) and re.search(
+        r"RANK|PROCID", const_str(x.slice) or "") for st in body for x in ast.walk(st))
 
 
 def _launch_arm_returns(s: ast.If) -> ast.AST | None:

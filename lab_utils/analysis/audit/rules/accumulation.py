@@ -313,6 +313,11 @@ def _forward_outside_no_sync(f: Facts, m: Module):
     for w in (n for n in m.nodes if isinstance(n, ast.With)):
         held = {dotted(c.func.value) for i in w.items for c in ast.walk(i.context_expr) if isinstance(
             c, ast.Call) and callee(c) == "no_sync" and isinstance(c.func, ast.Attribute)}
+        # (or a name bound to the method: MASR's `context = self.model.no_sync` ... `with context():`)
+        named = {i.context_expr.func.id for i in w.items if isinstance(i.context_expr, ast.Call) and isinstance(
+            i.context_expr.func, ast.Name)}
+        held |= {dotted(a.value.value) for a in walk(m.enclosing(w) or m.tree) if isinstance(a, ast.Assign) and any(
+            dotted(t) in named for t in a.targets) and isinstance(a.value, ast.Attribute) and a.value.attr == "no_sync"}
         body = [c for s in w.body for c in ast.walk(s) if isinstance(c, ast.Call)]
         if not held or not any(callee(c) == "backward" for c in body) or any(dotted(c.func) in held for c in body):
             continue
