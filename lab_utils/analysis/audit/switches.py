@@ -152,9 +152,12 @@ def distributed_switch(m: Module, node: ast.AST) -> ast.AST | None:
     while n is not None and not isinstance(n, ast.Module):
         if isinstance(n, (ast.If, ast.IfExp)) and is_switch_test(n.test):
             return n.test
-        if isinstance(n, ast.If) and any(s is child for s in n.body) and _sets_up_the_group(m, n):
-            return n.test  # an arm that sets up the group is the distributed one, whatever it tests (GET's
-            # `if len(args.gpus) > 1:`)
+        if isinstance(n, ast.If) and any(s is child for s in n.body) and _sets_up_the_group(m, n) and any(
+                re.search(r"gpu|world|nproc|device_count", dotted(x), re.I) for x in ast.walk(n.test)
+                if isinstance(x, (ast.Name, ast.Attribute))):
+            return n.test  # an arm that sets up the group under a count of GPUs is the distributed one (GET's
+            # `if len(args.gpus) > 1:`); not a choice among engines that all set one up (WeNet's `if
+            # args.train_engine in ['torch_ddp', 'torch_fsdp']:`, DeepSpeed's elsewhere)
         for s in n.body if isinstance(getattr(n, "body", None), list) else []:
             if s is child:
                 break

@@ -59,7 +59,7 @@ DDP_NAMES = {"DistributedDataParallel", "DDP"}
 ENTRY_CALLS = {"init_process_group", "DistributedDataParallel", "DDP", "spawn", "backward", "main", "train", "run",
                "manual_seed"}
 # a flag that says whether the run is distributed (`args.distributed`, `self.is_ddp`, `cfg.MODEL.DIST_TRAIN`)
-DIST_SWITCH = re.compile(r"distributed|ddp|multigpu|multi_gpu|^dist_?(train|training|mode|run)$|^use_?dist$|"
+DIST_SWITCH = re.compile(r"distribute|ddp|multigpu|multi_gpu|^dist_?(train|training|mode|run)$|^use_?dist$|"
                          r"^is_?dist$", re.I)
 ITERABLE_NOT_LOADER = {"items", "values", "keys", "parameters", "named_parameters", "buffers", "named_buffers",
                        "children", "modules", "named_modules", "state_dict"}

@@ -128,9 +128,9 @@ def no_seed(f: Facts, m: Module):
         if gated and at:  # (the `if args.use_seed:` the default run skips, where the user turns the seed on)
             test = (at[0], (f.flag_gate(*at) or (None, at[1]))[1])
         calls = _calls_of(f, at)
-        if failed and at and calls and at[0].enclosing(test[1]) is at[0].enclosing(at[1]) is not None:
-            test = calls[0]  # (the test inside the seeding helper: shown where the user hands it the seed,
-            # OpenNMT's `set_random_seed(opt.seed, ...)`)
+        if failed and at and calls and at[0].enclosing(test[1]) is at[0].enclosing(at[1]) is not None and \
+                "seed" in at[0].enclosing(at[1]).name.lower():  # (a test inside the seeding helper, not SlotCon's
+            test = calls[0]  # main(): shown where the user hands it the seed, OpenNMT's `set_random_seed(opt.seed)`)
         unused = _unused_seed(m) if not kinds and at is None else None
         if unused is not None:  # nothing seeds, though the script reads a seed (DA-CLIP's `seed =
             # opt["train"]["manual_seed"]`, its set_random_seed(seed) commented out): shown where the seed is read
