@@ -474,20 +474,20 @@ class Facts(Reductions):
             return not (isinstance(c.func, ast.Attribute) and root(c.func.value) in ("MPI", "comm", "self"))
         # each step judged against the call that led to it (ACNet's rank-0 general_test -> ding_test ->
         # `Engine(local_rank=0, for_val_only=True)`, whose __init__ barriers only `if ... and not for_val_only:`)
-        todo, seen = [(tm, tf, c, 0) for tm, tf in self.p.resolve(m, c, exact=True)], set()
+        todo, seen = [(tm, tf, c, 0, m.enclosing(c)) for tm, tf in self.p.resolve(m, c, exact=True)], set()
         while todo:
-            mod, fn, via, d = todo.pop()
+            mod, fn, via, d, caller = todo.pop()
             if id(fn) in seen:
                 continue
             seen.add(id(fn))
             for cc in calls_of(fn):
-                if switched_off_by_the_call(mod, fn, cc, via):
+                if switched_off_by_the_call(mod, fn, cc, via, caller):
                     continue
                 if callee(cc) in COLLECTIVES and "dist" in dotted(cc.func) and not (
                         by == "rank0" and self.g.kind(mod, cc) == "not0") and not dead_branch(mod, cc):
                     return True
                 if d < 2:
-                    todo += [(tm, tf, cc, d + 1) for tm, tf in self.p.resolve(mod, cc, True)]
+                    todo += [(tm, tf, cc, d + 1, fn) for tm, tf in self.p.resolve(mod, cc, True)]
         return False
 
 
